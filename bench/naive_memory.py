@@ -1,0 +1,54 @@
+"""Naive memory (m_DL: every tensor of the imported model in its own buffer, plus all parameters)
+beside Minakova & Stefanov Table III, fp32, MB = 10^6 bytes as the paper uses.
+
+    python bench/naive_memory.py
+"""
+from __future__ import annotations
+
+import tightfit
+
+# (paper row, paper m_DL in MB, our zoo models standing for it)
+TABLE_III = [
+    ("resnet18", 84, ["resnet18"]),
+    ("googlenet", 86, ["googlenet", "onnxzoo-inception_v1"]),
+    ("tiny yolo v2", 142, ["tiny-yolov2"]),
+    ("inception v1", 81, ["onnxzoo-inception_v1", "googlenet"]),
+    ("VGG 19", 700, ["vgg19", "onnxzoo-vgg19"]),
+    ("densenet121", 327, ["densenet121", "onnxzoo-densenet121"]),
+    ("squeezenet", 34, ["squeezenet1_0", "onnxzoo-squeezenet"]),
+]
+
+# Why a row differs by more than 5% (checked against the models' own tensors and parameters).
+WHY = {
+    "resnet18": "torchvision's export keeps BN and ReLU outputs as separate tensors (the ONNX-zoo resnet18v1 the paper used has no separate ReLU before Add and fewer BN tensors)",
+    "googlenet": "torchvision's GoogLeNet has batch norms (the paper's Caffe GoogLeNet has LRN and no BN): more tensors, different parameters",
+    "onnxzoo-inception_v1": "ONNX-zoo inception_v1 (Caffe GoogLeNet) as shipped in the onnx wheel",
+    "tiny-yolov2": "our table-written Tiny YOLOv2 keeps BN outputs as tensors; the ONNX-zoo model has an input scaler node and different padding nodes",
+    "densenet121": "torchvision's DenseNet exports every concat, BN and ReLU output as its own tensor",
+    "onnxzoo-densenet121": "the wheel's DenseNet-121 counts every concat, BN, ReLU output as its own tensor",
+}
+
+
+def main() -> None:
+    print("Naive memory m_DL = m_par + every imported tensor, fp32, MB = 10^6 bytes (Minakova & Stefanov Table III)")
+    head = f"{'paper CNN':<14} {'paper m_DL':>10}   {'our model':<22} {'m_par':>8} {'tensors':>8} {'m_DL':>8} {'diff':>7}"
+    print(head)
+    print("-" * len(head))
+    notes = []
+    for paper_name, paper_mb, models in TABLE_III:
+        for name in models:
+            g = tightfit.load(name)
+            mem = tightfit.inspect(g)
+            par = mem.original_param_bytes / 1e6
+            total = mem.naive_bytes / 1e6
+            diff = (total - paper_mb) / paper_mb
+            print(f"{paper_name:<14} {paper_mb:>10}   {name:<22} {par:>8.1f} {total - par:>8.1f} {total:>8.1f} {diff:>+7.1%}")
+            if abs(diff) > 0.05:
+                notes.append(f"  {paper_name} / {name}: {diff:+.1%}: {WHY.get(name, 'see the model definition')}")
+    if notes:
+        print("\nRows differing by more than 5%:")
+        print("\n".join(notes))
+
+
+if __name__ == "__main__":
+    main()

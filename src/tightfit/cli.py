@@ -1,0 +1,121 @@
+"""The command line. A user error (TightfitError) is one line on stderr and exit status 2; any
+other exception is an internal bug and keeps its traceback (exit 1)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from tightfit.errors import OptionError, TightfitError
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise OptionError(f"cannot read --input-shape {text!r}: write e.g. 1x3x224x224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise OptionError(f"--input-shape {text!r} must be positive dims like 1x3x224x224")
+    return dims
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="zoo name (see `tightfit zoo`), path to .onnx, or package.module:factory")
+    p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tightfit", description="Make CNN inference fit a memory budget.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("zoo", help="list the built-in models")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("inspect", help="per-layer memory accounting of a model")
+    _model_args(p)
+    p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16, int8")
+    p.add_argument("--workspace", default="torch", help="scratch model: torch (our kernels, default), darknet (MAFAT eq. 2.1), none")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("run", help="run a model with the reference executor")
+    _model_args(p)
+    p.add_argument("--verify", action="store_true", help="compare outputs with onnxruntime on the same model")
+    p.add_argument("--measure", action="store_true", help="measure peak memory in a fresh process")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TightfitError as e:
+        print(f"tightfit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `tightfit zoo | head`
+        sys.stderr.close()
+        return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from tightfit.graph import zoo
+
+    entries = zoo.entries()
+    if args.json:
+        print(json.dumps([{"name": e.name, "input_shape": list(e.input_shape), "source": e.source, "about": e.about} for e in entries], indent=1))
+        return 0
+    width = max(len(e.name) for e in entries)
+    for e in entries:
+        print(f"{e.name:<{width}}  {'x'.join(map(str, e.input_shape)):<14}  {e.source:<11}  {e.about}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit.report import inspect_json, inspect_table
+
+    graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
+    if args.batch < 1:
+        raise OptionError("--batch must be at least 1")
+    mem = tightfit.inspect(graph, args.dtype, args.workspace, args.batch)
+    print(json.dumps(inspect_json(mem), indent=1) if args.json else inspect_table(mem))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit.report import run_report
+    from tightfit.runtime.reference import random_input
+
+    shape = _shape(args.input_shape) if args.input_shape else None
+    graph = tightfit.load(args.model, shape)
+    x = random_input(graph)
+    result = tightfit.run(graph, x)
+    report = run_report(graph, result)
+    if args.verify:
+        from tightfit.verify import verify_with_onnxruntime
+
+        report["verify"] = verify_with_onnxruntime(args.model, shape, graph, x, result.outputs).as_dict()
+    if args.measure:
+        from tightfit.runtime.measure import measure_subprocess
+
+        m = measure_subprocess({"kind": "reference", "model": args.model, "input_shape": list(shape) if shape else None})
+        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
+        report["analysed_layer_peak_bytes"] = tightfit.inspect(graph).layer_peak_bytes
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        from tightfit.report import run_text
+
+        print(run_text(report))
+    return 1 if args.verify and not report["verify"]["ok"] else 0
+
+
+COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "run": cmd_run}
+
+if __name__ == "__main__":
+    sys.exit(main())

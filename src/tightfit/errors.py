@@ -1,0 +1,29 @@
+"""User-facing errors. The CLI turns any of these into one line on stderr and exit status 2;
+anything else is an internal bug and exits with another status."""
+
+
+class TightfitError(Exception):
+    """A problem with what the user gave us (model, shape, plan, option)."""
+
+
+class ModelLoadError(TightfitError):
+    """The model file is missing, unreadable, not ONNX, or inconsistent."""
+
+
+class UnsupportedOpsError(TightfitError):
+    """The model uses op types tightfit cannot run; lists every one with a node name."""
+
+    def __init__(self, unsupported: dict[str, str], supported: list[str]):
+        self.unsupported = dict(unsupported)
+        listed = ", ".join(f"{op} (node {node!r})" for op, node in sorted(unsupported.items()))
+        super().__init__(
+            f"unsupported op types: {listed}; supported: {', '.join(sorted(supported))}"
+        )
+
+
+class InputShapeError(TightfitError):
+    """The input shape is dynamic and not given, or the given one does not fit the model."""
+
+
+class OptionError(TightfitError):
+    """A command-line option or API argument is malformed."""

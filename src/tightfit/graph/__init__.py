@@ -1,0 +1,3 @@
+from tightfit.graph.ir import DTYPE_BYTES, Graph, Layer, Tensor, itemsize
+
+__all__ = ["DTYPE_BYTES", "Graph", "Layer", "Tensor", "itemsize"]

@@ -1,0 +1,154 @@
+"""The graph IR: layers in the papers' sense joined by tensors with logical NCHW shapes.
+
+Dim 0 of every tensor shape is the batch N. It is stored as imported (normally 1) but is free:
+ops infer shapes for any N and accounting takes the batch as an argument.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "fp16": 2, "int8": 1})
+
+
+def itemsize(dtype: str) -> int:
+    from tightfit.errors import OptionError
+
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise OptionError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def per_sample(self) -> int:
+        return prod(self.shape[1:])
+
+    def nbytes(self, dtype: str = "fp32", batch: int | None = None) -> int:
+        n = self.shape[0] if batch is None else batch
+        return n * self.per_sample * itemsize(dtype)
+
+
+def spatial(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(H, W) of a logical shape; tensors without spatial dims count as 1 x 1."""
+    if len(shape) == 4:
+        return shape[2], shape[3]
+    return 1, 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer: an op with its fused batch norm and elementwise activations.
+
+    `inputs` are activation tensors (dynamic data); `params` name arrays in Graph.params in the
+    order the op expects; `nodes` are the original model nodes folded into this layer.
+    """
+
+    id: int
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+class GraphError(ValueError):
+    """An internally inconsistent graph (an importer bug, not a user error)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    name: str
+    layers: tuple[Layer, ...]
+    tensors: Mapping[str, Tensor]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: Mapping[str, np.ndarray]
+    # The imported model's own activation tensors and parameter count, for naive accounting
+    # (every original tensor in its own buffer, as DL frameworks do).
+    original_tensors: tuple[Tensor, ...] = ()
+    original_param_count: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        by_name = {layer.name: layer for layer in self.layers}
+        object.__setattr__(self, "_by_name", by_name)
+        producer = {layer.output: layer for layer in self.layers}
+        consumers: dict[str, list[Layer]] = {t: [] for t in self.tensors}
+        for layer in self.layers:
+            for t in dict.fromkeys(layer.inputs):
+                consumers.setdefault(t, []).append(layer)
+        object.__setattr__(self, "_producer", producer)
+        object.__setattr__(self, "_consumers", {k: tuple(v) for k, v in consumers.items()})
+
+    def layer(self, key: int | str) -> Layer:
+        if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+            idx = int(key)
+            if 0 <= idx < len(self.layers):
+                return self.layers[idx]
+        elif key in self._by_name:  # type: ignore[attr-defined]
+            return self._by_name[key]  # type: ignore[attr-defined]
+        from tightfit.errors import OptionError
+
+        raise OptionError(f"no layer {key!r} in {self.name} (ids 0-{len(self.layers) - 1} or names)")
+
+    def producer(self, tensor: str) -> Layer | None:
+        return self._producer.get(tensor)  # type: ignore[attr-defined]
+
+    def consumers(self, tensor: str) -> tuple[Layer, ...]:
+        return self._consumers.get(tensor, ())  # type: ignore[attr-defined]
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.tensors[tensor].shape
+
+    @property
+    def param_count(self) -> int:
+        return sum(int(a.size) for a in self.params.values())
+
+    def validate(self) -> "Graph":
+        """Check ids, names, topological order, shapes and parameters; raise GraphError."""
+        from tightfit.ops import get_op
+
+        seen: set[str] = set(self.inputs)
+        names: set[str] = set()
+        for i, layer in enumerate(self.layers):
+            if layer.id != i:
+                raise GraphError(f"layer {layer.name!r} has id {layer.id}, expected {i}")
+            if layer.name in names:
+                raise GraphError(f"duplicate layer name {layer.name!r}")
+            names.add(layer.name)
+            for t in layer.inputs:
+                if t not in seen:
+                    raise GraphError(f"layer {i} ({layer.name}) reads {t!r} before it is produced")
+            if layer.output in seen:
+                raise GraphError(f"tensor {layer.output!r} is produced twice")
+            for p in layer.params:
+                if p not in self.params:
+                    raise GraphError(f"layer {i} ({layer.name}) names missing parameter {p!r}")
+            op = get_op(layer.op)
+            expected = op.output_shape(layer, [self.shape(t) for t in layer.inputs], self)
+            if tuple(expected) != self.shape(layer.output):
+                raise GraphError(
+                    f"layer {i} ({layer.name}): output shape {self.shape(layer.output)} "
+                    f"but {layer.op} infers {tuple(expected)}"
+                )
+            seen.add(layer.output)
+        for t in self.outputs:
+            if t not in seen:
+                raise GraphError(f"graph output {t!r} is never produced")
+        return self

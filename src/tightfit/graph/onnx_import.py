@@ -1,0 +1,525 @@
+"""ONNX -> Graph. PyTorch modules come through here too (exported to ONNX first), so there is
+one path into the IR.
+
+Steps: load and check the file; fix the input shape; fold everything computed from constants
+alone; map each remaining node to an op; fuse the patterns the papers count as one layer
+(conv + batch norm + activations, pad into conv, flatten into dense, SiLU / hard-swish
+patterns); freeze into a validated Graph.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
+from tightfit.graph.ir import Graph, Layer, Tensor
+from tightfit.ops import get_op, onnx_op_for, supported_onnx_types
+from tightfit.ops.activation import ONNX_ACTIVATIONS
+from tightfit.ops.base import OnnxNode, Region
+from tightfit.ops.conv import fold_batchnorm
+
+# Node types the importer handles itself rather than mapping to an op.
+STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
+# Ops that can absorb the elementwise activations that follow them.
+ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul")
+
+
+def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
+    """Import an ONNX file. External data may only live beside the model (same folder or below)."""
+    model = _read_model(Path(path))
+    return import_model(model, input_shape, name or Path(path).stem)
+
+
+def _read_model(path: Path) -> onnx.ModelProto:
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelLoadError(f"model path is a folder, not an ONNX file: {path}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises DecodeError and others for non-ONNX bytes
+        raise ModelLoadError(f"{path} is not a readable ONNX model ({type(e).__name__})") from None
+    if not model.graph.node:
+        raise ModelLoadError(f"{path} is not an ONNX model (no graph nodes; truncated or another format?)")
+    _load_external_data(model, path.parent.resolve())
+    return model
+
+
+def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        location = ExternalDataInfo(tensor).location
+        target = (base / location).resolve()
+        if base != target and base not in target.parents:
+            raise ModelLoadError(f"external data {location!r} of tensor {tensor.name!r} lies outside the model's folder {base}")
+        if not target.is_file():
+            raise ModelLoadError(f"external data file {location!r} of tensor {tensor.name!r} not found beside the model")
+    try:
+        onnx.load_external_data_for_model(model, str(base))
+    except Exception as e:
+        raise ModelLoadError(f"external data could not be read: {e}") from None
+
+
+def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str) -> Graph:
+    try:
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    except Exception:
+        opset = 13
+    b = _Builder(model, opset, name)
+    b.set_inputs(input_shape)
+    b.check_supported()
+    b.walk()
+    return b.finish()
+
+
+@dataclass
+class _Proto:
+    """A layer being built: mutable until the fusion passes are done."""
+
+    op: str
+    name: str
+    inputs: list[str]
+    output: str
+    attrs: dict[str, Any]
+    params: list[np.ndarray] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    onnx_type: str = ""
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        out[a.name] = v
+    return out
+
+
+class _Builder:
+    def __init__(self, model: onnx.ModelProto, opset: int, name: str):
+        self.model, self.opset, self.name = model, opset, name
+        g = model.graph
+        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+        self.original_params = sum(int(a.size) for a in self.consts.values() if a.dtype.kind == "f")
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.alias: dict[str, str] = {}
+        self.protos: list[_Proto] = []
+        self.original: list[str] = []
+
+    # --- inputs -------------------------------------------------------------------------
+    def set_inputs(self, input_shape: Sequence[int] | None) -> None:
+        inputs = [i for i in self.model.graph.input if i.name not in self.consts]
+        if len(inputs) != 1:
+            raise ModelLoadError(f"tightfit takes models with one input; this one has {len(inputs)}")
+        inp = inputs[0]
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in inp.type.tensor_type.shape.dim]
+        if input_shape is None:
+            if not dims or any(d is None for d in dims):
+                shown = "x".join("?" if d is None else str(d) for d in dims)
+                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}); give --input-shape, e.g. 1x3x224x224")
+            shape = tuple(dims)
+        else:
+            shape = tuple(int(d) for d in input_shape)
+            if len(shape) != len(dims) or any(s <= 0 for s in shape):
+                raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} does not fit input {inp.name!r} of rank {len(dims)}")
+            for i, (given, known) in enumerate(zip(shape, dims)):
+                if i > 0 and known is not None and given != known:
+                    raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
+        if len(shape) != 4:
+            raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
+        self.input = inp.name
+        self.shapes[inp.name] = shape
+        self.original.append(inp.name)
+
+    # --- support check before anything runs ---------------------------------------------
+    def check_supported(self) -> None:
+        const = set(self.consts)
+        unsupported: dict[str, str] = {}
+        for node in self.model.graph.node:
+            is_const = node.op_type == "Constant" or all(not i or i in const for i in node.input)
+            if is_const or node.op_type == "Shape":
+                const.update(node.output)
+                continue
+            if node.op_type in STRUCTURAL_TYPES or node.op_type in ONNX_ACTIVATIONS:
+                continue
+            if onnx_op_for(node.op_type) is None and node.domain in ("", "ai.onnx"):
+                unsupported.setdefault(node.op_type, node.name or node.output[0])
+            elif node.domain not in ("", "ai.onnx"):
+                unsupported.setdefault(f"{node.domain}.{node.op_type}", node.name or node.output[0])
+        if unsupported:
+            raise UnsupportedOpsError(unsupported, supported_onnx_types() + sorted(ONNX_ACTIVATIONS))
+
+    # --- the walk -----------------------------------------------------------------------
+    def resolve(self, t: str) -> str:
+        while t in self.alias:
+            t = self.alias[t]
+        return t
+
+    def walk(self) -> None:
+        for node in self.model.graph.node:
+            inputs = [self.resolve(i) if i else "" for i in node.input]
+            if node.op_type == "Constant":
+                self.consts[node.output[0]] = _constant_value(node)
+            elif node.op_type == "Shape" and inputs[0] in self.shapes:
+                self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
+            elif all(not i or i in self.consts for i in inputs):
+                self._fold(node, inputs)
+            elif node.op_type in ("Identity", "Dropout"):
+                self.alias[node.output[0]] = inputs[0]
+            else:
+                self._add_layer(node, inputs)
+
+    def _fold(self, node: onnx.NodeProto, inputs: list[str]) -> None:
+        from onnx.reference import ReferenceEvaluator
+
+        clone = onnx.helper.make_node(node.op_type, [i for i in node.input], list(node.output), domain=node.domain)
+        clone.attribute.extend(node.attribute)
+        feeds = {orig: self.consts[res] for orig, res in zip(node.input, inputs) if orig}
+        # Wrap the node in a graph: a bare NodeProto is evaluated at the newest opset, which
+        # misreads old attribute forms (Unsqueeze `axes` before opset 13, ...).
+        graph = onnx.helper.make_graph(
+            [clone], "fold", [onnx.helper.make_empty_tensor_value_info(i) for i in dict.fromkeys(feeds)],
+            [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o])
+        try:
+            results = ReferenceEvaluator(graph, opsets={"": self.opset}).run(None, feeds)
+        except Exception as e:
+            raise ModelLoadError(f"could not fold constant node {node.name or node.output[0]!r} ({node.op_type}): {e}") from None
+        for out, value in zip(node.output, results):
+            self.consts[out] = np.asarray(value)
+
+    def _add_layer(self, node: onnx.NodeProto, inputs: list[str]) -> None:
+        label = node.name or node.output[0]
+        if node.op_type in ONNX_ACTIVATIONS:
+            op_name, spec_attrs = "activation", {"act": (_activation_spec(node, self.consts, inputs),)}
+            spec_inputs, params = [inputs[0]], []
+        else:
+            op_name = onnx_op_for(node.op_type)
+            op = get_op(op_name)
+            attrs, inputs = self._legacy_forms(node, label, _attrs(node), inputs)
+            view = OnnxNode(node.op_type, label, attrs, tuple(inputs), tuple(node.output),
+                            self.consts.get, self.shapes.__getitem__)
+            try:
+                spec = op.from_onnx(view)
+            except (ValueError, KeyError) as e:
+                raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
+            spec_attrs, spec_inputs, params = spec.attrs, spec.inputs, spec.params
+        proto = _Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type)
+        layer = _freeze(proto, 0, {})
+        self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, [self.shapes[t] for t in proto.inputs]))
+        self.protos.append(proto)
+        self.original.append(proto.output)
+
+    def _legacy_forms(self, node: onnx.NodeProto, label: str, attrs: dict[str, Any],
+                      inputs: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """Rewrite attribute forms of older opsets into the current ones the ops read, so that
+        no op needs to know the model's opset."""
+        t = node.op_type
+        if t == "Softmax" and self.opset < 13 and "axis" not in attrs:
+            # Before opset 13 the default axis is 1 (the input is coerced to 2-D at the axis); the
+            # softmax op takes axis 1 of (N, C) or (N, C, 1, 1) data, where both forms agree.
+            attrs["axis"] = 1
+        elif t == "Reshape" and "shape" in attrs and len(inputs) < 2:  # opset < 5
+            key = f"{node.output[0]}::shape"
+            self.consts[key] = np.asarray(attrs.pop("shape"), dtype=np.int64)
+            inputs = [inputs[0], key]
+        elif t == "Pad" and "paddings" in attrs:  # opset 1
+            attrs["pads"] = attrs.pop("paddings")
+        elif t == "Upsample" and "scales" not in attrs and "height_scale" in attrs:  # opset 1
+            attrs["scales"] = [1.0, 1.0, float(attrs.pop("height_scale")), float(attrs.pop("width_scale", 1.0))]
+        elif t == "BatchNormalization" and int(attrs.get("spatial", 1)) == 0:  # opset < 9
+            stats = [self.consts.get(i) for i in inputs[1:5]]
+            if any(s is not None and s.ndim > 1 for s in stats):
+                raise UnsupportedOpsError({t: f"{label}: batch norm with spatial=0 (per-activation statistics)"},
+                                          supported_onnx_types())
+        return attrs, inputs
+
+    # --- fusion and freezing --------------------------------------------------------------
+    def finish(self) -> Graph:
+        outputs = [self.resolve(o.name) for o in self.model.graph.output]
+        for t in outputs:
+            if t not in self.shapes:
+                raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
+        protos = fuse(self.protos, set(outputs), self.shapes)
+        layers, params = [], {}
+        for i, p in enumerate(protos):
+            layers.append(_freeze(p, i, params))
+        _dedupe_names(layers)
+        used = {self.input} | {t for l in layers for t in l.inputs} | {l.output for l in layers}
+        tensors = {t: Tensor(t, self.shapes[t]) for t in used}
+        graph = Graph(
+            name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
+            outputs=tuple(outputs), params=params,
+            original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
+            original_param_count=self.original_params,
+        )
+        return graph.validate()
+
+
+def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:
+    names = []
+    for j, arr in enumerate(p.params):
+        key = f"{idx}.{j}"
+        params[key] = np.ascontiguousarray(arr, dtype=np.float32)
+        names.append(key)
+    return Layer(id=idx, name=p.name, op=p.op, inputs=tuple(p.inputs), output=p.output,
+                 attrs=dict(p.attrs), params=tuple(names), nodes=tuple(p.nodes))
+
+
+def _dedupe_names(layers: list[Layer]) -> None:
+    seen: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        if layer.name in seen or layer.name.isdigit():
+            new = f"{layer.name}_{i}"
+            layers[i] = Layer(layer.id, new, layer.op, layer.inputs, layer.output, layer.attrs, layer.params, layer.nodes)
+        seen[layers[i].name] = i
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    a = node.attribute[0]
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    v = onnx.helper.get_attribute_value(a)
+    return np.asarray(v, dtype=np.float32 if "float" in a.name else np.int64)
+
+
+def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    attrs = _attrs(node)
+    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+    return np.asarray(shape[start:end], dtype=np.int64)
+
+
+def _activation_spec(node: onnx.NodeProto, consts: dict[str, np.ndarray], inputs: list[str]) -> tuple:
+    a = _attrs(node)
+    kind = ONNX_ACTIVATIONS[node.op_type]
+    if kind == "leakyrelu":
+        return (kind, float(a.get("alpha", 0.01)))
+    if kind == "hardsigmoid":
+        return (kind, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
+    if kind == "clip":
+        lo = a.get("min", consts[inputs[1]] if len(inputs) > 1 and inputs[1] else -np.inf)
+        hi = a.get("max", consts[inputs[2]] if len(inputs) > 2 and inputs[2] else np.inf)
+        return (kind, float(lo), float(hi))
+    return (kind,)
+
+
+# --- fusion passes: each takes and returns the proto list -------------------------------------
+
+def _consumers(protos: list[_Proto]) -> dict[str, list[_Proto]]:
+    out: dict[str, list[_Proto]] = {}
+    for p in protos:
+        for t in dict.fromkeys(p.inputs):
+            out.setdefault(t, []).append(p)
+    return out
+
+
+def _sole_consumer(protos: list[_Proto], tensor: str, keep: set[str]) -> _Proto | None:
+    if tensor in keep:
+        return None
+    users = _consumers(protos).get(tensor, [])
+    return users[0] if len(users) == 1 else None
+
+
+def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> list[_Proto]:
+    """Apply the fusions in order; `keep` are tensors that must stay visible (graph outputs);
+    `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
+    shapes = shapes or {}
+    protos = _fuse_channel_shuffle(protos, keep, shapes)
+    for step in (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad):
+        protos = step(protos, keep)
+    protos = _fuse_flatten(protos, keep, shapes)
+    return _fuse_activations(protos, keep)
+
+
+def _merge(host: _Proto, tail: _Proto) -> None:
+    host.output = tail.output
+    host.nodes.extend(tail.nodes)
+
+
+def _fuse_silu(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """x * sigmoid(x) -> silu(x); x * hardsigmoid(x) (alpha 1/6, beta 1/2) -> hardswish(x)."""
+    by_out = {p.output: p for p in protos}
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "mul" or len(p.inputs) != 2:
+            continue
+        for x, gate in (p.inputs, p.inputs[::-1]):
+            g = by_out.get(gate)
+            if g is None or g.op != "activation" or g.inputs != [x] or _sole_consumer(protos, gate, keep) is not p:
+                continue
+            kind = g.attrs["act"][0]
+            if kind == ("sigmoid",) or (kind[0] == "hardsigmoid" and abs(kind[1] - 1 / 6) < 1e-6 and abs(kind[2] - 0.5) < 1e-6):
+                p.op, p.inputs = "activation", [x]
+                p.attrs = {"act": (("silu",) if kind == ("sigmoid",) else ("hardswish",),)}
+                p.nodes = g.nodes + p.nodes
+                drop.add(id(g))
+                break
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_batchnorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    drop: set[int] = set()
+    for p in protos:
+        if p.op not in ("conv", "gemm") or p.attrs.get("act"):
+            continue
+        bn = _sole_consumer(protos, p.output, keep)
+        if bn is None or bn.op != "batchnorm" or bn.attrs.get("act"):
+            continue
+        scale, shift, mean, var = bn.params
+        bias = p.params[1] if len(p.params) > 1 else None
+        w, b = fold_batchnorm(p.params[0], bias, scale, shift, mean, var, bn.attrs["epsilon"])
+        p.params = [w, b]
+        _merge(p, bn)
+        drop.add(id(bn))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _channel_vector(p: _Proto, channels: int) -> np.ndarray | None:
+    """The constant operand of a one-input Mul/Add as a per-channel vector of `channels`
+    values, or None if it varies over anything but channels (or is not a lone constant)."""
+    if len(p.inputs) != 1 or len(p.params) != 1 or p.attrs.get("act"):
+        return None
+    c = np.asarray(p.params[0])
+    if c.ndim not in (2, 4) or c.shape[0] != 1 or any(d != 1 for d in c.shape[2:]) or c.shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (channels,))
+
+
+def _fuse_affine(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """A per-channel Mul or Add by a constant after a conv, dense or batch norm (Caffe's Scale
+    layer: BN -> Mul -> Add, as in the ONNX zoo's DenseNet and Inception v2) folds into it."""
+    by_out = {p.output: p for p in protos}
+    drop: set[int] = set()
+    for p in protos:
+        if p.op not in ("mul", "add") or len(p.inputs) != 1:
+            continue
+        host = by_out.get(p.inputs[0])
+        if host is None or id(host) in drop or host.attrs.get("act") or _sole_consumer(protos, host.output, keep) is not p:
+            continue
+        if host.op == "conv":
+            channels = host.attrs["out_channels"]
+        elif host.op == "gemm":
+            channels = host.attrs["out_features"]
+        elif host.op == "batchnorm":
+            channels = int(np.asarray(host.params[0]).size)
+        else:
+            continue
+        v = _channel_vector(p, channels)
+        if v is None:
+            continue
+        if host.op == "batchnorm":
+            gamma, beta, mean, var = (np.asarray(a, dtype=np.float64) for a in host.params)
+            if p.op == "mul":
+                gamma, beta = gamma * v, beta * v
+            else:
+                beta = beta + v
+            host.params = [a.astype(np.float32) for a in (gamma, beta, mean, var)]
+        else:
+            w = np.asarray(host.params[0], dtype=np.float64)
+            b = np.asarray(host.params[1], dtype=np.float64) if len(host.params) > 1 else np.zeros(channels)
+            if p.op == "mul":
+                w = w * v.reshape((-1,) + (1,) * (w.ndim - 1))
+                b = b * v
+            else:
+                b = b + v
+            host.params = [w.astype(np.float32), b.astype(np.float32)]
+        del by_out[host.output]
+        _merge(host, p)
+        by_out[host.output] = host
+        drop.add(id(p))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_channel_shuffle(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
+    """Reshape (N, C, H, W) -> (N, g, C/g, H, W), Transpose (0, 2, 1, 3, 4), Reshape back to
+    (N, C, H, W): ShuffleNet's channel shuffle, one splittable layer."""
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "reshape" or id(p) in drop or p.inputs[0] not in shapes:
+            continue
+        x = shapes[p.inputs[0]]
+        split = tuple(p.attrs["sample_shape"])
+        if len(x) != 4 or len(split) != 4 or split[0] * split[1] != x[1] or split[2:] != x[2:]:
+            continue
+        t = _sole_consumer(protos, p.output, keep)
+        if t is None or t.op != "transpose" or tuple(t.attrs["perm"]) != (0, 2, 1, 3, 4):
+            continue
+        back = _sole_consumer(protos, t.output, keep)
+        if back is None or back.op != "reshape" or tuple(back.attrs["sample_shape"]) != tuple(x[1:]):
+            continue
+        back.op, back.inputs, back.attrs = "channel_shuffle", [p.inputs[0]], {"groups": int(split[0])}
+        back.nodes = p.nodes + t.nodes + back.nodes
+        back.params = []
+        drop.update((id(p), id(t)))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_pad(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """A zero Pad over H and W followed by a conv becomes the conv's padding (negative = crop)."""
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "pad" or not p.attrs.get("foldable"):
+            continue
+        conv = _sole_consumer(protos, p.output, keep)
+        if conv is None or conv.op != "conv":
+            continue
+        t, l, b, r = p.attrs["pads_hw"]
+        ct, cl, cb, cr = conv.attrs["pads"]
+        conv.attrs["pads"] = (ct + t, cl + l, cb + b, cr + r)
+        conv.inputs = [p.inputs[0]]
+        conv.nodes = p.nodes + conv.nodes
+        drop.add(id(p))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_flatten(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> list[_Proto]:
+    """A Flatten (or a Reshape that flattens each sample, as old models spell it) into the dense
+    layer that reads it."""
+    shapes = shapes or {}
+    drop: set[int] = set()
+    for p in protos:
+        if p.op == "reshape":
+            x = shapes.get(p.inputs[0])
+            flat = len(p.attrs["sample_shape"]) == 1 and x is not None and int(np.prod(x[1:])) == p.attrs["sample_shape"][0]
+            if not flat:
+                continue
+        elif p.op != "flatten" or p.attrs.get("axis", 1) != 1:
+            continue
+        dense = _sole_consumer(protos, p.output, keep)
+        if dense is None or dense.op != "gemm" or dense.inputs[0] != p.output:
+            continue
+        dense.inputs = [p.inputs[0]] + dense.inputs[1:]
+        dense.nodes = p.nodes + dense.nodes
+        drop.add(id(p))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_activations(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    by_out = {p.output: p for p in protos}
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "activation" or len(p.inputs) != 1:
+            continue
+        host = by_out.get(p.inputs[0])
+        if host is None or host.op not in ACTIVATION_HOSTS or id(host) in drop:
+            continue
+        if _sole_consumer(protos, host.output, keep) is not p:
+            continue
+        host.attrs["act"] = tuple(host.attrs.get("act", ())) + tuple(p.attrs["act"])
+        del by_out[host.output]
+        _merge(host, p)
+        by_out[host.output] = host
+        drop.add(id(p))
+    return [p for p in protos if id(p) not in drop]

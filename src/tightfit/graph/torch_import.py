@@ -1,0 +1,33 @@
+"""PyTorch nn.Module -> Graph, through ONNX so that there is one importer."""
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Sequence
+
+import onnx
+import torch
+
+from tightfit.errors import InputShapeError
+from tightfit.graph.ir import Graph
+from tightfit.graph.onnx_import import import_model
+
+OPSET = 17
+
+
+def export_onnx(module: torch.nn.Module, input_shape: Sequence[int]) -> onnx.ModelProto:
+    """Export in eval mode, batch norms kept as nodes (the importer fuses them itself, and the
+    model's own tensors stay visible for naive accounting)."""
+    if len(input_shape) != 4 or any(int(d) <= 0 for d in input_shape):
+        raise InputShapeError(f"input shape {tuple(input_shape)} is not a positive NCHW shape")
+    module = module.eval()
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.zeros(*input_shape),), buf, dynamo=False, opset_version=OPSET,
+                          do_constant_folding=False, input_names=["input"], output_names=["output"])
+    return onnx.load_from_string(buf.getvalue())
+
+
+def from_module(module: torch.nn.Module, input_shape: Sequence[int], name: str = "module") -> Graph:
+    return import_model(export_onnx(module, input_shape), input_shape, name)

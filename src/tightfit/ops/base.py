@@ -1,0 +1,201 @@
+"""The op interface: everything tightfit knows about one layer type lives in one Op.
+
+An op computes any (N, H, W) region of its output into a view it is given, reading views of the
+input windows it asked for. It never knows who split the work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from tightfit.graph.ir import Layer, spatial
+
+if TYPE_CHECKING:
+    from tightfit.graph.ir import Graph
+
+Shape = tuple[int, ...]
+
+WORKSPACE_MODELS = ("torch", "darknet", "none")
+
+
+@dataclass(frozen=True)
+class Region:
+    """A box over (N, H, W) of a tensor; half-open. Tensors without H, W use [0, 1)."""
+
+    n0: int
+    n1: int
+    h0: int
+    h1: int
+    w0: int
+    w1: int
+
+    @staticmethod
+    def whole(shape: Shape, batch: int | None = None) -> "Region":
+        h, w = spatial(shape)
+        return Region(0, shape[0] if batch is None else batch, 0, h, 0, w)
+
+    @property
+    def n(self) -> int:
+        return self.n1 - self.n0
+
+    @property
+    def h(self) -> int:
+        return self.h1 - self.h0
+
+    @property
+    def w(self) -> int:
+        return self.w1 - self.w0
+
+    def numel(self, shape: Shape) -> int:
+        """Elements of a tensor of logical `shape` inside this region."""
+        per_pixel = shape[1] if len(shape) == 4 else _prod(shape[1:])
+        return self.n * self.h * self.w * per_pixel
+
+    def slice(self, t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 4:
+            return t[self.n0 : self.n1, :, self.h0 : self.h1, self.w0 : self.w1]
+        return t[self.n0 : self.n1]
+
+    def with_samples(self, n0: int, n1: int) -> "Region":
+        return Region(n0, n1, self.h0, self.h1, self.w0, self.w1)
+
+    def is_empty(self) -> bool:
+        return self.n <= 0 or self.h <= 0 or self.w <= 0
+
+
+@dataclass(frozen=True)
+class InputWindow:
+    """The part of an input an output region needs: an in-bounds region plus the zero padding
+    (top, bottom, left, right) that lies outside the true border of the tensor."""
+
+    region: Region
+    pad: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def window_1d(o0: int, o1: int, stride: int, pad_before: int, extent: int, size: int) -> tuple[int, int, int, int]:
+    """Input span [a, b) for outputs [o0, o1) of a sliding window, clipped to [0, size).
+
+    `extent` is the dilated kernel size. Returns (a, b, pad_before, pad_after) where the pads are
+    the rows of zero padding outside the true border. A negative `pad_before` is a crop.
+    """
+    a = o0 * stride - pad_before
+    b = (o1 - 1) * stride - pad_before + extent
+    lo, hi = max(a, 0), min(b, size)
+    return lo, hi, lo - a, b - hi
+
+
+def sliding_windows(
+    out: Region, in_shape: Shape, kernel: tuple[int, int], stride: tuple[int, int],
+    pads: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1),
+) -> InputWindow:
+    """Input window of a 2-D sliding-window op (conv, pooling); pads are (top, left, bottom, right)."""
+    h, w = spatial(in_shape)
+    eh = (kernel[0] - 1) * dilation[0] + 1
+    ew = (kernel[1] - 1) * dilation[1] + 1
+    h0, h1, pt, pb = window_1d(out.h0, out.h1, stride[0], pads[0], eh, h)
+    w0, w1, pl, pr = window_1d(out.w0, out.w1, stride[1], pads[1], ew, w)
+    return InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1), (pt, pb, pl, pr))
+
+
+@dataclass
+class OnnxSpec:
+    """What an op makes of one ONNX node: its attributes, the activation tensors it reads and
+    the parameter arrays it holds (in the order its kernel takes them)."""
+
+    attrs: dict[str, Any]
+    inputs: list[str]
+    params: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OnnxNode:
+    """An ONNX node as ops see it: type, name, attributes decoded to Python values, input and
+    output names, and lookups of constant inputs and of shapes (batch dim included)."""
+
+    op_type: str
+    name: str
+    attrs: dict[str, Any]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    const: Callable[[str], "np.ndarray | None"]
+    shape: Callable[[str], Shape]
+
+    def const_input(self, i: int) -> "np.ndarray | None":
+        if i >= len(self.inputs) or not self.inputs[i]:
+            return None
+        return self.const(self.inputs[i])
+
+
+class Op:
+    """Base class; subclasses register themselves with `@register`.
+
+    `onnx_types` are the ONNX node types the importer maps onto this op. `splittable` says
+    whether an output region may be a part of the output along H and W (rows, tiles);
+    ops that need their whole input (dense, global pooling, softmax) set it False.
+    """
+
+    name: ClassVar[str]
+    onnx_types: ClassVar[tuple[str, ...]] = ()
+    splittable: ClassVar[bool] = True
+    # True when the output may be written over the first input (elementwise ops).
+    inplace_ok: ClassVar[bool] = False
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        """Default: every input is an activation, no attributes."""
+        return OnnxSpec({}, list(node.inputs))
+
+    def output_shape(self, layer: Layer, in_shapes: Sequence[Shape], graph: "Graph | None" = None) -> Shape:
+        raise NotImplementedError
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes: Sequence[Shape]) -> tuple[InputWindow, ...]:
+        """Default: elementwise, each input needs the same region (broadcast dims whole)."""
+        return tuple(InputWindow(_broadcast_region(out, s)) for s in in_shapes)
+
+    def workspace_bytes(
+        self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape,
+        itemsize: int, model: str = "torch",
+    ) -> int:
+        """Scratch bytes one step of this region needs besides its inputs and output."""
+        return 0
+
+    def prepare_params(self, layer: Layer, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """The tensors `compute` receives as `params`, made once when a graph is loaded."""
+        return [torch.from_numpy(a) for a in arrays]
+
+    def kernel_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
+        """Bytes of the layer's main weight tensor (MAFAT's 'Weights' column)."""
+        return int(graph.params[layer.params[0]].size) * itemsize if layer.params else 0
+
+    def param_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
+        return sum(int(graph.params[p].size) for p in layer.params) * itemsize
+
+    def macs(self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
+        """Multiply-accumulates to compute `out` (elementwise ops count one per element)."""
+        return out.numel(out_shape)
+
+    def compute(
+        self, layer: Layer, inputs: Sequence[torch.Tensor], windows: Sequence[InputWindow],
+        out: torch.Tensor, out_region: Region, params: Sequence[torch.Tensor],
+    ) -> None:
+        """Write the output `out_region` into the view `out`, reading `inputs[i]`, which are views
+        of `windows[i].region` of each input."""
+        raise NotImplementedError
+
+
+def _broadcast_region(out: Region, shape: Shape) -> Region:
+    """The region of an input broadcast against the output: spatial dims of size 1 stay whole
+    (squeeze-excitation scales); the batch always follows the output (N is free)."""
+    h, w = spatial(shape)
+    h0, h1 = (0, 1) if h == 1 else (out.h0, out.h1)
+    w0, w1 = (0, 1) if w == 1 else (out.w0, out.w1)
+    return Region(out.n0, out.n1, h0, h1, w0, w1)

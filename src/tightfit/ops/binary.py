@@ -1,0 +1,72 @@
+"""Elementwise ops over several inputs: Add/Sum (residual joins) and Mul (broadcast over H, W for
+squeeze-excitation). Constant operands (a bias or a scale) are parameters."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.activation import apply_activations
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+
+
+class _Elementwise(Op):
+    inplace_ok = True
+    combine: str
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        dynamic = [t for t in node.inputs if node.const(t) is None]
+        consts = [node.const(t).astype(np.float32) for t in node.inputs if node.const(t) is not None]
+        out_rank = max(len(node.shape(t)) for t in dynamic)
+        for c in consts:
+            if c.ndim > out_rank:
+                raise ValueError("constant operand of higher rank than the data")
+        consts = [c.reshape((1,) * (out_rank - c.ndim) + c.shape) for c in consts]
+        return OnnxSpec({"act": ()}, dynamic, consts)
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        shapes = list(in_shapes)
+        if graph is not None:
+            shapes += [graph.params[p].shape for p in layer.params]
+        shape = np.broadcast_shapes(*[tuple(s) for s in shapes])
+        return (in_shapes[0][0],) + tuple(shape[1:])
+
+    def kernel_bytes(self, layer, graph, itemsize) -> int:
+        return 0
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return out.numel(out_shape) * max(1, len(in_shapes) + len(layer.params) - 1)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        operands = list(inputs) + [_param_region(p, out_region) for p in params]
+        first = operands[0]
+        if first.shape == out.shape:
+            if out.data_ptr() != first.data_ptr():
+                out.copy_(first)
+        else:
+            out.copy_(first.expand_as(out))
+        for x in operands[1:]:
+            (out.add_ if self.combine == "add" else out.mul_)(x)
+        apply_activations(out, layer.attrs["act"])
+
+
+def _param_region(p: torch.Tensor, region) -> torch.Tensor:
+    """A constant operand broadcast over N; slice its H, W if it has them."""
+    if p.dim() == 4 and p.shape[2] > 1:
+        return p[:, :, region.h0 : region.h1, region.w0 : region.w1]
+    return p
+
+
+@register
+class Add(_Elementwise):
+    name = "add"
+    onnx_types = ("Add", "Sum")
+    combine = "add"
+
+
+@register
+class Mul(_Elementwise):
+    name = "mul"
+    onnx_types = ("Mul",)
+    combine = "mul"

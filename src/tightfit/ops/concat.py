@@ -1,0 +1,36 @@
+"""Concat along channels (inception and densenet joins); splittable by rows and tiles."""
+from __future__ import annotations
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.activation import apply_activations
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+
+
+@register
+class Concat(Op):
+    name = "concat"
+    onnx_types = ("Concat",)
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        rank = len(node.shape(node.inputs[0]))
+        axis = int(node.attrs.get("axis", 1)) % rank
+        if axis != 1:
+            raise ValueError("only concatenation along channels (axis 1) is supported")
+        if any(node.const(t) is not None for t in node.inputs):
+            raise ValueError("concatenation with a constant is not supported")
+        return OnnxSpec({"act": ()}, list(node.inputs))
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        first = tuple(in_shapes[0])
+        return (first[0], sum(s[1] for s in in_shapes)) + first[2:]
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return out.numel(out_shape)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        c = 0
+        for x in inputs:
+            out[:, c : c + x.shape[1]].copy_(x)
+            c += x.shape[1]
+        apply_activations(out, layer.attrs["act"])

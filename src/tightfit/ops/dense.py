@@ -1,0 +1,82 @@
+"""Dense layers (Gemm, MatMul with a constant weight) and Softmax. Both need whole samples, so
+they split only along N."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.activation import apply_activations
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+
+
+@register
+class Gemm(Op):
+    """y = x W^T + b with W stored (out, in); a rank-4 input is flattened (fused Flatten)."""
+
+    name = "gemm"
+    onnx_types = ("Gemm", "MatMul")
+    splittable = False
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        w = node.const_input(1)
+        if w is None or w.ndim != 2 or node.const_input(0) is not None:
+            raise ValueError("only data x constant-weight products are supported")
+        if node.op_type == "MatMul":
+            if len(node.shape(node.inputs[0])) != 2:
+                raise ValueError("MatMul on data of rank other than 2 is not supported")
+            return OnnxSpec({"act": (), "out_features": int(w.shape[1])}, [node.inputs[0]], [w.T.astype(np.float32)])
+        if node.attrs.get("transA", 0):
+            raise ValueError("Gemm with transA is not supported")
+        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        w = (w if node.attrs.get("transB", 0) else w.T) * alpha
+        params = [w.astype(np.float32)]
+        b = node.const_input(2)
+        if b is not None:
+            params.append(np.broadcast_to(b * beta, (w.shape[0],)).astype(np.float32))
+        return OnnxSpec({"act": (), "out_features": int(w.shape[0])}, [node.inputs[0]], params)
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return (in_shapes[0][0], layer.attrs["out_features"])
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return out.n * int(np.prod(in_shapes[0][1:])) * out_shape[1]
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        return out.numel(out_shape) * itemsize if model == "torch" else 0
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        x = inputs[0].reshape(inputs[0].shape[0], -1)
+        y = torch.nn.functional.linear(x, params[0], params[1] if len(params) > 1 else None)
+        apply_activations(y, layer.attrs["act"])
+        out.copy_(y)
+
+
+@register
+class Softmax(Op):
+    name = "softmax"
+    onnx_types = ("Softmax",)
+    splittable = False
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        shape = node.shape(node.inputs[0])
+        axis = int(node.attrs.get("axis", 1 if len(shape) == 2 else -1)) % len(shape)
+        if axis != 1 or any(d != 1 for d in shape[2:]):
+            raise ValueError("softmax only over the class axis (1) of (N, C) or (N, C, 1, 1) data")
+        return OnnxSpec({}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0])
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        return out.numel(out_shape) * itemsize if model == "torch" else 0
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        out.copy_(torch.softmax(inputs[0], dim=1))

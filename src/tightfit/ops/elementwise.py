@@ -1,0 +1,63 @@
+"""Elementwise unary layers: a standalone activation chain, and batch normalization that could
+not be fused into a preceding conv (e.g. DenseNet's pre-activation BN -> ReLU)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.activation import apply_activations
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+
+
+@register
+class Activation(Op):
+    """A chain of activations on one tensor; the importer builds it from Relu, Clip, ..."""
+
+    name = "activation"
+    inplace_ok = True
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0])
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        if out.data_ptr() != inputs[0].data_ptr():
+            out.copy_(inputs[0])
+        apply_activations(out, layer.attrs["act"])
+
+
+@register
+class BatchNorm(Op):
+    name = "batchnorm"
+    onnx_types = ("BatchNormalization",)
+    inplace_ok = True
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        params = [node.const_input(i) for i in range(1, 5)]
+        if any(p is None for p in params):
+            raise ValueError("batch norm statistics must be constants (inference mode)")
+        return OnnxSpec({"epsilon": float(node.attrs.get("epsilon", 1e-5)), "act": ()}, [node.inputs[0]],
+                        [p.astype(np.float32) for p in params])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0])
+
+    def param_bytes(self, layer, graph, itemsize) -> int:
+        return 2 * int(graph.params[layer.params[0]].size) * itemsize  # folded to scale + shift
+
+    def prepare_params(self, layer, arrays) -> list[torch.Tensor]:
+        gamma, beta, mean, var = (a.astype(np.float64) for a in arrays)
+        scale = gamma / np.sqrt(var + layer.attrs["epsilon"])
+        view = (1, -1, 1, 1)
+        return [torch.from_numpy(scale.astype(np.float32)).view(view),
+                torch.from_numpy((beta - mean * scale).astype(np.float32)).view(view)]
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        scale, shift = params
+        if out.dim() == 2:
+            scale, shift = scale.view(1, -1), shift.view(1, -1)
+        if out.data_ptr() != inputs[0].data_ptr():
+            out.copy_(inputs[0])
+        out.mul_(scale).add_(shift)
+        apply_activations(out, layer.attrs["act"])

@@ -1,0 +1,73 @@
+"""Pad over H and W (constant, reflect or edge). A zero Pad in front of a conv is folded into the
+conv's padding by the importer; a standalone one is a splittable layer of its own."""
+from __future__ import annotations
+
+import numpy as np
+import torch.nn.functional as F
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, window_1d
+
+
+@register
+class Pad(Op):
+    name = "pad"
+    onnx_types = ("Pad",)
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        pads = node.attrs.get("pads")
+        if pads is None:
+            c = node.const_input(1)
+            if c is None:
+                raise ValueError("pads must be constant")
+            pads = c.reshape(-1)
+        pads = [int(p) for p in pads]
+        rank = len(node.shape(node.inputs[0]))
+        if rank != 4 or len(pads) != 8 or any(pads[i] or pads[i + 4] for i in (0, 1)):
+            raise ValueError("only padding of H and W in NCHW data is supported")
+        mode = node.attrs.get("mode", "constant")
+        value = node.attrs.get("value")
+        if value is None:
+            c = node.const_input(2)
+            value = 0.0 if c is None or c.size == 0 else float(c.reshape(-1)[0])
+        if mode != "constant" and any(p < 0 for p in pads):
+            raise ValueError("negative pads (crop) only in constant mode")
+        if mode not in ("constant", "reflect", "edge"):
+            raise ValueError(f"pad mode {mode!r}")
+        hw = (pads[2], pads[3], pads[6], pads[7])  # top, left, bottom, right
+        return OnnxSpec({"pads_hw": hw, "mode": mode, "value": float(value),
+                         "foldable": mode == "constant" and float(value) == 0.0}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        n, c, h, w = in_shapes[0]
+        t, l, b, r = layer.attrs["pads_hw"]
+        return (n, c, h + t + b, w + l + r)
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        _, _, h, w = in_shapes[0]
+        t, l, b, r = layer.attrs["pads_hw"]
+        if layer.attrs["mode"] != "constant":
+            # Reflect and edge padding read interior rows at the border: take whole rows/cols
+            # of the input when the region touches the padding.
+            return (InputWindow(Region(out.n0, out.n1, 0, h, 0, w)),)
+        h0, h1, pt, pb = window_1d(out.h0, out.h1, 1, t, 1, h)
+        w0, w1, pl, pr = window_1d(out.w0, out.w1, 1, l, 1, w)
+        return (InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1), (pt, pb, pl, pr)),)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        x = inputs[0]
+        if layer.attrs["mode"] == "constant":
+            pt, pb, pl, pr = windows[0].pad
+            out.copy_(F.pad(x, (pl, pr, pt, pb), value=layer.attrs["value"]))
+            return
+        t, l, b, r = layer.attrs["pads_hw"]
+        full = F.pad(x, (l, r, t, b), mode="reflect" if layer.attrs["mode"] == "reflect" else "replicate")
+        out.copy_(full[:, :, out_region.h0 : out_region.h1, out_region.w0 : out_region.w1])
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        if model != "torch":
+            return 0
+        if layer.attrs["mode"] != "constant":
+            return Region.whole(out_shape).with_samples(out.n0, out.n1).numel(out_shape) * itemsize
+        return out.numel(out_shape) * itemsize

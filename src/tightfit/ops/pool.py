@@ -1,0 +1,154 @@
+"""Pooling: max and average over sliding windows (padding, ceil_mode, dilation for max), and
+global pooling over H and W (GlobalAveragePool, GlobalMaxPool, ReduceMean/ReduceMax over H, W)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.activation import apply_activations
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, sliding_windows
+from tightfit.ops.conv import conv_out_size, resolve_pads
+
+
+class _WindowPool(Op):
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
+        if len(kernel) != 2:
+            raise ValueError(f"{node.op_type} {node.name!r}: only 2-D pooling is supported")
+        stride = tuple(int(s) for s in node.attrs.get("strides", (1, 1)))
+        dilation = tuple(int(d) for d in node.attrs.get("dilations", (1, 1)))
+        attrs = {
+            "kernel": kernel, "stride": stride, "dilation": dilation,
+            "pads": resolve_pads(node, kernel, stride, dilation),
+            "ceil_mode": bool(node.attrs.get("ceil_mode", 0)),
+            "count_include_pad": bool(node.attrs.get("count_include_pad", 0)), "act": (),
+            "in_hw": tuple(node.shape(node.inputs[0])[2:]),
+        }
+        return OnnxSpec(attrs, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        n, c, h, w = in_shapes[0]
+        a = layer.attrs
+        pt, pl, pb, pr = a["pads"]
+        oh = conv_out_size(h, a["kernel"][0], a["stride"][0], pt + pb, a["dilation"][0], a["ceil_mode"])
+        ow = conv_out_size(w, a["kernel"][1], a["stride"][1], pl + pr, a["dilation"][1], a["ceil_mode"])
+        if a["ceil_mode"]:
+            # ONNX/torch: the last window must start inside the input or the leading padding.
+            oh -= (oh - 1) * a["stride"][0] >= h + pt
+            ow -= (ow - 1) * a["stride"][1] >= w + pl
+        return (n, c, oh, ow)
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        a = layer.attrs
+        return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        if model != "torch":
+            return 0
+        win = self.input_windows(layer, out, in_shapes)[0]
+        padded = 0
+        if any(win.pad):
+            pt, pb, pl, pr = win.pad
+            padded = win.region.n * in_shapes[0][1] * (win.region.h + pt + pb) * (win.region.w + pl + pr)
+        return (padded + out.numel(out_shape)) * itemsize
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        kh, kw = layer.attrs["kernel"]
+        return out.numel(out_shape) * kh * kw
+
+
+@register
+class MaxPool(_WindowPool):
+    name = "maxpool"
+    onnx_types = ("MaxPool",)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        a = layer.attrs
+        x = inputs[0]
+        pt, pb, pl, pr = windows[0].pad
+        if pt or pb or pl or pr:
+            x = F.pad(x, (pl, pr, pt, pb), value=float("-inf"))
+        y = F.max_pool2d(x, a["kernel"], a["stride"], 0, a["dilation"])
+        apply_activations(y, a["act"])
+        out.copy_(y)
+
+
+def _counts(o0: int, o1: int, k: int, s: int, pad_before: int, lo: int, hi: int) -> torch.Tensor:
+    """How many of each window's k taps fall in [lo, hi), for outputs o0..o1-1."""
+    starts = torch.arange(o0, o1) * s - pad_before
+    return (torch.clamp(starts + k, max=hi) - torch.clamp(starts, min=lo)).clamp(min=0).to(torch.float32)
+
+
+@register
+class AveragePool(_WindowPool):
+    name = "avgpool"
+    onnx_types = ("AveragePool",)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        a = layer.attrs
+        x = inputs[0]
+        pt, pb, pl, pr = windows[0].pad
+        if pt or pb or pl or pr:
+            x = F.pad(x, (pl, pr, pt, pb))
+        kh, kw = a["kernel"]
+        sh, sw = a["stride"]
+        y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
+        # Divisor per output position: taps inside the input (or inside input + padding when
+        # count_include_pad), excluding ceil_mode overhang, as ONNX and torch define it.
+        h, w = layer.attrs["in_hw"]
+        ptop, pleft, pbot, pright = a["pads"]
+        if a["count_include_pad"]:
+            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot)
+            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright)
+        else:
+            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h)
+            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w)
+        y.div_(ch.view(-1, 1) * cw.view(1, -1))
+        apply_activations(y, a["act"])
+        out.copy_(y)
+
+
+@register
+class GlobalPool(Op):
+    """Mean or max over all of H and W; the output keeps (N, C, 1, 1) or drops to (N, C)."""
+
+    name = "global_pool"
+    onnx_types = ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax")
+    splittable = False
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        kind = "max" if "Max" in node.op_type else "mean"
+        keepdims = True
+        if node.op_type.startswith("Reduce"):
+            axes = node.attrs.get("axes")
+            if axes is None:
+                c = node.const_input(1)
+                axes = None if c is None else [int(v) for v in c.reshape(-1)]
+            rank = len(node.shape(node.inputs[0]))
+            if axes is None or sorted(a % rank for a in axes) != [2, 3] or rank != 4:
+                raise ValueError(f"{node.op_type} {node.name!r}: only reductions over H and W (axes 2, 3) are supported")
+            keepdims = bool(node.attrs.get("keepdims", 1))
+        return OnnxSpec({"kind": kind, "keepdims": keepdims, "act": ()}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        n, c = in_shapes[0][:2]
+        return (n, c, 1, 1) if layer.attrs["keepdims"] else (n, c)
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        _, _, h, w = in_shapes[0]
+        return (InputWindow(Region(out.n0, out.n1, 0, h, 0, w)),)
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        _, c, h, w = in_shapes[0]
+        return out.n * c * h * w
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        return out.numel(out_shape) * itemsize if model == "torch" else 0
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        x = inputs[0]
+        y = x.amax(dim=(2, 3), keepdim=True) if layer.attrs["kind"] == "max" else x.mean(dim=(2, 3), keepdim=True)
+        apply_activations(y, layer.attrs["act"])
+        out.copy_(y.view(out.shape))

@@ -1,0 +1,126 @@
+"""Layout ops: Flatten, Reshape, Transpose, Squeeze, Unsqueeze, and the channel shuffle that
+ShuffleNet spells as Reshape -> Transpose -> Reshape (fused by the importer into one op that
+splits by rows like any elementwise op).
+
+Reshape-like ops keep the batch dim: dim 0 of every tensor is N and is free."""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+import torch
+
+from tightfit.graph.ir import Layer
+from tightfit.ops import register
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+
+
+class _Whole(Op):
+    """Layout ops that read whole samples."""
+
+    splittable = False
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return out.numel(out_shape)
+
+
+@register
+class Flatten(_Whole):
+    name = "flatten"
+    onnx_types = ("Flatten",)
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        axis = int(node.attrs.get("axis", 1)) % max(1, len(node.shape(node.inputs[0])))
+        if axis != 1:
+            raise ValueError("only Flatten with axis 1 (keep the batch) is supported")
+        return OnnxSpec({"axis": 1}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return (in_shapes[0][0], prod(in_shapes[0][1:]))
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        out.copy_(inputs[0].reshape(out.shape))
+
+
+@register
+class Reshape(_Whole):
+    """Reshape, Squeeze and Unsqueeze: a new per-sample shape, same elements in the same order."""
+
+    name = "reshape"
+    onnx_types = ("Reshape", "Squeeze", "Unsqueeze")
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        in_shape = node.shape(node.inputs[0])
+        target = _target_shape(node, in_shape)
+        if target[0] != in_shape[0]:
+            raise ValueError(f"reshape to {target} would mix samples of the batch")
+        return OnnxSpec({"sample_shape": tuple(target[1:])}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return (in_shapes[0][0],) + tuple(layer.attrs["sample_shape"])
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        out.copy_(inputs[0].reshape(out.shape))
+
+
+def _target_shape(node: OnnxNode, in_shape: Shape) -> tuple[int, ...]:
+    if node.op_type == "Reshape":
+        spec = node.const_input(1)
+        if spec is None:
+            raise ValueError("reshape target must be a constant")
+        dims = [int(d) for d in spec.reshape(-1)]
+        dims = [in_shape[i] if d == 0 and not node.attrs.get("allowzero", 0) else d for i, d in enumerate(dims)]
+        if -1 in dims:
+            known = prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = prod(in_shape) // known
+        return tuple(dims)
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1:
+        c = node.const_input(1)
+        axes = None if c is None else [int(a) for a in c.reshape(-1)]
+    if node.op_type == "Squeeze":
+        axes = [a % len(in_shape) for a in axes] if axes is not None else [i for i, d in enumerate(in_shape) if d == 1 and i > 0]
+        return tuple(d for i, d in enumerate(in_shape) if i not in axes)
+    out = list(in_shape)
+    rank = len(in_shape) + len(axes)
+    for a in sorted(x % rank for x in axes):
+        out.insert(a, 1)
+    return tuple(out)
+
+
+@register
+class Transpose(_Whole):
+    name = "transpose"
+    onnx_types = ("Transpose",)
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        rank = len(node.shape(node.inputs[0]))
+        perm = tuple(int(p) for p in node.attrs.get("perm", range(rank - 1, -1, -1)))
+        if perm[0] != 0:
+            raise ValueError("transpose that moves the batch dim is not supported")
+        return OnnxSpec({"perm": perm}, [node.inputs[0]])
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0][p] for p in layer.attrs["perm"])
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        out.copy_(inputs[0].permute(*layer.attrs["perm"]))
+
+
+@register
+class ChannelShuffle(Op):
+    """Reshape (N, g, C/g, H, W) -> Transpose(0, 2, 1, 3, 4) -> Reshape (N, C, H, W)."""
+
+    name = "channel_shuffle"
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0])
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        x = inputs[0]
+        n, c, h, w = x.shape
+        g = layer.attrs["groups"]
+        out.copy_(x.view(n, g, c // g, h, w).transpose(1, 2).reshape(n, c, h, w))

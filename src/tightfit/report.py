@@ -1,0 +1,74 @@
+"""Tables and JSON the CLI prints. Units are stated in every header."""
+from __future__ import annotations
+
+from typing import Any
+
+from tightfit.analysis.memory import ModelMemory
+from tightfit.units import human, mib, round_half_up
+
+
+def dims(shape: tuple[int, ...]) -> str:
+    """MAFAT writes input dims as H x W x C."""
+    if len(shape) == 4:
+        return f"{shape[2]}x{shape[3]}x{shape[1]}"
+    return "x".join(str(d) for d in shape[1:])
+
+
+def _mib2(n: int) -> str:
+    """MiB to 2 decimals, halves rounded up as MAFAT Table 2.1 prints them (45.125 -> 45.13)."""
+    return f"{round_half_up(mib(n), 2):.2f}"
+
+
+def inspect_json(mem: ModelMemory) -> dict[str, Any]:
+    return {
+        "model": mem.model, "dtype": mem.dtype, "workspace": mem.workspace, "batch": mem.batch,
+        "layers": [{
+            "id": r.id, "name": r.name, "op": r.op, "input_shapes": [list(s) for s in r.input_shapes],
+            "output_shape": list(r.output_shape), "kernel_bytes": r.kernel_bytes, "param_bytes": r.param_bytes,
+            "input_bytes": r.input_bytes, "output_bytes": r.output_bytes, "workspace_bytes": r.workspace_bytes,
+        } for r in mem.layers],
+        "totals": {"param_bytes": mem.param_bytes, "original_param_bytes": mem.original_param_bytes,
+                   "naive_bytes": mem.naive_bytes, "layer_peak_bytes": mem.layer_peak_bytes},
+    }
+
+
+def inspect_table(mem: ModelMemory) -> str:
+    name_w = min(40, max(4, *(len(r.name) for r in mem.layers)))
+    head = (f"{'id':>3}  {'name':<{name_w}}  {'type':<14} {'input dims':>16} {'weights B':>10} "
+            f"{'input':>9} {'output':>9} {'scratch':>9} {'total':>9}")
+    lines = [f"{mem.model}  dtype {mem.dtype}  workspace model {mem.workspace}  batch {mem.batch}  "
+             "(sizes in MiB = 2^20 bytes; weights in bytes)", head, "-" * len(head)]
+    for r in mem.layers:
+        name = r.name if len(r.name) <= name_w else "…" + r.name[-(name_w - 1):]
+        lines.append(
+            f"{r.id:>3}  {name:<{name_w}}  {r.op:<14} {dims(r.input_shapes[0]) if r.input_shapes else '':>16} "
+            f"{r.kernel_bytes:>10} {_mib2(r.input_bytes):>9} {_mib2(r.output_bytes):>9} "
+            f"{_mib2(r.workspace_bytes):>9} {_mib2(r.total_bytes):>9}")
+    lines += ["-" * len(head),
+              f"parameters (run time, batch norms folded): {human(mem.param_bytes)}; imported model: {human(mem.original_param_bytes)}",
+              f"naive (every tensor of the imported model its own buffer + parameters): {human(mem.naive_bytes)} ({mem.naive_bytes / 1e6:.1f} MB)",
+              f"layer-by-layer peak (live tensors + scratch, parameters excluded): {human(mem.layer_peak_bytes)}"]
+    return "\n".join(lines)
+
+
+def run_report(graph, result) -> dict[str, Any]:
+    outs = {}
+    for name, t in result.outputs.items():
+        outs[name] = {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()) if t.numel() > 1 else 0.0,
+                      "argmax": int(t.reshape(t.shape[0], -1).argmax(1)[0])}
+    return {"model": graph.name, "layers": len(graph.layers), "seconds": result.seconds, "outputs": outs}
+
+
+def run_text(report: dict[str, Any]) -> str:
+    lines = [f"{report['model']}: {report['layers']} layers, reference executor {report['seconds'] * 1e3:.1f} ms"]
+    for name, o in report["outputs"].items():
+        lines.append(f"  output {name}: shape {'x'.join(map(str, o['shape']))}, mean {o['mean']:.4g}, std {o['std']:.4g}, argmax {o['argmax']}")
+    if "verify" in report:
+        v = report["verify"]
+        lines.append(f"  verify vs onnxruntime: {'OK' if v['ok'] else 'MISMATCH'} (max abs diff {v['max_abs_diff']:.3g}, "
+                     f"tolerance {v['tolerance']:.3g} = 1e-4 x max abs {v['max_abs_ref']:.3g})")
+    if "measured" in report:
+        m = report["measured"]
+        lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} (analysed layer-by-layer peak "
+                     f"{human(report['analysed_layer_peak_bytes'])}); run {m['seconds'] * 1e3:.1f} ms")
+    return "\n".join(lines)

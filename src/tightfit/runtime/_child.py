@@ -1,0 +1,54 @@
+"""Entry point of a measurement process: `python -m tightfit.runtime._child '<job json>'`.
+
+job = {"kind": "reference", "model": spec, "input_shape": [..] | null, "batch": int | null}
+The model is loaded and its input made before the high-water mark is reset."""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+def _reference_job(job: dict):
+    import tightfit
+    from tightfit.runtime.reference import load_params, random_input, run_reference
+
+    graph = tightfit.load(job["model"], job.get("input_shape"))
+    params = load_params(graph)
+    x = random_input(graph, job.get("batch"))
+
+    def run():
+        out = run_reference(graph, x, params=params)
+        out.clear()
+
+    return run
+
+
+def _alloc_job(job: dict):
+    """Calibration: a run that touches exactly `bytes` bytes of fresh memory."""
+    n = int(job["bytes"])
+
+    def run():
+        t = torch.empty(n // 4, dtype=torch.float32)
+        t.fill_(1.0)
+        del t
+
+    return run
+
+
+JOBS = {"reference": _reference_job, "alloc": _alloc_job}
+
+
+def main() -> None:
+    from tightfit.runtime.measure import measure_in_this_process
+
+    job = json.loads(sys.argv[1])
+    torch.set_grad_enabled(False)
+    run = JOBS[job["kind"]](job)
+    m = measure_in_this_process(run, warmup=job.get("warmup", 1))
+    print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Peak memory of a real run, measured the one way DEVELOPERS.md prescribes: a fresh process with
+MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0 (so freed buffers go back to the OS),
+the high-water mark reset (write 5 to /proc/self/clear_refs) after loading and one warm-up run,
+then VmHWM read after the measured run. Reported: the peak above the loaded baseline."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+@dataclass(frozen=True)
+class Measured:
+    baseline_bytes: int   # resident after loading and warm-up, before the measured run
+    peak_bytes: int       # VmHWM during the measured run
+    seconds: float        # wall time of the measured run
+
+    @property
+    def run_bytes(self) -> int:
+        """What the run itself added on top of the loaded process."""
+        return self.peak_bytes - self.baseline_bytes
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def measure_in_this_process(run: Callable[[], Any], warmup: int = 1) -> Measured:
+    """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess)."""
+    import gc
+    import time
+
+    for _ in range(warmup):
+        run()
+    gc.collect()
+    baseline = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    t0 = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - t0
+    return Measured(baseline, _status_kib("VmHWM"), seconds)
+
+
+def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
+    """Run `job` (see _child.py) in a fresh interpreter and return its measurement."""
+    env = dict(os.environ, **MALLOC_ENV)
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    proc = subprocess.run([sys.executable, "-m", "tightfit.runtime._child", json.dumps(job)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measurement process failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"])

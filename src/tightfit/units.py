@@ -1,0 +1,47 @@
+"""Byte sizes as users write them ('16MB', '16MiB', '512KiB', '1.5GB') and as we print them.
+MB/GB/kB are powers of 10 (Minakova's MB), MiB/GiB/KiB powers of 2 (MAFAT's 'MB')."""
+from __future__ import annotations
+
+import re
+
+from tightfit.errors import OptionError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    m = _PATTERN.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise OptionError(f"cannot read size {text!r}: write e.g. 16MB, 16MiB, 512KiB, 1.5GB or a byte count")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise OptionError(f"size {text!r} must be positive")
+    return int(round(value))
+
+
+def mib(n: int) -> float:
+    return n / 2**20
+
+
+def mb(n: int) -> float:
+    return n / 10**6
+
+
+def round_half_up(x: float, digits: int) -> float:
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return float(Decimal(repr(x)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def human(n: int) -> str:
+    """Binary units, stated explicitly."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,720 @@
+"""Property tests for every registered op.
+
+For each op there is a hypothesis strategy that builds a one-layer case the way the importer
+would: a small ONNX model (the op's node, plus any nodes its fused attributes stand for: a crop
+Pad in front of a conv, the activation chain behind a host), the op's own `from_onnx` turning
+that node into layer attributes, and `prepare_params` turning its arrays into kernel params.
+
+Three properties per op:
+
+* the whole-tensor output equals onnxruntime's on the same ONNX model (ONNX semantics are what
+  we import), to 1e-5 x max abs;
+* any region of the output computed into a view (NaN-filled buffer, contiguous and
+  channels-last, inputs in either layout) equals the same slice of the whole output, writes
+  nothing outside the view and leaves its inputs alone; non-splittable ops get sample ranges;
+* `macs` and `workspace_bytes` are non-negative; conv's darknet workspace is MAFAT eq. 2.1.
+
+A new op without a case fails `test_every_op_has_a_case`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from tightfit.graph.ir import Layer, spatial
+from tightfit.ops import WORKSPACE_MODELS, get_op, op_names
+from tightfit.ops.base import InputWindow, OnnxNode, Region
+from tightfit.runtime.reference import run_layer
+
+SETTINGS = dict(
+    derandomize=True, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+REGION_EXAMPLES = 30
+REFERENCE_EXAMPLES = 25
+RTOL = 1e-5
+
+
+# --- cases ---------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    layer: Layer
+    inputs: list[torch.Tensor]              # whole input tensors, contiguous
+    params: list[torch.Tensor]              # what compute receives
+    model: onnx.ModelProto | None = None    # reference model for onnxruntime
+    feeds: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def op(self):
+        return get_op(self.layer.op)
+
+    @property
+    def in_shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(x.shape) for x in self.inputs]
+
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(self.op.output_shape(self.layer, self.in_shapes))
+
+    def whole(self) -> torch.Tensor:
+        out = torch.full(self.out_shape(), float("nan"))
+        with torch.no_grad():
+            run_layer(self.layer, list(self.inputs), list(self.params), out)
+        return out
+
+    def reference(self) -> np.ndarray:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(self.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return sess.run(None, self.feeds)[0]
+
+
+def _decode_attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, TensorProto):
+            v = numpy_helper.to_array(v)
+        out[a.name] = v
+    return out
+
+
+def _rng(draw) -> np.random.Generator:
+    return np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+
+def _randn(rng: np.random.Generator, shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# Activation chains as layers carry them in attrs["act"], and the ONNX nodes they stand for.
+# Parameters are exact in float32 so both sides see the same numbers.
+ACTIVATIONS = st.one_of(
+    st.just(("relu",)),
+    st.sampled_from([0.0625, 0.125, 0.25, 0.5]).map(lambda a: ("leakyrelu", a)),
+    st.tuples(st.sampled_from([-1.5, -0.5, 0.0]), st.sampled_from([0.25, 1.0, 6.0])).map(lambda t: ("clip",) + t),
+    st.just(("sigmoid",)),
+    st.just(("tanh",)),
+    st.tuples(st.sampled_from([0.125, 0.25, 0.5]), st.sampled_from([0.25, 0.5, 0.75])).map(lambda t: ("hardsigmoid",) + t),
+    st.just(("hardswish",)),
+    st.just(("silu",)),
+)
+CHAINS = st.lists(ACTIVATIONS, min_size=0, max_size=3).map(tuple)
+
+
+def _act_nodes(chain, src: str, prefix: str = "act"):
+    """ONNX nodes computing `chain` from tensor `src`; returns (nodes, initializers, output)."""
+    nodes, inits, cur = [], {}, src
+    for i, (kind, *args) in enumerate(chain):
+        out = f"{prefix}{i}"
+        if kind == "relu":
+            nodes.append(helper.make_node("Relu", [cur], [out]))
+        elif kind == "leakyrelu":
+            nodes.append(helper.make_node("LeakyRelu", [cur], [out], alpha=args[0]))
+        elif kind == "clip":
+            lo, hi = f"{out}_lo", f"{out}_hi"
+            inits[lo], inits[hi] = np.array(args[0], np.float32), np.array(args[1], np.float32)
+            nodes.append(helper.make_node("Clip", [cur, lo, hi], [out]))
+        elif kind == "sigmoid":
+            nodes.append(helper.make_node("Sigmoid", [cur], [out]))
+        elif kind == "tanh":
+            nodes.append(helper.make_node("Tanh", [cur], [out]))
+        elif kind == "hardsigmoid":
+            nodes.append(helper.make_node("HardSigmoid", [cur], [out], alpha=args[0], beta=args[1]))
+        elif kind == "hardswish":
+            nodes.append(helper.make_node("HardSwish", [cur], [out]))
+        elif kind == "silu":
+            nodes.append(helper.make_node("Sigmoid", [cur], [out + "_s"]))
+            nodes.append(helper.make_node("Mul", [cur, out + "_s"], [out]))
+        else:  # pragma: no cover - a new activation needs its ONNX spelling here
+            raise AssertionError(f"no ONNX spelling for activation {kind!r}")
+        cur = out
+    return nodes, inits, cur
+
+
+def _model(nodes, inputs: dict[str, np.ndarray], inits: dict[str, np.ndarray], output: str, opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "case",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 17 else 9
+    return model
+
+
+def onnx_case(op_name: str, nodes: list, main: int, inputs: dict[str, np.ndarray], inits: dict[str, np.ndarray],
+              opset: int = 19, acts=(), layer_inputs=None, overrides=None) -> Case:
+    """A case from ONNX nodes; `nodes[main]` is the node the op imports. `acts` are appended to
+    the model and to the layer's fused chain. `layer_inputs`/`overrides` stand in for what the
+    importer's fusions do (e.g. a crop Pad folded into conv pads)."""
+    act_nodes, act_inits, output = _act_nodes(acts, nodes[-1].output[0])
+    all_inits = {**inits, **act_inits}
+    model = _model(list(nodes) + act_nodes, inputs, all_inits, output, opset)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    for vi in inferred.graph.value_info:
+        shapes[vi.name] = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+    node = nodes[main]
+    view = OnnxNode(node.op_type, node.name or "main", _decode_attrs(node), tuple(node.input), tuple(node.output),
+                    lambda t: all_inits.get(t), shapes.__getitem__)
+    op = get_op(op_name)
+    spec = op.from_onnx(view)
+    attrs = dict(spec.attrs)
+    attrs.update(overrides or {})
+    if acts:
+        attrs["act"] = tuple(attrs.get("act", ())) + tuple(acts)
+    names = layer_inputs if layer_inputs is not None else spec.inputs
+    layer = Layer(0, "main", op_name, tuple(names), "y", attrs, tuple(f"p{i}" for i in range(len(spec.params))))
+    params = op.prepare_params(layer, spec.params)
+    return Case(layer, [torch.from_numpy(inputs[n].copy()) for n in names], params, model, dict(inputs))
+
+
+def _hand_case(op_name: str, attrs: dict, inputs: dict[str, np.ndarray], nodes, output: str, opset: int = 13,
+               inits=None) -> Case:
+    """A case for ops no ONNX node maps onto directly (activation, channel_shuffle)."""
+    model = _model(nodes, inputs, inits or {}, output, opset)
+    layer = Layer(0, "main", op_name, tuple(inputs), "y", attrs)
+    return Case(layer, [torch.from_numpy(v.copy()) for v in inputs.values()], [], model, dict(inputs))
+
+
+# --- per-op strategies ----------------------------------------------------------------------
+
+@st.composite
+def conv_cases(draw):
+    rng = _rng(draw)
+    n = draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["dense", "groups", "depthwise"]))
+    if kind == "dense":
+        g, cin, cout = 1, draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    elif kind == "groups":
+        g = draw(st.integers(2, 3))
+        cin, cout = g * draw(st.integers(1, 2)), g * draw(st.integers(1, 2))
+    else:
+        cin = draw(st.integers(1, 4))
+        g, cout = cin, cin * draw(st.integers(1, 2))
+    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    d = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    ext = [(k[i] - 1) * d[i] + 1 for i in range(2)]
+    auto = draw(st.sampled_from(["NOTSET"] * 4 + ["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    # Net pad per side (top, left, bottom, right): positive = zero padding, negative = crop by a
+    # Pad node the importer folds into the conv. Pads may exceed the kernel extent.
+    net = [draw(st.integers(-2, 4)) for _ in range(4)] if auto == "NOTSET" else [0] * 4
+    hw = []
+    for i in range(2):
+        before, after = net[i], net[i + 2]
+        crop = max(0, -before) + max(0, -after)
+        lo = max(1 + crop, ext[i] - max(0, before) - max(0, after) + crop, 1)
+        hw.append(draw(st.integers(lo, lo + 7)))
+    x = _randn(rng, (n, cin, hw[0], hw[1]))
+    w = _randn(rng, (cout, cin // g, k[0], k[1]))
+    inits = {"w": w}
+    conv_in = ["x", "w"]
+    if draw(st.booleans()):
+        inits["b"] = _randn(rng, (cout,))
+        conv_in.append("b")
+    nodes = []
+    src = "x"
+    if any(p < 0 for p in net):
+        crop = [0, 0] + [min(0, net[0]), min(0, net[1])] + [0, 0] + [min(0, net[2]), min(0, net[3])]
+        inits["crop"] = np.array(crop, np.int64)
+        nodes.append(helper.make_node("Pad", ["x", "crop"], ["xc"]))
+        src = "xc"
+        conv_in[0] = "xc"
+    kw = dict(kernel_shape=list(k), strides=list(s), dilations=list(d), group=g)
+    if auto != "NOTSET":
+        kw["auto_pad"] = auto
+    else:
+        kw["pads"] = [max(0, p) for p in net]
+    nodes.append(helper.make_node("Conv", conv_in, ["y0"], **kw))
+    acts = draw(CHAINS)
+    overrides = {"pads": tuple(net)} if src != "x" else None
+    return onnx_case("conv", nodes, len(nodes) - 1, {"x": x}, inits, acts=acts, layer_inputs=["x"], overrides=overrides)
+
+
+@st.composite
+def pool_cases(draw, op_type: str):
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    d = (draw(st.integers(1, 2)), draw(st.integers(1, 2))) if op_type == "MaxPool" else (1, 1)
+    auto = draw(st.sampled_from(["NOTSET"] * 5 + ["SAME_UPPER", "SAME_LOWER"]))
+    kw = dict(kernel_shape=list(k), strides=list(s))
+    if d != (1, 1):
+        kw["dilations"] = list(d)
+    # onnxruntime requires pads smaller than the kernel.
+    pads = [draw(st.integers(0, k[i % 2] - 1)) for i in range(4)] if auto == "NOTSET" else [0] * 4
+    ext = [(k[i] - 1) * d[i] + 1 for i in range(2)]
+    hw = [draw(st.integers(max(1, ext[i] - pads[i] - pads[i + 2]), ext[i] + 7)) for i in range(2)]
+    if auto == "NOTSET":
+        kw["pads"] = pads
+        kw["ceil_mode"] = int(draw(st.booleans()))
+    else:
+        kw["auto_pad"] = auto
+    if op_type == "AveragePool":
+        kw["count_include_pad"] = int(draw(st.booleans()))
+    x = _randn(rng, (n, c, hw[0], hw[1]))
+    acts = draw(CHAINS)
+    node = helper.make_node(op_type, ["x"], ["y0"], **kw)
+    return onnx_case("maxpool" if op_type == "MaxPool" else "avgpool", [node], 0, {"x": x}, {}, acts=acts)
+
+
+@st.composite
+def global_pool_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 6)), draw(st.integers(1, 6))))
+    kind = draw(st.sampled_from(["GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"]))
+    inits, opset = {}, 13
+    if kind.startswith("Global"):
+        node = helper.make_node(kind, ["x"], ["y0"])
+    else:
+        axes = draw(st.sampled_from([[2, 3], [-1, -2], [3, 2]]))
+        keep = int(draw(st.booleans()))
+        if draw(st.booleans()):
+            node = helper.make_node(kind, ["x"], ["y0"], axes=axes, keepdims=keep)
+        else:  # opset 18: axes as an input
+            opset = 18
+            inits["axes"] = np.array(axes, np.int64)
+            node = helper.make_node(kind, ["x", "axes"], ["y0"], keepdims=keep)
+    return onnx_case("global_pool", [node], 0, {"x": x}, inits, opset=opset, acts=draw(CHAINS))
+
+
+def _broadcast_shape(draw, full: tuple[int, ...]) -> tuple[int, ...]:
+    """`full` with some of C, H, W (never N) set to 1."""
+    if len(full) == 2:
+        return draw(st.sampled_from([full, (full[0], 1)]))
+    n, c, h, w = full
+    return draw(st.sampled_from([full, (n, c, 1, 1), (n, 1, h, w), (n, c, h, 1), (n, 1, 1, w), (n, c, 1, w)]))
+
+
+@st.composite
+def elementwise_cases(draw, op_name: str):
+    """Add/Sum of 1-3 data inputs, Mul of 1-2 (ONNX Mul is binary), each maybe with a constant
+    operand; operands broadcast over C, H, W (squeeze-excitation (N,C,H,W) * (N,C,1,1))."""
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    full = (n, c) if draw(st.integers(0, 5)) == 0 else (n, c, draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    count = draw(st.integers(1, 3 if op_name == "add" else 2))
+    with_const = count == 1 or (op_name == "add" and draw(st.booleans()))
+    shapes = [full] + [_broadcast_shape(draw, full) for _ in range(count - 1)]
+    if draw(st.booleans()):  # the broadcast operand first: (N,C,1,1) * (N,C,H,W)
+        shapes = shapes[::-1]
+    inputs = {f"x{i}": _randn(rng, s) for i, s in enumerate(shapes)}
+    names = list(inputs)
+    inits = {}
+    if with_const:  # a bias or scale of any shape that broadcasts into the data
+        cshape = _broadcast_shape(draw, (1,) + full[1:])
+        cshape = draw(st.sampled_from([cshape, cshape[1:], ()]))
+        inits["k"] = _randn(rng, cshape)
+        names.insert(draw(st.integers(0, len(names))), "k")
+    if op_name == "mul":
+        onnx_type = "Mul"
+    else:
+        onnx_type = "Add" if len(names) == 2 and draw(st.booleans()) else "Sum"
+    node = helper.make_node(onnx_type, names, ["y0"])
+    return onnx_case(op_name, [node], 0, inputs, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def concat_cases(draw):
+    rng = _rng(draw)
+    n = draw(st.integers(1, 3))
+    rank2 = draw(st.integers(0, 5)) == 0
+    hw = () if rank2 else (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    inputs = {f"x{i}": _randn(rng, (n, draw(st.integers(1, 3))) + hw) for i in range(draw(st.integers(1, 3)))}
+    axis = 1 if rank2 or draw(st.booleans()) else -3
+    node = helper.make_node("Concat", list(inputs), ["y0"], axis=axis)
+    return onnx_case("concat", [node], 0, inputs, {}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def gemm_cases(draw):
+    rng = _rng(draw)
+    n, fout = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    four = draw(st.booleans())
+    xshape = (n, draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))) if four else (n, draw(st.integers(1, 8)))
+    fin = int(np.prod(xshape[1:]))
+    x = _randn(rng, xshape)
+    nodes, src, inits = [], "x", {}
+    if four:  # Flatten -> Gemm, which the importer fuses into one gemm layer reading the rank-4 x
+        nodes.append(helper.make_node("Flatten", ["x"], ["xf"], axis=1))
+        src = "xf"
+    if not four and draw(st.integers(0, 3)) == 0:
+        inits["w"] = _randn(rng, (fin, fout))
+        nodes.append(helper.make_node("MatMul", [src, "w"], ["y0"]))
+    else:
+        trans_b = int(draw(st.booleans()))
+        inits["w"] = _randn(rng, (fout, fin) if trans_b else (fin, fout))
+        kw = dict(transB=trans_b, alpha=draw(st.sampled_from([1.0, 0.5, 2.0])), beta=draw(st.sampled_from([1.0, 0.25])))
+        ins = [src, "w"]
+        bias = draw(st.sampled_from([None, (fout,), (1, fout), (), (1,)]))
+        if bias is not None:
+            inits["b"] = _randn(rng, bias)
+            ins.append("b")
+        nodes.append(helper.make_node("Gemm", ins, ["y0"], **kw))
+    return onnx_case("gemm", nodes, len(nodes) - 1, {"x": x}, inits, opset=13, acts=draw(CHAINS), layer_inputs=["x"])
+
+
+@st.composite
+def softmax_cases(draw):
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    four = draw(st.booleans())
+    x = _randn(rng, (n, c, 1, 1) if four else (n, c)) * 3
+    axis = 1 if four else draw(st.sampled_from([1, -1]))
+    return onnx_case("softmax", [helper.make_node("Softmax", ["x"], ["y0"], axis=axis)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def batchnorm_cases(draw):
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    shape = (n, c) if draw(st.integers(0, 4)) == 0 else (n, c, draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    inits = {"g": _randn(rng, (c,)), "b": _randn(rng, (c,)), "m": _randn(rng, (c,)),
+             "v": (rng.random(c) + 0.1).astype(np.float32)}
+    eps = draw(st.sampled_from([1e-5, 1e-3, 0.5]))
+    node = helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y0"], epsilon=eps)
+    return onnx_case("batchnorm", [node], 0, {"x": _randn(rng, shape)}, inits, opset=15, acts=draw(CHAINS))
+
+
+@st.composite
+def lrn_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 2)), draw(st.integers(1, 7)), draw(st.integers(1, 5)), draw(st.integers(1, 5)))) * 2
+    node = helper.make_node("LRN", ["x"], ["y0"], size=draw(st.integers(1, 6)),
+                            alpha=draw(st.sampled_from([1e-4, 0.5, 2.0])), beta=draw(st.sampled_from([0.75, 0.5, 1.0])),
+                            bias=draw(st.sampled_from([1.0, 2.0, 0.5])))
+    return onnx_case("lrn", [node], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def pad_cases(draw):
+    rng = _rng(draw)
+    n, c, h, w = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    mode = draw(st.sampled_from(["constant", "constant", "reflect", "edge"]))
+    if mode == "constant":  # negative = crop, keeping at least one row and column
+        t = draw(st.integers(-(h - 1), 3)); b = draw(st.integers(-(h - 1 + min(t, 0)), 3))
+        l = draw(st.integers(-(w - 1), 3)); r = draw(st.integers(-(w - 1 + min(l, 0)), 3))
+    elif mode == "reflect":
+        t, b = draw(st.integers(0, h - 1)), draw(st.integers(0, h - 1))
+        l, r = draw(st.integers(0, w - 1)), draw(st.integers(0, w - 1))
+    else:
+        t, b, l, r = (draw(st.integers(0, 4)) for _ in range(4))
+    pads = [0, 0, t, l, 0, 0, b, r]
+    x = _randn(rng, (n, c, h, w))
+    value = draw(st.sampled_from([0.0, 1.5, -2.0])) if mode == "constant" else 0.0
+    if draw(st.booleans()):  # opset 2: pads and value as attributes
+        node = helper.make_node("Pad", ["x"], ["y0"], mode=mode, pads=pads, value=value)
+        return onnx_case("pad", [node], 0, {"x": x}, {}, opset=10)
+    inits = {"pads": np.array(pads, np.int64), "v": np.array(value, np.float32)}
+    node = helper.make_node("Pad", ["x", "pads", "v"], ["y0"], mode=mode)
+    return onnx_case("pad", [node], 0, {"x": x}, inits, opset=13)
+
+
+COORD_MODES = ["asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn"]
+NEAREST_MODES = ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"]
+
+
+@st.composite
+def resize_cases(draw):
+    rng = _rng(draw)
+    n, c, h, w = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    x = _randn(rng, (n, c, h, w))
+    style = draw(st.sampled_from(["scales", "sizes", "opset10", "upsample"]))
+    up = st.sampled_from([1.0, 2.0, 3.0])
+    scales = [1.0, 1.0, draw(up if style == "upsample" else st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])),
+              draw(up if style == "upsample" else st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]))]
+    if h * scales[2] < 1:
+        scales[2] = 1.0
+    if w * scales[3] < 1:
+        scales[3] = 1.0
+    s_arr = np.array(scales, np.float32)
+    if style == "upsample":
+        node = helper.make_node("Upsample", ["x", "s"], ["y0"], mode="nearest")
+        return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=9)
+    if style == "opset10":
+        node = helper.make_node("Resize", ["x", "s"], ["y0"], mode="nearest")
+        return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=10)
+    kw = dict(mode="nearest", coordinate_transformation_mode=draw(st.sampled_from(COORD_MODES)),
+              nearest_mode=draw(st.sampled_from(NEAREST_MODES)))
+    if style == "sizes":
+        sizes = np.array([n, c, draw(st.integers(1, 12)), draw(st.integers(1, 12))], np.int64)
+        node = helper.make_node("Resize", ["x", "", "", "sz"], ["y0"], **kw)
+        return onnx_case("resize", [node], 0, {"x": x}, {"sz": sizes}, opset=13)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y0"], **kw)
+    return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=13)
+
+
+@st.composite
+def flatten_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4))))
+    return onnx_case("flatten", [helper.make_node("Flatten", ["x"], ["y0"], axis=1)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def reshape_cases(draw):
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    kind = draw(st.sampled_from(["Reshape", "Squeeze", "Unsqueeze"]))
+    if kind == "Reshape":
+        h, w = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        x = _randn(rng, (n, c, h, w))
+        target = draw(st.sampled_from([[n, c * h, w], [n, -1], [0, c, h * w], [0, -1, 1, 1], [n, w, c, h]]))
+        node = helper.make_node("Reshape", ["x", "t"], ["y0"])
+        return onnx_case("reshape", [node], 0, {"x": x}, {"t": np.array(target, np.int64)}, opset=13)
+    if kind == "Squeeze":
+        x = _randn(rng, (n, c, 1, 1))
+        node = helper.make_node("Squeeze", ["x", "a"], ["y0"])
+        return onnx_case("reshape", [node], 0, {"x": x}, {"a": np.array(draw(st.sampled_from([[2, 3], [-1, -2]])), np.int64)}, opset=13)
+    x = _randn(rng, (n, c))
+    node = helper.make_node("Unsqueeze", ["x", "a"], ["y0"])
+    return onnx_case("reshape", [node], 0, {"x": x}, {"a": np.array(draw(st.sampled_from([[2, 3], [-1, -2], [1]])), np.int64)}, opset=13)
+
+
+@st.composite
+def transpose_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4))))
+    perm = draw(st.sampled_from([[0, 2, 3, 1], [0, 3, 1, 2], [0, 1, 3, 2], [0, 2, 1, 3], [0, 1, 2, 3]]))
+    return onnx_case("transpose", [helper.make_node("Transpose", ["x"], ["y0"], perm=perm)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def channel_shuffle_cases(draw):
+    rng = _rng(draw)
+    g, k = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    n, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    x = _randn(rng, (n, g * k, h, w))
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r1"]),
+             helper.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "s2"], ["y0"])]
+    inits = {"s1": np.array([n, g, k, h, w], np.int64), "s2": np.array([n, g * k, h, w], np.int64)}
+    return _hand_case("channel_shuffle", {"groups": g}, {"x": x}, nodes, "y0", inits=inits)
+
+
+@st.composite
+def activation_cases(draw):
+    rng = _rng(draw)
+    n = draw(st.integers(1, 3))
+    shape = (n, draw(st.integers(1, 8))) if draw(st.integers(0, 4)) == 0 else \
+        (n, draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    x = _randn(rng, shape) * 4
+    chain = draw(st.lists(ACTIVATIONS, min_size=1, max_size=3).map(tuple))
+    nodes, inits, out = _act_nodes(chain, "x")
+    return _hand_case("activation", {"act": chain}, {"x": x}, nodes, out, inits=inits)
+
+
+CASES = {
+    "conv": conv_cases(),
+    "maxpool": pool_cases("MaxPool"),
+    "avgpool": pool_cases("AveragePool"),
+    "global_pool": global_pool_cases(),
+    "add": elementwise_cases("add"),
+    "mul": elementwise_cases("mul"),
+    "concat": concat_cases(),
+    "gemm": gemm_cases(),
+    "softmax": softmax_cases(),
+    "batchnorm": batchnorm_cases(),
+    "lrn": lrn_cases(),
+    "pad": pad_cases(),
+    "resize": resize_cases(),
+    "flatten": flatten_cases(),
+    "reshape": reshape_cases(),
+    "transpose": transpose_cases(),
+    "channel_shuffle": channel_shuffle_cases(),
+    "activation": activation_cases(),
+}
+
+
+def _case_strategy(op_name: str):
+    if op_name not in CASES:
+        pytest.fail(f"op {op_name!r} has no case in tests/test_ops.py::CASES; add one")
+    return CASES[op_name]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _tol(expected: torch.Tensor) -> dict:
+    finite = expected[torch.isfinite(expected)]
+    top = float(finite.abs().max()) if finite.numel() else 0.0
+    return dict(rtol=RTOL, atol=max(1e-5 * top, 1e-30))
+
+
+def _formatted(t: torch.Tensor, fmt: str) -> torch.Tensor:
+    if t.dim() == 4 and fmt == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    return t.contiguous()
+
+
+@st.composite
+def regions(draw, shape: tuple[int, ...], splittable: bool):
+    """A region of an output of `shape`: any sample range; rows and columns too when splittable,
+    biased to hit borders (first/last rows) as well as the interior."""
+    def span(size: int) -> tuple[int, int]:
+        style = draw(st.sampled_from(["any", "first", "last", "one", "whole"]))
+        if style == "whole":
+            return 0, size
+        if style == "first":
+            return 0, draw(st.integers(1, size))
+        if style == "last":
+            return draw(st.integers(0, size - 1)), size
+        if style == "one":
+            i = draw(st.integers(0, size - 1))
+            return i, i + 1
+        a = draw(st.integers(0, size - 1))
+        return a, draw(st.integers(a + 1, size))
+
+    n0, n1 = span(shape[0])
+    h, w = spatial(shape)
+    if not splittable:
+        return Region(n0, n1, 0, h, 0, w)
+    h0, h1 = span(h)
+    w0, w1 = span(w)
+    return Region(n0, n1, h0, h1, w0, w1)
+
+
+def _check_window_bounds(windows: tuple[InputWindow, ...], in_shapes) -> None:
+    for win, shape in zip(windows, in_shapes):
+        r = win.region
+        h, w = spatial(shape)
+        assert 0 <= r.n0 <= r.n1 <= shape[0], (win, shape)
+        assert 0 <= r.h0 <= r.h1 <= h and 0 <= r.w0 <= r.w1 <= w, (win, shape)
+        assert all(p >= 0 for p in win.pad), (win, shape)
+
+
+def _compute_region(case: Case, region: Region, whole: torch.Tensor, fmt_in: str, fmt_out: str) -> None:
+    op, layer = case.op, case.layer
+    in_shapes = case.in_shapes
+    out_shape = tuple(whole.shape)
+    inputs = [_formatted(x, fmt_in) for x in case.inputs]
+    before = [x.clone() for x in inputs]
+    buf = _formatted(torch.full(out_shape, float("nan")), fmt_out)
+    view = region.slice(buf)
+    windows = op.input_windows(layer, region, in_shapes)
+    assert len(windows) == len(inputs)
+    _check_window_bounds(windows, in_shapes)
+    views = [w.region.slice(x) for w, x in zip(windows, inputs)]
+    with torch.no_grad():
+        op.compute(layer, views, windows, view, region, case.params)
+    expected = region.slice(whole)
+    torch.testing.assert_close(view, expected, **_tol(whole), equal_nan=False,
+                               msg=lambda m: f"{layer.op} region {region} ({fmt_in} -> {fmt_out}) attrs {dict(layer.attrs)}: {m}")
+    outside = torch.ones(out_shape, dtype=torch.bool)
+    region.slice(outside).fill_(False)
+    assert torch.isnan(buf[outside]).all(), f"{layer.op} wrote outside region {region}"
+    for x, b in zip(inputs, before):
+        assert torch.equal(x, b), f"{layer.op} modified its input"
+
+
+def _compute_inplace(case: Case, region: Region, whole: torch.Tensor) -> None:
+    """An inplace_ok op computing its output over its first input."""
+    op, layer = case.op, case.layer
+    inputs = [x.clone() for x in case.inputs]
+    windows = op.input_windows(layer, region, case.in_shapes)
+    views = [w.region.slice(x) for w, x in zip(windows, inputs)]
+    out = region.slice(inputs[0])
+    assert views[0].data_ptr() == out.data_ptr() and views[0].shape == out.shape
+    with torch.no_grad():
+        op.compute(layer, views, windows, out, region, case.params)
+    torch.testing.assert_close(out, region.slice(whole), **_tol(whole))
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+def test_every_op_has_a_case():
+    missing = sorted(set(op_names()) - set(CASES))
+    assert not missing, f"ops without a property-test case: {missing}"
+    assert not set(CASES) - set(op_names()), "cases for ops that are not registered"
+
+
+@pytest.mark.parametrize("op_name", op_names())
+@settings(max_examples=REFERENCE_EXAMPLES, **SETTINGS)
+@given(data=st.data())
+def test_whole_matches_onnxruntime(op_name, data):
+    case = data.draw(_case_strategy(op_name))
+    assert case.layer.op == op_name
+    whole = case.whole()
+    ref = case.reference()
+    assert tuple(whole.shape) == ref.shape, f"{op_name}: shape {tuple(whole.shape)} but onnxruntime gives {ref.shape}"
+    expected = torch.from_numpy(ref)
+    torch.testing.assert_close(whole, expected, **_tol(expected),
+                               msg=lambda m: f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}: {m}")
+
+
+@pytest.mark.parametrize("op_name", op_names())
+@settings(max_examples=REGION_EXAMPLES, **SETTINGS)
+@given(data=st.data())
+def test_region_equals_slice_of_whole(op_name, data):
+    case = data.draw(_case_strategy(op_name))
+    op = case.op
+    whole = case.whole()
+    assert not torch.isnan(whole).any(), f"{op_name}: whole output has NaN (not all written?)"
+    formats = st.sampled_from(["contiguous", "channels_last"])
+    for _ in range(3):
+        region = data.draw(regions(tuple(whole.shape), op.splittable))
+        _compute_region(case, region, whole, data.draw(formats), data.draw(formats))
+    if op.inplace_ok and case.in_shapes[0] == tuple(whole.shape):
+        _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole)
+
+
+@pytest.mark.parametrize("op_name", op_names())
+@settings(max_examples=15, **SETTINGS)
+@given(data=st.data())
+def test_costs_are_non_negative(op_name, data):
+    case = data.draw(_case_strategy(op_name))
+    op, layer = case.op, case.layer
+    out_shape = case.out_shape()
+    region = data.draw(regions(out_shape, op.splittable))
+    assert op.macs(layer, region, case.in_shapes, out_shape) >= 0
+    for model in WORKSPACE_MODELS:
+        for itemsize in (1, 2, 4):
+            ws = op.workspace_bytes(layer, region, case.in_shapes, out_shape, itemsize, model=model)
+            assert isinstance(ws, int) and ws >= 0, (model, ws)
+    assert op.workspace_bytes(layer, region, case.in_shapes, out_shape, 4, model="none") == 0
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(data=st.data())
+def test_conv_costs(data):
+    case = data.draw(conv_cases())
+    op, layer = case.op, case.layer
+    out_shape = case.out_shape()
+    n, cout, oh, ow = out_shape
+    cin = case.in_shapes[0][1]
+    kh, kw = layer.attrs["kernel"]
+    g = layer.attrs["groups"]
+    whole = Region.whole(out_shape)
+    assert op.macs(layer, whole, case.in_shapes, out_shape) == n * cout * oh * ow * (cin // g) * kh * kw
+    region = data.draw(regions(out_shape, True))
+    itemsize = data.draw(st.sampled_from([1, 2, 4]))
+    # MAFAT eq. 2.1: scratch = w * h * f^2 * c / s (output w, h; per group for grouped convs).
+    exact = region.n * region.w * region.h * kh * kw * (cin // g) * itemsize / layer.attrs["stride"][0]
+    got = op.workspace_bytes(layer, region, case.in_shapes, out_shape, itemsize, model="darknet")
+    assert exact - itemsize < got <= exact
+
+
+def test_conv_darknet_workspace_matches_mafat_table():
+    """MAFAT Table 2.1, YOLOv2 layers 0 and 2 (3x3, stride 1): 38.07 and 101.53 MiB of scratch."""
+    conv = get_op("conv")
+    for (cin, cout, hw), mib in (((3, 32, 608), 38.07), ((32, 64, 304), 101.53)):
+        layer = Layer(0, "c", "conv", ("x",), "y", {"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1),
+                                                     "pads": (1, 1, 1, 1), "groups": 1, "out_channels": cout, "act": ()})
+        in_shape = (1, cin, hw, hw)
+        out_shape = conv.output_shape(layer, [in_shape])
+        ws = conv.workspace_bytes(layer, Region.whole(out_shape), [in_shape], out_shape, 4, model="darknet")
+        assert round(ws / 2**20, 2) == mib
