@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from tightfit.plan.order import (
     is_topological,
     memory_order,
     peak_of_order,
+    step_memories,
 )
 
 MAX_EXTENSIONS = 3000  # keeps brute-force enumeration cheap
@@ -159,55 +161,50 @@ def models(draw, max_nodes: int = 10) -> OrderModel:
     )
 
 
-def inception_chain(blocks: int, seed: int = 0) -> OrderModel:
-    """stem -> [inception block]*blocks; each block: 4 branches (1x1 | 1x1,3x3 |
-    1x1,3x3,3x3 | pool,1x1) joined by concat.  9 nodes per block."""
+def inception_chain(blocks: int, seed: int = 0, branches=(1, 2, 3, 2)) -> OrderModel:
+    """stem -> [inception block] * blocks.  Each block: parallel branches of
+    convs (wide intermediates, narrow branch outputs) joined by a concat;
+    9 nodes per block with the default branches."""
+    rng = random.Random(seed)
     deps: list[tuple[int, ...]] = [()]
     out, scr = [64], [0]
     x = 0
-    rng = (seed * 2654435761 + 12345) % 2**32
-
-    def size() -> int:
-        nonlocal rng
-        rng = (rng * 1103515245 + 12345) % 2**31
-        return 8 + rng % 120
-
     for _ in range(blocks):
         ends = []
-        for length in (1, 2, 3, 2):
+        for length in branches:
             prev = x
-            for _ in range(length):
+            for k in range(length):
                 deps.append((prev,))
-                out.append(size())
-                scr.append(size() // 4)
+                out.append(rng.randint(8, 40) if k == length - 1 else rng.randint(60, 300))
+                scr.append(rng.randint(0, 60))
                 prev = len(deps) - 1
             ends.append(prev)
         deps.append(tuple(ends))
-        out.append(sum(out[e] for e in ends))
+        out.append(rng.randint(40, 120))
         scr.append(0)
         x = len(deps) - 1
     return OrderModel(deps, out, scr, graph_inputs_bytes=32, input_consumers=(0,),
                       outputs=frozenset({x}))
 
 
-def nas_like(cells: int, width: int = 5) -> OrderModel:
-    """NASNet-ish cells reading the two previous cell outputs: no forced
-    boundaries, so the exact search space grows exponentially."""
-    deps: list[tuple[int, ...]] = [(), (0,)]
-    out, scr = [48, 48], [0, 0]
-    prev2, prev1 = 0, 1
-    for c in range(cells):
-        ops = []
-        for k in range(width):
-            deps.append(((prev1, prev2)[(c + k) % 2],))
-            out.append(16 + (7 * k + 3 * c) % 40)
-            scr.append((5 * k + c) % 11)
-            ops.append(len(deps) - 1)
-        deps.append(tuple(ops))
-        out.append(48)
-        scr.append(0)
-        prev2, prev1 = prev1, len(deps) - 1
-    return OrderModel(deps, out, scr, 16, (0,), frozenset({prev1}))
+def wide_block(chains: int, length: int = 3, seed: int = 0) -> OrderModel:
+    """One source feeding many parallel chains joined at the end: no forced
+    boundaries inside, so the exact search space is (length+1)**chains."""
+    rng = random.Random(seed)
+    deps: list[tuple[int, ...]] = [()]
+    out, scr, ends = [50], [0], []
+    for _ in range(chains):
+        prev = 0
+        for k in range(length):
+            deps.append((prev,))
+            out.append(rng.randint(5, 40) if k == length - 1 else rng.randint(20, 300))
+            scr.append(rng.randint(0, 50))
+            prev = len(deps) - 1
+        ends.append(prev)
+    deps.append(tuple(ends))
+    out.append(30)
+    scr.append(0)
+    return OrderModel(deps, out, scr, 16, (0,), frozenset({len(deps) - 1}))
 
 
 # --------------------------------------------------------------------------
@@ -261,14 +258,20 @@ def test_empty_model():
     assert peak_of_order(m, ()) == 0
 
 
-def test_prefers_branch_that_frees_memory():
-    # Two branches from 0; branch A builds a big tensor then shrinks it.
-    # Finishing A before starting B avoids holding B's big tensor alongside A's.
-    m = OrderModel(deps=[(), (0,), (1,), (0,), (3,), (2, 4)],
-                   out_bytes=[10, 100, 1, 100, 1, 5], scratch=[0] * 6)
+def test_finishes_a_branch_before_starting_the_next():
+    # 0 -> big A (1) -> small (3) ; 0 -> big B (2) -> small (4) ; join(3, 4).
+    # The imported order holds both big tensors at once (10 + 100 + 100).
+    m = OrderModel(deps=[(), (0,), (0,), (1,), (2,), (3, 4)],
+                   out_bytes=[10, 100, 100, 1, 1, 5], scratch=[0] * 6)
+    assert peak_of_order(m, identity_order(m)) == 210
     order = memory_order(m)
+    assert order == (0, 1, 3, 2, 4, 5)
     assert peak_of_order(m, order) == brute_force(m)[0] == 111
-    assert order == (0, 1, 2, 3, 4, 5)
+
+
+def test_duplicate_dependency_counts_once():
+    m = OrderModel(deps=[(), (0, 0)], out_bytes=[5, 7], scratch=[0, 0])
+    assert peak_of_order(m, (0, 1)) == 12
 
 
 # --------------------------------------------------------------------------
@@ -325,15 +328,15 @@ def test_decomposition_matches_monolithic_search(m):
 
 
 def test_decomposition_agrees_on_inception_chain():
-    m = inception_chain(3, seed=1)
+    m = inception_chain(7, seed=1)  # 64 nodes
     whole = memory_order(m, decompose=False)
     assert memory_order(m) == whole
-    assert peak_of_order(m, whole) <= peak_of_order(m, identity_order(m))
+    assert peak_of_order(m, whole) < peak_of_order(m, identity_order(m))
 
 
 @pytest.mark.parametrize("blocks", [7, 22])  # 64 and 199 nodes
 def test_inception_chain_is_fast_and_never_worse(blocks):
-    m = inception_chain(blocks, seed=blocks)
+    m = inception_chain(blocks, seed=blocks, branches=(1, 3, 3, 2))
     t0 = time.perf_counter()
     order = memory_order(m)
     elapsed = time.perf_counter() - t0
@@ -341,14 +344,57 @@ def test_inception_chain_is_fast_and_never_worse(blocks):
     assert is_topological(m, order)
     assert peak_of_order(m, order) <= peak_of_order(m, identity_order(m))
     assert peak_of_order(m, order) <= peak_of_order(m, greedy_order(m))
+    assert memory_order(m) == order
 
 
-def test_wide_graph_fallback_is_bounded_and_never_worse():
-    m = nas_like(cells=12)  # 74 nodes, no forced boundaries
+def test_budget_bounds_work_on_wide_graph():
+    m = wide_block(chains=14)  # 4**14 scheduled sets, no forced boundaries
     t0 = time.perf_counter()
-    order = memory_order(m, max_states=5_000)
+    small = memory_order(m, max_states=2_000)
     assert time.perf_counter() - t0 < 2.0
-    assert is_topological(m, order)
-    p = peak_of_order(m, order)
+    assert is_topological(m, small)
+    p = peak_of_order(m, small)
     assert p <= peak_of_order(m, identity_order(m))
     assert p <= peak_of_order(m, greedy_order(m))
+    assert memory_order(m, max_states=2_000) == small  # deterministic under budget
+    none = memory_order(m, max_states=0)  # pure fallback
+    assert is_topological(m, none)
+    assert peak_of_order(m, none) == min(peak_of_order(m, identity_order(m)),
+                                         peak_of_order(m, greedy_order(m)))
+
+
+def test_wide_graph_solved_exactly_with_enough_budget():
+    m = wide_block(chains=6, length=2, seed=3)  # 3**6 scheduled sets
+    order = memory_order(m)
+    assert peak_of_order(m, order) == brute_force_dp(m)
+
+
+def brute_force_dp(m: OrderModel) -> int:
+    """Optimal peak by exhaustive DP over all scheduled sets (no pruning).
+    A step's memory depends only on the set already scheduled, so it is read
+    off the reference evaluator for any completion of the prefix."""
+    best: dict[frozenset, tuple[int, tuple[int, ...]]] = {frozenset(): (0, ())}
+    frontier = [frozenset()]
+    for _ in range(m.n):
+        nxt: dict[frozenset, tuple[int, tuple[int, ...]]] = {}
+        for s in frontier:
+            peak, prefix = best[s]
+            for v in range(m.n):
+                if v not in s and set(m.deps[v]) <= s:
+                    order = prefix + (v,)
+                    step = step_memories(m, complete(m, order))[len(prefix)]
+                    key = s | {v}
+                    if key not in nxt or max(peak, step) < nxt[key][0]:
+                        nxt[key] = (max(peak, step), order)
+        best.update(nxt)
+        frontier = list(nxt)
+    return best[frozenset(range(m.n))][0]
+
+
+def complete(m: OrderModel, prefix: tuple[int, ...]) -> tuple[int, ...]:
+    order, done = list(prefix), set(prefix)
+    while len(order) < m.n:
+        v = min(u for u in range(m.n) if u not in done and set(m.deps[u]) <= done)
+        order.append(v)
+        done.add(v)
+    return tuple(order)

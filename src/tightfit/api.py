@@ -70,3 +70,70 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
     t0 = time.perf_counter()
     outs = run_reference(graph, x, keep)
     return RunResult(outs, time.perf_counter() - t0)
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
+         layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None):
+    """Plan a model or an application file; returns (Plan, graphs). The plan is checked."""
+    from tightfit.plan.app import is_app_file, load_app
+    from tightfit.plan.check import check_plan
+    from tightfit.plan.reuse import PlannedModel, plan_reuse
+
+    if method not in ("reuse", "naive"):
+        raise OptionError(f"unknown method {method!r}; available: reuse, naive")
+    if batch < 1:
+        raise OptionError("--batch must be at least 1")
+    if is_app_file(model):
+        app, graphs = load_app(model)
+        models = [PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)]
+        parts = [(p.cnn, p.layers) for p in app.partitions]
+        concurrent = app.pipelines
+    else:
+        graphs = [load(model, input_shape)]
+        models, parts, concurrent = [PlannedModel(graphs[0], model, batch)], None, ()
+    p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
+                   partitions=parts, concurrent=concurrent)
+    check_plan(p, graphs)
+    return p, graphs
+
+
+def load_plan(path: str | Path):
+    """Read a plan file, load the models it names, check fingerprints and the plan itself."""
+    from tightfit.graph import zoo
+    from tightfit.plan import schema
+    from tightfit.plan.check import check_plan
+
+    p = Path(path)
+    if not p.is_file():
+        raise schema.PlanError(f"plan file not found: {p}")
+    plan_ = schema.loads(p.read_text())
+    graphs = []
+    for i, ref in enumerate(plan_.models):
+        default = next((e.input_shape for e in zoo.entries() if e.name == ref.spec), None)
+        shape = None if default is not None and tuple(default) == tuple(ref.input_shape) else ref.input_shape
+        g = load(ref.spec, shape)
+        if schema.fingerprint(g) != ref.fingerprint:
+            raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
+        graphs.append(g)
+    check_plan(plan_, graphs)
+    return plan_, graphs
+
+
+def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:
+    from tightfit.runtime.reference import random_input
+
+    return [random_input(g, ref.batch, seed + i) for i, (g, ref) in enumerate(zip(graphs, plan_.models))]
+
+
+def execute(plan_, graphs, inputs: Sequence[torch.Tensor] | None = None, fill_nan: bool = False):
+    """Run a plan once with the arena executor; returns per model {output: tensor} (copies)."""
+    from tightfit.runtime.executor import ArenaExecutor
+
+    xs = plan_inputs(graphs, plan_) if inputs is None else list(inputs)
+    ex = ArenaExecutor(plan_, graphs, fill_nan=fill_nan)
+    t0 = time.perf_counter()
+    outs = ex.run(xs)
+    seconds = time.perf_counter() - t0
+    return [{k: v.clone() for k, v in o.items()} for o in outs], seconds

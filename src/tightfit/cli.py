@@ -39,10 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("run", help="run a model with the reference executor")
+    p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    p.add_argument("--verify", action="store_true", help="compare outputs with onnxruntime on the same model")
+    p.add_argument("--method", default="reuse", help="reuse (default) or naive (every tensor its own buffer)")
+    p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
+    p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
+    p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--out", help="write the plan here (JSON)")
+    p.add_argument("--layout-map", action="store_true", help="print the arena layout")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("run", help="run a model (reference executor) or a plan.json (arena executor)")
+    _model_args(p)
+    p.add_argument("--verify", action="store_true", help="compare outputs with onnxruntime (model) or the reference executor (plan)")
     p.add_argument("--measure", action="store_true", help="measure peak memory in a fresh process")
+    p.add_argument("--enforce", action="store_true", help="run a plan under RLIMIT_DATA = loaded baseline + limit")
+    p.add_argument("--limit", help="with --enforce: the limit above the loaded baseline (default: analysed peak + margin)")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -86,7 +99,41 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import time
+
+    import tightfit
+    from tightfit.plan import schema
+    from tightfit.plan.check import check_plan
+    from tightfit.report import plan_report, plan_text
+
+    t0 = time.perf_counter()
+    p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
+                                  _shape(args.input_shape) if args.input_shape else None)
+    seconds = time.perf_counter() - t0
+    report = plan_report(p, graphs, check_plan(p, graphs), seconds)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(schema.dumps(p))
+        report["written"] = args.out
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(plan_text(report))
+        if args.layout_map:
+            from tightfit.plan.check import lifetimes
+            from tightfit.plan.offsets import format_layout
+
+            life = lifetimes(p, graphs)
+            print(format_layout(life.reqs, [p.buffers[b].offsets[c] for b, c in life.keys]))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.model.endswith(".json"):
+        return cmd_run_plan(args)
+    if args.enforce:
+        raise OptionError("--enforce runs a plan: give a plan.json made by `tightfit plan`")
     import tightfit
     from tightfit.report import run_report
     from tightfit.runtime.reference import random_input
@@ -115,7 +162,60 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
-COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "run": cmd_run}
+def cmd_run_plan(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit.plan.check import check_plan
+    from tightfit.report import plan_run_text
+
+    plan_, graphs = tightfit.api.load_plan(args.model)
+    analysis = check_plan(plan_, graphs)
+    report: dict = {"plan": args.model, "arena_bytes": analysis.arena_bytes, "scratch_peak_bytes": analysis.scratch_peak,
+                    "analysed_peak_bytes": analysis.peak_bytes, "lower_bound_bytes": analysis.lower_bound}
+    if args.enforce:
+        from tightfit.runtime.enforce import enforce_limit
+        from tightfit.units import parse_size
+
+        limit = parse_size(args.limit) if args.limit else None
+        report["enforced_limit_bytes"] = enforce_limit(analysis.peak_bytes if limit is None else None, limit)
+    xs = tightfit.api.plan_inputs(graphs, plan_)
+    outs, seconds = _guarded_execute(plan_, graphs, xs, report.get("enforced_limit_bytes"))
+    report["seconds"] = seconds
+    report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
+    if args.verify:
+        from tightfit.runtime.reference import run_reference
+        from tightfit.verify import compare
+
+        worst = None
+        for g, x, o in zip(graphs, xs, outs):
+            ref = run_reference(g, x)
+            for k, v in o.items():
+                c = compare(v, ref[k])
+                worst = c if worst is None or (not c.ok) or (worst.ok and c.max_abs_diff > worst.max_abs_diff) else worst
+        report["verify"] = worst.as_dict() if worst else {"ok": True}
+    if args.measure:
+        from tightfit.runtime.measure import measure_subprocess
+
+        m = measure_subprocess({"kind": "plan", "plan": args.model})
+        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
+    print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
+    return 1 if args.verify and not report["verify"]["ok"] else 0
+
+
+def _guarded_execute(plan_, graphs, xs, limit):
+    import tightfit
+
+    try:
+        return tightfit.api.execute(plan_, graphs, xs)
+    except (MemoryError, RuntimeError) as e:
+        if limit is None or "alloc" not in str(e).lower() and not isinstance(e, MemoryError):
+            raise
+        from tightfit.runtime.enforce import OutOfMemory
+        from tightfit.units import human
+
+        raise OutOfMemory(f"out of memory: the run needs more than the enforced {human(limit)} above the loaded model") from None
+
+
+COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "run": cmd_run}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -72,3 +72,46 @@ def run_text(report: dict[str, Any]) -> str:
         lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} (analysed layer-by-layer peak "
                      f"{human(report['analysed_layer_peak_bytes'])}); run {m['seconds'] * 1e3:.1f} ms")
     return "\n".join(lines)
+
+
+def plan_report(plan, graphs, analysis, seconds: float) -> dict[str, Any]:
+    from tightfit.analysis.memory import account
+
+    naive = sum(account(g, plan.dtype, batch=m.batch).naive_bytes - account(g, plan.dtype).original_param_bytes
+                for g, m in zip(graphs, plan.models))
+    return {
+        "models": [m.spec for m in plan.models], "knobs": dict(plan.knobs), "steps": analysis.steps,
+        "buffers": len(plan.buffers), "naive_activation_bytes": naive, "lower_bound_bytes": analysis.lower_bound,
+        "arena_bytes": analysis.arena_bytes, "ratio_to_lower_bound": analysis.ratio,
+        "scratch_peak_bytes": analysis.scratch_peak, "analysed_peak_bytes": analysis.peak_bytes,
+        "planning_seconds": seconds,
+    }
+
+
+def plan_text(r: dict[str, Any]) -> str:
+    k = r["knobs"]
+    lines = [f"{' + '.join(r['models'])}: method {k.get('method')}, planner {k.get('planner')}, order {k.get('order')}, "
+             f"layout {k.get('layout')}; {r['steps']} steps, {r['buffers']} buffers",
+             f"  naive (every imported tensor its own buffer): {human(r['naive_activation_bytes'])}",
+             f"  lower bound (max over steps of live bytes):   {human(r['lower_bound_bytes'])}",
+             f"  arena:                                        {human(r['arena_bytes'])} ({r['ratio_to_lower_bound']:.3f} x lower bound)",
+             f"  kernel temporaries (largest step, outside the arena): {human(r['scratch_peak_bytes'])}",
+             f"  analysed run memory (arena + temporaries):    {human(r['analysed_peak_bytes'])}",
+             f"  planning time: {r['planning_seconds'] * 1e3:.0f} ms"]
+    if "written" in r:
+        lines.append(f"  plan written to {r['written']}")
+    return "\n".join(lines)
+
+
+def plan_run_text(r: dict[str, Any]) -> str:
+    lines = [f"{r['plan']}: ran in {r['seconds'] * 1e3:.1f} ms; arena {human(r['arena_bytes'])} + kernel temporaries "
+             f"{human(r['scratch_peak_bytes'])} = analysed {human(r['analysed_peak_bytes'])}"]
+    if "enforced_limit_bytes" in r:
+        lines.append(f"  enforced: completed under RLIMIT_DATA = loaded baseline + {human(r['enforced_limit_bytes'])}")
+    if "verify" in r:
+        v = r["verify"]
+        lines.append(f"  verify vs reference executor: {'OK' if v['ok'] else 'MISMATCH'} (max abs diff {v.get('max_abs_diff', 0):.3g})")
+    if "measured" in r:
+        m = r["measured"]
+        lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} (analysed {human(r['analysed_peak_bytes'])})")
+    return "\n".join(lines)

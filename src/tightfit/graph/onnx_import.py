@@ -69,7 +69,10 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
         raise ModelLoadError(f"external data could not be read: {e}") from None
 
 
-def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str) -> Graph:
+def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
+                 fuse_batchnorm: bool = True) -> Graph:
+    """`fuse_batchnorm=False` keeps every batch norm a layer of its own (with its ONNX node's
+    name as the layer's first node), for tools that need to see batch-norm inputs."""
     try:
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
@@ -78,7 +81,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
     b.set_inputs(input_shape)
     b.check_supported()
     b.walk()
-    return b.finish()
+    return b.finish(fuse_batchnorm)
 
 
 @dataclass
@@ -247,12 +250,12 @@ class _Builder:
         return attrs, inputs
 
     # --- fusion and freezing --------------------------------------------------------------
-    def finish(self) -> Graph:
+    def finish(self, fuse_batchnorm: bool = True) -> Graph:
         outputs = [self.resolve(o.name) for o in self.model.graph.output]
         for t in outputs:
             if t not in self.shapes:
                 raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
-        protos = fuse(self.protos, set(outputs), self.shapes)
+        protos = fuse(self.protos, set(outputs), self.shapes, fuse_batchnorm)
         layers, params = [], {}
         for i, p in enumerate(protos):
             layers.append(_freeze(p, i, params))
@@ -332,12 +335,14 @@ def _sole_consumer(protos: list[_Proto], tensor: str, keep: set[str]) -> _Proto 
     return users[0] if len(users) == 1 else None
 
 
-def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> list[_Proto]:
+def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None,
+         fuse_batchnorm: bool = True) -> list[_Proto]:
     """Apply the fusions in order; `keep` are tensors that must stay visible (graph outputs);
     `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
-    for step in (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad):
+    steps = (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm else (_fuse_silu, _fuse_affine, _fuse_pad)
+    for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
     return _fuse_activations(protos, keep)

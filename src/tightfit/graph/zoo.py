@@ -4,8 +4,11 @@ a fixed seed (no downloads: the machine has no internet, and values must not van
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -108,7 +111,7 @@ _TORCH: dict[str, tuple[Callable[[], nn.Module], tuple[int, int, int, int], str,
     "googlenet": (_tv("googlenet", aux_logits=False, init_weights=False, transform_input=False), (1, 3, 224, 224), "torchvision", "GoogLeNet (Inception v1)"),
     "squeezenet1_0": (_tv("squeezenet1_0"), (1, 3, 224, 224), "torchvision", "SqueezeNet 1.0"),
     "densenet121": (_tv("densenet121"), (1, 3, 224, 224), "torchvision", "DenseNet-121"),
-    "vgg19": (_tv("vgg19"), (1, 3, 224, 224), "torchvision", "VGG-19"),
+    "vgg19": (_tv("vgg19", init_weights=False), (1, 3, 224, 224), "torchvision", "VGG-19"),
     "efficientnet_b0": (_tv("efficientnet_b0"), (1, 3, 224, 224), "torchvision", "EfficientNet-B0"),
     "inception_v3": (_tv("inception_v3", aux_logits=False, init_weights=False, transform_input=False), (1, 3, 299, 299), "torchvision", "Inception v3"),
     "mobilenet_v3_small": (_tv("mobilenet_v3_small"), (1, 3, 224, 224), "torchvision", "MobileNetV3-Small"),
@@ -148,9 +151,15 @@ def _onnxzoo_shape(name: str) -> tuple[int, int, int, int]:
 
 # --- random weights -------------------------------------------------------------------------
 
-def randomize_module(module: nn.Module, seed: int = SEED) -> nn.Module:
-    """He-scaled conv and dense weights, non-trivial batch-norm statistics, small biases."""
+def randomize_module(module: nn.Module, seed: int = SEED,
+                     calibrate_shape: Sequence[int] | None = None) -> nn.Module:
+    """He-scaled conv and dense weights, non-trivial batch-norm statistics, small biases.
+
+    With `calibrate_shape`, each batch norm's running variance is then set to the mean square
+    of its input on a seeded random batch of that shape (see `_bn_scale`), so that values keep
+    their scale however deep the network is."""
     g = torch.Generator().manual_seed(seed)
+    bns = []
     with torch.no_grad():
         for m in module.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):
@@ -159,18 +168,47 @@ def randomize_module(module: nn.Module, seed: int = SEED) -> nn.Module:
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (gain / fan_in) ** 0.5)
                 if m.bias is not None:
                     m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.05)
-            elif isinstance(m, nn.BatchNorm2d):
+            elif isinstance(m, nn.modules.batchnorm._BatchNorm):
                 c = m.num_features
                 m.weight.copy_(0.8 + 0.4 * torch.rand(c, generator=g))
                 m.bias.copy_(torch.randn(c, generator=g) * 0.1)
                 m.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
                 m.running_var.copy_(0.5 + torch.rand(c, generator=g))
-    return module.eval()
+                bns.append(m)
+        module.eval()
+        if calibrate_shape is not None and bns:
+            x = torch.randn(tuple(calibrate_shape), generator=g)
+
+            def calibrate(bn: nn.Module, args: tuple) -> None:
+                # Runs before the batch norm itself, so each one sees calibrated inputs.
+                bn.running_var.copy_(torch.from_numpy(_bn_scale(args[0].double().numpy(), bn.running_var.double().numpy())))
+
+            hooks = [m.register_forward_pre_hook(calibrate) for m in bns]
+            try:
+                module(x)
+            finally:
+                for h in hooks:
+                    h.remove()
+    return module
+
+
+def _bn_scale(x: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """A batch norm's running variance from its input `x` (channels on axis 1): the drawn
+    variance (0.5 to 1.5) times the mean square of each channel, so the output keeps about the
+    scale of gamma. The running mean stays small and random rather than the measured mean:
+    subtracting a channel's true mean from values close to it would make the check
+    ill-conditioned (float32 cancellation amplified by mean / std). A channel silent on this
+    batch gets a floor of 1% of the average, so that another input cannot blow it up."""
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    ms = np.mean(np.square(x, dtype=np.float64), axis=axes)
+    floor = 0.01 * float(ms.mean()) if ms.size and ms.mean() > 0 else 1.0
+    return (var * np.maximum(ms, floor)).astype(np.float32)
 
 
 def torch_module(name: str) -> nn.Module:
     """The zoo's PyTorch module with its seeded random weights (the reference for tests)."""
-    return randomize_module(_TORCH[name][0]())
+    make, shape, _, _ = _TORCH[name]
+    return randomize_module(make(), SEED, calibrate_shape=shape)
 
 
 # Nodes a weight may pass through on its way to the node that gives it its role.
@@ -235,7 +273,47 @@ def randomize_onnx(model: onnx.ModelProto, seed: int = SEED) -> onnx.ModelProto:
                    for i in inits if i.name not in listed]
     del g.input[:]
     g.input.extend(inputs)
+    _calibrate_onnx_bn(model, seed)
     return model
+
+
+def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
+    """randomize_module's batch-norm calibration for an ONNX model: every batch norm's variance
+    becomes its drawn value times its input's mean square on a seeded random batch. One pass
+    of the reference kernels over the model imported with its batch norms unfused, each batch
+    norm calibrated just before it runs (onnxruntime cannot change a weight mid-run, and
+    re-running it until the variances settle takes a round per batch norm on a chain)."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    var_of = {n.name or n.output[0]: n.input[4] for n in g.node
+              if n.op_type == "BatchNormalization" and len(n.input) >= 5 and n.input[4] in inits}
+    if not var_of:
+        return
+    from tightfit.graph.onnx_import import import_model
+    from tightfit.ops import get_op
+    from tightfit.runtime.reference import last_readers, run_layer
+
+    graph = import_model(model, None, "calibration", fuse_batchnorm=False)
+    shape = graph.shape(graph.inputs[0])
+    live = {graph.inputs[0]: torch.from_numpy(np.random.default_rng(seed + 1).standard_normal(shape, dtype=np.float32))}
+    last = last_readers(graph)
+    new: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        for layer in graph.layers:
+            arrays = [graph.params[p] for p in layer.params]
+            var = var_of.get(layer.nodes[0]) if layer.op == "batchnorm" else None
+            if var is not None:
+                base = numpy_helper.to_array(inits[var]).astype(np.float64)
+                new[var] = _bn_scale(live[layer.inputs[0]].double().numpy(), base)
+                arrays = arrays[:3] + [new[var]]
+            out = torch.empty(graph.shape(layer.output), dtype=torch.float32)
+            run_layer(layer, [live[t] for t in layer.inputs], get_op(layer.op).prepare_params(layer, arrays), out)
+            live[layer.output] = out
+            for t in set(layer.inputs):
+                if last.get(t) == layer.id:
+                    del live[t]
+    for var, arr in new.items():
+        inits[var].CopyFrom(numpy_helper.from_array(arr, var))
 
 
 def _redraw(arr: np.ndarray, op: str, idx: int, attrs: dict, rng: np.random.Generator) -> np.ndarray | None:
@@ -243,9 +321,10 @@ def _redraw(arr: np.ndarray, op: str, idx: int, attrs: dict, rng: np.random.Gene
         return None
     if op == "Conv" and idx == 1:
         return rng.standard_normal(arr.shape) * np.sqrt(2.0 / np.prod(arr.shape[1:]))
-    if op in ("Gemm", "MatMul") and idx == 1 and arr.ndim == 2:
+    if op in ("Gemm", "MatMul") and idx == 1 and arr.ndim >= 2:
+        # Caffe conversions store the weight 4-D, (out, in, 1, 1), and Reshape it to 2-D.
         trans_b = op == "Gemm" and "transB" in attrs and onnx.helper.get_attribute_value(attrs["transB"])
-        fan_in = arr.shape[1] if trans_b else arr.shape[0]
+        fan_in = int(np.prod(arr.shape[1:])) if trans_b else arr.shape[0]
         return rng.standard_normal(arr.shape) / np.sqrt(fan_in)
     if op in ("Conv", "Gemm") and idx == 2:
         return rng.standard_normal(arr.shape) * 0.05
@@ -259,31 +338,122 @@ def _redraw(arr: np.ndarray, op: str, idx: int, attrs: dict, rng: np.random.Gene
     return None
 
 
-@functools.lru_cache(maxsize=4)
-def onnx_model(name: str) -> bytes:
-    """The zoo model as ONNX bytes with its random weights (what tests give onnxruntime)."""
+def onnx_model(name: str, input_shape: Sequence[int] | None = None) -> bytes:
+    """The zoo model as ONNX bytes with its random weights (what tests give onnxruntime).
+
+    Torch models are exported at `input_shape` (default: the zoo's); the ONNX zoo's models
+    keep their own declared shape (give the shape to `load` instead). Exporting is slow (VGG-19
+    takes ~15 s), so the bytes are kept on disk, see `cache_dir`."""
+    _check_name(name)
+    if name.startswith("onnxzoo-"):
+        shape = None
+    else:
+        shape = _default_shape(name) if input_shape is None else tuple(int(d) for d in input_shape)
+    return _onnx_bytes(name, shape)
+
+
+@functools.lru_cache(maxsize=2)
+def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
+    path = _cache_path(name, shape)
+    if path is not None and path.is_file():
+        try:
+            return path.read_bytes()
+        except OSError:
+            pass
     if name.startswith("onnxzoo-"):
         model = onnx.load(_onnxzoo_path(name[len("onnxzoo-"):]))
-        return randomize_onnx(model).SerializeToString()
-    from tightfit.graph.torch_import import export_onnx
+        data = randomize_onnx(model).SerializeToString()
+    else:
+        from tightfit.graph.torch_import import export_onnx
 
-    return export_onnx(torch_module(name), _TORCH[name][1]).SerializeToString()
+        data = export_onnx(torch_module(name), shape).SerializeToString()
+    if path is not None:
+        _write_atomic(path, data)
+    return data
 
 
-def load(name: str, input_shape: Sequence[int] | None = None) -> Graph:
-    from tightfit.graph.onnx_import import import_model
+def cache_dir() -> Path | None:
+    """Where exported zoo models are kept: $TIGHTFIT_CACHE if set (0/off/no: no disk cache),
+    else $XDG_CACHE_HOME/tightfit or ~/.cache/tightfit."""
+    setting = os.environ.get("TIGHTFIT_CACHE", "").strip()
+    if setting.lower() in ("0", "off", "no", "false", "none"):
+        return None
+    if setting and setting.lower() not in ("1", "on", "yes", "true"):
+        return Path(setting).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tightfit"
 
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """What the exported bytes depend on besides the name and shape: library versions, the
+    seed and this module's and the exporter's source (so editing a model or the weight
+    drawing invalidates the cache)."""
+    import torchvision
+
+    from tightfit.graph import torch_import
+
+    h = hashlib.sha256()
+    for part in (torch.__version__, torchvision.__version__, onnx.__version__, np.__version__, str(SEED),
+                 str(torch_import.OPSET)):
+        h.update(part.encode() + b"\0")
+    for mod_file in (__file__, torch_import.__file__):
+        h.update(Path(mod_file).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_path(name: str, shape: tuple[int, ...] | None) -> Path | None:
+    base = cache_dir()
+    if base is None:
+        return None
+    dims = "x".join(map(str, shape)) if shape is not None else "declared"
+    return base / "zoo" / f"{name}-{dims}-{_code_version()}.onnx"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write beside the target and rename, so that concurrent writers and readers (pytest-xdist
+    workers) never see half a file. A cache that cannot be written is silently skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
+def _check_name(name: str) -> None:
     if name not in names():
         from tightfit.errors import ModelLoadError
 
         raise ModelLoadError(f"no zoo model {name!r}; `tightfit zoo` lists them")
-    shape = tuple(input_shape) if input_shape is not None else next(e.input_shape for e in entries() if e.name == name)
-    if name.startswith("onnxzoo-"):
-        model = onnx.load_from_string(onnx_model(name))
-    elif input_shape is not None:
-        from tightfit.graph.torch_import import export_onnx
 
-        model = export_onnx(torch_module(name), shape)
-    else:
-        model = onnx.load_from_string(onnx_model(name))
+
+def _default_shape(name: str) -> tuple[int, ...]:
+    return next(e.input_shape for e in entries() if e.name == name)
+
+
+def load(name: str, input_shape: Sequence[int] | None = None) -> Graph:
+    """Import a zoo model. Graphs are immutable and cached per (name, shape): callers share
+    them, so never write into a graph's parameter arrays."""
+    _check_name(name)
+    shape = _default_shape(name) if input_shape is None else tuple(int(d) for d in input_shape)
+    return _load(name, shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str, shape: tuple[int, ...]) -> Graph:
+    from tightfit.graph.onnx_import import import_model
+
+    model = onnx.load_from_string(onnx_model(name, shape))
     return import_model(model, shape, name)
+
+
+def clear_cache() -> None:
+    """Drop the in-memory caches of graphs and ONNX bytes (the disk cache stays)."""
+    _load.cache_clear()
+    _onnx_bytes.cache_clear()

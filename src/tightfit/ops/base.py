@@ -90,8 +90,11 @@ def window_1d(o0: int, o1: int, stride: int, pad_before: int, extent: int, size:
     """
     a = o0 * stride - pad_before
     b = (o1 - 1) * stride - pad_before + extent
-    lo, hi = max(a, 0), min(b, size)
-    return lo, hi, lo - a, b - hi
+    # A window may lie wholly in the padding (pads wider than the kernel): then it reads no
+    # input rows, the empty span [0, 0) or [size, size), and is all padding.
+    lo = min(max(a, 0), size)
+    hi = max(min(b, size), lo)
+    return lo, hi, max(0, min(b, lo) - a), max(0, b - max(a, hi))
 
 
 def sliding_windows(
@@ -129,6 +132,9 @@ class OnnxNode:
     outputs: tuple[str, ...]
     const: Callable[[str], "np.ndarray | None"]
     shape: Callable[[str], Shape]
+    # The model's default-domain opset, where the importer knows it (some defaults depend on
+    # it, e.g. Softmax's axis); None = unknown.
+    opset: int | None = None
 
     def const_input(self, i: int) -> "np.ndarray | None":
         if i >= len(self.inputs) or not self.inputs[i]:

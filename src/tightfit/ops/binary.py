@@ -23,12 +23,19 @@ class _Elementwise(Op):
             if c.ndim > out_rank:
                 raise ValueError("constant operand of higher rank than the data")
         consts = [c.reshape((1,) * (out_rank - c.ndim) + c.shape) for c in consts]
-        return OnnxSpec({"act": ()}, dynamic, consts)
+        attrs = {"act": ()}
+        if consts:
+            # The constants' broadcast shape, so the output shape is known without the graph
+            # (a constant may be larger than the data: x (N,C,1,1) + b (1,C,H,W)).
+            attrs["param_shape"] = tuple(int(d) for d in np.broadcast_shapes(*[c.shape for c in consts]))
+        return OnnxSpec(attrs, dynamic, consts)
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         shapes = list(in_shapes)
         if graph is not None:
             shapes += [graph.params[p].shape for p in layer.params]
+        elif "param_shape" in layer.attrs:
+            shapes.append(tuple(layer.attrs["param_shape"]))
         shape = np.broadcast_shapes(*[tuple(s) for s in shapes])
         return (in_shapes[0][0],) + tuple(shape[1:])
 
@@ -52,9 +59,12 @@ class _Elementwise(Op):
 
 
 def _param_region(p: torch.Tensor, region) -> torch.Tensor:
-    """A constant operand broadcast over N; slice its H, W if it has them."""
-    if p.dim() == 4 and p.shape[2] > 1:
-        return p[:, :, region.h0 : region.h1, region.w0 : region.w1]
+    """A constant operand broadcast over N; slice each of its H, W that is not broadcast."""
+    if p.dim() == 4:
+        if p.shape[2] > 1:
+            p = p[:, :, region.h0 : region.h1]
+        if p.shape[3] > 1:
+            p = p[:, :, :, region.w0 : region.w1]
     return p
 
 

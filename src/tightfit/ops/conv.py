@@ -77,10 +77,31 @@ class Conv(Op):
         return (n, layer.attrs["out_channels"], conv_out_size(h, kh, sh, pt + pb, dh), conv_out_size(w, kw, sw, pl + pr, dw))
 
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        """The receptive field of `out`; a region that reaches the last output row (column) also
+        takes the input's trailing rows that a stride skips, so a whole-width view stays one
+        dense block (the kernel's output count is unchanged)."""
         a = layer.attrs
-        return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
+        win = sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"])
+        _, _, oh, ow = self.output_shape(layer, in_shapes)
+        _, _, h, w = in_shapes[0]
+        r, (pt, pb, pl, pr) = win.region, win.pad
+        # Not under a crop (negative padding): the skipped rows would then be cropped data.
+        h1 = h if out.h1 == oh and pb == 0 and a["pads"][2] >= 0 else r.h1
+        w1 = w if out.w1 == ow and pr == 0 and a["pads"][3] >= 0 else r.w1
+        return (InputWindow(Region(r.n0, r.n1, r.h0, h1, r.w0, w1), win.pad),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def prepare_params(self, layer: Layer, arrays) -> list[torch.Tensor]:
+        """Weight, bias, and the weight prepacked once for oneDNN: without it every call
+        reorders the weight into a temporary as large as the weight itself."""
+        a = layer.attrs
+        w = torch.from_numpy(arrays[0])
+        b = torch.from_numpy(arrays[1]) if len(arrays) > 1 else torch.zeros(w.shape[0])
+        return [w, b, PackedWeights(w, a)]
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+        """torch model: the zero-padded copy of an input window whose padding is asymmetric
+        (a band at the border), plus the result temporary when the output view is not a dense
+        channels-last block (then the kernel cannot write into it directly)."""
         a = layer.attrs
         cin = in_shapes[0][1]
         if model == "darknet":
@@ -89,14 +110,12 @@ class Conv(Op):
             return out.n * out.h * out.w * kh * kw * (cin // a["groups"]) // a["stride"][0] * itemsize
         if model == "none":
             return 0
-        # Our kernel: the zero-padded copy of the input window (only at the border), and the
-        # result the convolution allocates before it is copied into the output view.
         win = self.input_windows(layer, out, in_shapes)[0]
         padded = 0
-        if any(win.pad):
+        if direct_padding(win, out, a["kernel"], a["stride"], a["dilation"]) is None:
             pt, pb, pl, pr = win.pad
             padded = win.region.n * cin * (win.region.h + pt + pb) * (win.region.w + pl + pr)
-        return (padded + out.numel(out_shape)) * itemsize
+        return (padded + (0 if dense_out and _ONEDNN else out.numel(out_shape))) * itemsize
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         kh, kw = layer.attrs["kernel"]
@@ -104,10 +123,69 @@ class Conv(Op):
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         a = layer.attrs
+        w, b, packs = params
         x = inputs[0]
-        pt, pb, pl, pr = windows[0].pad
-        if pt or pb or pl or pr:
-            x = F.pad(x, (pl, pr, pt, pb))
-        y = F.conv2d(x, params[0], params[1] if len(params) > 1 else None, a["stride"], 0, a["dilation"], a["groups"])
-        apply_activations(y, a["act"])
-        out.copy_(y)
+        pad = direct_padding(windows[0], out_region, a["kernel"], a["stride"], a["dilation"])
+        if pad is None:
+            x, pad = pad_copy(x, windows[0].pad), [0, 0]
+        packed = packs.get(x.shape, pad) if packs is not None else None
+        if packed is not None and _dense_nhwc(out) and _dense_nhwc(x):
+            # oneDNN accumulates the convolution into `out` in place: no result temporary.
+            out.zero_()
+            torch.ops.mkldnn._convolution_pointwise_.binary(
+                out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"], "add", 1.0, None, [], None)
+        else:
+            out.copy_(F.conv2d(x, w, b, a["stride"], pad, a["dilation"], a["groups"]))
+        apply_activations(out, a["act"])
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
+
+
+def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> list[int] | None:
+    """Symmetric padding the kernel can apply itself so that its output is exactly `out`, or None
+    when the window's border padding needs an explicit zero-padded copy (e.g. a band at the top
+    whose bottom rows are real data)."""
+    pt, pb, pl, pr = win.pad
+    if pt < pb or pl < pr:
+        return None
+    for size, p, k, s, d, want in ((win.region.h, pt, kernel[0], stride[0], dilation[0], out.h),
+                                   (win.region.w, pl, kernel[1], stride[1], dilation[1], out.w)):
+        if (size + 2 * p - (k - 1) * d - 1) // s + 1 != want:
+            return None
+    return [pt, pl]
+
+
+def pad_copy(x: torch.Tensor, pad: tuple[int, int, int, int], value: float = 0.0) -> torch.Tensor:
+    """A padded copy of x in x's memory format (one allocation, counted as step scratch)."""
+    pt, pb, pl, pr = pad
+    n, c, h, w = x.shape
+    fmt = torch.channels_last if _dense_nhwc(x) or not x.is_contiguous() else torch.contiguous_format
+    out = torch.full((n, c, h + pt + pb, w + pl + pr), value, dtype=x.dtype).contiguous(memory_format=fmt)
+    out[:, :, pt : pt + h, pl : pl + w].copy_(x)
+    return out
+
+
+def _dense_nhwc(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and t.shape[1] > 1
+
+
+class PackedWeights:
+    """The weight reordered for oneDNN, once per input shape (oneDNN picks the blocked format
+    by shape): made on the first run, reused after, so runs never reorder weights."""
+
+    def __init__(self, w: torch.Tensor, a: dict):
+        self.w, self.a = w, a
+        self.by_shape: dict[tuple, torch.Tensor] = {}
+
+    def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
+        if not _ONEDNN:
+            return None
+        key = (tuple(shape), tuple(pad))
+        packed = self.by_shape.get(key)
+        if packed is None:
+            a = self.a
+            packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                self.w.to_mkldnn(), list(pad), list(a["stride"]), list(a["dilation"]), a["groups"], list(shape))
+            self.by_shape[key] = packed
+        return packed

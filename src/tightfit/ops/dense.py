@@ -34,7 +34,12 @@ class Gemm(Op):
         params = [w.astype(np.float32)]
         b = node.const_input(2)
         if b is not None:
-            params.append(np.broadcast_to(b * beta, (w.shape[0],)).astype(np.float32))
+            b = np.asarray(b, dtype=np.float64) * beta
+            if b.ndim == 2 and b.shape[0] == 1:  # C of shape (1, out): the same bias for every row
+                b = b[0]
+            if b.ndim > 1 or b.size not in (1, w.shape[0]):
+                raise ValueError(f"Gemm bias of shape {b.shape} differs per sample; only (out,), (1, out) or scalars are supported")
+            params.append(np.broadcast_to(b, (w.shape[0],)).astype(np.float32))
         return OnnxSpec({"act": (), "out_features": int(w.shape[0])}, [node.inputs[0]], params)
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
@@ -64,7 +69,10 @@ class Softmax(Op):
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         shape = node.shape(node.inputs[0])
-        axis = int(node.attrs.get("axis", 1 if len(shape) == 2 else -1)) % len(shape)
+        # Default axis: 1 before opset 13 (softmax over the flattened dims from 1 on), -1 since.
+        # Either way only a softmax over C of (N, C) or (N, C, 1, 1) is accepted below.
+        old = node.opset is not None and node.opset < 13
+        axis = int(node.attrs.get("axis", 1 if len(shape) == 2 or old else -1)) % len(shape)
         if axis != 1 or any(d != 1 for d in shape[2:]):
             raise ValueError("softmax only over the class axis (1) of (N, C) or (N, C, 1, 1) data")
         return OnnxSpec({}, [node.inputs[0]])

@@ -37,6 +37,8 @@ class BatchNorm(Op):
         params = [node.const_input(i) for i in range(1, 5)]
         if any(p is None for p in params):
             raise ValueError("batch norm statistics must be constants (inference mode)")
+        if any(p.ndim != 1 for p in params) or int(node.attrs.get("training_mode", 0)):
+            raise ValueError("only inference batch norm with per-channel statistics is supported")
         return OnnxSpec({"epsilon": float(node.attrs.get("epsilon", 1e-5)), "act": ()}, [node.inputs[0]],
                         [p.astype(np.float32) for p in params])
 

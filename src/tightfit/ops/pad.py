@@ -24,11 +24,22 @@ class Pad(Op):
             pads = c.reshape(-1)
         pads = [int(p) for p in pads]
         rank = len(node.shape(node.inputs[0]))
+        axes = node.const_input(3)  # opset 18: pads are given for these dims only
+        if axes is not None and axes.size:
+            axes = [int(a) % rank for a in axes.reshape(-1)]
+            if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes):
+                raise ValueError(f"pads {pads} do not match axes {axes}")
+            full = [0] * (2 * rank)
+            for i, a in enumerate(axes):
+                full[a], full[a + rank] = pads[i], pads[i + len(axes)]
+            pads = full
         if rank != 4 or len(pads) != 8 or any(pads[i] or pads[i + 4] for i in (0, 1)):
             raise ValueError("only padding of H and W in NCHW data is supported")
         mode = node.attrs.get("mode", "constant")
         value = node.attrs.get("value")
         if value is None:
+            if len(node.inputs) > 2 and node.inputs[2] and node.const_input(2) is None:
+                raise ValueError("the pad value must be a constant")
             c = node.const_input(2)
             value = 0.0 if c is None or c.size == 0 else float(c.reshape(-1)[0])
         if mode != "constant" and any(p < 0 for p in pads):

@@ -1,4 +1,4 @@
-"""Pooling: max and average over sliding windows (padding, ceil_mode, dilation for max), and
+"""Pooling: max and average over sliding windows (padding, ceil_mode, dilation), and
 global pooling over H and W (GlobalAveragePool, GlobalMaxPool, ReduceMean/ReduceMax over H, W)."""
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ class MaxPool(_WindowPool):
         out.copy_(y)
 
 
-def _counts(o0: int, o1: int, k: int, s: int, pad_before: int, lo: int, hi: int) -> torch.Tensor:
-    """How many of each window's k taps fall in [lo, hi), for outputs o0..o1-1."""
-    starts = torch.arange(o0, o1) * s - pad_before
-    return (torch.clamp(starts + k, max=hi) - torch.clamp(starts, min=lo)).clamp(min=0).to(torch.float32)
+def _counts(o0: int, o1: int, k: int, s: int, pad_before: int, lo: int, hi: int, d: int = 1) -> torch.Tensor:
+    """How many of each window's k taps (dilation d) fall in [lo, hi), for outputs o0..o1-1."""
+    taps = (torch.arange(o0, o1) * s - pad_before).view(-1, 1) + torch.arange(k).view(1, -1) * d
+    return ((taps >= lo) & (taps < hi)).sum(dim=1).to(torch.float32)
 
 
 @register
@@ -94,17 +94,23 @@ class AveragePool(_WindowPool):
             x = F.pad(x, (pl, pr, pt, pb))
         kh, kw = a["kernel"]
         sh, sw = a["stride"]
-        y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
+        dh, dw = a.get("dilation", (1, 1))
+        if (dh, dw) == (1, 1):
+            y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
+        else:  # ONNX AveragePool-19 dilations: a per-channel sum with a dilated all-ones kernel
+            c = x.shape[1]
+            ones = torch.ones((c, 1, kh, kw), dtype=x.dtype)
+            y = F.conv2d(x, ones, None, (sh, sw), 0, (dh, dw), c)
         # Divisor per output position: taps inside the input (or inside input + padding when
         # count_include_pad), excluding ceil_mode overhang, as ONNX and torch define it.
         h, w = layer.attrs["in_hw"]
         ptop, pleft, pbot, pright = a["pads"]
         if a["count_include_pad"]:
-            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot)
-            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright)
+            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot, dh)
+            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright, dw)
         else:
-            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h)
-            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w)
+            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h, dh)
+            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w, dw)
         y.div_(ch.view(-1, 1) * cw.view(1, -1))
         apply_activations(y, a["act"])
         out.copy_(y)

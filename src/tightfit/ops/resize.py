@@ -12,16 +12,28 @@ from tightfit.ops import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
 
 
+COORD_MODES = ("asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+NEAREST_MODES = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
+
+
 def source_index(o: int, scale: float, in_size: int, out_size: int, coord: str, nearest: str) -> int:
     """ONNX Resize's nearest source index for output coordinate o along one axis."""
+    if scale == 1 and in_size == out_size:
+        # An unscaled axis is the identity, as onnxruntime has it (the formula differs only for
+        # the deprecated tf_half_pixel_for_nn with ceil rounding).
+        return o
     if coord == "asymmetric":
         x = o / scale
     elif coord == "align_corners":
         x = 0.0 if out_size == 1 else o * (in_size - 1) / (out_size - 1)
     elif coord == "pytorch_half_pixel":
         x = (o + 0.5) / scale - 0.5 if out_size > 1 else 0.0
-    else:  # half_pixel, tf_half_pixel_for_nn treated as half_pixel
+    elif coord == "tf_half_pixel_for_nn":
+        x = (o + 0.5) / scale
+    elif coord == "half_pixel":
         x = (o + 0.5) / scale - 0.5
+    else:
+        raise ValueError(f"coordinate_transformation_mode {coord!r}")
     if nearest == "floor":
         i = math.floor(x)
     elif nearest == "ceil":
@@ -54,17 +66,42 @@ class Resize(Op):
             sizes = None if old else node.const_input(3)
             coord = node.attrs.get("coordinate_transformation_mode", "asymmetric" if old else "half_pixel")
             nearest = node.attrs.get("nearest_mode", "floor" if old else "round_prefer_floor")
+        # Opset 18: `axes` says which dims scales/sizes give; the others keep scale 1.
+        rank = len(in_shape)
+        axes = node.attrs.get("axes")
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"resize axes {axes} repeat a dim")
         if sizes is not None and sizes.size:
-            out_hw = (int(sizes.reshape(-1)[2]), int(sizes.reshape(-1)[3]))
+            if node.attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+                raise ValueError("resize with keep_aspect_ratio_policy other than 'stretch' is not supported")
+            full = list(in_shape)
+            given = [int(v) for v in sizes.reshape(-1)]
+            if len(given) != len(axes):
+                raise ValueError(f"resize sizes {given} do not match axes {axes}")
+            for a, v in zip(axes, given):
+                full[a] = v
+            if rank != 4 or full[0] != in_shape[0] or full[1] != in_shape[1]:
+                raise ValueError("resize may only scale H and W")
+            out_hw = (full[2], full[3])
             scale = (out_hw[0] / in_shape[2], out_hw[1] / in_shape[3])
         elif scales is not None and np.size(scales):
-            s = [float(v) for v in np.asarray(scales).reshape(-1)]
-            if s[0] != 1 or s[1] != 1:
+            given = [float(v) for v in np.asarray(scales).reshape(-1)]
+            if len(given) != len(axes):
+                raise ValueError(f"resize scales {given} do not match axes {axes}")
+            s = [1.0] * rank
+            for a, v in zip(axes, given):
+                s[a] = v
+            if rank != 4 or s[0] != 1 or s[1] != 1:
                 raise ValueError("resize may only scale H and W")
             scale = (s[2], s[3])
             out_hw = (int(math.floor(in_shape[2] * s[2])), int(math.floor(in_shape[3] * s[3])))
         else:
             raise ValueError("resize needs constant scales or sizes")
+        if coord not in COORD_MODES:
+            raise ValueError(f"nearest resize with coordinate_transformation_mode {coord!r} is not supported")
+        if nearest not in NEAREST_MODES:
+            raise ValueError(f"nearest_mode {nearest!r} is not supported")
         return OnnxSpec({"scale": scale, "out_hw": out_hw, "coord": coord, "nearest": nearest,
                          "in_hw": tuple(in_shape[2:])}, [node.inputs[0]])
 

@@ -18,6 +18,7 @@ that the next buffer stacked on top of another one also starts aligned.
 from __future__ import annotations
 
 import bisect
+import heapq
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -155,27 +156,39 @@ def lower_bound(
     if not reqs:
         return max(scratch.values(), default=0)
     aligned = [_align(r.size, alignment) for r in reqs]
-    pads = [a - r.size for a, r in zip(aligned, reqs)]
     # Live bytes at a step only increase at a first_use, so the peak (without scratch) sits at
     # one of them; scratch steps are probed too because they add bytes of their own.
     probes = sorted({r.first_use for r in reqs} | set(scratch))
     starts = _Prefix([r.first_use for r in reqs], aligned)
     ends = _Prefix([r.last_use for r in reqs], aligned)
+    pads = _LivePad(reqs, aligned)
     best = 0
-    for step in probes:
+    for step in probes:  # ascending, as _LivePad requires
         live = starts.total_upto(step) - ends.total_below(step)
-        if live == 0:
-            best = max(best, scratch.get(step, 0))
-            continue
-        best = max(best, live - _max_live_pad(reqs, pads, step) + scratch.get(step, 0))
+        best = max(best, live - pads.max_at(step) + scratch.get(step, 0))
     return best
 
 
-def _max_live_pad(reqs: Sequence[BufferReq], pads: Sequence[int], step: int) -> int:
-    # Only matters with alignment > 1; all pads are 0 otherwise and this short-circuits.
-    if not any(pads):
-        return 0
-    return max((p for r, p in zip(reqs, pads) if r.live_at(step)), default=0)
+class _LivePad:
+    """Largest alignment padding among buffers live at a step, for ascending step queries.
+
+    A max-heap of (padding, last_use) with lazy deletion: expired entries are dropped only when
+    they reach the top, which is all that matters for the maximum. O(n log n) over all queries.
+    """
+
+    def __init__(self, reqs: Sequence[BufferReq], aligned: Sequence[int]):
+        self.pending = sorted((r.first_use, -(a - r.size), r.last_use) for r, a in zip(reqs, aligned))
+        self.next = 0
+        self.heap: list[tuple[int, int]] = []
+
+    def max_at(self, step: int) -> int:
+        while self.next < len(self.pending) and self.pending[self.next][0] <= step:
+            _, neg_pad, last = self.pending[self.next]
+            heapq.heappush(self.heap, (neg_pad, last))
+            self.next += 1
+        while self.heap and self.heap[0][1] < step:
+            heapq.heappop(self.heap)
+        return -self.heap[0][0] if self.heap else 0
 
 
 class _Prefix:
@@ -449,12 +462,14 @@ def improve(
 
     1. Seed with the better of greedy_by_size / greedy_by_conflicts (ties: by size).
     2. Try a few more heuristic orders under both best-fit and first-fit placement.
-    3. Small instances: exact branch and bound over placement orders (at most ``exact_nodes``
-       search nodes), which is complete -- see ``_branch_and_bound``.
-    4. Otherwise: seeded local search over placement orders (at most ``max_evals`` placements).
+    3. Up to ``_EXACT_MAX_N`` buffers: exact branch and bound over placement orders, at most
+       ``exact_nodes`` search nodes. If it finishes, its plan is optimal and is returned.
+    4. Otherwise: seeded local search over placement orders, at most ``max_evals`` placements
+       (default scales with instance size, see ``_default_evals``), ending early when a
+       third of the budget passes without a new best.
 
     Every phase stops once the arena equals a proven lower bound. Work is bounded by counts,
-    never by wall time, so the result is reproducible.
+    never by wall time, so the result is reproducible; ``seed`` only picks the walk.
     """
     prob = _problem(reqs, extra_conflicts, alignment)
     best = _seed(prob)
@@ -463,28 +478,32 @@ def improve(
             if best.arena <= prob.target:
                 return best.offsets
             best = min(best, _evaluate(prob, order, fit), key=lambda s: s.arena)
-    if best.arena > prob.target and prob.n <= _EXACT_MAX_N:
-        best = _branch_and_bound(prob, best, exact_nodes)
-    if best.arena > prob.target:
-        evals = _default_evals(prob) if max_evals is None else max_evals
-        best = _local_search(prob, best, evals, random.Random(seed))
-    return best.offsets
+    if best.arena <= prob.target:
+        return best.offsets
+    if prob.n <= _EXACT_MAX_N:
+        best, complete = _branch_and_bound(prob, best, exact_nodes)
+        if complete:
+            return best.offsets
+    evals = _default_evals(prob) if max_evals is None else max_evals
+    return _local_search(prob, best, evals, random.Random(seed)).offsets
 
 
 _EXACT_MAX_N = 10  # beyond this even a pruned search over orders rarely finishes in budget
 
 
 def _default_evals(prob: _Problem) -> int:
-    # One placement visits each buffer and its neighbour list, so cost ~ n + 2*edges. Spend about
-    # 2M such visits (well under a second in CPython), but never fewer than 200 or more than 3000
-    # placements.
+    # One placement visits each buffer and its neighbour list, so it costs ~ n + 2*edges steps.
+    # Spend about 1M such steps (~0.5 s in CPython), clamped to 100..2000 placements.
     cost = prob.n + sum(len(a) for a in prob.adj)
-    return max(200, min(3000, 2_000_000 // max(cost, 1)))
+    return max(100, min(2000, 1_000_000 // max(cost, 1)))
 
 
-def _branch_and_bound(prob: _Problem, incumbent: _Solution, max_nodes: int) -> _Solution:
+def _branch_and_bound(
+    prob: _Problem, incumbent: _Solution, max_nodes: int
+) -> tuple[_Solution, bool]:
     """Depth-first search over placement orders with first-fit placement.
 
+    Returns the best plan and whether the search finished (then that plan is optimal).
     Complete: in an optimal plan, re-placing buffers first-fit in ascending-offset order puts
     each at or below its optimal offset (everything placed earlier ends below it), so some order
     reaches the optimum. Two pruning rules keep it small:
@@ -497,29 +516,22 @@ def _branch_and_bound(prob: _Problem, incumbent: _Solution, max_nodes: int) -> _
     offsets, placed, order = [0] * n, [False] * n, []
     best = incumbent
     nodes = 0
+    exhausted = False  # node budget ran out before the search finished
 
-    def dfs(arena: int) -> bool:  # True: stop (optimum proven or budget spent)
-        nonlocal best, nodes
+    def dfs(arena: int) -> bool:  # True: stop now (optimum proven or budget spent)
+        nonlocal best, nodes, exhausted
         nodes += 1
         if len(order) == n:
             if arena < best.arena:
                 best = _solution(prob, order, FIRST_FIT, offsets)
             return best.arena <= prob.target
         if nodes >= max_nodes:
+            exhausted = True
             return True
-        last = order[-1] if order else -1
-        moves = []
-        bound = arena
-        for i in range(n):
-            if placed[i]:
-                continue
-            off = _fit(prob, i, offsets, placed, FIRST_FIT)
-            bound = max(bound, off + prob.raw[i])
-            if last < 0 or i > last or i in prob.adj_sets[last]:
-                moves.append((off + prob.raw[i], -prob.raw[i], i, off))
+        moves, bound = _bnb_moves(prob, offsets, placed, order[-1] if order else -1, arena)
         if bound >= best.arena:
             return False
-        for top, _, i, off in sorted(moves):  # lowest resulting top first: good plans early
+        for top, _, i, off in moves:
             offsets[i], placed[i] = off, True
             order.append(i)
             stop = dfs(max(arena, top))
@@ -530,7 +542,23 @@ def _branch_and_bound(prob: _Problem, incumbent: _Solution, max_nodes: int) -> _
         return False
 
     dfs(0)
-    return best
+    return best, not exhausted
+
+
+def _bnb_moves(
+    prob: _Problem, offsets: list[int], placed: list[bool], last: int, arena: int
+) -> tuple[list[tuple[int, int, int, int]], int]:
+    """Children of a search node (lowest resulting top first) and a bound on its leaves."""
+    moves = []
+    bound = arena
+    for i in range(prob.n):
+        if placed[i]:
+            continue
+        off = _fit(prob, i, offsets, placed, FIRST_FIT)
+        bound = max(bound, off + prob.raw[i])
+        if last < 0 or i > last or i in prob.adj_sets[last]:
+            moves.append((off + prob.raw[i], -prob.raw[i], i, off))
+    return sorted(moves), bound
 
 
 def _local_search(prob: _Problem, start: _Solution, max_evals: int, rng: random.Random) -> _Solution:
@@ -538,14 +566,16 @@ def _local_search(prob: _Problem, start: _Solution, max_evals: int, rng: random.
 
     Moves target the buffers that touch the arena top (the only ones whose placement sets the
     arena): pull one earlier so it gets a lower slot, or push a conflicting buffer beneath it later.
-    Sideways moves (same arena, no more buffers at the peak) are accepted to cross plateaus; after
-    a stretch without a new best the walk restarts from the best plan.
+    Candidates are compared by (arena, buffers at the peak, sum of tops); equal-or-better ones are
+    accepted, so the walk can cross plateaus where the arena alone does not move. After a stretch
+    without a new best it restarts from the best plan.
     """
     best = cur = start
-    stale = 0
+    stale = since_best = 0
     restart_after = max(50, max_evals // 10)
+    patience = max(100, max_evals // 3)
     for _ in range(max_evals):
-        if best.arena <= prob.target:
+        if best.arena <= prob.target or since_best >= patience:
             break
         order, changed, fit = _propose(prob, cur, rng)
         offsets = _place(prob, order, fit, changed, cur.offsets)
@@ -553,9 +583,12 @@ def _local_search(prob: _Problem, start: _Solution, max_evals: int, rng: random.
         if cand.key <= cur.key:
             cur = cand
         if cand.key < best.key:
+            # Only a smaller arena resets patience; tie-break gains alone do not justify more work.
+            since_best = 0 if cand.arena < best.arena else since_best + 1
             best, stale = cand, 0
         else:
             stale += 1
+            since_best += 1
         if stale >= restart_after:
             cur, stale = best, 0
     return best

@@ -1,15 +1,22 @@
 """Memory-aware topological ordering of a CNN's layers.
 
-Follows Serenity (Ahn et al., MLSys 2020): the set of already-scheduled
-layers fully determines which tensors are live, so the minimum-peak order
-can be found by dynamic programming over scheduled sets (memoising the best
-"peak so far" per set), pruned against a known upper bound.  Like Serenity we
-divide and conquer first: wherever the graph narrows so that *every*
-topological order must finish one group of layers before starting the next
-(typically at the single tensor between two inception/residual blocks), the
-groups are independent and each is solved on its own.  A state budget caps
-the search; past it a segment falls back to the better of the greedy and the
-imported (identity) order, so the result is never worse than either.
+Follows Serenity (Ahn et al., MLSys 2020).  The set of already-scheduled
+layers fully determines which tensors are live, so the search runs over
+scheduled sets and memoises, per set, a proven lower bound on the best peak
+any completion from it can reach.  Like Serenity:
+
+* divide and conquer first: wherever every topological order must finish
+  one group of layers before starting the next (typically at the single
+  tensor between two inception/residual blocks) the groups are independent
+  and each is solved on its own, so long chains of blocks stay cheap;
+* "peak so far" pruning against a bound tau, and adaptive budgeting of
+  tau: starting from the greedy/imported order's peak, probes bisect tau
+  between the best order found and the best proven lower bound.  Each probe
+  is a depth-first pass (ready nodes in ascending id, so a success is the
+  lexicographically smallest order under tau) that shares the memo with
+  every earlier probe;
+* a state budget caps the work; past it a segment keeps the best order
+  found so far, never worse than the greedy or the imported order.
 
 Memory model (see :class:`OrderModel`): while node ``v`` runs, memory is the
 bytes of every tensor that is already produced and still needed (by a
@@ -22,6 +29,7 @@ consumer runs.  ``peak(order)`` is the maximum over the steps.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -101,18 +109,15 @@ def _consumers(m: OrderModel) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(c) for c in cons)
 
 
-def _node_floor(m: OrderModel) -> tuple[int, ...]:
-    """Per node, memory no order can avoid while it runs: its inputs, its
-    output and its scratch are resident whatever the order."""
-    ins = set(m.input_consumers)
-    return tuple(
-        m.out_bytes[v] + m.scratch[v] + sum(m.out_bytes[u] for u in set(ds))
-        + (m.graph_inputs_bytes if v in ins else 0)
-        for v, ds in enumerate(m.deps))
+def _node_floor(m: OrderModel, v: int) -> int:
+    """Memory no order can avoid while v runs: its inputs, its output and
+    its scratch are resident whatever the order."""
+    inputs = m.graph_inputs_bytes if v in m.input_consumers else 0
+    return m.out_bytes[v] + m.scratch[v] + sum(m.out_bytes[u] for u in set(m.deps[v])) + inputs
 
 
 def _static_lower_bound(m: OrderModel) -> int:
-    return max(_node_floor(m), default=0)
+    return max((_node_floor(m, v) for v in range(m.n)), default=0)
 
 
 # --------------------------------------------------------------------------
@@ -157,7 +162,7 @@ def peak_of_order(model: OrderModel, order: Sequence[int]) -> int:
 
 
 # --------------------------------------------------------------------------
-# Compiled (bitmask) form of a segment, used by greedy, BFS and DFS
+# Compiled (bitmask) form of a segment, used by the greedy and the search
 # --------------------------------------------------------------------------
 
 
@@ -173,27 +178,57 @@ class _Seg:
     need: tuple[int, ...]  # local mask of in-segment dependencies
     succ: tuple[tuple[int, ...], ...]
     frees: tuple[tuple[tuple[int, int], ...], ...]  # (consumer mask, bytes)
+    settle: tuple[tuple[tuple[int, int], ...], ...]  # (consumer mask, bytes)
     live0: int
+    held0: int
     ready0: int
-    floor: int  # static lower bound on the segment's peak
+    by_floor: tuple[tuple[int, int], ...]  # (node floor, bit), largest first
+    by_cost: tuple[int, ...]  # costs ascending ...
+    cost_bits: tuple[int, ...]  # ... the node bit of each ...
+    cost_prefix: tuple[int, ...]  # ... and the mask of the k cheapest nodes
 
     @property
     def full(self) -> int:
         return (1 << len(self.nodes)) - 1
 
 
-def _compile(
-    m: OrderModel, cons: Sequence[Sequence[int]], nodes: Iterable[int], before: frozenset[int]
-) -> _Seg:
+@dataclass(frozen=True)
+class _Layout:
+    """Positions in one topological order: whether a node runs before/within
+    a segment is then a comparison (segments are position ranges)."""
+
+    cons: tuple[tuple[int, ...], ...]
+    pos: tuple[int, ...]
+    last_use: tuple[int, ...]  # position of a node's last consumer (-1: none)
+
+    @staticmethod
+    def of(m: OrderModel, topo: Sequence[int]) -> _Layout:
+        cons = _consumers(m)
+        pos = [0] * m.n
+        for k, v in enumerate(topo):
+            pos[v] = k
+        last = tuple(max((pos[w] for w in c), default=-1) for c in cons)
+        return _Layout(cons, tuple(pos), last)
+
+
+def _compile(m: OrderModel, lay: _Layout, start: int, end: int,
+             nodes: Iterable[int], live_before: Iterable[int]) -> _Seg:
+    """Compile the nodes at positions [start, end); ``live_before``: the
+    produced tensors still resident when the segment starts."""
+    cons, pos, last_use = lay.cons, lay.pos, lay.last_use
     nodes = tuple(sorted(nodes))
     local = {v: i for i, v in enumerate(nodes)}
-    done = before | set(nodes)  # scheduled once this segment is over
+    live_before = tuple(live_before)
 
     def lmask(vs: Iterable[int]) -> int:
         return sum(1 << local[w] for w in set(vs) if w in local)
 
+    def sticky(u: int) -> bool:  # resident until the segment ends once produced
+        return m.out_bytes[u] > 0 and (u in m.outputs or last_use[u] >= end)
+
     inp_users = frozenset(m.input_consumers) if m.graph_inputs_bytes else frozenset()
-    cost, keep, need, succ, frees = [], [], [], [], []
+    inp_last = max((pos[v] for v in inp_users), default=-1)
+    cost, keep, need, succ, frees, settle = [], [], [], [], [], []
     for v in nodes:
         ds = sorted(set(m.deps[v]))
         cost.append(m.out_bytes[v] + m.scratch[v])
@@ -201,19 +236,30 @@ def _compile(
         need.append(lmask(ds))
         succ.append(tuple(sorted(local[w] for w in cons[v] if w in local)))
         # Only tensors whose every consumer lies in/before this segment can be
-        # freed here; the rest stay resident for the whole segment.
-        fr = [(lmask(cons[u]), m.out_bytes[u]) for u in ds
-              if u not in m.outputs and all(w in done for w in cons[u]) and m.out_bytes[u]]
-        if v in inp_users and inp_users <= done:
-            fr.append((lmask(inp_users), m.graph_inputs_bytes))
-        frees.append(tuple(fr))
-    live0 = sum(m.out_bytes[u] for u in before
-                if u in m.outputs or any(w not in before for w in cons[u]))
-    if inp_users and not inp_users <= before:
+        # freed here; the sticky rest stay resident for the whole segment.
+        frees.append(tuple(
+            [(lmask(cons[u]), m.out_bytes[u]) for u in ds if not sticky(u) and m.out_bytes[u]]
+            + ([(lmask(inp_users), m.graph_inputs_bytes)]
+               if v in inp_users and inp_last < end else [])))
+        # A sticky tensor no remaining node reads is dead weight on every later
+        # step; tracking it gives the search a cheap lower bound.
+        settle.append(tuple(
+            [(lmask(cons[u]), m.out_bytes[u]) for u in ds if sticky(u)]
+            + ([(0, m.out_bytes[v])] if sticky(v) and not lmask(cons[v]) else [])))
+    live0 = sum(m.out_bytes[u] for u in live_before)
+    if inp_last >= start:
         live0 += m.graph_inputs_bytes
+    held0 = sum(m.out_bytes[u] for u in live_before if sticky(u) and not lmask(cons[u]))
     ready0 = sum(1 << i for i, nd in enumerate(need) if nd == 0)
-    return _Seg(nodes, tuple(cost), tuple(keep), tuple(need), tuple(succ),
-                tuple(frees), live0, ready0, max(map(_node_floor(m).__getitem__, nodes)))
+    by_floor = tuple(sorted(((_node_floor(m, v), 1 << i) for i, v in enumerate(nodes)),
+                            key=lambda fb: (-fb[0], fb[1])))
+    cheap = sorted(range(len(nodes)), key=lambda i: (cost[i], i))
+    prefix = [0]
+    for i in cheap:
+        prefix.append(prefix[-1] | 1 << i)
+    return _Seg(nodes, tuple(cost), tuple(keep), tuple(need), tuple(succ), tuple(frees),
+                tuple(settle), live0, held0, ready0, by_floor,
+                tuple(cost[i] for i in cheap), tuple(1 << i for i in cheap), tuple(prefix))
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -269,7 +315,7 @@ def identity_order(model: OrderModel) -> tuple[int, ...]:
 def greedy_order(model: OrderModel) -> tuple[int, ...]:
     """Run, at each step, the ready node that keeps the running peak lowest,
     then leaves the fewest live bytes behind, then has the lowest id."""
-    seg = _compile(model, _consumers(model), range(model.n), frozenset())
+    seg = _compile(model, _Layout.of(model, identity_order(model)), 0, model.n, range(model.n), ())
     s, live, ready, peak, order = 0, seg.live0, seg.ready0, 0, []
     while ready:
         best = None
@@ -318,44 +364,84 @@ def _decide(seg: _Seg, memo: dict[int, int], tau: int,
     on it (``memo``): later probes skip it whenever that bound exceeds their
     tau, and a failure returns the root's bound -- the next tau worth trying.
     """
-    cost, keep, need, succ, frees = seg.cost, seg.keep, seg.need, seg.succ, seg.frees
-    # frame: scheduled, live, ready, untried, bound-of-exhausted-children, step-in, peak
-    stack: list[list] = [[0, seg.live0, seg.ready0, seg.ready0, _INF, 0, 0]]
+    keep, need, succ, frees, settle, by_floor, full = (
+        seg.keep, seg.need, seg.succ, seg.frees, seg.settle, seg.by_floor, seg.full)
+    memo_get, n = memo.get, len(by_floor)
+    stack = [_frame(seg, tau, 0, seg.live0, seg.ready0, 0, 0, seg.held0, 0)]
     path: list[int] = []
     while True:
         fr = stack[-1]
         s, live, ready, todo = fr[0], fr[1], fr[2], fr[3]
-        if s == seg.full:
+        if s == full:
             return tuple(path), fr[6]
         if not todo:  # exhausted: no completion from s stays under tau
-            memo[s] = max(memo.get(s, 0), fr[4])
+            bound = fr[4]
+            if bound > memo_get(s, 0):
+                memo[s] = bound
             stack.pop()
             if not stack:
-                return None, fr[4]
+                return None, bound
             parent = stack[-1]
-            parent[4] = min(parent[4], max(fr[5], fr[4]))
+            if fr[5] > bound:
+                bound = fr[5]
+            if bound < parent[4]:
+                parent[4] = bound
             path.pop()
             continue
         low = todo & -todo
         fr[3] = todo ^ low
         i = low.bit_length() - 1
-        mem = live + cost[i]
+        mem = live + seg.cost[i]
         s2 = s | low
-        known = memo.get(s2, 0)
-        if mem > tau or known > tau:  # "peak so far" / memoised-bound pruning
-            fr[4] = min(fr[4], max(mem, known))
+        known = memo_get(s2, 0)
+        if known > tau:  # memoised: s2 cannot finish under tau
+            known = known if known > mem else mem
+            if known < fr[4]:
+                fr[4] = known
             continue
-        budget.spend()
         live2 = live + keep[i]
         for users, size in frees[i]:
             if not users & ~s2:  # i was the tensor's last consumer
                 live2 -= size
+        held2 = fr[7]
+        for users, size in settle[i]:
+            if not users & ~s2:
+                held2 += size
+        k = fr[8]
+        while k < n and by_floor[k][1] & s2:
+            k += 1
+        future = held2 + (by_floor[k][0] if k < n else 0)
+        if future > tau:  # settled bytes + the biggest node still to run
+            future = future if future > mem else mem
+            if future < fr[4]:
+                fr[4] = future
+            continue
+        budget.spend()
         ready2 = ready ^ low
         for j in succ[i]:
             if not need[j] & ~s2:
                 ready2 |= 1 << j
-        stack.append([s2, live2, ready2, ready2, _INF, mem, max(fr[6], mem)])
+        peak = mem if mem > fr[6] else fr[6]
+        stack.append(_frame(seg, tau, s2, live2, ready2, mem, peak, held2, k))
         path.append(i)
+
+
+def _frame(seg: _Seg, tau: int, s: int, live: int, ready: int,
+           step: int, peak: int, held: int, k: int) -> list:
+    """A search frame: scheduled, live, ready, untried, bound of exhausted
+    children, step into it, peak so far, settled sticky bytes, first
+    unscheduled entry of by_floor (only moves forward as the set grows).
+    Ready nodes whose own step would exceed tau are never tried ("peak so
+    far" pruning); the cheapest of them seeds the frame's bound."""
+    j = bisect_right(seg.by_cost, tau - live)
+    todo = ready & seg.cost_prefix[j]
+    over = ready ^ todo
+    bound = _INF
+    if over:
+        while not seg.cost_bits[j] & over:
+            j += 1
+        bound = live + seg.by_cost[j]
+    return [s, live, ready, todo, bound, step, peak, held, k]
 
 
 @dataclass
@@ -371,10 +457,10 @@ class _Part:
 
 def _solve(part: _Part, floor: int, budget: _Budget) -> None:
     """Bisect the segment's peak between a proven lower bound and the best
-    known order (seeded by greedy / imported order).  Values at or below
-    ``floor`` are as good as any, so the search never tries to go lower."""
-    lo = max(floor, part.seg.floor)
-    first = True
+    known order (seeded by greedy / imported order).  ``floor`` is a lower
+    bound on the whole model's peak, so nothing below it is worth finding;
+    the first probe tries it directly since it is often achievable."""
+    lo, first = floor, True
     while lo < part.peak:
         tau = lo if first else (lo + part.peak - 1) // 2
         first = False
@@ -429,16 +515,18 @@ def _parts(model: OrderModel, heuristics: Sequence[Sequence[int]],
            decompose: bool) -> list[_Part]:
     """Compile each segment with the best heuristic order as its witness
     (ties keep the earlier heuristic, i.e. the imported order)."""
-    cons = _consumers(model)
     topo = heuristics[0]
+    lay = _Layout.of(model, topo)
     ranges = _segments(model, topo) if decompose else [(0, model.n)]
     steps = [step_memories(model, h) for h in heuristics]
-    parts = []
+    parts, live = [], set()
     for start, end in ranges:
-        seg = _compile(model, cons, topo[start:end], frozenset(topo[:start]))
+        seg = _compile(model, lay, start, end, topo[start:end], sorted(live))
         local = {v: i for i, v in enumerate(seg.nodes)}
         peak, h = min((max(st[start:end]), k) for k, st in enumerate(steps))
         parts.append(_Part(seg, peak, tuple(local[v] for v in heuristics[h][start:end])))
+        live.update(topo[start:end])  # then drop what the segment consumed for good
+        live = {u for u in live if u in model.outputs or lay.last_use[u] >= end}
     return parts
 
 
@@ -447,8 +535,8 @@ def memory_order(model: OrderModel, max_states: int = 200_000, *,
     """Topological order with minimum peak memory.
 
     Exact -- and the lexicographically smallest optimal order -- whenever the
-    search expands at most ``max_states`` scheduled sets (plus as many again
-    for the tie-break pass).  Past the budget, a segment keeps the best order
+    search (optimum plus tie-break pass) expands at most ``max_states``
+    scheduled sets in total.  Past the budget, a segment keeps the best order
     found so far, which is never worse than :func:`greedy_order` or the
     imported order.  ``decompose=False`` disables the split at forced
     boundaries (for testing).
@@ -467,8 +555,7 @@ def memory_order(model: OrderModel, max_states: int = 200_000, *,
     target = max(p.peak for p in parts)
     # Segments are independent, so per-segment smallest orders under the
     # overall peak concatenate to the overall smallest one.
-    tie_budget = _Budget(max_states)
-    order = tuple(v for p in parts for v in (p.seg.nodes[i] for i in _lex_first(p, target, tie_budget)))
+    order = tuple(p.seg.nodes[i] for p in parts for i in _lex_first(p, target, budget))
     # Cheap safety net for the "never worse than the heuristics" contract.
     best_h = min(heuristics, key=lambda h: peak_of_order(model, h))
     return order if peak_of_order(model, order) <= peak_of_order(model, best_h) else best_h

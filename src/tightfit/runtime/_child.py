@@ -37,7 +37,25 @@ def _alloc_job(job: dict):
     return run
 
 
-JOBS = {"reference": _reference_job, "alloc": _alloc_job}
+def _plan_job(job: dict):
+    """A plan run: the executor (and so its arena) is made inside the measured run."""
+    import tightfit
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import load_params
+
+    plan, graphs = tightfit.api.load_plan(job["plan"])
+    params = [load_params(g) for g in graphs]
+    xs = tightfit.api.plan_inputs(graphs, plan)
+
+    def run():
+        ex = ArenaExecutor(plan, graphs, params)
+        ex.run(xs)
+        del ex
+
+    return run
+
+
+JOBS = {"reference": _reference_job, "alloc": _alloc_job, "plan": _plan_job}
 
 
 def main() -> None:

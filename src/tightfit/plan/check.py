@@ -1,0 +1,251 @@
+"""The one plan checker, used by every test and every plan the CLI writes or runs.
+
+It derives everything from the steps themselves:
+- structure: each step's accesses fit their buffers and tensors, and each compute step reads
+  exactly the input windows its op asks for;
+- coverage: every layer's output and the model input are written in full;
+- data flow: a simulation tags each buffer cell with the tensor element it holds; every read
+  must find the element it expects (catches a slot overwritten before it is read, a range off
+  by one, a buffer that is too small for its index map);
+- placement: lifetimes (first to last access, model outputs to the end) plus buffers of
+  partitions that run at the same time give the conflict relation; no two conflicting buffers
+  may overlap in the arena, and the arena must hold them all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tightfit.graph.ir import Graph, spatial
+from tightfit.ops import get_op
+from tightfit.ops.base import Region
+from tightfit.plan.offsets import BufferReq, OverlapError, check_offsets, lower_bound
+from tightfit.plan.schema import Access, Plan, PlanError, Step
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """Per buffer copy: (buffer id, copy) -> request; plus extra conflicts between requests."""
+
+    keys: tuple[tuple[int, int], ...]
+    reqs: tuple[BufferReq, ...]
+    extra: tuple[tuple[int, int], ...]
+    step_scratch: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    arena_bytes: int
+    lower_bound: int
+    scratch_peak: int
+    steps: int
+
+    @property
+    def ratio(self) -> float:
+        return self.arena_bytes / self.lower_bound if self.lower_bound else 1.0
+
+    @property
+    def peak_bytes(self) -> int:
+        """Analysed run memory: the arena plus the largest step's kernel temporaries."""
+        return self.arena_bytes + self.scratch_peak
+
+
+def step_partitions(plan: Plan) -> list[int]:
+    return [p.id for p in plan.partitions for _ in p.steps]
+
+
+def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Access]]:
+    """(model, last write) of every model-output tensor: where the caller reads results."""
+    last: dict[tuple[int, str], Access] = {}
+    for s in plan.steps():
+        last[(s.model, s.out.tensor)] = s.out
+    out = []
+    for m, g in enumerate(graphs):
+        for t in g.outputs:
+            if (m, t) not in last:
+                raise PlanError(f"plan never writes output {t!r} of model {m}")
+            out.append((m, last[(m, t)]))
+    return out
+
+
+def lifetimes(plan: Plan, graphs: Sequence[Graph]) -> Lifetimes:
+    steps = plan.steps()
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for a in (s.out, *s.inputs):
+            first.setdefault(a.buffer, i)
+            last[a.buffer] = i
+    end = max(len(steps) - 1, 0)
+    for _, a in output_accesses(plan, graphs):
+        last[a.buffer] = end
+    keys, reqs = [], []
+    for b in plan.buffers:
+        if b.id not in first:
+            continue
+        for c in range(b.copies):
+            keys.append((b.id, c))
+            reqs.append(BufferReq(b.nbytes, first[b.id], last[b.id]))
+    return Lifetimes(tuple(keys), tuple(reqs), _concurrency_conflicts(plan, keys), tuple(s.scratch for s in steps))
+
+
+def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Copies of one buffer never share; nor do buffers of partitions that run at the same time."""
+    users: dict[int, set[int]] = {}
+    for p in plan.partitions:
+        for s in p.steps:
+            for a in (s.out, *s.inputs):
+                users.setdefault(a.buffer, set()).add(p.id)
+    together = {frozenset(c) for c in plan.concurrent}
+    extra = []
+    for i, (bi, ci) in enumerate(keys):
+        for j in range(i + 1, len(keys)):
+            bj, cj = keys[j]
+            if bi == bj or any(len(users[bi] | users[bj]) > 1 and (users[bi] | users[bj]) <= s for s in together):
+                extra.append((i, j))
+    return tuple(extra)
+
+
+def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
+    """Raise PlanError naming the first problem; return the plan's memory figures."""
+    if len(graphs) != len(plan.models):
+        raise PlanError(f"plan names {len(plan.models)} models, {len(graphs)} given")
+    for i, b in enumerate(plan.buffers):
+        if b.id != i:
+            raise PlanError(f"buffer {i} has id {b.id}")
+        if any(o < 0 for o in b.offsets) or not b.offsets:
+            raise PlanError(f"buffer {i} has a bad offset list {b.offsets}")
+    _check_steps(plan, graphs)
+    _simulate(plan, graphs)
+    life = lifetimes(plan, graphs)
+    offsets = [plan.buffers[b].offsets[c] for b, c in life.keys]
+    try:
+        check_offsets(life.reqs, offsets, life.extra)
+    except OverlapError as e:
+        (bi, ci), (bj, cj) = life.keys[e.i], life.keys[e.j]
+        raise PlanError(f"buffers {bi} and {bj} are live at the same time (steps {e.reqs[0].lifetime()} and "
+                        f"{e.reqs[1].lifetime()}) but overlap in the arena at offsets {e.offsets[0]} and {e.offsets[1]}") from None
+    top = max((o + r.size for o, r in zip(offsets, life.reqs)), default=0)
+    if top > plan.arena_bytes:
+        raise PlanError(f"buffers reach byte {top} but the arena has {plan.arena_bytes}")
+    bound = lower_bound(life.reqs)
+    if plan.arena_bytes < bound:  # cannot happen without an overlap; kept as the stated invariant
+        raise PlanError(f"arena {plan.arena_bytes} is below the lower bound {bound}")
+    return CheckReport(plan.arena_bytes, bound, max(life.step_scratch, default=0), len(life.step_scratch))
+
+
+def _box(a: Access) -> tuple[int, int, int]:
+    return a.region.n, a.region.h, a.region.w
+
+
+def _check_access(plan: Plan, graph: Graph, a: Access, where: str) -> None:
+    if not 0 <= a.buffer < len(plan.buffers):
+        raise PlanError(f"{where}: unknown buffer {a.buffer}")
+    if a.tensor not in graph.tensors:
+        raise PlanError(f"{where}: unknown tensor {a.tensor!r}")
+    b = plan.buffers[a.buffer]
+    shape = graph.shape(a.tensor)
+    if len(b.shape) != len(shape) or (len(shape) == 4 and b.shape[1] != shape[1]) or (len(shape) != 4 and tuple(b.shape[1:]) != tuple(shape[1:])):
+        raise PlanError(f"{where}: buffer {a.buffer} of shape {b.shape} cannot hold {a.tensor!r} of shape {shape}")
+    r = a.region
+    h, w = spatial(shape)
+    if r.is_empty() or r.n0 < 0 or r.h0 < 0 or r.w0 < 0 or r.h1 > h or r.w1 > w:
+        raise PlanError(f"{where}: region {_fmt(r)} outside tensor {a.tensor!r}")
+    bh, bw = spatial(b.shape)
+    n, hh, ww = a.at
+    if n < 0 or hh < 0 or ww < 0 or n + r.n > b.shape[0] or hh + r.h > bh or ww + r.w > bw:
+        raise PlanError(f"{where}: region {_fmt(r)} at {a.at} does not fit buffer {a.buffer} of shape {b.shape}")
+
+
+def _fmt(r: Region) -> str:
+    return f"n[{r.n0},{r.n1}) h[{r.h0},{r.h1}) w[{r.w0},{r.w1})"
+
+
+def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
+    for k, s in enumerate(plan.steps()):
+        if not 0 <= s.model < len(graphs):
+            raise PlanError(f"step {k}: unknown model {s.model}")
+        g = graphs[s.model]
+        batch = plan.models[s.model].batch
+        where = f"step {k}"
+        for a in (s.out, *s.inputs):
+            _check_access(plan, g, a, where)
+            if a.region.n1 > batch:
+                raise PlanError(f"{where}: samples {a.region.n0}-{a.region.n1} beyond batch {batch}")
+        if s.kind == "input":
+            if s.out.tensor not in g.inputs or s.inputs:
+                raise PlanError(f"{where}: an input step must write the model input and read nothing")
+        elif s.kind == "copy":
+            if len(s.inputs) != 1 or s.inputs[0].tensor != s.out.tensor or s.inputs[0].region != s.out.region:
+                raise PlanError(f"{where}: a copy step moves one region of one tensor")
+        else:
+            _check_compute(g, s, where)
+
+
+def _check_compute(g: Graph, s: Step, where: str) -> None:
+    if not 0 <= s.layer < len(g.layers):
+        raise PlanError(f"{where}: unknown layer {s.layer}")
+    layer = g.layers[s.layer]
+    if s.out.tensor != layer.output or tuple(a.tensor for a in s.inputs) != layer.inputs:
+        raise PlanError(f"{where}: layer {s.layer} ({layer.name}) reads {layer.inputs} and writes {layer.output!r}")
+    op = get_op(layer.op)
+    if not op.splittable and (s.out.region.h, s.out.region.w) != spatial(g.shape(layer.output)):
+        raise PlanError(f"{where}: layer {s.layer} ({layer.op}) needs whole samples")
+    in_shapes = [g.shape(t) for t in layer.inputs]
+    for a, win in zip(s.inputs, op.input_windows(layer, s.out.region, in_shapes)):
+        if a.region != win.region:
+            raise PlanError(f"{where}: layer {s.layer} ({layer.name}) needs {_fmt(win.region)} of {a.tensor!r}, the plan reads {_fmt(a.region)}")
+
+
+class _Cells:
+    """Per buffer copy 0: which tensor element each (n, h, w) cell holds (-1: nothing valid)."""
+
+    def __init__(self, plan: Plan):
+        self.tags = {}
+        for b in plan.buffers:
+            h, w = spatial(b.shape)
+            self.tags[b.id] = np.full((4, b.shape[0], h, w), -1, dtype=np.int64)
+
+    def view(self, a: Access) -> np.ndarray:
+        n, h, w = a.at
+        r = a.region
+        return self.tags[a.buffer][:, n : n + r.n, h : h + r.h, w : w + r.w]
+
+
+def _expected(tid: int, r: Region) -> np.ndarray:
+    n, h, w = np.meshgrid(np.arange(r.n0, r.n1), np.arange(r.h0, r.h1), np.arange(r.w0, r.w1), indexing="ij")
+    return np.stack([np.full_like(n, tid), n, h, w])
+
+
+def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
+    cells = _Cells(plan)
+    ids: dict[tuple[int, str], int] = {}
+    written: dict[int, np.ndarray] = {}
+    for k, s in enumerate(plan.steps()):
+        for a in s.inputs:
+            tid = ids.get((s.model, a.tensor), -2)
+            if not np.array_equal(cells.view(a), _expected(tid, a.region)):
+                raise PlanError(f"step {k} ({_describe(graphs, s)}) reads {_fmt(a.region)} of {a.tensor!r} from buffer "
+                                f"{a.buffer} at {a.at}, but those cells do not hold it (overwritten or never written)")
+        tid = ids.setdefault((s.model, s.out.tensor), len(ids))
+        cells.view(s.out)[...] = _expected(tid, s.out.region)
+        shape = graphs[s.model].shape(s.out.tensor)
+        mask = written.setdefault(tid, np.zeros((plan.models[s.model].batch,) + spatial(shape), dtype=bool))
+        r = s.out.region
+        mask[r.n0 : r.n1, r.h0 : r.h1, r.w0 : r.w1] = True
+    for m, g in enumerate(graphs):
+        for t in list(g.inputs) + [l.output for l in g.layers]:
+            tid = ids.get((m, t))
+            if tid is None or not written[tid].all():
+                raise PlanError(f"plan does not compute all of {t!r} (model {m})")
+    for m, a in output_accesses(plan, graphs):
+        if not np.array_equal(cells.view(a), _expected(ids[(m, a.tensor)], a.region)):
+            raise PlanError(f"output {a.tensor!r} is overwritten before the run ends")
+
+
+def _describe(graphs: Sequence[Graph], s: Step) -> str:
+    if s.kind == "compute":
+        return f"layer {s.layer} {graphs[s.model].layers[s.layer].name}"
+    return s.kind

@@ -1,0 +1,156 @@
+"""Layer-by-layer plans with buffer reuse: one whole-tensor buffer per tensor (an elementwise
+layer writes over an input that dies there), placed in one arena by an offset planner.
+
+Pure functions: graph(s) and options in, Plan out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tightfit.graph.ir import Graph, itemsize, spatial
+from tightfit.ops import get_op
+from tightfit.ops.base import Region
+from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step, fingerprint
+
+ORDERS = ("imported", "memory")
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """A model as planners take it: its graph, how to load it again, and the request size."""
+
+    graph: Graph
+    spec: str
+    batch: int = 1
+
+    def ref(self) -> ModelRef:
+        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), fingerprint(self.graph), self.batch)
+
+
+def layer_order(graph: Graph, order: str) -> tuple[int, ...]:
+    if order == "imported":
+        return tuple(range(len(graph.layers)))
+    if order == "memory":
+        from tightfit.plan.order import memory_order
+
+        return tuple(memory_order(order_model(graph)))
+    from tightfit.errors import OptionError
+
+    raise OptionError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
+
+
+def order_model(graph: Graph, dtype: str = "fp32"):
+    """The graph as the order search sees it: layers, their inputs, output and scratch bytes."""
+    from tightfit.analysis.memory import layer_workspace
+    from tightfit.plan.order import OrderModel
+
+    producer = {l.output: l.id for l in graph.layers}
+    deps = tuple(tuple(dict.fromkeys(producer[t] for t in l.inputs if t in producer)) for l in graph.layers)
+    inp = graph.inputs[0]
+    return OrderModel(
+        deps=deps,
+        out_bytes=tuple(graph.tensors[l.output].nbytes(dtype) for l in graph.layers),
+        scratch=tuple(layer_workspace(graph, l.id, dtype) for l in graph.layers),
+        graph_inputs_bytes=graph.tensors[inp].nbytes(dtype),
+        input_consumers=tuple(l.id for l in graph.layers if inp in l.inputs),
+        outputs=frozenset(producer[t] for t in graph.outputs),
+    )
+
+
+def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: dict[str, int], dtype: str) -> list[Step]:
+    """Input step then one compute step per layer, every tensor whole in its buffer."""
+    g, batch = model.graph, model.batch
+    inp = g.inputs[0]
+    whole_in = Region.whole(g.shape(inp), batch)
+    steps = [Step("input", m, -1, Access(inp, buffer_of[inp], whole_in, (0, 0, 0)))]
+    for lid in order:
+        layer = g.layers[lid]
+        op = get_op(layer.op)
+        out_shape = (batch,) + g.shape(layer.output)[1:]
+        region = Region.whole(out_shape)
+        in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+        windows = op.input_windows(layer, region, in_shapes)
+        inputs = tuple(Access(t, buffer_of[t], w.region, (w.region.n0, w.region.h0, w.region.w0)) for t, w in zip(layer.inputs, windows))
+        scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "torch")
+        steps.append(Step("compute", m, lid, Access(layer.output, buffer_of[layer.output], region, (0, 0, 0)), inputs, scratch))
+    return steps
+
+
+def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool) -> dict[str, str]:
+    """tensor -> tensor whose buffer it uses (itself, or an input it overwrites in place)."""
+    last = {}
+    for pos, lid in enumerate(order):
+        for t in graph.layers[lid].inputs:
+            last[t] = pos
+    home = {t: t for t in graph.tensors}
+    for pos, lid in enumerate(order):
+        layer = graph.layers[lid]
+        if not inplace or not get_op(layer.op).inplace_ok:
+            continue
+        for t in layer.inputs:
+            if (last[t] == pos and t not in graph.outputs and graph.shape(t) == graph.shape(layer.output)
+                    and layer.inputs.count(t) == 1):
+                home[layer.output] = home[t]
+                break
+    return home
+
+
+def layout_for(shape: tuple[int, ...], layout: str) -> str:
+    return layout if len(shape) == 4 else "flat"
+
+
+def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "improve", order: str = "imported",
+               layout: str = "nhwc", dtype: str = "fp32", inplace: bool = True,
+               partitions: Sequence[tuple[int, Sequence[int]]] | None = None,
+               concurrent: Sequence[Sequence[int]] = ()) -> Plan:
+    """Layer-by-layer plan of one or several models in one arena.
+
+    `partitions` are (model, layer ids); default one partition per model, run one after another.
+    Partitions in a `concurrent` set run at the same time (a pipeline on successive inputs):
+    their buffers never share memory and a tensor passed between them is double-buffered.
+    planner "naive" places every buffer after the previous one (no reuse: what DL frameworks do).
+    """
+    from tightfit.plan.place import place
+
+    models = [models] if isinstance(models, PlannedModel) else list(models)
+    if partitions is None:
+        partitions = [(m, range(len(mm.graph.layers))) for m, mm in enumerate(models)]
+    orders = [layer_order(mm.graph, order) for mm in models]
+    homes = [assign_buffers(mm.graph, seq, inplace and planner != "naive") for mm, seq in zip(models, orders)]
+    buffers: list[tuple[tuple[int, ...], str]] = []
+    index: dict[tuple[int, str], int] = {}
+    parts = []
+    input_done: set[int] = set()
+    for pid, (m, layer_ids) in enumerate(partitions):
+        g, home = models[m].graph, homes[m]
+        chosen = set(layer_ids)
+        seq = tuple(i for i in orders[m] if i in chosen)
+        for t in ([g.inputs[0]] if m not in input_done else []) + [g.layers[i].output for i in seq]:
+            if home[t] == t:
+                index[(m, t)] = len(buffers)
+                shape = (models[m].batch,) + g.shape(t)[1:]
+                buffers.append((shape, layout_for(shape, layout)))
+        buffer_of = {t: index[(m, home[t])] for t in home if (m, home[t]) in index}
+        steps = whole_steps(models[m], m, seq, buffer_of, dtype)
+        if m in input_done:
+            steps = steps[1:]
+        input_done.add(m)
+        parts.append(Partition(pid, m, seq, tuple(steps)))
+    copies = _fifo_copies(parts, concurrent, len(buffers))
+    draft = Plan(tuple(mm.ref() for mm in models), dtype,
+                 tuple(Buffer(i, "whole", s, lay, (0,) * copies[i], itemsize(dtype)) for i, (s, lay) in enumerate(buffers)),
+                 tuple(parts), tuple(tuple(c) for c in concurrent), 0,
+                 {"method": "naive" if planner == "naive" else "reuse", "planner": planner, "order": order,
+                  "layout": layout, "inplace": inplace and planner != "naive"})
+    return place(draft, [mm.graph for mm in models], planner)
+
+
+def _fifo_copies(parts: Sequence[Partition], concurrent: Sequence[Sequence[int]], n: int) -> list[int]:
+    """A buffer used by two partitions that run at the same time is a FIFO: two copies."""
+    users: dict[int, set[int]] = {}
+    for p in parts:
+        for s in p.steps:
+            for a in (s.out, *s.inputs):
+                users.setdefault(a.buffer, set()).add(p.id)
+    sets = [set(c) for c in concurrent]
+    return [2 if len(users.get(b, ())) > 1 and any(users[b] <= s for s in sets) else 1 for b in range(n)]

@@ -1,0 +1,227 @@
+"""The plan: one format for every technique (DESIGN.md).
+
+A plan is ordered steps per partition plus buffers placed in one arena. A step computes one region
+of one layer's output (or copies a region between buffers, or loads a region of the model input),
+and names, for its output and each input, the buffer and the buffer coordinates where that region
+lives. So a buffer's index map (whole tensor, H-window used as a ring or shifted, tile, sample
+range) is explicit in the accesses, and the executor needs to know none of the planners.
+
+How a plan splits N and H (and W): a step's `region` is a box over (N, H, W) of the layer's output.
+A buffer's `shape` is the logical block it stores, (n, C, h, w): a whole tensor has the tensor's
+shape; a window of rows has h < H; a tile has h < H and w < W; a sample range has n < N. Any
+combination is allowed: e.g. b samples of a window of rows is a block (b, C, rows, W).
+
+Serialised as JSON with a format version; `load_plan` validates it against the models it names.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Mapping
+
+from tightfit.errors import TightfitError
+from tightfit.ops.base import Region
+
+FORMAT = "tightfit-plan"
+VERSION = 1
+LAYOUTS = ("nchw", "nhwc")
+BUFFER_KINDS = ("whole", "window", "tile", "samples")
+STEP_KINDS = ("compute", "input", "copy")
+
+
+class PlanError(TightfitError):
+    """A plan file that is malformed, for another model, or fails the checker."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model a plan runs: how to load it, and a fingerprint of the imported graph."""
+
+    spec: str
+    input_shape: tuple[int, ...]
+    fingerprint: str
+    batch: int = 1
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A block of the arena. `offsets` has one entry per copy (a FIFO between pipelined
+    partitions has two: frame f uses copy f % copies)."""
+
+    id: int
+    kind: str
+    shape: tuple[int, ...]
+    layout: str
+    offsets: tuple[int, ...]
+    itemsize: int = 4
+    mode: str = ""  # for windows: "ring" or "shift"
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.itemsize
+
+    @property
+    def copies(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass(frozen=True)
+class Access:
+    """Region `region` (tensor coordinates) of `tensor` lives in `buffer` at buffer coordinates
+    `at` = (n, h, w) of the region's first element."""
+
+    tensor: str
+    buffer: int
+    region: Region
+    at: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Step:
+    """kind 'compute': layer `layer` of model `model` computes `out.region` from `inputs`
+    (one access per layer input, each exactly the window the op needs).
+    kind 'input': region `out.region` of the model input arrives from the source.
+    kind 'copy': inputs[0]'s region is copied to `out`.
+    `scratch` is the bytes of kernel temporaries the step allocates besides the arena."""
+
+    kind: str
+    model: int
+    layer: int
+    out: Access
+    inputs: tuple[Access, ...] = ()
+    scratch: int = 0
+
+
+@dataclass(frozen=True)
+class Partition:
+    id: int
+    model: int
+    layers: tuple[int, ...]
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    models: tuple[ModelRef, ...]
+    dtype: str
+    buffers: tuple[Buffer, ...]
+    partitions: tuple[Partition, ...]
+    # Sets of partition ids that run at the same time (pipeline stages on successive inputs);
+    # partitions in no set run one after another in id order.
+    concurrent: tuple[tuple[int, ...], ...] = ()
+    arena_bytes: int = 0
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    cost_profile: str = ""
+
+    def steps(self) -> list[Step]:
+        """All steps in execution order for one input (concurrent partitions concatenated)."""
+        return [s for p in self.partitions for s in p.steps]
+
+
+def fingerprint(graph) -> str:
+    """A hash of what a plan depends on: layers, ops, attrs, tensor shapes (not weights)."""
+    h = hashlib.sha256()
+    for layer in graph.layers:
+        attrs = {k: v for k, v in layer.attrs.items() if not k.startswith("_")}
+        h.update(repr((layer.id, layer.op, layer.inputs, layer.output, sorted(attrs.items()),
+                       [graph.params[p].shape for p in layer.params])).encode())
+    for name in sorted(graph.tensors):
+        h.update(repr((name, graph.tensors[name].shape)).encode())
+    return h.hexdigest()[:16]
+
+
+# --- JSON -------------------------------------------------------------------------------------
+
+def _region_json(r: Region) -> list[int]:
+    return [r.n0, r.n1, r.h0, r.h1, r.w0, r.w1]
+
+
+def _access_json(a: Access) -> dict[str, Any]:
+    return {"tensor": a.tensor, "buffer": a.buffer, "region": _region_json(a.region), "at": list(a.at)}
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": VERSION, "dtype": plan.dtype, "arena_bytes": plan.arena_bytes,
+        "cost_profile": plan.cost_profile, "knobs": dict(plan.knobs),
+        "models": [{"spec": m.spec, "input_shape": list(m.input_shape), "fingerprint": m.fingerprint, "batch": m.batch}
+                   for m in plan.models],
+        "buffers": [{"id": b.id, "kind": b.kind, "shape": list(b.shape), "layout": b.layout, "offsets": list(b.offsets),
+                     "itemsize": b.itemsize, "mode": b.mode} for b in plan.buffers],
+        "partitions": [{"id": p.id, "model": p.model, "layers": list(p.layers), "steps": [
+            {"kind": s.kind, "model": s.model, "layer": s.layer, "out": _access_json(s.out),
+             "inputs": [_access_json(a) for a in s.inputs], "scratch": s.scratch} for s in p.steps]}
+            for p in plan.partitions],
+        "concurrent": [list(c) for c in plan.concurrent],
+    }
+
+
+def dumps(plan: Plan) -> str:
+    """Deterministic text: the same plan gives the same bytes."""
+    return json.dumps(plan_to_json(plan), sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in d:
+        raise PlanError(f"plan {where}: missing {key!r}")
+    v = d[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise PlanError(f"plan {where}: {key!r} has the wrong type")
+    return v
+
+
+def _ints(v: Any, n: int | None, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or (n is not None and len(v) != n) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise PlanError(f"plan {where}: expected a list of {n or 'some'} integers")
+    return tuple(v)
+
+
+def _access(d: Any, where: str) -> Access:
+    if not isinstance(d, dict):
+        raise PlanError(f"plan {where}: an access must be an object")
+    r = _ints(_need(d, "region", list, where), 6, where)
+    return Access(_need(d, "tensor", str, where), _need(d, "buffer", int, where), Region(*r), _ints(_need(d, "at", list, where), 3, where))  # type: ignore[arg-type]
+
+
+def plan_from_json(d: Any) -> Plan:
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise PlanError("not a tightfit plan (missing format marker)")
+    if d.get("version") != VERSION:
+        raise PlanError(f"plan format version {d.get('version')!r} is not supported (this tightfit reads {VERSION})")
+    models = tuple(ModelRef(_need(m, "spec", str, "model"), _ints(_need(m, "input_shape", list, "model"), None, "model"),
+                            _need(m, "fingerprint", str, "model"), _need(m, "batch", int, "model"))
+                   for m in _need(d, "models", list, "top"))
+    buffers = []
+    for i, b in enumerate(_need(d, "buffers", list, "top")):
+        where = f"buffer {i}"
+        kind, layout = _need(b, "kind", str, where), _need(b, "layout", str, where)
+        if kind not in BUFFER_KINDS or layout not in LAYOUTS + ("flat",):
+            raise PlanError(f"plan {where}: unknown kind {kind!r} or layout {layout!r}")
+        buffers.append(Buffer(_need(b, "id", int, where), kind, _ints(_need(b, "shape", list, where), None, where), layout,
+                              _ints(_need(b, "offsets", list, where), None, where), _need(b, "itemsize", int, where),
+                              _need(b, "mode", str, where)))
+    partitions = []
+    for p in _need(d, "partitions", list, "top"):
+        steps = []
+        for j, s in enumerate(_need(p, "steps", list, "partition")):
+            where = f"step {j}"
+            kind = _need(s, "kind", str, where)
+            if kind not in STEP_KINDS:
+                raise PlanError(f"plan {where}: unknown step kind {kind!r}")
+            steps.append(Step(kind, _need(s, "model", int, where), _need(s, "layer", int, where), _access(s.get("out"), where),
+                              tuple(_access(a, where) for a in _need(s, "inputs", list, where)), _need(s, "scratch", int, where)))
+        partitions.append(Partition(_need(p, "id", int, "partition"), _need(p, "model", int, "partition"),
+                                    _ints(_need(p, "layers", list, "partition"), None, "partition"), tuple(steps)))
+    concurrent = tuple(_ints(c, None, "concurrent") for c in _need(d, "concurrent", list, "top"))
+    return Plan(models, _need(d, "dtype", str, "top"), tuple(buffers), tuple(partitions), concurrent,
+                _need(d, "arena_bytes", int, "top"), dict(_need(d, "knobs", dict, "top")), _need(d, "cost_profile", str, "top"))
+
+
+def loads(text: str) -> Plan:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan is not valid JSON: {e}") from None
+    return plan_from_json(data)

@@ -1,0 +1,201 @@
+"""The arena executor: runs any plan. One preallocated arena; every buffer is a view at
+arena + offset; every step's views are built once, so the per-step loop only calls kernels.
+
+It knows no planner: it reads steps and buffers. Pipelined partitions (plan.concurrent) run in
+threads on a stream of inputs, one frame apart, with FIFO buffers double-buffered by the plan.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from tightfit.graph.ir import Graph
+from tightfit.ops import get_op
+from tightfit.plan.check import output_accesses
+from tightfit.plan.schema import Access, Buffer, Plan
+from tightfit.runtime.reference import load_params
+
+DTYPES = {"fp32": torch.float32}
+
+
+def buffer_view(arena: torch.Tensor, b: Buffer, copy: int = 0) -> torch.Tensor:
+    """The buffer as a logical (N, C, H, W) or flat tensor over the arena's bytes."""
+    start = b.offsets[copy] // b.itemsize
+    flat = arena[start : start + b.nbytes // b.itemsize]
+    if b.layout == "nhwc":
+        n, c, h, w = b.shape
+        return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+    return flat.view(b.shape)
+
+
+def access_view(buf: torch.Tensor, a: Access) -> torch.Tensor:
+    n, h, w = a.at
+    r = a.region
+    if buf.dim() == 4:
+        return buf[n : n + r.n, :, h : h + r.h, w : w + r.w]
+    return buf[n : n + r.n]
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One step ready to run: a kernel call with its views bound."""
+
+    run: Callable[..., None]
+    args: tuple
+
+
+class ArenaExecutor:
+    def __init__(self, plan: Plan, graphs: Sequence[Graph], params: Sequence[dict] | None = None, fill_nan: bool = False):
+        if plan.dtype not in DTYPES:
+            from tightfit.errors import OptionError
+
+            raise OptionError(f"the executor runs fp32 plans; this plan is {plan.dtype} (accounting only)")
+        self.plan, self.graphs = plan, list(graphs)
+        self.params = list(params) if params is not None else [load_params(g) for g in graphs]
+        # +1 element so a zero-size plan still has storage; offsets are byte offsets.
+        self.arena = torch.empty(max(plan.arena_bytes // 4, 1), dtype=torch.float32)
+        self.arena.fill_(float("nan") if fill_nan else 0.0)
+        copies = max((b.copies for b in plan.buffers), default=1)
+        self.frames = [self._compile(c) for c in range(copies)]
+        self._outputs = [self._output_views(c) for c in range(copies)]
+
+    # --- compilation --------------------------------------------------------------------------
+    def _views(self, copy: int) -> list[torch.Tensor]:
+        views = []
+        base = self.arena.data_ptr()
+        for b in self.plan.buffers:
+            v = buffer_view(self.arena, b, copy % b.copies)
+            assert v.data_ptr() == base + b.offsets[copy % b.copies], f"buffer {b.id} is not at arena + offset"
+            views.append(v)
+        return views
+
+    def _compile(self, copy: int) -> list[list[_Compiled]]:
+        """Per partition, its steps bound to the views of frame parity `copy`."""
+        views = self._views(copy)
+        out = []
+        for p in self.plan.partitions:
+            g, params, batch = self.graphs[p.model], self.params[p.model], self.plan.models[p.model].batch
+            steps = []
+            for s in p.steps:
+                out_view = access_view(views[s.out.buffer], s.out)
+                if s.kind == "input":
+                    steps.append(_Compiled(_load_input, (out_view, s.out.region)))
+                elif s.kind == "copy":
+                    steps.append(_Compiled(torch.Tensor.copy_, (out_view, access_view(views[s.inputs[0].buffer], s.inputs[0]))))
+                else:
+                    layer = g.layers[s.layer]
+                    op = get_op(layer.op)
+                    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+                    windows = op.input_windows(layer, s.out.region, in_shapes)
+                    ins = [access_view(views[a.buffer], a) for a in s.inputs]
+                    steps.append(_Compiled(op.compute, (layer, ins, windows, out_view, s.out.region, params[layer.id])))
+            out.append(steps)
+        return out
+
+    def _output_views(self, copy: int) -> list[dict[str, torch.Tensor]]:
+        views = self._views(copy)
+        outs: list[dict[str, torch.Tensor]] = [dict() for _ in self.graphs]
+        for m, a in output_accesses(self.plan, self.graphs):
+            outs[m][a.tensor] = access_view(views[a.buffer], a)
+        return outs
+
+    # --- running --------------------------------------------------------------------------------
+    def run(self, inputs: torch.Tensor | Sequence[torch.Tensor], frame: int = 0) -> list[dict[str, torch.Tensor]]:
+        """One input per model; returns per model its outputs as views into the arena (valid until
+        the next run)."""
+        xs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        copy = frame % len(self.frames)
+        with torch.no_grad():
+            for p, steps in zip(self.plan.partitions, self.frames[copy]):
+                _INPUT.x = xs[p.model]
+                for st in steps:
+                    st.run(*st.args)
+        return self._outputs[copy]
+
+    def run_stream(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]],
+                   on_output: Callable[[int, list[dict[str, torch.Tensor]]], None]) -> int:
+        """Run a stream of inputs. Partitions in a concurrent set run in their own threads, each
+        on its own frame (a pipeline); `on_output(frame, outputs)` is called in frame order."""
+        if not self.plan.concurrent:
+            n = 0
+            for n, x in enumerate(frames, 1):
+                on_output(n - 1, self.run(x, n - 1))
+            return n
+        return _Pipeline(self).run(frames, on_output)
+
+
+class _InputSlot(threading.local):
+    x: torch.Tensor | None = None
+
+
+_INPUT = _InputSlot()
+
+
+def _load_input(out: torch.Tensor, region) -> None:
+    """Copy a region of the current input into its buffer. The input may be a whole tensor or a
+    source of row bands (an iterator yielding (h0, h1, band) as a camera delivers rows)."""
+    x = _INPUT.x
+    out.copy_(region.slice(x) if x.dim() == out.dim() else x)
+
+
+class _Pipeline:
+    """Stages = partitions in order; stage k works on frame f while stage k-1 works on f+1.
+    A stage waits for its predecessor's frame f and for its successor to finish frame f-2
+    (whose FIFO copy frame f reuses)."""
+
+    def __init__(self, ex: ArenaExecutor):
+        self.ex = ex
+
+    def run(self, frames: Iterable, on_output: Callable) -> int:
+        ex = self.ex
+        parts = list(range(len(ex.plan.partitions)))
+        inboxes = [queue.Queue() for _ in parts] + [queue.Queue()]
+        frames = list(frames)
+        errors: list[BaseException] = []
+        copies = len(ex.frames)
+        done = [threading.Semaphore(copies) for _ in parts]
+
+        def stage(k: int) -> None:
+            try:
+                with torch.no_grad():
+                    while True:
+                        item = inboxes[k].get()
+                        if item is None:
+                            inboxes[k + 1].put(None)
+                            return
+                        f, xs = item
+                        if k + 1 < len(parts):
+                            done[k + 1].acquire()  # successor has released frame f - copies
+                        _INPUT.x = xs[ex.plan.partitions[k].model]
+                        for st in ex.frames[f % copies][k]:
+                            st.run(*st.args)
+                        if k > 0:
+                            done[k].release()
+                        inboxes[k + 1].put((f, xs))
+            except BaseException as e:  # surfaced in the caller's thread
+                errors.append(e)
+                inboxes[k + 1].put(None)
+
+        threads = [threading.Thread(target=stage, args=(k,), daemon=True) for k in parts]
+        for t in threads:
+            t.start()
+        for f, x in enumerate(frames):
+            inboxes[0].put((f, [x] if isinstance(x, torch.Tensor) else list(x)))
+        inboxes[0].put(None)
+        n = 0
+        while True:
+            item = inboxes[-1].get()
+            if item is None:
+                break
+            f, _ = item
+            on_output(f, ex._outputs[f % copies])
+            n += 1
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return n

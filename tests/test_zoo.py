@@ -1,0 +1,321 @@
+"""Every zoo model imports, runs in the reference executor and matches an independent runtime.
+
+DESIGN.md invariant 1 for the foundation: the executor's pre-softmax logits and one tensor about
+halfway through the layers match the torch module (torch-sourced models) or onnxruntime on the
+same ONNX bytes, within max abs diff <= 1e-4 x max abs value of the reference; the logits' std
+must be > 1e-3 so that the random weights do not make the check trivial.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from tightfit.graph import zoo
+from tightfit.graph.onnx_import import import_model
+from tightfit.runtime.reference import random_input, run_reference
+
+RTOL = 1e-4
+
+REQUIRED = [
+    "resnet18", "resnet50", "mobilenet_v2", "googlenet", "squeezenet1_0", "densenet121", "vgg19",
+    "efficientnet_b0", "inception_v3", "mobilenet_v3_small", "yolov2-16", "tiny-yolov2",
+    "mobilenet_v1", "mobilenet_v1_025", "minakova5",
+] + [f"onnxzoo-{n}" for n in ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                              "shufflenet", "squeezenet", "vgg19", "zfnet512")]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def diff_ratio(got, ref) -> float:
+    """max |got - ref| / max |ref| (float64)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(got).all() and np.isfinite(ref).all()
+    scale = float(np.abs(ref).max())
+    assert scale > 0, "reference is all zeros"
+    return float(np.abs(got - ref).max()) / scale
+
+
+def prune(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """The part of `model` that computes `outputs`, with them as its graph outputs (onnxruntime
+    then loads only the weights it needs: VGG-19's dense layers are 86% of its bytes)."""
+    g = model.graph
+    need = set(outputs)
+    nodes = []
+    for node in reversed(g.node):
+        if any(o in need for o in node.output):
+            nodes.append(node)
+            need.update(i for i in node.input if i)
+    nodes.reverse()
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.graph.name = g.name
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(i for i in g.initializer if i.name in need)
+    out.graph.input.extend(i for i in g.input if i.name in need)
+    out.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in outputs)
+    return out
+
+
+def onnxruntime_run(model_bytes: bytes, x: np.ndarray, outputs: list[str]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    model = prune(onnx.load_from_string(model_bytes), list(dict.fromkeys(outputs)))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
+
+
+def probe_tensors(graph) -> tuple[str, str]:
+    """(pre-softmax logits, a layer output about halfway through the layers)."""
+    last = graph.layers[-1]
+    logits = last.inputs[0] if last.op == "softmax" else graph.outputs[0]
+    mid = graph.layers[len(graph.layers) // 2].output
+    return logits, mid
+
+
+# --- the zoo lists what the issue requires ----------------------------------------------------
+
+def test_zoo_lists_every_required_model():
+    names = zoo.names()
+    assert not [n for n in REQUIRED if n not in names]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_model_matches_reference(name):
+    graph = zoo.load(name)
+    assert zoo.load(name) is graph  # cached: tests and tools import each model many times
+    x = random_input(graph, seed=0)
+    logits, mid = probe_tensors(graph)
+    ours = run_reference(graph, x, keep=[logits, mid])
+    torch_sourced = not name.startswith("onnxzoo-")
+
+    # A mid-network tensor (and for ONNX-only models the logits) against onnxruntime on the same
+    # ONNX bytes. Tensor names in the graph are the ONNX model's: a fused layer's output is its
+    # last node's output.
+    wanted = [mid] if torch_sourced else [mid, logits]
+    ort_out = onnxruntime_run(zoo.onnx_model(name), x.numpy(), wanted)
+    for t in wanted:
+        r = diff_ratio(ours[t], ort_out[t])
+        assert r <= RTOL, f"{name}: {t} differs from onnxruntime by {r:.2e} x max abs"
+
+    if torch_sourced:
+        with torch.no_grad():
+            expected = zoo.torch_module(name)(x)
+        r = diff_ratio(ours[graph.outputs[0]], expected)
+        assert r <= RTOL, f"{name}: output differs from the torch module by {r:.2e} x max abs"
+
+    std = float(ours[logits].double().std())
+    assert std > 1e-3 and math.isfinite(std), f"{name}: logits std {std} (weights make the check trivial)"
+
+
+# --- the ONNX zoo's placeholder weights are re-drawn -------------------------------------------
+
+@pytest.mark.parametrize("name", zoo.ONNXZOO)
+def test_randomize_onnx_replaces_placeholder_weights(name):
+    from onnx import numpy_helper
+
+    original = onnx.load(zoo._onnxzoo_path(name))
+    assert any(n.op_type == "ConstantOfShape" for n in original.graph.node)  # what the wheel ships
+    model = onnx.load_from_string(zoo.onnx_model(f"onnxzoo-{name}"))
+    assert not [n.name for n in model.graph.node if n.op_type == "ConstantOfShape"]
+    onnx.checker.check_model(model)
+    before = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    floats = 0
+    for init in model.graph.initializer:
+        a = numpy_helper.to_array(init)
+        if a.dtype.kind != "f":
+            continue
+        floats += 1
+        assert np.isfinite(a).all(), init.name
+        if a.size > 1:
+            assert np.ptp(a) > 0, f"{init.name} is still a constant placeholder"
+        if init.name in before and a.size > 1:
+            assert not np.array_equal(a, before[init.name]), f"{init.name} was not re-drawn"
+    assert floats > 0
+
+
+def test_randomize_onnx_is_seeded():
+    path = zoo._onnxzoo_path("squeezenet")
+    a = zoo.randomize_onnx(onnx.load(path)).SerializeToString()
+    b = zoo.randomize_onnx(onnx.load(path)).SerializeToString()
+    c = zoo.randomize_onnx(onnx.load(path), seed=zoo.SEED + 1).SerializeToString()
+    assert a == b and a != c
+
+
+# --- layer tables from the papers -------------------------------------------------------------
+
+def test_minakova5_layers():
+    """Minakova & Stefanov Fig. 1: n2 17x17 conv to 16x16x4, n3 5x5 stride-3 conv after a crop of
+    one pixel on every side (pads -1) to 4x4x3, n4 4x4 conv to 1x1x2."""
+    g = zoo.load("minakova5")
+    assert [layer.op for layer in g.layers] == ["conv", "conv", "conv"]
+    assert [g.shape(layer.output) for layer in g.layers] == [(1, 4, 16, 16), (1, 3, 4, 4), (1, 2, 1, 1)]
+    assert [layer.attrs["kernel"] for layer in g.layers] == [(17, 17), (5, 5), (4, 4)]
+    assert [layer.attrs["stride"] for layer in g.layers] == [(1, 1), (3, 3), (1, 1)]
+    assert [layer.attrs["pads"] for layer in g.layers] == [(0, 0, 0, 0), (-1, -1, -1, -1), (0, 0, 0, 0)]
+    assert g.shape(g.inputs[0]) == (1, 1, 32, 32)
+
+
+# MAFAT Table 2.1: layer, type, input dims (W x H x C), weight bytes, output MB (MiB).
+MAFAT_TABLE_2_1 = [
+    (0, "conv", (608, 608, 3), 3456, 45.13),
+    (1, "maxpool", (608, 608, 32), 0, 11.28),
+    (2, "conv", (304, 304, 32), 73728, 22.56),
+    (3, "maxpool", (304, 304, 64), 0, 5.64),
+    (4, "conv", (152, 152, 64), 294912, 11.28),
+    (5, "conv", (152, 152, 128), 32768, 5.64),
+    (6, "conv", (152, 152, 64), 294912, 11.28),
+    (7, "maxpool", (152, 152, 128), 0, 2.82),
+    (8, "conv", (76, 76, 128), 1179648, 5.64),
+    (9, "conv", (76, 76, 256), 131072, 2.82),
+    (10, "conv", (76, 76, 128), 1179648, 5.64),
+    (11, "maxpool", (76, 76, 256), 0, 1.41),
+    (12, "conv", (38, 38, 256), 4718592, 2.82),  # the paper prints 4717872, a typo: 3*3*256*512*4
+    (13, "conv", (38, 38, 512), 524288, 1.41),
+    (14, "conv", (38, 38, 256), 4718592, 2.82),
+    (15, "conv", (38, 38, 512), 524288, 1.41),
+]
+
+
+def test_yolov2_16_matches_mafat_table_2_1():
+    g = zoo.load("yolov2-16")
+    assert len(g.layers) == 16
+    assert [layer.op for layer in g.layers] == [row[1] for row in MAFAT_TABLE_2_1]
+    # Each layer's input is the table's "Dimensions"; its output is the next row's (608x608x32
+    # after conv 0, 304x304x32 after max 1, ...), ending at 38x38x256.
+    dims = [row[2] for row in MAFAT_TABLE_2_1] + [(38, 38, 256)]
+    for layer, (i, _, _, weight_bytes, out_mib) in zip(g.layers, MAFAT_TABLE_2_1):
+        w, h, c = dims[i]
+        assert g.shape(layer.inputs[0]) == (1, c, h, w), f"layer {i} input"
+        w, h, c = dims[i + 1]
+        assert g.shape(layer.output) == (1, c, h, w), f"layer {i} output"
+        assert round(g.tensors[layer.output].nbytes("fp32") / 2**20, 2) == out_mib, f"layer {i} output MiB"
+        kernel = g.params[layer.params[0]].size * 4 if layer.op == "conv" else 0
+        assert kernel == weight_bytes, f"layer {i} weights"
+        if layer.op == "conv":
+            # conv + batch norm + leaky ReLU are one layer, as the paper counts them
+            assert layer.attrs["act"] == (("leakyrelu", pytest.approx(0.1)),)
+        else:
+            assert layer.attrs["kernel"] == (2, 2) and layer.attrs["stride"] == (2, 2)
+
+
+# --- caching ---------------------------------------------------------------------------------
+
+def test_load_cache_keys_on_shape():
+    a = zoo.load("minakova5")
+    b = zoo.load("minakova5", (2, 1, 32, 32))
+    assert b is not a and b.shape(b.inputs[0]) == (2, 1, 32, 32)
+    assert zoo.load("minakova5", [2, 1, 32, 32]) is b
+    assert [b.shape(l.output)[1:] for l in b.layers] == [a.shape(l.output)[1:] for l in a.layers]
+
+
+def test_exported_bytes_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path))
+    zoo._onnx_bytes.cache_clear()
+    try:
+        data = zoo.onnx_model("minakova5")
+        files = list((tmp_path / "zoo").glob("minakova5-1x1x32x32-*.onnx"))
+        assert len(files) == 1 and files[0].read_bytes() == data
+        zoo._onnx_bytes.cache_clear()
+
+        def no_export(*a, **k):
+            raise AssertionError("exported again despite the disk cache")
+
+        monkeypatch.setattr("tightfit.graph.torch_import.export_onnx", no_export)
+        assert zoo.onnx_model("minakova5") == data
+        monkeypatch.setenv("TIGHTFIT_CACHE", "off")
+        assert zoo._cache_path("minakova5", (1, 1, 32, 32)) is None
+    finally:
+        zoo._onnx_bytes.cache_clear()
+
+
+# --- old-opset forms the ONNX zoo uses ---------------------------------------------------------
+
+def _tiny_model(nodes, inits, out_shape, opset):
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)
+    graph = onnx.helper.make_graph(nodes, "tiny", [x], [y], [onnx.numpy_helper.from_array(a, n) for n, a in inits.items()])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+
+
+def _check_against_onnxruntime(model, graph):
+    x = random_input(graph, seed=1)
+    out = run_reference(graph, x)[graph.outputs[0]]
+    ref = onnxruntime_run(model.SerializeToString(), x.numpy(), [graph.outputs[0]])[graph.outputs[0]]
+    assert diff_ratio(out, ref) <= RTOL
+
+
+def test_opset9_caffe_scale_and_softmax_fold_into_layers():
+    """Opset 9: Unsqueeze with an `axes` attribute folds at the model's opset; BN -> Mul -> Add by
+    per-channel constants (Caffe's Scale) folds into the conv; Softmax over (N, C, 1, 1) uses the
+    pre-13 default axis 1."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "w": rng.standard_normal((5, 3, 3, 3)).astype(np.float32),
+        "s": (1 + rng.random(5)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32),
+        "m": rng.standard_normal(5).astype(np.float32) * 0.1, "v": (0.5 + rng.random(5)).astype(np.float32),
+        "g": (1 + rng.random(5)).astype(np.float32), "h": rng.standard_normal(5).astype(np.float32),
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        onnx.helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+        onnx.helper.make_node("Unsqueeze", ["g"], ["g3"], axes=[1, 2]),
+        onnx.helper.make_node("Mul", ["bn", "g3"], ["sc"]),
+        onnx.helper.make_node("Unsqueeze", ["h"], ["h3"], axes=[1, 2]),
+        onnx.helper.make_node("Add", ["sc", "h3"], ["sh"]),
+        onnx.helper.make_node("Relu", ["sh"], ["r"]),
+        onnx.helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        onnx.helper.make_node("Softmax", ["p"], ["y"]),
+    ]
+    model = _tiny_model(nodes, inits, [1, 5, 1, 1], 9)
+    graph = import_model(model, None, "tiny")
+    assert [l.op for l in graph.layers] == ["conv", "global_pool", "softmax"]
+    assert graph.layers[0].output == "r" and graph.layers[0].attrs["act"] == (("relu",),)
+    _check_against_onnxruntime(model, graph)
+
+
+def test_channel_shuffle_and_flattening_reshape_fuse():
+    """ShuffleNet's Reshape -> Transpose -> Reshape is one channel_shuffle layer; a Reshape that
+    flattens each sample folds into the dense layer after it."""
+    rng = np.random.default_rng(1)
+    inits = {
+        "w": rng.standard_normal((6, 3, 1, 1)).astype(np.float32),
+        "split": np.array([1, 2, 3, 4, 4], np.int64), "back": np.array([1, 6, 4, 4], np.int64),
+        "flat": np.array([1, 96], np.int64), "fc": rng.standard_normal((7, 96)).astype(np.float32),
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+        onnx.helper.make_node("Reshape", ["c", "split"], ["r5"]),
+        onnx.helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+        onnx.helper.make_node("Reshape", ["t5", "back"], ["sh"]),
+        onnx.helper.make_node("Reshape", ["sh", "flat"], ["f"]),
+        onnx.helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+    ]
+    model = _tiny_model(nodes, inits, [1, 7], 9)
+    graph = import_model(model, None, "tiny")
+    assert [l.op for l in graph.layers] == ["conv", "channel_shuffle", "gemm"]
+    assert graph.layers[1].attrs["groups"] == 2
+    _check_against_onnxruntime(model, graph)
+
+
+def test_opset4_reshape_shape_attribute():
+    inits = {"w": np.random.default_rng(2).standard_normal((4, 3, 1, 1)).astype(np.float32)}
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+        onnx.helper.make_node("Reshape", ["c"], ["y"], shape=[1, 4, 2, 8]),
+    ]
+    model = _tiny_model(nodes, inits, [1, 4, 2, 8], 4)
+    graph = import_model(model, None, "tiny")
+    assert [l.op for l in graph.layers] == ["conv", "reshape"]
+    assert graph.shape("y") == (1, 4, 2, 8)
