@@ -683,14 +683,15 @@ def _compute_region(case: Case, region: Region, whole: torch.Tensor, fmt_in: str
         assert torch.equal(x, b), f"{layer.op} modified its input"
 
 
-def _compute_inplace(case: Case, region: Region, whole: torch.Tensor) -> None:
-    """An inplace_ok op computing its output over its first input."""
+def _compute_inplace(case: Case, region: Region, whole: torch.Tensor, over: int = 0) -> None:
+    """An inplace_ok op computing its output over its input `over` (for add and mul, any input
+    of the output's shape: a planner may reuse either operand's buffer)."""
     op, layer = case.op, case.layer
     inputs = [x.clone() for x in case.inputs]
     windows = op.input_windows(layer, region, case.in_shapes)
     views = [w.region.slice(x) for w, x in zip(windows, inputs)]
-    out = region.slice(inputs[0])
-    assert views[0].data_ptr() == out.data_ptr() and views[0].shape == out.shape
+    out = region.slice(inputs[over])
+    assert views[over].data_ptr() == out.data_ptr() and views[over].shape == out.shape
     with torch.no_grad():
         op.compute(layer, views, windows, out, region, case.params)
     torch.testing.assert_close(out, region.slice(whole), **_tol(whole))
@@ -731,8 +732,11 @@ def test_region_equals_slice_of_whole(op_name, data):
     for _ in range(3):
         region = data.draw(regions(tuple(whole.shape), op.splittable))
         _compute_region(case, region, whole, data.draw(formats), data.draw(formats))
-    if op.inplace_ok and case.in_shapes[0] == tuple(whole.shape):
-        _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole)
+    if op.inplace_ok:
+        same = [i for i, s in enumerate(case.in_shapes) if s == tuple(whole.shape)]
+        if same and (same[0] == 0 or op_name in ("add", "mul")):
+            over = data.draw(st.sampled_from(same)) if op_name in ("add", "mul") else 0
+            _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole, over)
 
 
 @pytest.mark.parametrize("op_name", op_names())

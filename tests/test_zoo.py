@@ -42,8 +42,9 @@ def diff_ratio(got, ref) -> float:
 
 
 def prune(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
-    """The part of `model` that computes `outputs`, with them as its graph outputs (onnxruntime
-    then loads only the weights it needs: VGG-19's dense layers are 86% of its bytes)."""
+    """Cut `model` in place down to what computes `outputs`, which become its graph outputs
+    (onnxruntime then loads only the weights it needs: VGG-19's dense layers are 86% of its
+    bytes). Weights are not copied."""
     g = model.graph
     need = set(outputs)
     nodes = []
@@ -51,16 +52,19 @@ def prune(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
         if any(o in need for o in node.output):
             nodes.append(node)
             need.update(i for i in node.input if i)
-    nodes.reverse()
-    out = onnx.ModelProto()
-    out.ir_version = model.ir_version
-    out.opset_import.extend(model.opset_import)
-    out.graph.name = g.name
-    out.graph.node.extend(nodes)
-    out.graph.initializer.extend(i for i in g.initializer if i.name in need)
-    out.graph.input.extend(i for i in g.input if i.name in need)
-    out.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in outputs)
-    return out
+    if len(nodes) < len(g.node):
+        nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in reversed(nodes)]
+        del g.node[:]
+        g.node.extend(nodes)
+        for i in reversed(range(len(g.initializer))):
+            if g.initializer[i].name not in need:
+                del g.initializer[i]
+        kept = [i for i in g.input if i.name in need]
+        del g.input[:]
+        g.input.extend(kept)
+    del g.output[:]
+    g.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in outputs)
+    return model
 
 
 def onnxruntime_run(model_bytes: bytes, x: np.ndarray, outputs: list[str]) -> dict[str, np.ndarray]:
@@ -200,7 +204,7 @@ def test_yolov2_16_matches_mafat_table_2_1():
         assert g.shape(layer.inputs[0]) == (1, c, h, w), f"layer {i} input"
         w, h, c = dims[i + 1]
         assert g.shape(layer.output) == (1, c, h, w), f"layer {i} output"
-        assert round(g.tensors[layer.output].nbytes("fp32") / 2**20, 2) == out_mib, f"layer {i} output MiB"
+        assert abs(g.tensors[layer.output].nbytes("fp32") / 2**20 - out_mib) <= 0.005 + 1e-9, f"layer {i} output MiB"
         kernel = g.params[layer.params[0]].size * 4 if layer.op == "conv" else 0
         assert kernel == weight_bytes, f"layer {i} weights"
         if layer.op == "conv":
@@ -246,7 +250,7 @@ def _tiny_model(nodes, inits, out_shape, opset):
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)
     graph = onnx.helper.make_graph(nodes, "tiny", [x], [y], [onnx.numpy_helper.from_array(a, n) for n, a in inits.items()])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=7)
 
 
 def _check_against_onnxruntime(model, graph):
@@ -293,6 +297,7 @@ def test_channel_shuffle_and_flattening_reshape_fuse():
         "w": rng.standard_normal((6, 3, 1, 1)).astype(np.float32),
         "split": np.array([1, 2, 3, 4, 4], np.int64), "back": np.array([1, 6, 4, 4], np.int64),
         "flat": np.array([1, 96], np.int64), "fc": rng.standard_normal((7, 96)).astype(np.float32),
+        "fb": rng.standard_normal(7).astype(np.float32),
     }
     nodes = [
         onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
@@ -300,7 +305,7 @@ def test_channel_shuffle_and_flattening_reshape_fuse():
         onnx.helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
         onnx.helper.make_node("Reshape", ["t5", "back"], ["sh"]),
         onnx.helper.make_node("Reshape", ["sh", "flat"], ["f"]),
-        onnx.helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+        onnx.helper.make_node("Gemm", ["f", "fc", "fb"], ["y"], transB=1),
     ]
     model = _tiny_model(nodes, inits, [1, 7], 9)
     graph = import_model(model, None, "tiny")

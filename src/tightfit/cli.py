@@ -172,13 +172,18 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     report: dict = {"plan": args.model, "arena_bytes": analysis.arena_bytes, "scratch_peak_bytes": analysis.scratch_peak,
                     "analysed_peak_bytes": analysis.peak_bytes, "lower_bound_bytes": analysis.lower_bound}
     if args.enforce:
-        from tightfit.runtime.enforce import enforce_limit
+        from tightfit.runtime.enforce import MARGIN
+        from tightfit.runtime.measure import measure_subprocess
         from tightfit.units import parse_size
 
-        limit = parse_size(args.limit) if args.limit else None
-        report["enforced_limit_bytes"] = enforce_limit(analysis.peak_bytes if limit is None else None, limit)
+        limit = parse_size(args.limit) if args.limit else analysis.peak_bytes + MARGIN
+        m = measure_subprocess({"kind": "plan", "plan": args.model, "enforce_bytes": limit})
+        report["enforced_limit_bytes"] = limit
+        report["enforced_run_bytes"] = m.run_bytes
+    elif args.limit:
+        raise OptionError("--limit goes with --enforce")
     xs = tightfit.api.plan_inputs(graphs, plan_)
-    outs, seconds = _guarded_execute(plan_, graphs, xs, report.get("enforced_limit_bytes"))
+    outs, seconds = tightfit.api.execute(plan_, graphs, xs)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
     if args.verify:
@@ -199,20 +204,6 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
     print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
-
-
-def _guarded_execute(plan_, graphs, xs, limit):
-    import tightfit
-
-    try:
-        return tightfit.api.execute(plan_, graphs, xs)
-    except (MemoryError, RuntimeError) as e:
-        if limit is None or "alloc" not in str(e).lower() and not isinstance(e, MemoryError):
-            raise
-        from tightfit.runtime.enforce import OutOfMemory
-        from tightfit.units import human
-
-        raise OutOfMemory(f"out of memory: the run needs more than the enforced {human(limit)} above the loaded model") from None
 
 
 COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "run": cmd_run}

@@ -93,7 +93,7 @@ def plan_text(r: dict[str, Any]) -> str:
     lines = [f"{' + '.join(r['models'])}: method {k.get('method')}, planner {k.get('planner')}, order {k.get('order')}, "
              f"layout {k.get('layout')}; {r['steps']} steps, {r['buffers']} buffers",
              f"  naive (every imported tensor its own buffer): {human(r['naive_activation_bytes'])}",
-             f"  lower bound (max over steps of live bytes):   {human(r['lower_bound_bytes'])}",
+             f"  lower bound (busiest step; concurrent partitions add up): {human(r['lower_bound_bytes'])}",
              f"  arena:                                        {human(r['arena_bytes'])} ({r['ratio_to_lower_bound']:.3f} x lower bound)",
              f"  kernel temporaries (largest step, outside the arena): {human(r['scratch_peak_bytes'])}",
              f"  analysed run memory (arena + temporaries):    {human(r['analysed_peak_bytes'])}",

@@ -155,9 +155,10 @@ def randomize_module(module: nn.Module, seed: int = SEED,
                      calibrate_shape: Sequence[int] | None = None) -> nn.Module:
     """He-scaled conv and dense weights, non-trivial batch-norm statistics, small biases.
 
-    With `calibrate_shape`, each batch norm's running variance is then set to the mean square
-    of its input on a seeded random batch of that shape (see `_bn_scale`), so that values keep
-    their scale however deep the network is."""
+    With `calibrate_shape`, each batch norm's running statistics are then scaled to its input
+    on a seeded random batch of that shape (see `_bn_scale`), so that values keep their scale
+    however deep the network is: without it, residual networks grow by orders of magnitude
+    (ResNet-50's logits reached ~4e3, ShuffleNet's ~1e5, past what fp16 holds)."""
     g = torch.Generator().manual_seed(seed)
     bns = []
     with torch.no_grad():
@@ -181,7 +182,10 @@ def randomize_module(module: nn.Module, seed: int = SEED,
 
             def calibrate(bn: nn.Module, args: tuple) -> None:
                 # Runs before the batch norm itself, so each one sees calibrated inputs.
-                bn.running_var.copy_(torch.from_numpy(_bn_scale(args[0].double().numpy(), bn.running_var.double().numpy())))
+                mean, var = _bn_scale(args[0].double().numpy(), bn.running_mean.double().numpy(),
+                                      bn.running_var.double().numpy())
+                bn.running_mean.copy_(torch.from_numpy(mean))
+                bn.running_var.copy_(torch.from_numpy(var))
 
             hooks = [m.register_forward_pre_hook(calibrate) for m in bns]
             try:
@@ -192,17 +196,19 @@ def randomize_module(module: nn.Module, seed: int = SEED,
     return module
 
 
-def _bn_scale(x: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """A batch norm's running variance from its input `x` (channels on axis 1): the drawn
-    variance (0.5 to 1.5) times the mean square of each channel, so the output keeps about the
-    scale of gamma. The running mean stays small and random rather than the measured mean:
-    subtracting a channel's true mean from values close to it would make the check
-    ill-conditioned (float32 cancellation amplified by mean / std). A channel silent on this
-    batch gets a floor of 1% of the average, so that another input cannot blow it up."""
+def _bn_scale(x: np.ndarray, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A batch norm's running (mean, variance) from its input `x` (channels on axis 1): the
+    drawn values scaled to the input's size, mean x rms and variance x mean square per channel,
+    so the output keeps about the scale of gamma however deep the network. The mean stays a
+    small random fraction of the rms rather than the measured mean: subtracting a channel's
+    true mean from values close to it would make the check ill-conditioned (float32
+    cancellation amplified by mean / std). A channel silent on this batch gets a floor of 1% of
+    the average mean square, so that another input cannot blow it up."""
     axes = tuple(i for i in range(x.ndim) if i != 1)
     ms = np.mean(np.square(x, dtype=np.float64), axis=axes)
     floor = 0.01 * float(ms.mean()) if ms.size and ms.mean() > 0 else 1.0
-    return (var * np.maximum(ms, floor)).astype(np.float32)
+    ms = np.maximum(ms, floor)
+    return (mean * np.sqrt(ms)).astype(np.float32), (var * ms).astype(np.float32)
 
 
 def torch_module(name: str) -> nn.Module:
@@ -278,16 +284,15 @@ def randomize_onnx(model: onnx.ModelProto, seed: int = SEED) -> onnx.ModelProto:
 
 
 def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
-    """randomize_module's batch-norm calibration for an ONNX model: every batch norm's variance
-    becomes its drawn value times its input's mean square on a seeded random batch. One pass
+    """randomize_module's batch-norm calibration for an ONNX model (see `_bn_scale`). One pass
     of the reference kernels over the model imported with its batch norms unfused, each batch
     norm calibrated just before it runs (onnxruntime cannot change a weight mid-run, and
     re-running it until the variances settle takes a round per batch norm on a chain)."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
-    var_of = {n.name or n.output[0]: n.input[4] for n in g.node
-              if n.op_type == "BatchNormalization" and len(n.input) >= 5 and n.input[4] in inits}
-    if not var_of:
+    stats_of = {n.name or n.output[0]: (n.input[3], n.input[4]) for n in g.node
+                if n.op_type == "BatchNormalization" and len(n.input) >= 5 and n.input[3] in inits and n.input[4] in inits}
+    if not stats_of:
         return
     from tightfit.graph.onnx_import import import_model
     from tightfit.ops import get_op
@@ -301,11 +306,11 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
     with torch.no_grad():
         for layer in graph.layers:
             arrays = [graph.params[p] for p in layer.params]
-            var = var_of.get(layer.nodes[0]) if layer.op == "batchnorm" else None
-            if var is not None:
-                base = numpy_helper.to_array(inits[var]).astype(np.float64)
-                new[var] = _bn_scale(live[layer.inputs[0]].double().numpy(), base)
-                arrays = arrays[:3] + [new[var]]
+            stats = stats_of.get(layer.nodes[0]) if layer.op == "batchnorm" else None
+            if stats is not None:
+                base = [numpy_helper.to_array(inits[t]).astype(np.float64) for t in stats]
+                new[stats[0]], new[stats[1]] = _bn_scale(live[layer.inputs[0]].double().numpy(), *base)
+                arrays = arrays[:2] + [new[stats[0]], new[stats[1]]]
             out = torch.empty(graph.shape(layer.output), dtype=torch.float32)
             run_layer(layer, [live[t] for t in layer.inputs], get_op(layer.op).prepare_params(layer, arrays), out)
             live[layer.output] = out
@@ -316,16 +321,20 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
         inits[var].CopyFrom(numpy_helper.from_array(arr, var))
 
 
+def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)  # float32: VGG's 143M weights in ~1 s
+
+
 def _redraw(arr: np.ndarray, op: str, idx: int, attrs: dict, rng: np.random.Generator) -> np.ndarray | None:
     if arr.dtype.kind != "f":
         return None
     if op == "Conv" and idx == 1:
-        return rng.standard_normal(arr.shape) * np.sqrt(2.0 / np.prod(arr.shape[1:]))
+        return _normal(rng, arr.shape) * float(np.sqrt(2.0 / np.prod(arr.shape[1:])))
     if op in ("Gemm", "MatMul") and idx == 1 and arr.ndim >= 2:
         # Caffe conversions store the weight 4-D, (out, in, 1, 1), and Reshape it to 2-D.
         trans_b = op == "Gemm" and "transB" in attrs and onnx.helper.get_attribute_value(attrs["transB"])
         fan_in = int(np.prod(arr.shape[1:])) if trans_b else arr.shape[0]
-        return rng.standard_normal(arr.shape) / np.sqrt(fan_in)
+        return _normal(rng, arr.shape) / float(np.sqrt(fan_in))
     if op in ("Conv", "Gemm") and idx == 2:
         return rng.standard_normal(arr.shape) * 0.05
     if op == "BatchNormalization":
@@ -369,6 +378,12 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
         data = export_onnx(torch_module(name), shape).SerializeToString()
     if path is not None:
         _write_atomic(path, data)
+        for stale in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*.onnx"):
+            if stale != path:  # made by another version of the code
+                try:
+                    stale.unlink()
+                except OSError:
+                    pass
     return data
 
 

@@ -47,6 +47,12 @@ class _Elementwise(Op):
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         operands = list(inputs) + [_param_region(p, out_region) for p in params]
+        # Add and Mul commute: start from the operand the output is written over (if any), so
+        # an output placed over any input of its shape is read before it is overwritten.
+        for i, x in enumerate(operands):
+            if x.shape == out.shape and x.data_ptr() == out.data_ptr() and x.stride() == out.stride():
+                operands.insert(0, operands.pop(i))
+                break
         first = operands[0]
         if first.shape == out.shape:
             if out.data_ptr() != first.data_ptr():

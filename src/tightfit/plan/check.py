@@ -92,20 +92,57 @@ def lifetimes(plan: Plan, graphs: Sequence[Graph]) -> Lifetimes:
 
 
 def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Copies of one buffer never share; nor do buffers of partitions that run at the same time."""
+    """Copies of one buffer never share; nor do two buffers when some partition using one runs
+    at the same time as some other partition using the other."""
     users: dict[int, set[int]] = {}
     for p in plan.partitions:
         for s in p.steps:
             for a in (s.out, *s.inputs):
                 users.setdefault(a.buffer, set()).add(p.id)
-    together = {frozenset(c) for c in plan.concurrent}
+    partners: dict[int, set[int]] = {}
+    for group in plan.concurrent:
+        for p in group:
+            partners.setdefault(p, set()).update(q for q in group if q != p)
+    reach = {b: set().union(*(partners.get(p, set()) for p in u)) for b, u in users.items()}
     extra = []
-    for i, (bi, ci) in enumerate(keys):
+    for i, (bi, _) in enumerate(keys):
         for j in range(i + 1, len(keys)):
-            bj, cj = keys[j]
-            if bi == bj or any(len(users[bi] | users[bj]) > 1 and (users[bi] | users[bj]) <= s for s in together):
+            bj = keys[j][0]
+            if bi == bj or reach.get(bi, set()) & users.get(bj, set()):
                 extra.append((i, j))
     return tuple(extra)
+
+
+def concurrent_lower_bound(plan: Plan, life: Lifetimes) -> int:
+    """Partitions that run at the same time never share memory, so each one's busiest step adds
+    up: for each concurrent set, the sum over its partitions of the bytes live at that
+    partition's busiest step (each buffer counted once, with the first partition using it)."""
+    steps_of: dict[int, range] = {}
+    start = 0
+    for p in plan.partitions:
+        steps_of[p.id] = range(start, start + len(p.steps))
+        start += len(p.steps)
+    users: dict[int, set[int]] = {}
+    for p in plan.partitions:
+        for st in p.steps:
+            for a in (st.out, *st.inputs):
+                users.setdefault(a.buffer, set()).add(p.id)
+    best = 0
+    for group in plan.concurrent:
+        counted: set[int] = set()
+        total = 0
+        for pid in group:
+            mine = [i for i, (b, _) in enumerate(life.keys) if pid in users.get(b, ()) and i not in counted]
+            peak, peak_set = 0, []
+            for step in steps_of[pid]:
+                live = [i for i in mine if life.reqs[i].first_use <= step <= life.reqs[i].last_use]
+                size = sum(life.reqs[i].size for i in live)
+                if size > peak:
+                    peak, peak_set = size, live
+            total += peak
+            counted.update(peak_set)
+        best = max(best, total)
+    return best
 
 
 def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
@@ -130,7 +167,7 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     top = max((o + r.size for o, r in zip(offsets, life.reqs)), default=0)
     if top > plan.arena_bytes:
         raise PlanError(f"buffers reach byte {top} but the arena has {plan.arena_bytes}")
-    bound = lower_bound(life.reqs)
+    bound = max(lower_bound(life.reqs), concurrent_lower_bound(plan, life))
     if plan.arena_bytes < bound:  # cannot happen without an overlap; kept as the stated invariant
         raise PlanError(f"arena {plan.arena_bytes} is below the lower bound {bound}")
     return CheckReport(plan.arena_bytes, bound, max(life.step_scratch, default=0), len(life.step_scratch))

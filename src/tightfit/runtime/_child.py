@@ -58,13 +58,27 @@ def _plan_job(job: dict):
 JOBS = {"reference": _reference_job, "alloc": _alloc_job, "plan": _plan_job}
 
 
+OUT_OF_MEMORY = 3
+
+
 def main() -> None:
     from tightfit.runtime.measure import measure_in_this_process
 
     job = json.loads(sys.argv[1])
     torch.set_grad_enabled(False)
     run = JOBS[job["kind"]](job)
-    m = measure_in_this_process(run, warmup=job.get("warmup", 1))
+    if job.get("enforce_bytes") is not None:
+        from tightfit.runtime.enforce import enforce_limit
+
+        run()  # warm-up first: weights are prepacked on the first run and stay loaded
+        enforce_limit(None, int(job["enforce_bytes"]))
+        try:
+            m = measure_in_this_process(run, warmup=0)
+        except (MemoryError, RuntimeError) as e:
+            print(json.dumps({"out_of_memory": str(e).splitlines()[0][:300]}))
+            sys.exit(OUT_OF_MEMORY)
+    else:
+        m = measure_in_this_process(run, warmup=job.get("warmup", 1))
     print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds}))
 
 

@@ -120,7 +120,10 @@ class ArenaExecutor:
                    on_output: Callable[[int, list[dict[str, torch.Tensor]]], None]) -> int:
         """Run a stream of inputs. Partitions in a concurrent set run in their own threads, each
         on its own frame (a pipeline); `on_output(frame, outputs)` is called in frame order."""
-        if not self.plan.concurrent:
+        stages = tuple(range(len(self.plan.partitions)))
+        if len(self.plan.concurrent) != 1 or tuple(sorted(self.plan.concurrent[0])) != stages or len(stages) < 2:
+            # Only a plan whose partitions form one pipeline runs as one; any other plan runs
+            # frame by frame (its conflict relation already keeps concurrent buffers apart).
             n = 0
             for n, x in enumerate(frames, 1):
                 on_output(n - 1, self.run(x, n - 1))
@@ -144,58 +147,53 @@ def _load_input(out: torch.Tensor, region) -> None:
 
 class _Pipeline:
     """Stages = partitions in order; stage k works on frame f while stage k-1 works on f+1.
-    A stage waits for its predecessor's frame f and for its successor to finish frame f-2
-    (whose FIFO copy frame f reuses)."""
+    A stage waits for its predecessor's frame f and for its successor to finish frame
+    f - copies (whose FIFO copy frame f reuses). The last stage hands its outputs to the caller
+    before it starts the next frame, so they are read before being overwritten."""
 
     def __init__(self, ex: ArenaExecutor):
         self.ex = ex
 
     def run(self, frames: Iterable, on_output: Callable) -> int:
         ex = self.ex
-        parts = list(range(len(ex.plan.partitions)))
-        inboxes = [queue.Queue() for _ in parts] + [queue.Queue()]
-        frames = list(frames)
-        errors: list[BaseException] = []
+        n_stages = len(ex.plan.partitions)
         copies = len(ex.frames)
-        done = [threading.Semaphore(copies) for _ in parts]
+        inboxes: list[queue.Queue] = [queue.Queue() for _ in range(n_stages)]
+        free = [threading.Semaphore(copies) for _ in range(n_stages)]
+        errors: list[BaseException] = []
+        delivered = [0]
 
         def stage(k: int) -> None:
             try:
                 with torch.no_grad():
-                    while True:
-                        item = inboxes[k].get()
-                        if item is None:
-                            inboxes[k + 1].put(None)
-                            return
+                    while (item := inboxes[k].get()) is not None:
                         f, xs = item
-                        if k + 1 < len(parts):
-                            done[k + 1].acquire()  # successor has released frame f - copies
+                        if k + 1 < n_stages:
+                            free[k + 1].acquire()
                         _INPUT.x = xs[ex.plan.partitions[k].model]
                         for st in ex.frames[f % copies][k]:
                             st.run(*st.args)
                         if k > 0:
-                            done[k].release()
-                        inboxes[k + 1].put((f, xs))
+                            free[k].release()
+                        if k + 1 < n_stages:
+                            inboxes[k + 1].put(item)
+                        else:
+                            on_output(f, ex._outputs[f % copies])
+                            delivered[0] += 1
             except BaseException as e:  # surfaced in the caller's thread
                 errors.append(e)
-                inboxes[k + 1].put(None)
+            finally:
+                if k + 1 < n_stages:
+                    inboxes[k + 1].put(None)
 
-        threads = [threading.Thread(target=stage, args=(k,), daemon=True) for k in parts]
+        threads = [threading.Thread(target=stage, args=(k,), daemon=True) for k in range(n_stages)]
         for t in threads:
             t.start()
         for f, x in enumerate(frames):
             inboxes[0].put((f, [x] if isinstance(x, torch.Tensor) else list(x)))
         inboxes[0].put(None)
-        n = 0
-        while True:
-            item = inboxes[-1].get()
-            if item is None:
-                break
-            f, _ = item
-            on_output(f, ex._outputs[f % copies])
-            n += 1
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
-        return n
+        return delivered[0]

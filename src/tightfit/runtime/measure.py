@@ -57,6 +57,12 @@ def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
     env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     proc = subprocess.run([sys.executable, "-m", "tightfit.runtime._child", json.dumps(job)],
                           capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode == 3:  # _child.OUT_OF_MEMORY
+        from tightfit.runtime.enforce import OutOfMemory
+        from tightfit.units import human
+
+        raise OutOfMemory(f"out of memory: the run needs more than the enforced limit of "
+                          f"{human(job['enforce_bytes'])} above the loaded model")
     if proc.returncode != 0:
         raise RuntimeError(f"measurement process failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])
