@@ -36,7 +36,7 @@ from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, PlanError, Step, fingerprint
-from tightfit.runtime.executor import ArenaExecutor
+from tightfit.runtime.executor import ArenaExecutor, buffer_view
 from tightfit.runtime.reference import random_input, run_reference
 
 OVERLAP = ("overlap",)
@@ -85,8 +85,7 @@ def random_dag(seed: int) -> Graph:
         elif kind == "residual":
             t = node("Add", [t, conv(conv(t, c), c, act=False)], shapes[t])
         elif kind == "concat":
-            t = node("Concat", [t, conv(t, pick.randint(1, 3), k=1)], (c + shapes[f"relu{0}"][0] if False else 0, h, ww), axis=1) \
-                if False else _concat(node, conv, shapes, t, pick)
+            t = _concat(node, conv, shapes, t, pick)
         elif kind == "pool" and h >= 4:
             t = node(pick.choice(["MaxPool", "AveragePool"]), [t], (c, h // 2, ww // 2), kernel_shape=[2, 2], strides=[2, 2])
         elif kind == "se":
@@ -94,6 +93,11 @@ def random_dag(seed: int) -> Graph:
             g = conv(g, 2, k=1)
             g = node("Sigmoid", [conv(g, c, k=1, act=False)], (c, 1, 1))
             t = node("Mul", [t, g], shapes[t])
+    # A long skip: `skip` is the last reader of t and is itself read only after two more layers,
+    # so moving it later keeps the order valid while cutting t's placed lifetime short.
+    a = conv(t, pick.randint(2, 5))
+    skip = conv(t, 2, k=1)
+    t = node("Concat", [conv(conv(a, pick.randint(2, 5)), 3), skip], (5,) + shapes[a][1:], axis=1)
     side = conv(t, shapes[t][0], k=1, act=False)  # an early graph output ...
     t = node("Add", [t, conv(t, shapes[t][0], act=False)], shapes[t])  # ... then a tensor of its shape
     c = shapes[t][0]
@@ -278,37 +282,77 @@ def test_valid_originals_pass(name):
 
 
 def test_window_plan_runs_to_the_reference():
-    """The hand-built shifted window is a real plan: smaller than whole tensors, right outputs."""
+    """The hand-built shifted window is a real plan: smaller than whole tensors, right outputs
+    (read from y's buffer: see test_banded_output_returned_whole for why not from run())."""
     plan, (g,) = plan_of("window")
     whole = check_plan(plan_reuse(PlannedModel(g, "chain"), "naive"), [g])
     assert check_plan(plan, [g]).arena_bytes < whole.arena_bytes
     x = random_input(g)
-    got = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0]["y"]
+    ex = ArenaExecutor(plan, [g], fill_nan=True)
+    ex.run(x)
+    got = buffer_view(ex.arena, plan.buffers[2])
     want = run_reference(g, x)["y"]
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+
+
+def banded_plan(at_second: int) -> tuple[Plan, Graph]:
+    """One conv x (1,2,8,8) -> t (1,3,8,8), its output computed in two bands of 4 rows into one
+    whole buffer; the second band written at row `at_second` of the buffer (4 is right)."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (3, 2, 3, 3)).astype(np.float32), "wa")
+    gp = helper.make_graph([helper.make_node("Conv", ["x", "wa"], ["t"], name="A", kernel_shape=[3, 3], pads=[1] * 4)], "one",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                           [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)], [w])
+    g = import_model(helper.make_model(gp, opset_imports=[helper.make_opsetid("", 13)]), None, "one")
+    steps = (Step("input", 0, -1, Access("x", 0, Region(0, 1, 0, 8, 0, 8), (0, 0, 0))),
+             _compute(g, 0, (0, 4), 1, 0, {"x": (0, 0)}),
+             _compute(g, 0, (4, 8), 1, at_second, {"x": (0, 0)}))
+    buffers = (Buffer(0, "whole", (1, 2, 8, 8), "nhwc", (0,)), Buffer(1, "whole", (1, 3, 8, 8), "nhwc", (512,)))
+    plan = Plan((ModelRef("one", (1, 2, 8, 8), fingerprint(g)),), "fp32", buffers, (Partition(0, 0, (0,), steps),), (), 1280)
+    return plan, g
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: check.output_accesses takes an output's LAST write as the whole "
+                                       "output, so run() returns only the last band of a banded output")
+def test_banded_output_returned_whole():
+    plan, g = banded_plan(4)
+    check_plan(plan, [g])
+    x = random_input(g)
+    got = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0]["t"]
+    assert tuple(got.shape) == (1, 3, 8, 8)
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: the checker only verifies an output's last write survives; an "
+                                       "output band overwritten by a later band of the same output passes")
+def test_output_band_overwritten_by_next_band():
+    plan, g = banded_plan(0)  # rows 4-7 land on rows 0-3: rows 0-3 of the output are lost
+    reject(plan, [g], ("overwritten", "do not hold"))
 
 
 # --- a: an offset moved into a live buffer --------------------------------------------------------
 
 @pytest.mark.parametrize("name", WHOLE_PLANS)
 def test_offset_moved_into_live_buffer(name):
+    """Buffer i moved onto a buffer j live at the same time, overlapping it by a single element,
+    or just touching its end: the checker rejects exactly the moves the oracle (lifetimes from the
+    steps, byte ranges) says overlap a live buffer."""
     plan, graphs = plan_of(name)
-    tried = 0
-    for i, j in live_pairs(plan, graphs):
-        if tried >= 12:
-            break
+    pairs = list(live_pairs(plan, graphs))
+    assert pairs
+    rejected = accepted = 0
+    for i, j in pairs[:: max(1, len(pairs) // 12)]:
         bi, bj = plan.buffers[i], plan.buffers[j]
-        # Right onto it, and overlapping by a single element at its end.
-        for off in {bj.offsets[0], bj.offsets[0] + bj.nbytes - bi.itemsize}:
-            msg = reject(with_offset(plan, i, off), graphs, OVERLAP)
-            assert f"buffers {min(i, j)} and {max(i, j)}" in msg or "live at the same time" in msg
-        # Just touching its end is fine.
-        touching = with_offset(plan, i, bj.offsets[0] + bj.nbytes)
-        others = [k for k, _ in live_pairs(touching, graphs) if k != j and bytes_overlap(touching.buffers[i], touching.buffers[k])]
-        if not [k for k in others if (i, k) in set(live_pairs(plan, graphs))]:
-            check_plan(touching, graphs)
-        tried += 1
-    assert tried > 0
+        for off in (bj.offsets[0], bj.offsets[0] + bj.nbytes - bi.itemsize, bj.offsets[0] + bj.nbytes):
+            mutant = with_offset(plan, i, off)
+            clash = [k for a, k in live_pairs(mutant, graphs) if a == i and bytes_overlap(mutant.buffers[i], mutant.buffers[k])]
+            if clash:
+                msg = reject(mutant, graphs, OVERLAP)
+                assert "live at the same time" in msg and any(f"buffers {min(i, k)} and {max(i, k)}" in msg for k in clash), msg
+                rejected += 1
+            else:
+                check_plan(mutant, graphs)
+                accepted += 1
+    assert rejected >= 2
 
 
 def test_pipelined_copies_and_partitions_never_share():
@@ -320,21 +364,25 @@ def test_pipelined_copies_and_partitions_never_share():
     b = fifo[0]
     reject(with_offset(plan, b.id, b.offsets[0], copy=1), graphs, OVERLAP)
     life = spans(plan, graphs)
-    users = {}
+    users: dict[int, set[int]] = {}
     for p in plan.partitions:
-        for s in p.steps:
-            for a in (s.out, *s.inputs):
+        for st in p.steps:
+            for a in (st.out, *st.inputs):
                 users.setdefault(a.buffer, set()).add(p.id)
-    # A buffer only partition 0 uses and one only partition 1 uses, with disjoint lifetimes.
-    pairs = [(i, j) for i in users for j in users if users[i] == {0} and users[j] == {1}
-             and (life[i][1] < life[j][0] or life[j][1] < life[i][0])]
-    assert pairs
-    i, j = pairs[0]
-    sequential = replace(plan, concurrent=())
-    moved = with_offset(plan, i, plan.buffers[j].offsets[0])
-    reject(moved, graphs, OVERLAP)
-    # Without the pipeline the same placement is fine (modulo the FIFO, which still has 2 copies).
-    check_plan(replace(moved, concurrent=()), graphs) if sequential else None
+    # A buffer only partition 0 uses moved onto one only partition 1 uses, lifetimes disjoint and
+    # no other buffer in the way: wrong only because the two partitions run at the same time.
+    found = 0
+    for i in sorted(users):
+        for j in sorted(users):
+            if users[i] != {0} or users[j] != {1} or not (life[i][1] < life[j][0] or life[j][1] < life[i][0]):
+                continue
+            moved = with_offset(plan, i, plan.buffers[j].offsets[0])
+            if any(bytes_overlap(moved.buffers[i], moved.buffers[k]) for k in users if k not in (i, j)):
+                continue
+            reject(moved, graphs, OVERLAP)
+            check_plan(replace(moved, concurrent=()), graphs)  # run one after the other: fine
+            found += 1
+    assert found
 
 
 # --- b: a lifetime cut short -----------------------------------------------------------------------
@@ -382,7 +430,7 @@ def test_last_reader_moved_after_reuse(name):
                 reject(mutant, graphs, OVERLAP)
                 found += 1
                 break
-    if name in ("resnet18", "dag0", "dag1", "dag2", "dag3"):
+    if name != "minakova5":  # a chain: no step can move
         assert found, "no valid reorder found to cut a lifetime short"
 
 
@@ -409,15 +457,13 @@ def test_tensor_redirected_over_live_data(name):
             writes_u = [k for k, x in enumerate(steps) if x.out.tensor == u]
             if not writes_u or not reads_u or not writes_u[0] < w < reads_u[-1]:
                 continue
-            if any(a.buffer == bu for a in s.inputs):
-                continue  # the step itself reads bu: a legal in-place write is possible
             redirect = lambda a: replace(a, buffer=bu) if a.tensor == t and a.buffer == bt else a
             mutant = with_steps(plan, [replace(x, out=redirect(x.out), inputs=tuple(map(redirect, x.inputs))) for x in steps])
             msg = reject(mutant, graphs, DATA + ("overwritten before the run ends",))
             assert repr(u) in msg or f"'{u}'" in msg, msg
             found += 1
             break
-    assert found
+    assert found or name == "minakova5"  # minakova5's tensors all differ in shape
 
 
 def test_window_slot_overwritten_before_read():
@@ -439,6 +485,36 @@ def test_window_slot_overwritten_before_read():
     reject(small, graphs, ("does not fit",))
 
 
+def conv_over_own_input() -> tuple[Plan, Graph]:
+    """x (1,2,8,8) -> 3x3 conv -> y (1,2,8,8), y planned in x's buffer (x dies there)."""
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (2, 2, 3, 3)).astype(np.float32), "wa")
+    gp = helper.make_graph([helper.make_node("Conv", ["x", "wa"], ["y"], name="A", kernel_shape=[3, 3], pads=[1] * 4)], "own",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    g = import_model(helper.make_model(gp, opset_imports=[helper.make_opsetid("", 13)]), None, "own")
+    plan = plan_reuse(PlannedModel(g, "own"), "improve")
+    steps = plan.steps()
+    conv = steps[1]
+    assert plan.buffers[conv.inputs[0].buffer].shape == plan.buffers[conv.out.buffer].shape
+    return with_steps(plan, [steps[0], replace(conv, out=replace(conv.out, buffer=conv.inputs[0].buffer))]), g
+
+
+@pytest.mark.xfail(strict=True, reason="src bug: the checker lets a 3x3 conv write over the input cells it reads "
+                                       "(it models a step as read-all-then-write); the executor's conv then reads "
+                                       "its own partial output")
+def test_conv_written_over_its_own_input_is_rejected():
+    plan, g = conv_over_own_input()
+    try:
+        check_plan(plan, [g])
+    except PlanError:
+        return  # rejected: what we want
+    x = random_input(g)
+    got = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0]["y"]
+    want = run_reference(g, x)["y"]
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max()), "accepted, and the run is wrong"
+
+
 # --- d: a row range off by one -------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", WHOLE_PLANS + ("window",))
@@ -457,7 +533,8 @@ def test_row_range_off_by_one(name):
         r = s.out.region
         short = replace(r, h1=r.h1 - 1)
         # Only the output region changed: the inputs it reads are no longer the op's windows.
-        if op.input_windows(layer, short, [g.shape(t) for t in layer.inputs]) != op.input_windows(layer, r, [g.shape(t) for t in layer.inputs]):
+        shapes = [g.shape(t) for t in layer.inputs]
+        if [w.region for w in op.input_windows(layer, short, shapes)] != [w.region for w in op.input_windows(layer, r, shapes)]:
             steps1 = steps[:k] + [replace(s, out=replace(s.out, region=short))] + steps[k + 1 :]
             reject(with_steps(plan, steps1), graphs, ("needs",))
         # Inputs made consistent: now the last row is simply never computed.
@@ -469,7 +546,7 @@ def test_row_range_off_by_one(name):
         # One row too many does not fit the tensor.
         long = replace(r, h1=r.h1 + 1)
         reject(with_steps(plan, steps[:k] + [replace(s, out=replace(s.out, region=long))] + steps[k + 1 :]), graphs,
-               ("outside tensor", "does not fit"))
+               ("outside tensor", "does not fit", "needs"))
         found += 1
     assert found
 
@@ -499,7 +576,14 @@ def test_step_reads_wrong_tensor(name):
         g = graphs[s.model]
         a = s.inputs[0]
         for other in g.tensors:
-            if other == a.tensor or g.shape(other) != g.shape(a.tensor) or len(homes.get(other, ())) != 1:
+            if other == a.tensor or len(homes.get(other, ())) != 1:
+                continue
+            if g.shape(other) != g.shape(a.tensor):
+                if name == "minakova5" and found_name < 2:  # no two tensors share a shape there
+                    wrong = replace(s, inputs=(replace(a, tensor=other),) + s.inputs[1:])
+                    reject(with_steps(plan, steps[:k] + [wrong] + steps[k + 1 :]), graphs,
+                           ("reads", "cannot hold", "outside tensor", "does not fit"))
+                    found_name += 1
                 continue
             (bo,) = homes[other]
             if found_name < 4:
@@ -515,7 +599,7 @@ def test_step_reads_wrong_tensor(name):
                 found_buffer += 1
             break
     assert found_name
-    if name != "minakova5":  # minakova5's tensors all have different shapes
+    if name != "minakova5":  # minakova5's tensors all differ in shape
         assert found_buffer
 
 

@@ -182,7 +182,9 @@ class _Net:
         c, h, w = self.shapes["x"]
         g = helper.make_graph(self.nodes, "rand", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8  # what the installed onnxruntime reads
+        return model
 
 
 BLOCKS = ("conv", "conv", "pool", "residual", "concat", "squeeze_excite")
@@ -251,14 +253,10 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert diff <= TOL * max(scale, 1e-6), f"{what}: max abs diff {diff} > {TOL} x {scale}"
 
 
-# KNOWN BUG (src/tightfit/ops/binary.py _Elementwise.compute with plan/reuse.py assign_buffers):
-# assign_buffers lets an add/mul write over ANY same-shape input that dies there, but the kernel
-# assumes the overwritten input is the first operand: it copies operand 0 into `out` first,
-# destroying the aliased later operand (Add(a, b) in b's buffer gives 2a; Mul(gate, x) in x's
-# buffer gives gate * gate). The checker cannot see it (the step reads before it writes), only a
-# run can. Plans that hit it are still checked, planned twice and round-tripped here, but their
-# outputs are compared only in test_inplace_second_operand_known_bug (strict xfail), so that
-# every other property keeps being tested. Delete this predicate when that test passes.
+# Add/Mul planned in place over a NON-first operand (Add(a, b) in b's buffer, Mul(gate, x) in x's
+# buffer): the kernel must read that operand before overwriting it. This was a bug (fixed in
+# ops/binary.py while these tests were written); the event shows how often the property test
+# exercises it, and test_inplace_over_second_operand pins it down.
 def _inplace_alias_hazard(plan, graph: Graph) -> bool:
     for s in plan.steps():
         if s.kind == "compute" and graph.layers[s.layer].op in ("add", "mul"):
@@ -295,8 +293,7 @@ def _check_graph(graph: Graph, rnd: random.Random, flip: int) -> None:
                 assert {b.layout for b in plan.buffers} <= {layout, "flat"}, what
                 arenas[planner] = report.arena_bytes
                 if _inplace_alias_hazard(plan, graph):
-                    event("plan hits the known in-place operand bug (outputs not compared)")
-                    continue
+                    event("an add/mul is planned in place over a non-first operand")
                 got = ArenaExecutor(plan, [graph], [params], fill_nan=True).run(x)[0]
                 assert set(got) == set(graph.outputs), what
                 for t in graph.outputs:
@@ -340,6 +337,24 @@ def test_generator_covers_every_block():
     assert {"conv", "maxpool", "avgpool", "add", "concat", "mul", "global_pool", "gemm"} <= seen_ops, seen_ops
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(net=random_cnns())
+def test_generated_graphs_reference_equals_onnxruntime(net):
+    """The oracle of the property test is right on these graphs: the reference executor (after
+    import and fusion) computes what onnxruntime computes from the ONNX file."""
+    import onnxruntime as ort
+
+    model, _kinds = net
+    graph = import_model(model, None, "random")
+    x = random_input(graph)
+    want = run_reference(graph, x)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for o, v in zip([o.name for o in model.graph.output], sess.run(None, {"x": x.numpy()})):
+        _assert_close(want[o].reshape(v.shape), torch.from_numpy(v), f"output {o}")
+
+
 # --- zoo: memory-aware order and the improve planner against the lower bound --------------------
 
 ZOO_FAST = ("minakova5", "resnet18", "mobilenet_v2", "googlenet", "squeezenet1_0", "mobilenet_v1_025", "yolov2-16")
@@ -361,7 +376,7 @@ def test_zoo_memory_order_and_improve_reach_bound(name):
         assert r.arena_bytes == r.lower_bound, f"{name} order {order}: arena/lower bound = {r.ratio:.4f}"
 
 
-# --- known bug, minimal reproduction ----------------------------------------------------------
+# --- in place over a later operand: a regression test ----------------------------------------------
 
 def _tiny(nodes, outputs) -> Graph:
     w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(2, 2, 1, 1)).astype(np.float32), "w")
@@ -383,10 +398,8 @@ INPLACE_CASES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: add/mul planned in place over a non-first operand compute "
-                                       "operand0 into out first, destroying the aliased operand (ops/binary.py)")
 @pytest.mark.parametrize("case", sorted(INPLACE_CASES))
-def test_inplace_second_operand_known_bug(case):
+def test_inplace_over_second_operand(case):
     make, nodes, outputs = INPLACE_CASES[case]
     graph = make(nodes, outputs)
     plan = plan_reuse(PlannedModel(graph, "tiny"), "improve", "imported", "nchw")

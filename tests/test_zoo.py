@@ -324,3 +324,33 @@ def test_opset4_reshape_shape_attribute():
     graph = import_model(model, None, "tiny")
     assert [l.op for l in graph.layers] == ["conv", "reshape"]
     assert graph.shape("y") == (1, 4, 2, 8)
+
+
+def test_opset8_attribute_forms_match_onnxruntime():
+    """Opset 8 spellings: BatchNormalization with `spatial`, Upsample with a `scales` attribute,
+    Pad with a `pads` attribute, a three-input Sum, Dropout; Softmax's pre-13 default axis."""
+    rng = np.random.default_rng(3)
+    inits = {
+        "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "s": (1 + rng.random(4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+        "m": rng.standard_normal(4).astype(np.float32) * 0.1, "v": (0.5 + rng.random(4)).astype(np.float32),
+        "w2": rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        onnx.helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], spatial=1, epsilon=1e-3),
+        onnx.helper.make_node("Relu", ["bn"], ["r"]),
+        onnx.helper.make_node("Upsample", ["r"], ["u"], mode="nearest", scales=[1.0, 1.0, 2.0, 2.0]),
+        onnx.helper.make_node("Pad", ["u"], ["p"], pads=[0, 0, 1, 1, 0, 0, 1, 1]),
+        onnx.helper.make_node("Conv", ["p", "w2"], ["c2"], kernel_shape=[3, 3]),
+        onnx.helper.make_node("Sum", ["c2", "u", "u"], ["sum"]),
+        onnx.helper.make_node("Dropout", ["sum"], ["d"], ratio=0.5),
+        onnx.helper.make_node("GlobalAveragePool", ["d"], ["gp"]),
+        onnx.helper.make_node("Softmax", ["gp"], ["y"]),
+    ]
+    model = _tiny_model(nodes, inits, [1, 4, 1, 1], 8)
+    model.ir_version = 3
+    graph = import_model(model, None, "tiny")
+    assert [l.op for l in graph.layers] == ["conv", "resize", "conv", "add", "global_pool", "softmax"]
+    assert graph.layers[2].attrs["pads"] == (1, 1, 1, 1)  # the Pad folded into the conv
+    _check_against_onnxruntime(model, graph)

@@ -75,14 +75,18 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
 # --- plans ------------------------------------------------------------------------------------
 
 def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
-         layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None):
-    """Plan a model or an application file; returns (Plan, graphs). The plan is checked."""
+         layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
+         phases: dict | None = None, rows: int | None = None):
+    """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
+
+    method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
+    rows per phase for every layer that can be split (and the input delivered `rows` at a time)."""
     from tightfit.plan.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
 
-    if method not in ("reuse", "naive"):
-        raise OptionError(f"unknown method {method!r}; available: reuse, naive")
+    if method not in ("reuse", "naive", "parts"):
+        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts")
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if is_app_file(model):
@@ -93,6 +97,18 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     else:
         graphs = [load(model, input_shape)]
         models, parts, concurrent = [PlannedModel(graphs[0], model, batch)], None, ()
+    if method == "parts":
+        if len(models) != 1:
+            raise OptionError("--method parts plans one CNN (applications by parts come with `fit`)")
+        from tightfit.plan.parts import phases_for_rows, plan_parts
+
+        g = graphs[0]
+        source = None
+        if rows is not None:
+            phases, source = phases_for_rows(g, rows)
+        p = plan_parts(models[0], phases or {}, source, planner, layout)
+        check_plan(p, graphs)
+        return p, graphs
     p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
                    partitions=parts, concurrent=concurrent)
     check_plan(p, graphs)

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    p.add_argument("--method", default="reuse", help="reuse (default) or naive (every tensor its own buffer)")
+    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands)")
+    p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
+    p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
@@ -49,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan here (JSON)")
     p.add_argument("--layout-map", action="store_true", help="print the arena layout")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("csdf", help="the model as a cyclo-static dataflow graph (Minakova & Stefanov Alg. 1)")
+    _model_args(p)
+    p.add_argument("--phases", default="", help="phases per layer: ID=P,NAME=P,... or 'max' (one row per phase everywhere)")
+    p.add_argument("--source-rows", default="", help="rows the input source delivers per phase, e.g. 24,8")
+    p.add_argument("--itemsize", type=int, default=1, help="bytes per token (default 1, as the paper's examples)")
+    p.add_argument("--format", default="dot", choices=("dot", "sdf3", "summary"))
 
     p = sub.add_parser("run", help="run a model (reference executor) or a plan.json (arena executor)")
     _model_args(p)
@@ -107,9 +116,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from tightfit.plan.check import check_plan
     from tightfit.report import plan_report, plan_text
 
+    if args.method != "parts" and (args.rows or args.phases):
+        raise OptionError("--rows and --phases go with --method parts")
+    if args.rows and args.phases:
+        raise OptionError("give --rows or --phases, not both")
+    phases = None
+    if args.phases:
+        phases = parse_phases(args.phases, tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None))
     t0 = time.perf_counter()
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
-                                  _shape(args.input_shape) if args.input_shape else None)
+                                  _shape(args.input_shape) if args.input_shape else None, phases, args.rows)
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.out:
@@ -126,6 +142,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
             life = lifetimes(p, graphs)
             print(format_layout(life.reqs, [p.buffers[b].offsets[c] for b, c in life.keys]))
+    return 0
+
+
+def parse_phases(text: str, graph) -> dict:
+    from tightfit.analysis.csdf import max_phases
+
+    if text.strip() == "max":
+        return max_phases(graph)
+    phases: dict = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.rpartition("=")
+        if not sep or not value.isdigit() or int(value) < 1:
+            raise OptionError(f"cannot read --phases item {item!r}: write ID=P or NAME=P with P >= 1")
+        phases[int(key) if key.isdigit() else key] = int(value)
+    return phases
+
+
+def cmd_csdf(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit.analysis import csdf as C
+
+    graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
+    rows = [int(r) for r in args.source_rows.split(",")] if args.source_rows else None
+    if rows is not None and any(r < 1 for r in rows):
+        raise OptionError("--source-rows must be positive row counts")
+    g = C.to_csdf(graph, parse_phases(args.phases, graph), rows, args.itemsize)
+    C.check_balance(g)
+    if args.format == "sdf3":
+        print(C.to_sdf3_xml(g))
+    elif args.format == "dot":
+        print(C.to_dot(g))
+    else:
+        order = C.firing_order(g)
+        sizes = C.buffer_sizes(g, order)
+        print(f"{graph.name}: {len(g.actors)} actors, {len(g.channels)} channels, {len(order)} firings; balance holds")
+        for name, size in sizes.items():
+            print(f"  {name:<40} {size:>12} B")
+        print(f"  {'total (no reuse)':<40} {sum(sizes.values()):>12} B")
+        print("  order: " + C.describe_order(g, order))
     return 0
 
 
@@ -206,7 +261,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
-COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "run": cmd_run}
+COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run}
 
 if __name__ == "__main__":
     sys.exit(main())

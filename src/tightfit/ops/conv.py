@@ -149,6 +149,8 @@ def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> l
     pt, pb, pl, pr = win.pad
     if pt < pb or pl < pr:
         return None
+    if win.region.h == 0 or win.region.w == 0:
+        return None  # a window wholly in the padding: torch convolves no empty input, even padded
     for size, p, k, s, d, want in ((win.region.h, pt, kernel[0], stride[0], dilation[0], out.h),
                                    (win.region.w, pl, kernel[1], stride[1], dilation[1], out.w)):
         if (size + 2 * p - (k - 1) * d - 1) // s + 1 != want:

@@ -85,7 +85,10 @@ class ArenaExecutor:
                 if s.kind == "input":
                     steps.append(_Compiled(_load_input, (out_view, s.out.region)))
                 elif s.kind == "copy":
-                    steps.append(_Compiled(torch.Tensor.copy_, (out_view, access_view(views[s.inputs[0].buffer], s.inputs[0]))))
+                    src = s.inputs[0]
+                    overlap = src.buffer == s.out.buffer and _rows_overlap(src, s.out)
+                    steps.append(_Compiled(_copy_via_temp if overlap else torch.Tensor.copy_,
+                                           (out_view, access_view(views[src.buffer], src))))
                 else:
                     layer = g.layers[s.layer]
                     op = get_op(layer.op)
@@ -129,6 +132,15 @@ class ArenaExecutor:
                 on_output(n - 1, self.run(x, n - 1))
             return n
         return _Pipeline(self).run(frames, on_output)
+
+
+def _rows_overlap(a: Access, b: Access) -> bool:
+    return a.at[1] < b.at[1] + b.region.h and b.at[1] < a.at[1] + a.region.h
+
+
+def _copy_via_temp(out: torch.Tensor, src: torch.Tensor) -> None:
+    """A shift within one buffer whose source and destination rows overlap (counted as scratch)."""
+    out.copy_(src.clone())
 
 
 class _InputSlot(threading.local):

@@ -1,0 +1,183 @@
+"""Processing by parts (Minakova & Stefanov): layers compute their output a few rows at a time in
+the CSDF firing order, and each tensor lives in an H-window buffer that holds only the rows
+still needed. Pure functions: graph and phases in, Plan out.
+
+Windows are shifted, not rings: a kernel must read its input window as one dense block, and a
+ring would split windows that wrap. When the producer's next band does not fit after the rows
+still needed, a copy step moves those rows to the top of the buffer (a compaction); `slack_rows`
+trades window memory for fewer compactions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
+from tightfit.graph.ir import Graph, itemsize, spatial
+from tightfit.ops import get_op
+from tightfit.ops.base import Region
+from tightfit.plan.reuse import PlannedModel, layout_for
+from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
+
+
+@dataclass
+class _Window:
+    """Planning state of one tensor's buffer: rows [base, base + capacity) of the tensor."""
+
+    buffer: int
+    capacity: int
+    base: int = 0
+    produced: int = 0  # rows written so far
+    kind: str = "window"
+
+
+@dataclass(frozen=True)
+class _Firing:
+    layer: int | None  # None: the input source
+    rows: tuple[int, int]
+
+
+def _firings(csdf: CSDFGraph) -> list[_Firing]:
+    out = []
+    for name, phase in firing_order(csdf):
+        actor = csdf.actor(name)
+        if actor.kind == "sink":
+            continue
+        r0 = sum(actor.rows_per_phase[: phase - 1])
+        out.append(_Firing(actor.layer_id if actor.kind == "layer" else None, (r0, r0 + actor.rows_per_phase[phase - 1])))
+    return out
+
+
+def _needs(graph: Graph, batch: int, firings: Sequence[_Firing]) -> list[dict[str, tuple[int, int]]]:
+    """Per firing, the input rows [h0, h1) it reads of each tensor."""
+    out = []
+    for f in firings:
+        reads: dict[str, tuple[int, int]] = {}
+        if f.layer is not None:
+            layer = graph.layers[f.layer]
+            region = _region(graph, layer.output, f.rows, batch)
+            shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
+            for t, w in zip(layer.inputs, get_op(layer.op).input_windows(layer, region, shapes)):
+                lo, hi = reads.get(t, (w.region.h0, w.region.h1))
+                reads[t] = (min(lo, w.region.h0), max(hi, w.region.h1))
+        out.append(reads)
+    return out
+
+
+def _region(graph: Graph, tensor: str, rows: tuple[int, int], batch: int) -> Region:
+    _, w = spatial(graph.shape(tensor))
+    return Region(0, batch, rows[0], rows[1], 0, w)
+
+
+def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) -> list[dict[str, int]]:
+    """After each firing, per tensor, the lowest row any later firing still reads (graph outputs
+    are kept whole: the caller reads them at the end)."""
+    keep_all = set(graph.outputs)
+    lows: list[dict[str, int]] = [dict() for _ in firings]
+    running: dict[str, int] = {t: 0 for t in keep_all}
+    for i in range(len(firings) - 1, -1, -1):
+        lows[i] = dict(running)
+        for t, (h0, _) in needs[i].items():
+            running[t] = min(running.get(t, h0), h0)
+    return lows
+
+
+def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
+               planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0) -> Plan:
+    """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf)."""
+    from tightfit.plan.place import place
+
+    g, batch = model.graph, model.batch
+    csdf = to_csdf(g, phases, source_rows)
+    firings = _firings(csdf)
+    needs = _needs(g, batch, firings)
+    lows = _low_water(g, firings, needs)
+    caps = _capacities(g, firings, needs, lows, slack_rows)
+    windows: dict[str, _Window] = {}
+    buffers: list[Buffer] = []
+    for t, cap in caps.items():
+        shape = (batch,) + g.shape(t)[1:]
+        h, _ = spatial(shape)
+        kind = "whole" if cap >= h else "window"
+        cap = min(cap, h)
+        block = shape[:2] + (cap,) + shape[3:] if len(shape) == 4 else shape
+        windows[t] = _Window(len(buffers), cap, kind=kind)
+        buffers.append(Buffer(len(buffers), kind, block, layout_for(shape, layout), (0,), itemsize(dtype),
+                              "shift" if kind == "window" else ""))
+    steps: list[Step] = []
+    for i, f in enumerate(firings):
+        tensor = g.inputs[0] if f.layer is None else g.layers[f.layer].output
+        win = windows[tensor]
+        low = min(lows[i - 1].get(tensor, win.produced) if i else 0, f.rows[0])
+        steps.extend(_compact(g, tensor, win, low, f.rows, batch, dtype))
+        out = Access(tensor, win.buffer, _region(g, tensor, f.rows, batch), (0, f.rows[0] - win.base, 0))
+        if f.layer is None:
+            steps.append(Step("input", 0, -1, out))
+        else:
+            steps.append(_compute(g, f.layer, out, windows, batch, dtype))
+        win.produced = f.rows[1]
+    knobs = {"method": "parts", "planner": planner, "layout": layout, "slack_rows": slack_rows,
+             "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
+             "source_rows": list(csdf.actors[0].rows_per_phase)}
+    draft = Plan((model.ref(),), dtype, tuple(buffers),
+                 (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
+    return place(draft, [g], planner)
+
+
+def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:
+    """Rows each tensor's window must hold: from the lowest row still needed to the end of the
+    band being written, at every firing; plus the slack."""
+    cap: dict[str, int] = {}
+    produced: dict[str, int] = {}
+    for i, f in enumerate(firings):
+        tensor = g.inputs[0] if f.layer is None else g.layers[f.layer].output
+        low = lows[i - 1].get(tensor, produced.get(tensor, 0)) if i else 0
+        low = min(low, f.rows[0])
+        cap[tensor] = max(cap.get(tensor, 0), f.rows[1] - low)
+        produced[tensor] = f.rows[1]
+    return {t: c + slack for t, c in cap.items()}
+
+
+def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int], batch: int, dtype: str) -> list[Step]:
+    """If rows[1] does not fit after `win.base`, move the kept rows [low, rows[0]) to the top."""
+    if rows[1] - win.base <= win.capacity:
+        return []
+    kept = (low, rows[0])
+    win_old = win.base
+    win.base = low
+    if kept[1] <= kept[0]:
+        return []
+    region = _region(g, tensor, kept, batch)
+    overlap = kept[0] - win_old < kept[1] - kept[0]  # source and destination rows overlap
+    scratch = region.numel((batch,) + g.shape(tensor)[1:]) * itemsize(dtype) if overlap else 0
+    src = Access(tensor, win.buffer, region, (0, kept[0] - win_old, 0))
+    return [Step("copy", 0, -1, Access(tensor, win.buffer, region, (0, 0, 0)), (src,), scratch)]
+
+
+def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch: int, dtype: str) -> Step:
+    layer = g.layers[lid]
+    op = get_op(layer.op)
+    shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+    out_shape = (batch,) + g.shape(layer.output)[1:]
+    wins = op.input_windows(layer, out.region, shapes)
+    ins = tuple(Access(t, windows[t].buffer, w.region, (w.region.n0, w.region.h0 - windows[t].base, w.region.w0))
+                for t, w in zip(layer.inputs, wins))
+    scratch = op.workspace_bytes(layer, out.region, shapes, out_shape, itemsize(dtype), "torch")
+    return Step("compute", 0, lid, out, ins, scratch)
+
+
+def phases_for_rows(graph: Graph, rows: int) -> tuple[dict[int, int], int]:
+    """Every layer that can be split computes `rows` output rows per phase; the input arrives
+    `rows` rows at a time. Returns (phases per layer, source phases)."""
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.errors import OptionError
+
+    if rows < 1:
+        raise OptionError("--rows must be at least 1")
+    phases = {}
+    for layer in graph.layers:
+        h, _ = spatial(graph.shape(layer.output))
+        if h > rows and not needs_whole_input(graph, layer):
+            phases[layer.id] = -(-h // rows)
+    h_in, _ = spatial(graph.shape(graph.inputs[0]))
+    return phases, -(-h_in // rows)
