@@ -785,3 +785,43 @@ def test_conv_darknet_workspace_matches_mafat_table():
         out_shape = conv.output_shape(layer, [in_shape])
         ws = conv.workspace_bytes(layer, Region.whole(out_shape), [in_shape], out_shape, 4, model="darknet")
         assert round(ws / 2**20, 2) == mib
+
+
+def _fixed_conv_case(x_shape, kernel, stride, pads, dilation=(1, 1)) -> Case:
+    rng = np.random.default_rng(0)
+    x = _randn(rng, x_shape)
+    w = _randn(rng, (2, x_shape[1]) + tuple(kernel))
+    node = helper.make_node("Conv", ["x", "w"], ["y0"], kernel_shape=list(kernel), strides=list(stride),
+                            dilations=list(dilation), pads=[max(0, p) for p in pads])
+    return onnx_case("conv", [node], 0, {"x": x}, {"w": w})
+
+
+@pytest.mark.parametrize("x_shape,kernel,stride,pads", [
+    ((1, 1, 1, 2), (1, 1), (1, 2), (0, 1, 0, 0)),   # output column 0 reads only the left pad
+    ((2, 3, 3, 3), (1, 1), (1, 1), (3, 3, 3, 3)),   # pads wider than the kernel on every side
+    ((1, 2, 4, 5), (2, 2), (2, 2), (4, 0, 0, 4)),   # whole rows/cols of padding at a corner
+])
+def test_windows_wholly_in_padding(x_shape, kernel, stride, pads):
+    """Regression: a window lying wholly in the padding reads the empty span, not a negative
+    slice (base.window_1d), and the conv kernel handles an empty input window."""
+    case = _fixed_conv_case(x_shape, kernel, stride, pads)
+    whole = case.whole()
+    torch.testing.assert_close(whole, torch.from_numpy(case.reference()), **_tol(whole))
+    n, _, oh, ow = whole.shape
+    for h0 in range(oh):
+        for w0 in range(ow):
+            for fmt in ("contiguous", "channels_last"):
+                _compute_region(case, Region(0, n, h0, h0 + 1, w0, w0 + 1), whole, fmt, fmt)
+                _compute_region(case, Region(0, n, h0, oh, 0, w0 + 1), whole, fmt, fmt)
+
+
+def test_constant_pad_region_wholly_in_padding():
+    rng = np.random.default_rng(1)
+    x = _randn(rng, (1, 2, 2, 3))
+    node = helper.make_node("Pad", ["x", "p", "v"], ["y0"], mode="constant")
+    case = onnx_case("pad", [node], 0, {"x": x}, {"p": np.array([0, 0, 3, 1, 0, 0, 2, 4], np.int64),
+                                                  "v": np.array(1.5, np.float32)}, opset=13)
+    whole = case.whole()
+    torch.testing.assert_close(whole, torch.from_numpy(case.reference()))
+    for region in (Region(0, 1, 0, 3, 0, 8), Region(0, 1, 5, 7, 0, 1), Region(0, 1, 0, 1, 4, 8)):
+        _compute_region(case, region, whole, "contiguous", "channels_last")

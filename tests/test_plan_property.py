@@ -285,6 +285,8 @@ def _check_graph(graph: Graph, rnd: random.Random, flip: int) -> None:
                 pair += 1
                 what = f"planner {planner}, order {order} {custom if order == given_name else ''}, layout {layout}"
                 plan = plan_reuse(model, planner, order, layout)
+                # The steps run the layers in the order asked for (and the hook took effect).
+                assert tuple(s.layer for s in plan.steps() if s.kind == "compute") == reuse.layer_order(graph, order), what
                 text = schema.dumps(plan)
                 assert schema.dumps(plan_reuse(model, planner, order, layout)) == text, f"{what}: not deterministic"
                 assert schema.dumps(schema.loads(text)) == text, f"{what}: JSON does not round-trip"
@@ -318,6 +320,10 @@ def test_random_dags_every_planner_order_layout(net, rnd, flip):
     model, _kinds = net
     graph = import_model(model, None, "random")
     _check_graph(graph, rnd, flip)
+    # The same model imported again (a fresh Graph) gives the same plan bytes too.
+    again = import_model(onnx.load_from_string(model.SerializeToString()), None, "random")
+    assert schema.dumps(plan_reuse(PlannedModel(again, "random"), "improve", "memory")) == \
+        schema.dumps(plan_reuse(PlannedModel(graph, "random"), "improve", "memory"))
 
 
 def test_generator_covers_every_block():

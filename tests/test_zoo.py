@@ -224,6 +224,21 @@ def test_load_cache_keys_on_shape():
     assert [b.shape(l.output)[1:] for l in b.layers] == [a.shape(l.output)[1:] for l in a.layers]
 
 
+def test_onnxzoo_batch_is_free():
+    """ShuffleNet's reshapes spell batch 1 into their targets; at batch 2 each sample still
+    computes what it computes alone."""
+    one = zoo.load("onnxzoo-shufflenet")
+    two = zoo.load("onnxzoo-shufflenet", (2, 3, 224, 224))
+    assert [l.op for l in two.layers] == [l.op for l in one.layers]
+    assert sum(l.op == "channel_shuffle" for l in two.layers) == 16
+    x = random_input(two, seed=2)
+    both = run_reference(two, x)[two.outputs[0]]
+    assert both.shape == (2, 1000)
+    for i in range(2):
+        alone = run_reference(one, x[i : i + 1])[one.outputs[0]]
+        assert diff_ratio(both[i : i + 1], alone) <= RTOL
+
+
 def test_exported_bytes_are_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path))
     zoo._onnx_bytes.cache_clear()

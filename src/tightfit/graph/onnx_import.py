@@ -144,6 +144,7 @@ class _Builder:
         if len(shape) != 4:
             raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
         self.input = inp.name
+        self.declared_batch = dims[0] if dims else None
         self.shapes[inp.name] = shape
         self.original.append(inp.name)
 
@@ -234,10 +235,12 @@ class _Builder:
             # Before opset 13 the default axis is 1 (the input is coerced to 2-D at the axis); the
             # softmax op takes axis 1 of (N, C) or (N, C, 1, 1) data, where both forms agree.
             attrs["axis"] = 1
-        elif t == "Reshape" and "shape" in attrs and len(inputs) < 2:  # opset < 5
-            key = f"{node.output[0]}::shape"
-            self.consts[key] = np.asarray(attrs.pop("shape"), dtype=np.int64)
-            inputs = [inputs[0], key]
+        elif t == "Reshape":
+            if "shape" in attrs and len(inputs) < 2:  # opset < 5
+                key = f"{node.output[0]}::shape"
+                self.consts[key] = np.asarray(attrs.pop("shape"), dtype=np.int64)
+                inputs = [inputs[0], key]
+            inputs = self._free_batch(inputs)
         elif t == "Pad" and "paddings" in attrs:  # opset 1
             attrs["pads"] = attrs.pop("paddings")
         elif t == "Upsample" and "scales" not in attrs and "height_scale" in attrs:  # opset 1
@@ -248,6 +251,23 @@ class _Builder:
                 raise UnsupportedOpsError({t: f"{label}: batch norm with spatial=0 (per-activation statistics)"},
                                           supported_onnx_types())
         return attrs, inputs
+
+    def _free_batch(self, inputs: list[str]) -> list[str]:
+        """Old exporters write the batch into Reshape targets ((1, 2048) before a classifier,
+        (1, g, C/g, H, W) in a channel shuffle). When the model runs at another batch, a target
+        that starts with the declared batch and keeps each sample's size means "this sample"."""
+        target = self.consts.get(inputs[1]) if len(inputs) > 1 else None
+        x = self.shapes.get(inputs[0])
+        if target is None or x is None or target.ndim != 1 or not target.size or self.declared_batch is None:
+            return inputs
+        dims = [int(d) for d in target]
+        if dims[0] != self.declared_batch or x[0] == self.declared_batch or -1 in dims[1:] or 0 in dims[1:]:
+            return inputs
+        if int(np.prod(dims[1:])) != int(np.prod(x[1:])):
+            return inputs
+        key = f"{inputs[1]}::batch{x[0]}"
+        self.consts[key] = np.asarray([x[0]] + dims[1:], dtype=np.int64)
+        return [inputs[0], key]
 
     # --- fusion and freezing --------------------------------------------------------------
     def finish(self, fuse_batchnorm: bool = True) -> Graph:
@@ -482,6 +502,10 @@ def _fuse_pad(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
             continue
         t, l, b, r = p.attrs["pads_hw"]
         ct, cl, cb, cr = conv.attrs["pads"]
+        # Zero padding adds to zero padding; a crop (negative) only folds where the conv pads
+        # nothing on that side, since cropping then padding is not padding by the sum.
+        if any(pad < 0 and own != 0 for pad, own in ((t, ct), (l, cl), (b, cb), (r, cr))):
+            continue
         conv.attrs["pads"] = (ct + t, cl + l, cb + b, cr + r)
         conv.inputs = [p.inputs[0]]
         conv.nodes = p.nodes + conv.nodes

@@ -57,16 +57,25 @@ def step_partitions(plan: Plan) -> list[int]:
 
 
 def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Access]]:
-    """(model, last write) of every model-output tensor: where the caller reads results."""
-    last: dict[tuple[int, str], Access] = {}
+    """(model, access of the whole tensor) for every model output: where the caller reads
+    results. An output written by several steps (row bands) must land in one buffer with one
+    index map, so that together the bands form the whole tensor there."""
+    writes: dict[tuple[int, str], list[Access]] = {}
     for s in plan.steps():
-        last[(s.model, s.out.tensor)] = s.out
+        writes.setdefault((s.model, s.out.tensor), []).append(s.out)
     out = []
     for m, g in enumerate(graphs):
         for t in g.outputs:
-            if (m, t) not in last:
+            if (m, t) not in writes:
                 raise PlanError(f"plan never writes output {t!r} of model {m}")
-            out.append((m, last[(m, t)]))
+            accesses = writes[(m, t)]
+            first = accesses[0]
+            shift = tuple(at - r for at, r in zip(first.at, (first.region.n0, first.region.h0, first.region.w0)))
+            for a in accesses:
+                if a.buffer != first.buffer or tuple(at - r for at, r in zip(a.at, (a.region.n0, a.region.h0, a.region.w0))) != shift:
+                    raise PlanError(f"output {t!r} is written to different places; the caller needs it whole in one buffer")
+            whole = Region.whole(g.shape(t), plan.models[m].batch)
+            out.append((m, Access(t, first.buffer, whole, (whole.n0 + shift[0], whole.h0 + shift[1], whole.w0 + shift[2]))))
     return out
 
 
@@ -149,13 +158,10 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     """Raise PlanError naming the first problem; return the plan's memory figures."""
     if len(graphs) != len(plan.models):
         raise PlanError(f"plan names {len(plan.models)} models, {len(graphs)} given")
-    for i, b in enumerate(plan.buffers):
-        if b.id != i:
-            raise PlanError(f"buffer {i} has id {b.id}")
-        if any(o < 0 for o in b.offsets) or not b.offsets:
-            raise PlanError(f"buffer {i} has a bad offset list {b.offsets}")
+    _check_sanity(plan, graphs)
     _check_steps(plan, graphs)
     _simulate(plan, graphs)
+    _check_partitions(plan, graphs)
     life = lifetimes(plan, graphs)
     offsets = [plan.buffers[b].offsets[c] for b, c in life.keys]
     try:
@@ -171,6 +177,48 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     if plan.arena_bytes < bound:  # cannot happen without an overlap; kept as the stated invariant
         raise PlanError(f"arena {plan.arena_bytes} is below the lower bound {bound}")
     return CheckReport(plan.arena_bytes, bound, max(life.step_scratch, default=0), len(life.step_scratch))
+
+
+def _check_sanity(plan: Plan, graphs: Sequence[Graph]) -> None:
+    """What must hold before anything is sized from the plan's numbers."""
+    from tightfit.graph.ir import DTYPE_BYTES
+
+    size = DTYPE_BYTES.get(plan.dtype)
+    if size is None:
+        raise PlanError(f"plan dtype {plan.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    for m, (ref, g) in enumerate(zip(plan.models, graphs)):
+        if tuple(ref.input_shape) != tuple(g.shape(g.inputs[0])) or not 1 <= ref.batch <= 4096:
+            raise PlanError(f"model {m}: input shape {ref.input_shape} or batch {ref.batch} does not fit {ref.spec!r}")
+    # No buffer needs more than every tensor of every model together (a sanity bound that keeps a
+    # malformed file from sizing huge arrays).
+    largest = sum(t.nbytes(plan.dtype, ref.batch) for ref, g in zip(plan.models, graphs) for t in g.tensors.values())
+    total = 0
+    for i, b in enumerate(plan.buffers):
+        if b.id != i:
+            raise PlanError(f"buffer {i} has id {b.id}")
+        if b.itemsize != size:
+            raise PlanError(f"buffer {i} has itemsize {b.itemsize}, the plan's dtype {plan.dtype} has {size}")
+        if not b.offsets or any(o < 0 or o % size for o in b.offsets):
+            raise PlanError(f"buffer {i} has a bad offset list {b.offsets} (non-negative multiples of {size})")
+        if not b.shape or any(d < 1 for d in b.shape) or b.nbytes > largest:
+            raise PlanError(f"buffer {i} has shape {b.shape}, larger than all the models' tensors together")
+        total += b.nbytes * b.copies
+    if plan.arena_bytes < 0 or plan.arena_bytes > total + 64 * (len(plan.buffers) + 1) + max((o for b in plan.buffers for o in b.offsets), default=0):
+        raise PlanError(f"arena of {plan.arena_bytes} bytes does not fit its buffers")
+
+
+def _check_partitions(plan: Plan, graphs: Sequence[Graph]) -> None:
+    for p in plan.partitions:
+        if not 0 <= p.model < len(graphs):
+            raise PlanError(f"partition {p.id} names unknown model {p.model}")
+        computed = set()
+        for st in p.steps:
+            if st.model != p.model:
+                raise PlanError(f"partition {p.id} of model {p.model} holds a step of model {st.model}")
+            if st.kind == "compute":
+                computed.add(st.layer)
+        if computed != set(p.layers):
+            raise PlanError(f"partition {p.id} lists layers {sorted(p.layers)[:8]} but computes {sorted(computed)[:8]}")
 
 
 def _box(a: Access) -> tuple[int, int, int]:
@@ -221,6 +269,11 @@ def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
             _check_compute(g, s, where)
 
 
+def _cells_overlap(a: Access, b: Access) -> bool:
+    return all(x0 < y0 + ly and y0 < x0 + lx for x0, lx, y0, ly in
+               zip(a.at, (a.region.n, a.region.h, a.region.w), b.at, (b.region.n, b.region.h, b.region.w)))
+
+
 def _check_compute(g: Graph, s: Step, where: str) -> None:
     if not 0 <= s.layer < len(g.layers):
         raise PlanError(f"{where}: unknown layer {s.layer}")
@@ -234,6 +287,9 @@ def _check_compute(g: Graph, s: Step, where: str) -> None:
     for a, win in zip(s.inputs, op.input_windows(layer, s.out.region, in_shapes)):
         if a.region != win.region:
             raise PlanError(f"{where}: layer {s.layer} ({layer.name}) needs {_fmt(win.region)} of {a.tensor!r}, the plan reads {_fmt(a.region)}")
+    for a in s.inputs:
+        if a.buffer == s.out.buffer and _cells_overlap(a, s.out) and not (op.inplace_ok and a.at == s.out.at and a.region == s.out.region):
+            raise PlanError(f"{where}: layer {s.layer} ({layer.name}, {layer.op}) writes over the input cells it reads (of {a.tensor!r})")
 
 
 class _Cells:

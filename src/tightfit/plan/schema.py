@@ -163,7 +163,9 @@ def dumps(plan: Plan) -> str:
     return json.dumps(plan_to_json(plan), sort_keys=True, separators=(",", ":")) + "\n"
 
 
-def _need(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _need(d: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(d, dict):
+        raise PlanError(f"plan {where}: expected an object")
     if key not in d:
         raise PlanError(f"plan {where}: missing {key!r}")
     v = d[key]
