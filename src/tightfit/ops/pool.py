@@ -65,14 +65,36 @@ class MaxPool(_WindowPool):
     onnx_types = ("MaxPool",)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        """Max over the k x k taps as in-place maxima of strided views into `out`: torch's own
+        max pooling always builds int64 indices (twice the output) even without autograd.
+        Each tap touches the outputs whose tap lands inside the window; padding and ceil-mode
+        overhang are simply never read (they would be -inf)."""
         a = layer.attrs
         x = inputs[0]
-        pt, pb, pl, pr = windows[0].pad
-        if pt or pb or pl or pr:
-            x = F.pad(x, (pl, pr, pt, pb), value=float("-inf"))
-        y = F.max_pool2d(x, a["kernel"], a["stride"], 0, a["dilation"])
-        apply_activations(y, a["act"])
-        out.copy_(y)
+        pt, _, pl, _ = windows[0].pad
+        (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["stride"], a["dilation"]
+        oh, ow = out.shape[2], out.shape[3]
+        out.fill_(float("-inf"))
+        for i in range(kh):
+            r0, r1, rin = _tap_span(oh, sh, i * dh - pt, x.shape[2])
+            for j in range(kw):
+                c0, c1, cin = _tap_span(ow, sw, j * dw - pl, x.shape[3])
+                if r1 > r0 and c1 > c0:
+                    dst = out[:, :, r0:r1, c0:c1]
+                    src = x[:, :, rin : rin + (r1 - r0 - 1) * sh + 1 : sh, cin : cin + (c1 - c0 - 1) * sw + 1 : sw]
+                    torch.maximum(dst, src, out=dst)
+        apply_activations(out, a["act"])
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+        return 0
+
+
+def _tap_span(n_out: int, stride: int, offset: int, size: int) -> tuple[int, int, int]:
+    """Outputs [o0, o1) whose tap at input row o * stride + offset lies in [0, size), and the
+    input row of o0."""
+    o0 = max(0, -(offset // stride))  # ceil(-offset / stride)
+    o1 = max(o0, min(n_out, -((offset - size) // stride)))  # ceil((size - offset) / stride)
+    return o0, o1, o0 * stride + offset
 
 
 def _counts(o0: int, o1: int, k: int, s: int, pad_before: int, lo: int, hi: int, d: int = 1) -> torch.Tensor:
