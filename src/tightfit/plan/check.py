@@ -22,7 +22,7 @@ from tightfit.graph.ir import Graph, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.offsets import BufferReq, OverlapError, check_offsets, lower_bound
-from tightfit.plan.schema import Access, Plan, PlanError, Step
+from tightfit.plan.schema import Access, Partition, Plan, PlanError, Step
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,20 @@ def lifetimes(plan: Plan, graphs: Sequence[Graph]) -> Lifetimes:
     return Lifetimes(tuple(keys), tuple(reqs), _concurrency_conflicts(plan, keys), tuple(s.scratch for s in steps))
 
 
+def buffer_users(partitions: Sequence[Partition]) -> dict[int, set[int]]:
+    """buffer id -> ids of the partitions whose steps access it."""
+    users: dict[int, set[int]] = {}
+    for p in partitions:
+        for st in p.steps:
+            for a in (st.out, *st.inputs):
+                users.setdefault(a.buffer, set()).add(p.id)
+    return users
+
+
 def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """Copies of one buffer never share; nor do two buffers when some partition using one runs
     at the same time as some other partition using the other."""
-    users: dict[int, set[int]] = {}
-    for p in plan.partitions:
-        for s in p.steps:
-            for a in (s.out, *s.inputs):
-                users.setdefault(a.buffer, set()).add(p.id)
+    users = buffer_users(plan.partitions)
     partners: dict[int, set[int]] = {}
     for group in plan.concurrent:
         for p in group:
@@ -131,11 +137,7 @@ def concurrent_lower_bound(plan: Plan, life: Lifetimes) -> int:
     for p in plan.partitions:
         steps_of[p.id] = range(start, start + len(p.steps))
         start += len(p.steps)
-    users: dict[int, set[int]] = {}
-    for p in plan.partitions:
-        for st in p.steps:
-            for a in (st.out, *st.inputs):
-                users.setdefault(a.buffer, set()).add(p.id)
+    users = buffer_users(plan.partitions)
     best = 0
     for group in plan.concurrent:
         counted: set[int] = set()

@@ -147,10 +147,8 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
 
 def _fifo_copies(parts: Sequence[Partition], concurrent: Sequence[Sequence[int]], n: int) -> list[int]:
     """A buffer used by two partitions that run at the same time is a FIFO: two copies."""
-    users: dict[int, set[int]] = {}
-    for p in parts:
-        for s in p.steps:
-            for a in (s.out, *s.inputs):
-                users.setdefault(a.buffer, set()).add(p.id)
+    from tightfit.plan.check import buffer_users
+
+    users = buffer_users(parts)
     sets = [set(c) for c in concurrent]
     return [2 if len(users.get(b, ())) > 1 and any(users[b] <= s for s in sets) else 1 for b in range(n)]
