@@ -41,13 +41,7 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     from tightfit.graph import zoo
 
     if spec in zoo.names():
-        if input_shape is None:
-            return zoo.onnx_model(spec)
-        if spec.startswith("onnxzoo-"):
-            return zoo.onnx_model(spec)
-        from tightfit.graph.torch_import import export_onnx
-
-        return export_onnx(zoo.torch_module(spec), input_shape).SerializeToString()
+        return zoo.onnx_model(spec, tuple(input_shape) if input_shape is not None else None)
     if Path(spec).exists():
         return Path(spec).read_bytes()
     import importlib

@@ -169,14 +169,16 @@ class Op:
 
     def workspace_bytes(
         self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape,
-        itemsize: int, model: str = "torch",
+        itemsize: int, model: str = "torch", dense_out: bool = True,
     ) -> int:
-        """Scratch bytes one step of this region needs besides its inputs and output."""
+        """Scratch bytes one step of this region needs besides its inputs and output.
+        `dense_out`: the output view is one dense channels-last block (an NHWC buffer's whole
+        tensor or full-width band), which kernels can write into without a temporary."""
         return 0
 
     def prepare_params(self, layer: Layer, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The tensors `compute` receives as `params`, made once when a graph is loaded."""
-        return [torch.from_numpy(a) for a in arrays]
+        return [param_tensor(a) for a in arrays]
 
     def kernel_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
         """Bytes of the layer's main weight tensor (MAFAT's 'Weights' column)."""
@@ -196,6 +198,17 @@ class Op:
         """Write the output `out_region` into the view `out`, reading `inputs[i]`, which are views
         of `windows[i].region` of each input."""
         raise NotImplementedError
+
+
+def param_tensor(a: np.ndarray) -> torch.Tensor:
+    """A parameter array as a tensor sharing its memory. Graph parameters may be read-only
+    (memory-mapped from the zoo cache); kernels never write them, so torch's warning about
+    non-writable arrays does not apply."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
 
 
 def _broadcast_region(out: Region, shape: Shape) -> Region:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tightfit.graph.ir import Layer
 from tightfit.ops import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, sliding_windows
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, param_tensor, sliding_windows
 
 
 def conv_out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int = 1, ceil: bool = False) -> int:
@@ -94,8 +94,8 @@ class Conv(Op):
         """Weight, bias, and the weight prepacked once for oneDNN: without it every call
         reorders the weight into a temporary as large as the weight itself."""
         a = layer.attrs
-        w = torch.from_numpy(arrays[0])
-        b = torch.from_numpy(arrays[1]) if len(arrays) > 1 else torch.zeros(w.shape[0])
+        w = param_tensor(arrays[0])
+        b = param_tensor(arrays[1]) if len(arrays) > 1 else torch.zeros(w.shape[0])
         return [w, b, PackedWeights(w, a)]
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
@@ -115,7 +115,13 @@ class Conv(Op):
         if direct_padding(win, out, a["kernel"], a["stride"], a["dilation"]) is None:
             pt, pb, pl, pr = win.pad
             padded = win.region.n * cin * (win.region.h + pt + pb) * (win.region.w + pl + pr)
-        return (padded + (0 if dense_out and _ONEDNN else out.numel(out_shape))) * itemsize
+        if dense_out and _ONEDNN:
+            return padded * itemsize
+        # The fallback F.conv2d: its result before the copy into place, and oneDNN's reorder of
+        # the weight for the call (as large as the weight).
+        kh, kw = a["kernel"]
+        weight = a["out_channels"] * (cin // a["groups"]) * kh * kw
+        return (padded + out.numel(out_shape) + weight) * itemsize
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         kh, kw = layer.attrs["kernel"]

@@ -30,8 +30,9 @@ class Gemm(Op):
         if node.attrs.get("transA", 0):
             raise ValueError("Gemm with transA is not supported")
         alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-        w = (w if node.attrs.get("transB", 0) else w.T) * alpha
-        params = [w.astype(np.float32)]
+        w = w if node.attrs.get("transB", 0) else w.T
+        w = w * np.float32(alpha) if alpha != 1.0 else w  # one copy, not two, for VGG-sized weights
+        params = [np.ascontiguousarray(w, dtype=np.float32)]
         b = node.const_input(2)
         if b is not None:
             b = np.asarray(b, dtype=np.float64) * beta
@@ -51,7 +52,7 @@ class Gemm(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.n * int(np.prod(in_shapes[0][1:])) * out_shape[1]
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
@@ -83,7 +84,7 @@ class Softmax(Op):
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:

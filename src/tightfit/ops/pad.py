@@ -76,7 +76,7 @@ class Pad(Op):
         full = F.pad(x, (l, r, t, b), mode="reflect" if layer.attrs["mode"] == "reflect" else "replicate")
         out.copy_(full[:, :, out_region.h0 : out_region.h1, out_region.w0 : out_region.w1])
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         if model != "torch":
             return 0
         if layer.attrs["mode"] != "constant":

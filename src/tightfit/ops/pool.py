@@ -44,7 +44,7 @@ class _WindowPool(Op):
         a = layer.attrs
         return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         if model != "torch":
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
@@ -85,7 +85,7 @@ class MaxPool(_WindowPool):
                     torch.maximum(dst, src, out=dst)
         apply_activations(out, a["act"])
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         return 0
 
 
@@ -172,7 +172,7 @@ class GlobalPool(Op):
         _, c, h, w = in_shapes[0]
         return out.n * c * h * w
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch") -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:

@@ -16,7 +16,7 @@ from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan.reuse import PlannedModel, layout_for
+from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
 
@@ -114,7 +114,7 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
         if f.layer is None:
             steps.append(Step("input", 0, -1, out))
         else:
-            steps.append(_compute(g, f.layer, out, windows, batch, dtype))
+            steps.append(_compute(g, f.layer, out, windows, batch, dtype, layout))
         win.produced = f.rows[1]
     knobs = {"method": "parts", "planner": planner, "layout": layout, "slack_rows": slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
@@ -154,7 +154,7 @@ def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int
     return [Step("copy", 0, -1, Access(tensor, win.buffer, region, (0, 0, 0)), (src,), scratch)]
 
 
-def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch: int, dtype: str) -> Step:
+def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch: int, dtype: str, layout: str) -> Step:
     layer = g.layers[lid]
     op = get_op(layer.op)
     shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
@@ -162,7 +162,7 @@ def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch
     wins = op.input_windows(layer, out.region, shapes)
     ins = tuple(Access(t, windows[t].buffer, w.region, (w.region.n0, w.region.h0 - windows[t].base, w.region.w0))
                 for t, w in zip(layer.inputs, wins))
-    scratch = op.workspace_bytes(layer, out.region, shapes, out_shape, itemsize(dtype), "torch")
+    scratch = op.workspace_bytes(layer, out.region, shapes, out_shape, itemsize(dtype), "torch", dense_nhwc(out_shape, layout))
     return Step("compute", 0, lid, out, ins, scratch)
 
 

@@ -57,7 +57,13 @@ def order_model(graph: Graph, dtype: str = "fp32"):
     )
 
 
-def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: dict[str, int], dtype: str) -> list[Step]:
+def dense_nhwc(shape: tuple[int, ...], layout: str) -> bool:
+    """Whether a whole-width region of a buffer of this shape is one dense channels-last block."""
+    return layout == "nhwc" and len(shape) == 4 and shape[1] > 1
+
+
+def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: dict[str, int], dtype: str,
+                layout: str = "nhwc") -> list[Step]:
     """Input step then one compute step per layer, every tensor whole in its buffer."""
     g, batch = model.graph, model.batch
     inp = g.inputs[0]
@@ -71,7 +77,8 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
         in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
         windows = op.input_windows(layer, region, in_shapes)
         inputs = tuple(Access(t, buffer_of[t], w.region, (w.region.n0, w.region.h0, w.region.w0)) for t, w in zip(layer.inputs, windows))
-        scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "torch")
+        scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "torch",
+                                     dense_nhwc(out_shape, layout))
         steps.append(Step("compute", m, lid, Access(layer.output, buffer_of[layer.output], region, (0, 0, 0)), inputs, scratch))
     return steps
 
@@ -131,7 +138,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
                 shape = (models[m].batch,) + g.shape(t)[1:]
                 buffers.append((shape, layout_for(shape, layout)))
         buffer_of = {t: index[(m, home[t])] for t in home if (m, home[t]) in index}
-        steps = whole_steps(models[m], m, seq, buffer_of, dtype)
+        steps = whole_steps(models[m], m, seq, buffer_of, dtype, layout)
         if m in input_done:
             steps = steps[1:]
         input_done.add(m)
