@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--phases", default="", help="phases per layer: ID=P,NAME=P,... or 'max' (one row per phase everywhere)")
     p.add_argument("--source-rows", default="", help="rows the input source delivers per phase, e.g. 24,8")
+    p.add_argument("--source-phases", type=int, help="the input arrives in this many equal row bands")
     p.add_argument("--itemsize", type=int, default=1, help="bytes per token (default 1, as the paper's examples)")
     p.add_argument("--format", default="dot", choices=("dot", "sdf3", "summary"))
 
@@ -164,9 +165,14 @@ def cmd_csdf(args: argparse.Namespace) -> int:
     from tightfit.analysis import csdf as C
 
     graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
-    rows = [int(r) for r in args.source_rows.split(",")] if args.source_rows else None
-    if rows is not None and any(r < 1 for r in rows):
-        raise OptionError("--source-rows must be positive row counts")
+    if args.source_rows and args.source_phases:
+        raise OptionError("give --source-rows or --source-phases, not both")
+    try:
+        rows = [int(r) for r in args.source_rows.split(",")] if args.source_rows else args.source_phases
+    except ValueError:
+        raise OptionError(f"cannot read --source-rows {args.source_rows!r}: write rows per phase, e.g. 24,8") from None
+    if rows is not None and (min(rows) if isinstance(rows, list) else rows) < 1:
+        raise OptionError("--source-rows and --source-phases must be positive")
     g = C.to_csdf(graph, parse_phases(args.phases, graph), rows, args.itemsize)
     C.check_balance(g)
     if args.format == "sdf3":
