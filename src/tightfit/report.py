@@ -75,10 +75,7 @@ def run_text(report: dict[str, Any]) -> str:
 
 
 def plan_report(plan, graphs, analysis, seconds: float) -> dict[str, Any]:
-    from tightfit.analysis.memory import account
-
-    naive = sum(account(g, plan.dtype, batch=m.batch).naive_bytes - account(g, plan.dtype).original_param_bytes
-                for g, m in zip(graphs, plan.models))
+    naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors)
     return {
         "models": [m.spec for m in plan.models], "knobs": dict(plan.knobs), "steps": analysis.steps,
         "buffers": len(plan.buffers), "naive_activation_bytes": naive, "lower_bound_bytes": analysis.lower_bound,

@@ -223,10 +223,6 @@ def _check_partitions(plan: Plan, graphs: Sequence[Graph]) -> None:
             raise PlanError(f"partition {p.id} lists layers {sorted(p.layers)[:8]} but computes {sorted(computed)[:8]}")
 
 
-def _box(a: Access) -> tuple[int, int, int]:
-    return a.region.n, a.region.h, a.region.w
-
-
 def _check_access(plan: Plan, graph: Graph, a: Access, where: str) -> None:
     if not 0 <= a.buffer < len(plan.buffers):
         raise PlanError(f"{where}: unknown buffer {a.buffer}")

@@ -151,8 +151,7 @@ _INPUT = _InputSlot()
 
 
 def _load_input(out: torch.Tensor, region) -> None:
-    """Copy a region of the current input into its buffer. The input may be a whole tensor or a
-    source of row bands (an iterator yielding (h0, h1, band) as a camera delivers rows)."""
+    """Copy a region of the current input (a whole tensor, or exactly the band) into its buffer."""
     x = _INPUT.x
     out.copy_(region.slice(x) if x.dim() == out.dim() else x)
 
