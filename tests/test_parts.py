@@ -79,3 +79,22 @@ def test_cli_parts_and_bad_phases(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tightfit: error:")
+
+
+def test_row_source_input_and_measured_peak(tmp_path):
+    """The input arrives as row bands; the measured run agrees with the analysed arena."""
+    from tightfit.plan import schema
+    from tightfit.runtime.executor import RowSource
+    from tightfit.runtime.measure import measure_subprocess
+
+    g = tightfit.load("squeezenet1_0")
+    phases, source = phases_for_rows(g, 4)
+    p = plan_parts(PlannedModel(g, "squeezenet1_0"), phases, source)
+    rep = check_plan(p, [g])
+    src = RowSource.seeded(g.shape(g.inputs[0]), 3)
+    out = ArenaExecutor(p, [g], fill_nan=True).run(src)[0][g.outputs[0]]
+    assert compare(out, run_reference(g, src.whole())[g.outputs[0]]).ok
+    path = tmp_path / "p.json"
+    path.write_text(schema.dumps(p))
+    m = measure_subprocess({"kind": "plan", "plan": str(path)})
+    assert abs(m.run_bytes - rep.peak_bytes) <= 0.10 * rep.peak_bytes + 2**20, (m.run_bytes, rep.peak_bytes)

@@ -43,9 +43,16 @@ def _plan_job(job: dict):
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import load_params
 
+    from tightfit.runtime.executor import RowSource
+
     plan, graphs = tightfit.api.load_plan(job["plan"])
     params = [load_params(g) for g in graphs]
-    xs = tightfit.api.plan_inputs(graphs, plan)
+    # A plan that holds only a window of its input gets it as row bands, so the whole input
+    # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
+    # caller's frame, outside the arena, as in any other run).
+    windowed = {s.model for s in plan.steps() if s.kind == "input" and s.out.region.h < graphs[s.model].shape(graphs[s.model].inputs[0])[2]}
+    xs = [RowSource.seeded((ref.batch,) + g.shape(g.inputs[0])[1:], i) if i in windowed else x
+          for i, (g, ref, x) in enumerate(zip(graphs, plan.models, tightfit.api.plan_inputs(graphs, plan)))]
 
     def run():
         ex = ArenaExecutor(plan, graphs, params)

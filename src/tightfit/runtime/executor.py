@@ -110,7 +110,7 @@ class ArenaExecutor:
     def run(self, inputs: torch.Tensor | Sequence[torch.Tensor], frame: int = 0) -> list[dict[str, torch.Tensor]]:
         """One input per model; returns per model its outputs as views into the arena (valid until
         the next run)."""
-        xs = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        xs = [inputs] if isinstance(inputs, (torch.Tensor, RowSource)) else list(inputs)
         copy = frame % len(self.frames)
         with torch.no_grad():
             for p, steps in zip(self.plan.partitions, self.frames[copy]):
@@ -150,10 +150,39 @@ class _InputSlot(threading.local):
 _INPUT = _InputSlot()
 
 
+class RowSource:
+    """An input delivered by parts, as a camera or decoder delivers row bands: `band(h0, h1)`
+    returns rows [h0, h1) of the (N, C, H, W) input; the executor asks for the bands its input
+    steps need, so the whole input never has to exist."""
+
+    def __init__(self, shape: Sequence[int], band: Callable[[int, int], torch.Tensor]):
+        self.shape = tuple(shape)
+        self.band = band
+
+    @staticmethod
+    def seeded(shape: Sequence[int], seed: int = 0) -> "RowSource":
+        """Random rows, each row drawn from its own seed (so any band split gives the same input)."""
+        n, c, _, w = shape
+
+        def band(h0: int, h1: int) -> torch.Tensor:
+            rows = [torch.randn((n, c, 1, w), generator=torch.Generator().manual_seed(seed * 100003 + h)) for h in range(h0, h1)]
+            return torch.cat(rows, dim=2)
+
+        return RowSource(shape, band)
+
+    def whole(self) -> torch.Tensor:
+        return self.band(0, self.shape[2])
+
+
 def _load_input(out: torch.Tensor, region) -> None:
-    """Copy a region of the current input (a whole tensor, or exactly the band) into its buffer."""
+    """Copy a region of the current input into its buffer: a slice of a whole tensor, or the
+    band a RowSource delivers (its columns and samples sliced from the band)."""
     x = _INPUT.x
-    out.copy_(region.slice(x) if x.dim() == out.dim() else x)
+    if isinstance(x, RowSource):
+        band = x.band(region.h0, region.h1)
+        out.copy_(band[region.n0 : region.n1, :, :, region.w0 : region.w1])
+    else:
+        out.copy_(region.slice(x))
 
 
 class _Pipeline:
