@@ -165,12 +165,7 @@ def window_plan(g: Graph) -> Plan:
     return Plan((ref,), "fp32", buffers, (Partition(0, 0, (0, 1), tuple(steps)),), (), 1536, {"method": "hand"})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _CACHE: dict[str, tuple[Plan, list[Graph]]] = {}

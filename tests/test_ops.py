@@ -46,13 +46,7 @@ RTOL = 1e-5
 ort.set_default_logger_severity(3)  # no deprecation chatter (tf_half_pixel_for_nn)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency (and contend on a loaded box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- cases ---------------------------------------------------------------------------------

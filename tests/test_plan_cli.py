@@ -22,12 +22,7 @@ from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import random_input, run_reference
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ok(argv, capsys) -> str:

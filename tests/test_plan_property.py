@@ -304,14 +304,7 @@ def _check_graph(graph: Graph, rnd: random.Random, flip: int) -> None:
             assert arenas["improve"] <= min(arenas["greedy_by_size"], arenas["greedy_by_conflicts"]), (order, arenas)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny kernels: with two threads on a busy 2-core machine each conv can take 10-40 ms of
-    thread hand-off; one thread runs them in microseconds. Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

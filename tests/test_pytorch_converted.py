@@ -50,12 +50,7 @@ EXPECTED_UNSUPPORTED_OP = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _load(case: str, name: str) -> np.ndarray:
