@@ -76,11 +76,15 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
 
 def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
-         phases: dict | None = None, rows: int | None = None):
+         phases: dict | None = None, rows: int | None = None, budget: int | None = None,
+         cost=None):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
-    rows per phase for every layer that can be split (and the input delivered `rows` at a time)."""
+    rows per phase for every layer that can be split (and the input delivered `rows` at a time),
+    or `budget` bytes: the fastest plan the search finds within it, timed by `cost` (a
+    CostModel; default this machine's profile); with none of these, one row per phase everywhere
+    (the paper's setting)."""
     from tightfit.plan.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
@@ -103,16 +107,49 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         from tightfit.plan.parts import phases_for_rows, plan_parts
 
         g = graphs[0]
-        source = None
-        if rows is not None:
-            phases, source = phases_for_rows(g, rows)
-        p = plan_parts(models[0], phases or {}, source, planner, layout)
+        if budget is not None:
+            if phases or rows is not None:
+                raise OptionError("give --budget, --rows or --phases, not several")
+            p = _parts_for_budget(models[0], budget, planner, layout, cost)
+        else:
+            source = None
+            if rows is not None:
+                phases, source = phases_for_rows(g, rows)
+            elif not phases:
+                from tightfit.analysis.csdf import max_phases
+
+                phases, source = max_phases(g), g.shape(g.inputs[0])[2]
+            p = plan_parts(models[0], phases, source, planner, layout)
         check_plan(p, graphs)
         return p, graphs
+    if budget is not None:
+        raise OptionError("--budget goes with --method parts")
     p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
                    partitions=parts, concurrent=concurrent)
     check_plan(p, graphs)
     return p, graphs
+
+
+def _parts_for_budget(model, budget: int, planner: str, layout: str, cost):
+    """The parts search's pick for `budget`, placed by `planner`; BudgetError if none fits."""
+    from dataclasses import replace
+
+    from tightfit.errors import BudgetError
+    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.parts_search import search_parts
+    from tightfit.runtime.cost import CostModel
+    from tightfit.units import human
+
+    cost = cost or CostModel.default()
+    g = model.graph
+    found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout)
+    best = found.chosen
+    p = plan_parts(model, best.phases_dict(), best.source_phases, planner, layout, align=True)
+    if not found.fits or p.arena_bytes + max((s.scratch for s in p.steps()), default=0) > budget:
+        raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "
+                          f"{human(best.peak_bytes)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")
+    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=best.seconds)
+    return replace(p, knobs=knobs)
 
 
 def load_plan(path: str | Path):

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands)")
     p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
+    p.add_argument("--budget", help="with --method parts: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
+    p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
@@ -124,9 +126,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     phases = None
     if args.phases:
         phases = parse_phases(args.phases, tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None))
+    budget = cost = None
+    if args.budget is not None:
+        from tightfit.runtime.cost import CostModel
+        from tightfit.units import parse_size
+
+        budget, cost = parse_size(args.budget), CostModel.default(args.reprofile)
     t0 = time.perf_counter()
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
-                                  _shape(args.input_shape) if args.input_shape else None, phases, args.rows)
+                                  _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
+                                  budget, cost)
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.out:

@@ -27,3 +27,7 @@ class InputShapeError(TightfitError):
 
 class OptionError(TightfitError):
     """A command-line option or API argument is malformed."""
+
+
+class BudgetError(TightfitError):
+    """No plan of the requested kind fits the memory budget; names the smallest reachable."""

@@ -2,6 +2,7 @@
 activations."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -111,10 +112,8 @@ class Conv(Op):
         if model == "none":
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
-        padded = 0
-        if direct_padding(win, out, a["kernel"], a["stride"], a["dilation"]) is None:
-            pt, pb, pl, pr = win.pad
-            padded = win.region.n * cin * (win.region.h + pt + pb) * (win.region.w + pl + pr)
+        padded = max((win.region.n * cin * (c.in_rows[1] - c.in_rows[0] + c.pad[0] + c.pad[1]) * (win.region.w + c.pad[2] + c.pad[3])
+                      for c in kernel_calls(win, out, a["kernel"], a["stride"], a["dilation"]) if c.copy), default=0)
         if dense_out and _ONEDNN:
             return padded * itemsize
         # The fallback F.conv2d: its result before the copy into place, and oneDNN's reorder of
@@ -129,23 +128,71 @@ class Conv(Op):
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         a = layer.attrs
-        w, b, packs = params
-        x = inputs[0]
-        pad = direct_padding(windows[0], out_region, a["kernel"], a["stride"], a["dilation"])
-        if pad is None:
-            x, pad = pad_copy(x, windows[0].pad), [0, 0]
-        packed = packs.get(x.shape, pad) if packs is not None else None
-        if packed is not None and _dense_nhwc(out) and _dense_nhwc(x):
-            # oneDNN accumulates the convolution into `out` in place: no result temporary.
-            out.zero_()
-            torch.ops.mkldnn._convolution_pointwise_.binary(
-                out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"], "add", 1.0, None, [], None)
-        else:
-            out.copy_(F.conv2d(x, w, b, a["stride"], pad, a["dilation"], a["groups"]))
+        for call in kernel_calls(windows[0], out_region, a["kernel"], a["stride"], a["dilation"]):
+            x = inputs[0][:, :, call.in_rows[0] : call.in_rows[1]]
+            pad = [0, 0] if call.copy else call.pad
+            if call.copy:
+                x = pad_copy(x, call.pad)
+            _convolve(x, out[:, :, call.out_rows[0] : call.out_rows[1]], pad, a, params)
         apply_activations(out, a["act"])
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
+
+
+def _convolve(x: torch.Tensor, out: torch.Tensor, pad: list[int], a: dict, params) -> None:
+    w, b, packs = params
+    packed = packs.get(x.shape, pad) if packs is not None else None
+    if packed is not None and _dense_nhwc(out) and _dense_nhwc(x):
+        # oneDNN accumulates the convolution into `out` in place: no result temporary.
+        out.zero_()
+        torch.ops.mkldnn._convolution_pointwise_.binary(
+            out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"], "add", 1.0, None, [], None)
+    else:
+        out.copy_(F.conv2d(x, w, b, a["stride"], pad, a["dilation"], a["groups"]))
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel call of a conv step, rows relative to the step's output and input window:
+    with `copy`, its input rows are copied with `pad` (top, bottom, left, right) zero rows and
+    columns around them; without, the kernel pads symmetrically by `pad` = [rows, columns]."""
+
+    out_rows: tuple[int, int]
+    in_rows: tuple[int, int]
+    pad: tuple[int, ...]
+    copy: bool
+
+
+def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> list[KernelCall]:
+    """How a conv step runs: one call when the kernel can apply the window's padding itself;
+    else, for a band at the top or bottom border, the output rows whose receptive field reaches
+    into the padding are split off, so only their few input rows are copied with padding
+    (a whole band copied would be a temporary as large as the band)."""
+    direct = direct_padding(win, out, kernel, stride, dilation)
+    real, (pt, pb, pl, pr) = win.region.h, win.pad
+    whole_copy = [KernelCall((0, out.h), (0, real), win.pad, True)]
+    if direct is not None:
+        return [KernelCall((0, out.h), (0, real), tuple(direct), False)]
+    if pl != pr or real == 0:
+        return whole_copy
+    s, ext = stride[0], (kernel[0] - 1) * dilation[0] + 1
+    top = min(out.h, -(-pt // s))  # rows that read the top padding
+    bottom = max(top, (pt + real - ext) // s + 1) if pt + real >= ext else out.h  # first row reading the bottom padding
+    if bottom <= top or (bottom - top) * s + ext - s > real:
+        return whole_copy
+    calls = []
+    for a, b in ((0, top), (top, bottom), (bottom, out.h)):
+        if b <= a:
+            continue
+        v0, v1 = a * s, (b - 1) * s + ext  # rows of the padded window
+        r0, r1 = max(v0 - pt, 0), min(v1 - pt, real)
+        pad_top, pad_bottom = max(pt - v0, 0), max(v1 - pt - real, 0)
+        if pad_top or pad_bottom:
+            calls.append(KernelCall((a, b), (r0, r1), (pad_top, pad_bottom, pl, pr), True))
+        else:
+            calls.append(KernelCall((a, b), (r0, r1), (0, pl), False))
+    return calls
 
 
 def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> list[int] | None:

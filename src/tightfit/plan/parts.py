@@ -83,11 +83,17 @@ def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) 
 
 
 def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
-               planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0) -> Plan:
-    """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf)."""
+               planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0,
+               align: bool = False) -> Plan:
+    """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf).
+
+    With `align`, phase counts (layer ids as keys) become rows per phase that end where the
+    consumers' phases need them (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
     g, batch = model.graph, model.batch
+    if align:
+        phases, source_rows = aligned_rows(g, phases, source_rows or 1)
     csdf = to_csdf(g, phases, source_rows)
     firings = _firings(csdf)
     needs = _needs(g, batch, firings)
@@ -109,7 +115,7 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
         tensor = g.inputs[0] if f.layer is None else g.layers[f.layer].output
         win = windows[tensor]
         low = min(lows[i - 1].get(tensor, win.produced) if i else 0, f.rows[0])
-        steps.extend(_compact(g, tensor, win, low, f.rows, batch, dtype))
+        steps.extend(_compact(g, tensor, win, low, f.rows, batch))
         out = Access(tensor, win.buffer, _region(g, tensor, f.rows, batch), (0, f.rows[0] - win.base, 0))
         if f.layer is None:
             steps.append(Step("input", 0, -1, out))
@@ -118,6 +124,8 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
         win.produced = f.rows[1]
     knobs = {"method": "parts", "planner": planner, "layout": layout, "slack_rows": slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
+             "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
+                                if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase)}
     draft = Plan((model.ref(),), dtype, tuple(buffers),
                  (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
@@ -138,7 +146,7 @@ def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:
     return {t: c + slack for t, c in cap.items()}
 
 
-def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int], batch: int, dtype: str) -> list[Step]:
+def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int], batch: int) -> list[Step]:
     """If rows[1] does not fit after `win.base`, move the kept rows [low, rows[0]) to the top."""
     if rows[1] - win.base <= win.capacity:
         return []
@@ -148,10 +156,9 @@ def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int
     if kept[1] <= kept[0]:
         return []
     region = _region(g, tensor, kept, batch)
-    overlap = kept[0] - win_old < kept[1] - kept[0]  # source and destination rows overlap
-    scratch = region.numel((batch,) + g.shape(tensor)[1:]) * itemsize(dtype) if overlap else 0
     src = Access(tensor, win.buffer, region, (0, kept[0] - win_old, 0))
-    return [Step("copy", 0, -1, Access(tensor, win.buffer, region, (0, 0, 0)), (src,), scratch)]
+    # Overlapping rows are shifted in chunks by the executor: no temporary.
+    return [Step("copy", 0, -1, Access(tensor, win.buffer, region, (0, 0, 0)), (src,), 0)]
 
 
 def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch: int, dtype: str, layout: str) -> Step:
@@ -181,3 +188,55 @@ def phases_for_rows(graph: Graph, rows: int) -> tuple[dict[int, int], int]:
             phases[layer.id] = -(-h // rows)
     h_in, _ = spatial(graph.shape(graph.inputs[0]))
     return phases, -(-h_in // rows)
+
+
+def aligned_rows(graph: Graph, phases: Mapping[int, int], source_phases: int) -> tuple[dict[int, tuple[int, ...]], tuple[int, ...]]:
+    """Rows per phase for phase counts, so that each layer's phase j computes every output row
+    that its producers' phases up to j make computable (the input arrives in equal bands). With
+    equal parts instead, a 3x3 consumer is one row short after each producer phase, so the
+    producer must run a phase ahead and its window holds two bands; aligned, it holds one band
+    plus the halo. A layer whose producers have other phase counts gets equal parts."""
+    from tightfit.analysis.csdf import split_rows
+
+    inp = graph.inputs[0]
+    ends: dict[str, list[int]] = {inp: _ends(split_rows(spatial(graph.shape(inp))[0], source_phases))}
+    rows: dict[int, tuple[int, ...]] = {}
+    for layer in graph.layers:  # producers come before their consumers
+        p = phases.get(layer.id, 1)
+        h = spatial(graph.shape(layer.output))[0]
+        if p > 1:
+            rows[layer.id] = _ready_rows(graph, layer, p, ends) or split_rows(h, p)
+        ends[layer.output] = _ends(rows.get(layer.id, (h,)))
+    return rows, tuple(b - a for a, b in zip([0] + ends[inp][:-1], ends[inp]))
+
+
+def _ends(rows) -> list[int]:
+    out, total = [], 0
+    for r in rows:
+        total += r
+        out.append(total)
+    return out
+
+
+def _ready_rows(graph: Graph, layer, p: int, ends: Mapping[str, list[int]]) -> tuple[int, ...] | None:
+    """Rows per phase when phase j computes all rows whose inputs the producers' phase j has
+    delivered; None if a producer has another phase count or a phase would be empty."""
+    if any(len(ends[t]) != p for t in layer.inputs):
+        return None
+    op = get_op(layer.op)
+    h, w = spatial(graph.shape(layer.output))
+    in_shapes = [graph.shape(t) for t in layer.inputs]
+
+    def ready(o: int, j: int) -> bool:  # can rows [0, o) be computed after producer phase j?
+        wins = op.input_windows(layer, Region(0, 1, 0, o, 0, w), in_shapes)
+        return all(win.region.h1 <= ends[t][j] for t, win in zip(layer.inputs, wins))
+
+    out_ends, o = [], 0
+    for j in range(p - 1):
+        while o < h and ready(o + 1, j):
+            o += 1
+        out_ends.append(o)
+    out_ends.append(h)
+    if any(b <= a for a, b in zip([0] + out_ends[:-1], out_ends)):
+        return None
+    return tuple(b - a for a, b in zip([0] + out_ends[:-1], out_ends))

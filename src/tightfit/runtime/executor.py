@@ -16,7 +16,7 @@ import torch
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.plan.check import output_accesses
-from tightfit.plan.schema import Access, Buffer, Plan
+from tightfit.plan.schema import Access, Buffer, Plan, Step
 from tightfit.runtime.reference import load_params
 
 DTYPES = {"fp32": torch.float32}
@@ -76,28 +76,8 @@ class ArenaExecutor:
     def _compile(self, copy: int) -> list[list[_Compiled]]:
         """Per partition, its steps bound to the views of frame parity `copy`."""
         views = self._views(copy)
-        out = []
-        for p in self.plan.partitions:
-            g, params, batch = self.graphs[p.model], self.params[p.model], self.plan.models[p.model].batch
-            steps = []
-            for s in p.steps:
-                out_view = access_view(views[s.out.buffer], s.out)
-                if s.kind == "input":
-                    steps.append(_Compiled(_load_input, (out_view, s.out.region)))
-                elif s.kind == "copy":
-                    src = s.inputs[0]
-                    overlap = src.buffer == s.out.buffer and _rows_overlap(src, s.out)
-                    steps.append(_Compiled(_copy_via_temp if overlap else torch.Tensor.copy_,
-                                           (out_view, access_view(views[src.buffer], src))))
-                else:
-                    layer = g.layers[s.layer]
-                    op = get_op(layer.op)
-                    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
-                    windows = op.input_windows(layer, s.out.region, in_shapes)
-                    ins = [access_view(views[a.buffer], a) for a in s.inputs]
-                    steps.append(_Compiled(op.compute, (layer, ins, windows, out_view, s.out.region, params[layer.id])))
-            out.append(steps)
-        return out
+        return [[compile_step(s, views, self.graphs[p.model], self.params[p.model], self.plan.models[p.model].batch)
+                 for s in p.steps] for p in self.plan.partitions]
 
     def _output_views(self, copy: int) -> list[dict[str, torch.Tensor]]:
         views = self._views(copy)
@@ -134,13 +114,44 @@ class ArenaExecutor:
         return _Pipeline(self).run(frames, on_output)
 
 
+def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: dict, batch: int) -> _Compiled:
+    """One step bound to the buffer views it reads and writes (views[buffer id])."""
+    out_view = access_view(views[s.out.buffer], s.out)
+    if s.kind == "input":
+        return _Compiled(_load_input, (out_view, s.out.region))
+    if s.kind == "copy":
+        src = s.inputs[0]
+        src_view = access_view(views[src.buffer], src)
+        if src.buffer == s.out.buffer and _rows_overlap(src, s.out):
+            if src.at[0] == s.out.at[0] and src.at[2] == s.out.at[2]:
+                return _Compiled(_shift_rows, (out_view, src_view, src.at[1] - s.out.at[1]))
+            return _Compiled(_copy_via_temp, (out_view, src_view))
+        return _Compiled(torch.Tensor.copy_, (out_view, src_view))
+    layer = graph.layers[s.layer]
+    op = get_op(layer.op)
+    in_shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
+    windows = op.input_windows(layer, s.out.region, in_shapes)
+    ins = [access_view(views[a.buffer], a) for a in s.inputs]
+    return _Compiled(op.compute, (layer, ins, windows, out_view, s.out.region, params[layer.id]))
+
+
 def _rows_overlap(a: Access, b: Access) -> bool:
     return a.at[1] < b.at[1] + b.region.h and b.at[1] < a.at[1] + a.region.h
 
 
 def _copy_via_temp(out: torch.Tensor, src: torch.Tensor) -> None:
-    """A shift within one buffer whose source and destination rows overlap (counted as scratch)."""
+    """A move within one buffer whose source and destination overlap other than by whole rows
+    (counted as scratch)."""
     out.copy_(src.clone())
+
+
+def _shift_rows(out: torch.Tensor, src: torch.Tensor, shift: int) -> None:
+    """Rows moved `shift` rows up (down if negative) within one buffer, without a temporary: in
+    chunks of |shift| rows, in the order that reads every row before it is overwritten."""
+    rows, step = out.shape[2], abs(shift)
+    starts = range(0, rows, step) if shift > 0 else reversed(range(0, rows, step))
+    for r0 in starts:
+        out[:, :, r0 : r0 + step].copy_(src[:, :, r0 : r0 + step])
 
 
 class _InputSlot(threading.local):
@@ -148,6 +159,11 @@ class _InputSlot(threading.local):
 
 
 _INPUT = _InputSlot()
+
+
+def set_input(x: "torch.Tensor | RowSource | None") -> None:
+    """The model input that this thread's input steps read."""
+    _INPUT.x = x
 
 
 class RowSource:

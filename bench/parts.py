@@ -1,0 +1,218 @@
+"""Processing by parts (Minakova & Stefanov) measured here, beside the paper's Table III and MCUNetV2.
+
+    python bench/parts.py            # all sections
+    python bench/parts.py --quick    # section 1 on resnet18 and squeezenet, section 4 on resnet18
+
+Sections:
+1. Table III: per CNN one parts plan, picked by the search with the cost model as the smallest
+   run memory whose predicted throughput decrease stays within the paper's (aimed at 85% of it,
+   to leave room for the model's error). m_DL and m_ours count the imported model's parameters,
+   fp32, MB = 10^6 bytes; m_ours = parameters + analysed run memory (arena + kernel temporaries),
+   which the measured peak of a fresh process confirms. "parts, no reuse" sums the same plan's
+   buffers without sharing memory; "paper setting" is one row per phase everywhere, no reuse.
+   fps are medians of interleaved runs of the layer-by-layer plan (with reuse) and the parts plan.
+2. The other way round: the fastest plan the search finds within the paper's memory
+   (m_DL x (1 - the paper's reduction)), with its measured throughput decrease.
+3. mobilenet_v2 at 224x224, int8 accounting and fp32: layer-by-layer with reuse vs the smallest
+   parts plan, input included and excluded, beside MCUNetV2; fps measured on the fp32 plans.
+4. The cost model: predicted vs measured time of several plans per model.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import tightfit
+from tightfit.analysis.csdf import max_phases
+from tightfit.plan import schema
+from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.offsets import lower_bound
+from tightfit.plan.parts import phases_for_rows, plan_parts
+from tightfit.plan.parts_search import search_parts
+from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.runtime.cost import CostModel
+from tightfit.runtime.executor import ArenaExecutor
+from tightfit.runtime.measure import measure_subprocess
+
+MB = 1e6
+SAFETY = 0.85  # aim at this share of the allowed throughput decrease
+
+# Table III: (row, our model, m_DL MB, m_ours MB, reduction %, fps layer-by-layer, fps parts, decrease %)
+TABLE_III = [
+    ("resnet18", "resnet18", 84, 52, 38, 46, 36, 22),
+    ("googlenet", "googlenet", 86, 50, 41, 60, 42, 30),
+    ("tiny yolo v2", "tiny-yolov2", 142, 66, 54, 26, 21, 22),
+    ("inception v1", "onnxzoo-inception_v1", 81, 48, 41, 66, 46, 31),
+    ("VGG 19", "vgg19", 700, 579, 17, 3.97, 3.87, 3),
+    ("densenet121", "onnxzoo-densenet121", 327, 119, 64, 36, 19, 47),
+    ("squeezenet", "onnxzoo-squeezenet", 34, 12, 64, 272, 125, 54),
+]
+
+
+def targets(row) -> tuple[float, float]:
+    """(reduction to beat, decrease not to exceed): the stricter of the printed percentage and
+    the one computed from the printed MB and fps (both are rounded in the paper)."""
+    _, _, m_dl, m_ours, red, fps_l, fps_p, dec = row
+    return max(red / 100, 1 - m_ours / m_dl), min(dec / 100, 1 - fps_p / fps_l)
+
+
+def interleaved_seconds(plans, g, runs: int) -> list[float]:
+    """Median seconds per plan, the plans run in turn so drift on this shared machine hits all."""
+    x = torch.randn(g.shape(g.inputs[0]))
+    exes = [ArenaExecutor(p, [g]) for p in plans]
+    for ex in exes:
+        ex.run(x)
+    times: list[list[float]] = [[] for _ in plans]
+    for _ in range(runs):
+        for ex, ts in zip(exes, times):
+            t0 = time.perf_counter()
+            ex.run(x)
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def measured_peak(plan) -> int:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "plan.json"
+        path.write_text(schema.dumps(plan))
+        return measure_subprocess({"kind": "plan", "plan": str(path)}).run_bytes
+
+
+def parts_plan(model: PlannedModel, point, dtype: str = "fp32"):
+    return plan_parts(model, point.phases_dict(), point.source_phases, "improve", "nhwc", dtype, align=True)
+
+
+def table_iii(rows, cost: CostModel, runs: int) -> None:
+    print("1. Minakova & Stefanov Table III: one parts plan per CNN (fp32, MB = 10^6 B, parameters included)")
+    head = (f"{'CNN':<13} {'model':<21} {'m_DL':>6} {'m_ours':>7} {'red%':>6} {'no reuse':>8} {'paper set':>9} "
+            f"{'fps lbl':>7} {'fps parts':>9} {'dec%':>6} {'pred%':>6} {'meas MiB':>8} {'anal MiB':>8}  "
+            f"{'paper: m_DL m_ours red% fps lbl parts dec%':<42} targets")
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        label, name = row[0], row[1]
+        red_target, dec_target = targets(row)
+        g = tightfit.load(name)
+        mem = tightfit.inspect(g)
+        model = PlannedModel(g, name)
+        lbl = plan_reuse(model)
+        t_lbl = cost.plan_seconds(lbl, [g])
+        found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), None, t_lbl / (1 - SAFETY * dec_target))
+        plan = parts_plan(model, found.chosen)
+        rep = check_plan(plan, [g])
+        t_pred = cost.plan_seconds(plan, [g])
+        m_ours = mem.original_param_bytes + rep.peak_bytes
+        no_reuse = mem.original_param_bytes + sum(b.nbytes for b in plan.buffers) + rep.scratch_peak
+        paper_set = plan_parts(model, max_phases(g), g.shape(g.inputs[0])[2], "naive")
+        paper_bytes = mem.original_param_bytes + sum(b.nbytes for b in paper_set.buffers)
+        s_lbl, s_parts = interleaved_seconds([lbl, plan], g, runs)
+        reduction = 1 - m_ours / mem.naive_bytes
+        decrease = 1 - s_lbl / s_parts
+        ok = f"red {'ok' if reduction > red_target else 'MISSED'}, dec {'ok' if decrease <= dec_target else 'MISSED'}"
+        paper = f"{row[2]:>4} {row[3]:>4} {row[4]:>3}% {row[5]:>6} {row[6]:>6} {row[7]:>3}%"
+        print(f"{label:<13} {name:<21} {mem.naive_bytes / MB:>6.1f} {m_ours / MB:>7.1f} {reduction * 100:>5.1f}% "
+              f"{no_reuse / MB:>8.1f} {paper_bytes / MB:>9.1f} {1 / s_lbl:>7.1f} {1 / s_parts:>9.1f} {decrease * 100:>5.1f}% "
+              f"{(1 - t_lbl / t_pred) * 100:>5.1f}% {measured_peak(plan) / 2**20:>8.2f} {rep.peak_bytes / 2**20:>8.2f}  "
+              f"{paper:<42} {ok}")
+        print(f"{'':<13} split: {len(found.chosen.phases)} layers, input in {found.chosen.source_phases} bands; "
+              f"search {found.evaluated} plans")
+    print("targets: reduction above the paper's, throughput decrease at most the paper's (each the stricter of its printed")
+    print("percentage and the one its rounded MB / fps give). pred% = the cost model's predicted decrease.\n")
+
+
+def at_paper_memory(rows, cost: CostModel, runs: int) -> None:
+    print("2. The fastest parts plan within the paper's memory (budget = m_DL x (1 - paper reduction) - parameters)")
+    head = f"{'CNN':<13} {'budget MiB':>10} {'peak MiB':>8} {'layers split':>12} {'dec%':>6} {'pred%':>6} {'paper dec%':>10}"
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        label, name = row[0], row[1]
+        red_target, dec_target = targets(row)
+        g = tightfit.load(name)
+        mem = tightfit.inspect(g)
+        model = PlannedModel(g, name)
+        budget = int(mem.naive_bytes * (1 - red_target) - mem.original_param_bytes) - 1
+        lbl = plan_reuse(model)
+        found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget)
+        if not found.fits:
+            print(f"{label:<13} {budget / 2**20:>10.2f}  nothing found fits (smallest {found.chosen.peak_bytes / 2**20:.2f} MiB)")
+            continue
+        plan = parts_plan(model, found.chosen)
+        s_lbl, s_parts = interleaved_seconds([lbl, plan], g, runs)
+        t_lbl, t_parts = cost.plan_seconds(lbl, [g]), cost.plan_seconds(plan, [g])
+        print(f"{label:<13} {budget / 2**20:>10.2f} {check_plan(plan, [g]).peak_bytes / 2**20:>8.2f} "
+              f"{len(found.chosen.phases):>12} {(1 - s_lbl / s_parts) * 100:>5.1f}% {(1 - t_lbl / t_parts) * 100:>5.1f}% "
+              f"{dec_target * 100:>9.1f}%")
+    print()
+
+
+def without_input(plan, g) -> int:
+    """Run memory with the model input's buffer left out (MCUNetV2 counts the input elsewhere)."""
+    life = lifetimes(plan, [g])
+    inp = {s.out.buffer for s in plan.steps() if s.kind == "input"}
+    reqs = [r for (b, _), r in zip(life.keys, life.reqs) if b not in inp]
+    return lower_bound(reqs) + max(life.step_scratch, default=0)
+
+
+def mobilenet_section(cost: CostModel, runs: int) -> None:
+    print("3. mobilenet_v2 224x224: layer-by-layer with reuse vs the smallest parts plan (MCUNetV2: 1372 kB -> 172 kB,")
+    print("   int8, input excluded; kB = 1000 B). fps measured on the fp32 plans (the executor runs fp32).")
+    g = tightfit.load("mobilenet_v2")
+    model = PlannedModel(g, "mobilenet_v2")
+    found = search_parts(model, lambda p: cost.plan_seconds(p, [g]))
+    head = f"{'plan':<28} {'dtype':<5} {'with input kB':>13} {'without kB':>10} {'fps':>7}"
+    print(head)
+    print("-" * len(head))
+    fp32 = [plan_reuse(model), parts_plan(model, found.chosen)]
+    secs = interleaved_seconds(fp32, g, runs)
+    for dtype in ("int8", "fp32"):
+        plans = [plan_reuse(model, dtype=dtype), parts_plan(model, found.chosen, dtype)]
+        for label, p, s in zip(("layer-by-layer + reuse", "parts (smallest found)"), plans, secs):
+            print(f"{label:<28} {dtype:<5} {check_plan(p, [g]).peak_bytes / 1e3:>13.1f} {without_input(p, g) / 1e3:>10.1f} {1 / s:>7.1f}")
+    print(f"{'MCUNetV2 (paper)':<28} {'int8':<5} {'':>13} {'1372 -> 172':>10}")
+    print(f"parts plan: {len(found.chosen.phases)} layers split, input in {found.chosen.source_phases} bands\n")
+
+
+def cost_section(names, cost: CostModel, runs: int) -> None:
+    print("4. Cost model: predicted vs measured time per run (ms; measured = median of interleaved runs)")
+    head = f"{'model':<14} {'plan':<16} {'steps':>6} {'predicted':>9} {'measured':>9} {'error':>7}"
+    print(head)
+    print("-" * len(head))
+    worst = 0.0
+    for name in names:
+        g = tightfit.load(name)
+        model = PlannedModel(g, name)
+        plans = {"layer-by-layer": plan_reuse(model)}
+        for rows in (16, 4, 1):
+            phases, source = phases_for_rows(g, rows)
+            plans[f"rows {rows}"] = plan_parts(model, phases, source)
+        found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), None, 1.25 * cost.plan_seconds(plans["layer-by-layer"], [g]))
+        plans["searched"] = parts_plan(model, found.chosen)
+        measured = interleaved_seconds(list(plans.values()), g, runs)
+        for (label, p), m in zip(plans.items(), measured):
+            pred = cost.plan_seconds(p, [g])
+            worst = max(worst, abs(pred / m - 1))
+            print(f"{name:<14} {label:<16} {len(p.steps()):>6} {pred * 1e3:>9.1f} {m * 1e3:>9.1f} {(pred / m - 1) * 100:>+6.1f}%")
+    print(f"largest error {worst * 100:.1f}% (target 15%); profile {cost.id}\n")
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    torch.set_grad_enabled(False)
+    cost = CostModel.default()
+    runs = 5 if quick else 9
+    rows = [r for r in TABLE_III if r[1] in ("resnet18", "onnxzoo-squeezenet")] if quick else TABLE_III
+    table_iii(rows, cost, runs)
+    if not quick:
+        at_paper_memory(rows, cost, runs)
+        mobilenet_section(cost, runs)
+    cost_section(["resnet18"] if quick else ["resnet18", "mobilenet_v2", "squeezenet1_0", "tiny-yolov2"], cost, runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Choosing the phases of every layer (k rows per phase) for a memory budget: the parts planner's
+search. A pure function of the model, the budget and a cost function (plan -> predicted seconds;
+the cost model's, measured on this machine).
+
+Early layers hold the large tensors and are cheap to split; late layers hold the large weights.
+So the search runs in three stages, each evaluating exact plans (memory from the plan's buffers
+and lifetimes, time from the cost function):
+1. prefixes: the first `cut` layers (and the input source) take P phases each. For each P in
+   2, 4, 8, ..., a binary search over `cut` finds the shortest prefix that fits;
+2. if no prefix fits, greedy refinement from the smallest plan found: each round doubles the
+   phases around the tensors live at the memory peak, taking the candidate that saves the most
+   bytes per second of predicted time added;
+3. coarsening: each split layer in turn has its phases halved while the plan still fits and gets
+   faster, until a sweep changes nothing.
+Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
+P; a greedy round plans a handful of candidates and rounds that save nothing stop after a few.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from tightfit.analysis.csdf import needs_whole_input
+from tightfit.graph.ir import Graph, spatial
+from tightfit.plan.check import lifetimes
+from tightfit.plan.offsets import lower_bound
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import Plan
+
+Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
+NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
+SINGLE_MOVES = 8  # single-tensor candidates per round (the largest tensors at the peaks)
+PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
+SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the result is re-placed
+
+
+@dataclass(frozen=True)
+class PartsPoint:
+    """One evaluated setting: phases per split layer, input source phases, memory and time."""
+
+    phases: Phases
+    source_phases: int
+    peak_bytes: int  # arena lower bound + the largest step scratch
+    buffer_bytes: int  # all buffers summed, no reuse (the paper's "Total")
+    seconds: float
+
+    def phases_dict(self) -> dict[int, int]:
+        return dict(self.phases)
+
+
+@dataclass(frozen=True)
+class PartsSearch:
+    chosen: PartsPoint
+    front: tuple[PartsPoint, ...]  # Pareto front (peak_bytes, seconds) of every evaluated point
+    evaluated: int
+    fits: bool
+
+
+def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
+                 max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
+                 max_rounds: int = 200) -> PartsSearch:
+    """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
+    found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
+    the constraint is met; if not, `chosen` is the smallest peak found."""
+    from tightfit.plan.parts import plan_parts
+
+    g = model.graph
+    seen: dict[tuple[Phases, int], tuple[PartsPoint, Plan]] = {}
+
+    def evaluate(phases: Mapping[int, int], source: int) -> tuple[PartsPoint, Plan]:
+        key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1))
+        if key not in seen:
+            plan = plan_parts(model, dict(key[0]), key[1], SEARCH_PLANNER, layout, dtype, align=True)
+            life = lifetimes(plan, [g])
+            # As the run needs it: the arena (the planners reach this bound) plus the largest
+            # step's kernel temporaries, which are allocated outside the arena.
+            peak = lower_bound(life.reqs) + max(life.step_scratch, default=0)
+            seen[key] = (PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan)), plan)
+        return seen[key]
+
+    base = evaluate({}, 1)[0]
+    if budget_bytes is not None:
+        fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
+        if not fits(base) and not _prefixes(g, fits, True, evaluate):
+            start = min((p for p, _ in seen.values()), key=lambda p: (p.peak_bytes, p.seconds))
+            _refine_greedy(g, start, seen[_key(start)][1], fits, lambda p: True, max_rounds, evaluate)
+        ok = [p for p, _ in seen.values() if fits(p)]
+        if ok:
+            _coarsen(min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate)
+        pick = lambda ps: min(ps, key=lambda p: (p.seconds, p.peak_bytes))  # noqa: E731
+    else:
+        fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
+        _prefixes(g, fits, False, evaluate)
+        start = min((p for p, _ in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
+        _refine_greedy(g, start, seen[_key(start)][1], lambda p: False, fits, max_rounds, evaluate)
+        pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
+    points = [p for p, _ in seen.values()]
+    ok = [p for p in points if fits(p)]
+    chosen = pick(ok) if ok else min(points, key=lambda p: (p.peak_bytes, p.seconds))
+    return PartsSearch(chosen, pareto(points), len(seen), bool(ok))
+
+
+def _key(p: PartsPoint) -> tuple[Phases, int]:
+    return p.phases, p.source_phases
+
+
+def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evaluate) -> list[PartsPoint]:
+    """Stage 1: for P = 2, 4, 8, ..., the first `cut` splittable layers at P phases. Memory falls
+    and time grows with the cut, so a binary search finds the shortest prefix that is `ok`
+    (a memory budget; `shortest`) or the longest (a time limit). Returns the ok points found."""
+    splittable = [l.id for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1]
+    h_in = spatial(g.shape(g.inputs[0]))[0]
+    top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
+    found = []
+    p = 2
+    while p <= 2 * top:
+        def at(cut: int, p: int = p) -> PartsPoint:
+            phases = {lid: min(p, spatial(g.shape(g.layers[lid].output))[0]) for lid in splittable[:cut]}
+            return evaluate(phases, min(p, h_in))[0]
+
+        n = len(splittable)
+        if shortest and ok(at(n)):
+            lo, hi = 0, n  # at(hi) is ok
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if ok(at(mid)) else (mid + 1, hi)
+            found.append(at(hi))
+        elif not shortest:
+            lo, hi = 0, n  # at(lo) is ok (cut 0 is the unsplit plan, whose time is the least)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if ok(at(mid)) else (lo, mid - 1)
+            if ok(at(lo)):
+                found.append(at(lo))
+        p *= 2
+    return found
+
+
+def _refine_greedy(g: Graph, point: PartsPoint, plan: Plan, done: Callable[[PartsPoint], bool],
+                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate) -> PartsPoint:
+    """Stage 2: refine around the memory peak, over `allowed` candidates, until `done` (or
+    nothing lowers the peak)."""
+    plateau = 0
+    for _ in range(max_rounds):
+        if done(point):
+            break
+        cands = [c for c in (evaluate(ph, src) for ph, src in _moves(g, point, plan)) if allowed(c[0])]
+        better = [c for c in cands if c[0].peak_bytes < point.peak_bytes]
+        if better:
+            plateau = 0
+            point, plan = max(better, key=lambda c: _gain(point, c[0], "peak_bytes"))
+            continue
+        smaller = [c for c in cands if c[0].buffer_bytes < point.buffer_bytes]
+        plateau += 1
+        if not smaller or plateau > PLATEAU_ROUNDS:
+            break
+        point, plan = max(smaller, key=lambda c: _gain(point, c[0], "buffer_bytes"))
+    return point
+
+
+def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
+    """Stage 3: undo refinements the budget does not need. Sweeps over the split layers (and
+    the source), halving one's phases when the plan still fits and gets faster, until a sweep
+    changes nothing."""
+    changed = True
+    while changed:
+        changed = False
+        for lid in [None] + [l for l, _ in point.phases]:
+            phases, source = point.phases_dict(), point.source_phases
+            if lid is None:
+                if source == 1:
+                    continue
+                source //= 2
+            elif lid in phases:
+                phases[lid] //= 2
+            else:
+                continue
+            cand = evaluate(phases, source)[0]
+            if fits(cand) and cand.seconds < point.seconds:
+                point, changed = cand, True
+    return point
+
+
+def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
+    """Bytes saved per second of predicted time added (a faster candidate gains most)."""
+    saved = getattr(old, what) - getattr(new, what)
+    added = new.seconds - old.seconds
+    return saved / max(added, 1e-6 * old.seconds)
+
+
+def _moves(g: Graph, point: PartsPoint, plan: Plan):
+    """Candidate settings: refine each tensor live at the peak step alone, and all of them
+    together to at least P phases, for P = 2, 4, 8, ... (a residual stage peaks with several
+    tensors live, and refining one at a time would not lower it)."""
+    phases, source = point.phases_dict(), point.source_phases
+    tensors = _peak_tensors(g, plan)
+    for tensor in tensors[:SINGLE_MOVES]:
+        move = _refine(g, phases, source, tensor)
+        if move is not None:
+            yield move
+    top = max((spatial(g.shape(t))[0] for t in tensors), default=1)
+    target = 2
+    while target <= 2 * top:
+        joint = (phases, source)
+        for tensor in tensors:
+            joint = _refine(g, *joint, tensor, target) or joint
+        if joint != (phases, source):
+            yield joint
+        target *= 2
+
+
+def _peak_tensors(g: Graph, plan: Plan) -> list[str]:
+    """Tensors whose buffers are live at a step where live bytes (plus scratch) come within
+    NEAR_PEAK of the peak, largest first: lowering one of several equal peaks lowers nothing."""
+    life = lifetimes(plan, [g])
+    n = len(life.step_scratch)
+    delta = [0] * (n + 1)
+    for r in life.reqs:
+        delta[r.first_use] += r.size
+        delta[r.last_use + 1] -= r.size
+    live, total = [], 0
+    for i in range(n):
+        total += delta[i]
+        live.append(total + life.step_scratch[i])
+    near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * max(live, default=0)]
+    tensor_of = {}
+    for s in plan.steps():
+        for a in (s.out,) + s.inputs:
+            tensor_of.setdefault(a.buffer, a.tensor)
+    sizes: dict[str, int] = {}
+    for (b, _), r in zip(life.keys, life.reqs):
+        if any(r.first_use <= i <= r.last_use for i in near):
+            sizes[tensor_of[b]] = max(sizes.get(tensor_of[b], 0), r.size)
+    return sorted(sizes, key=lambda t: -sizes[t])
+
+
+def _producer(g: Graph, tensor: str):
+    return next((l for l in g.layers if l.output == tensor), None)
+
+
+def _phases_of(g: Graph, phases: dict[int, int], source: int, tensor: str) -> int:
+    producer = _producer(g, tensor)
+    return source if producer is None else phases.get(producer.id, 1)
+
+
+def _refine(g: Graph, phases: dict[int, int], source: int, tensor: str,
+            target: int | None = None) -> tuple[dict[int, int], int] | None:
+    """The tensor's producer takes `target` phases (default: double); its consumers take at
+    least as many, so the tensor is consumed a band at a time. None if nothing changes."""
+    producer = _producer(g, tensor)
+    consumers = [l for l in g.layers if tensor in l.inputs]
+    if (producer is not None and needs_whole_input(g, producer)) or any(needs_whole_input(g, c) for c in consumers):
+        return None
+    h, _ = spatial(g.shape(tensor))
+    new = min(h, max(target or 0, 2 * _phases_of(g, phases, source, tensor) if target is None else 0))
+    out = dict(phases)
+    for c in consumers:
+        hc, _ = spatial(g.shape(c.output))
+        out[c.id] = max(out.get(c.id, 1), min(hc, new))
+    if producer is not None:
+        out[producer.id] = max(out.get(producer.id, 1), new)
+    new_source = max(source, new) if producer is None else source
+    if out == phases and new_source == source:
+        return None
+    return out, new_source
+
+
+def pareto(points: list[PartsPoint]) -> tuple[PartsPoint, ...]:
+    """Points no other point beats in both peak bytes and seconds, by increasing peak."""
+    front: list[PartsPoint] = []
+    for p in sorted(points, key=lambda p: (p.peak_bytes, p.seconds)):
+        if not front or p.seconds < front[-1].seconds:
+            front.append(p)
+    return tuple(front)

@@ -1,0 +1,208 @@
+"""The cost model: seconds per plan step, measured on this machine with tightfit's own kernels.
+
+Every step of a plan has a key: what it computes or copies and the shapes of the views it reads
+and writes (so the same layer settings share one entry, and a border band with its padding is
+timed apart from a middle band). A key is timed once, by binding the step exactly as the executor
+does (`compile_step`) to views of the same shapes and running it: the median of several runs.
+Times are kept on disk in a profile whose id names the machine, torch, the thread count and the
+kernels' code, so every planner and search shares one set of measurements.
+
+A plan's predicted time is the sum of its steps' times plus the executor's per-step loop
+overhead (timed too); partitions that run concurrently count as their slowest member.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from tightfit.graph.ir import Graph
+from tightfit.ops import get_op
+from tightfit.plan.schema import Plan, Step
+
+PROFILE_VERSION = 1
+SAMPLES = 7
+STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
+
+
+def profile_id() -> str:
+    """Names what the measurements depend on: CPU, core count, torch, threads, kernel code."""
+    cpu = platform.processor()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                   if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    text = f"{cpu}|{os.cpu_count()}|{torch.__version__}|{torch.get_num_threads()}|{PROFILE_VERSION}|{_kernel_code()}"
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _kernel_code() -> str:
+    """A digest of the code a step runs (ops and executor): changed kernels, new profile."""
+    import tightfit.ops as ops
+    import tightfit.runtime.executor as executor
+
+    files = sorted(Path(ops.__file__).parent.glob("*.py")) + [Path(executor.__file__), Path(__file__)]
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+
+def default_path() -> Path | None:
+    from tightfit.graph.zoo import cache_dir
+
+    base = cache_dir()
+    return None if base is None else base / "cost" / f"{profile_id()}.json"
+
+
+class CostModel:
+    """Step times of one profile, measured on first need and kept in `path` (None: in memory)."""
+
+    def __init__(self, path: Path | None = None, reprofile: bool = False):
+        self.id = profile_id()
+        self.path = path
+        self.seconds: dict[str, float] = {}
+        if path is not None and path.exists() and not reprofile:
+            try:
+                self.seconds = json.loads(path.read_text())["seconds"]
+            except (ValueError, KeyError, OSError):
+                self.seconds = {}  # a damaged profile is measured again
+        self._params: dict[tuple[int, int], list] = {}
+        self._measured = 0
+
+    @classmethod
+    def default(cls, reprofile: bool = False) -> "CostModel":
+        return cls(default_path(), reprofile)
+
+    @property
+    def loop_seconds(self) -> float:
+        """The executor's loop overhead per step (a call of a bound step that does nothing)."""
+        if "loop" not in self.seconds:
+            self.seconds["loop"] = _loop_overhead()
+            self._measured += 1
+        return self.seconds["loop"]
+
+    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
+        """Predicted seconds of one run of the plan (one frame of every partition)."""
+        per_part = [self.steps_seconds(plan, graphs, p.steps) for p in plan.partitions]
+        together = {i for c in plan.concurrent for i in c}
+        total = sum(t for i, t in enumerate(per_part) if i not in together)
+        total += sum(max(per_part[i] for i in c) for c in plan.concurrent)
+        self.save()
+        return total
+
+    def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
+        return sum(self.step_seconds(plan, graphs, s) for s in steps) + len(steps) * self.loop_seconds
+
+    def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
+        key = step_key(plan, graphs, step)
+        if key not in self.seconds:
+            self.seconds[key] = _median_seconds(self._bound_step(plan, graphs, step))
+            self._measured += 1
+        return self.seconds[key]
+
+    def save(self) -> None:
+        """Write new measurements (atomically: parallel processes may share a profile)."""
+        if self.path is None or not self._measured:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds}, sort_keys=True))
+        os.replace(tmp, self.path)
+        self._measured = 0
+
+    def _bound_step(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> Callable[[], None]:
+        from tightfit.runtime.executor import buffer_view, compile_step, set_input
+
+        g = graphs[step.model]
+        batch = plan.models[step.model].batch
+        views: dict[int, torch.Tensor] = {}
+        for a in (step.out,) + step.inputs:
+            if a.buffer not in views:
+                b = plan.buffers[a.buffer]
+                storage = torch.randn(b.nbytes // b.itemsize)
+                views[a.buffer] = buffer_view(storage, replace(b, offsets=(0,)))
+        params = {}
+        if step.kind == "compute":
+            layer = g.layers[step.layer]
+            params[layer.id] = self._layer_params(g, layer.id)
+        compiled = compile_step(step, views, g, params, batch)
+        if step.kind == "input":
+            set_input(torch.randn((batch,) + g.shape(g.inputs[0])[1:]))
+        return lambda: compiled.run(*compiled.args)
+
+    def _layer_params(self, g: Graph, lid: int) -> list:
+        key = (id(g), lid)
+        if key not in self._params:
+            layer = g.layers[lid]
+            self._params[key] = get_op(layer.op).prepare_params(layer, [g.params[p] for p in layer.params])
+        return self._params[key]
+
+
+def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
+    """What a step's time depends on: the op and its settings, parameter shapes, and for every
+    view the buffer block it lies in and the region (with border padding) it covers."""
+    def view(a) -> list:
+        b = plan.buffers[a.buffer]
+        r = a.region
+        return [list(b.shape), b.layout, [r.n, r.h, r.w]]
+
+    if step.kind != "compute":
+        # A shift within one buffer runs in chunks of the shift's size.
+        shift = step.inputs[0].at[1] - step.out.at[1] if step.inputs and step.inputs[0].buffer == step.out.buffer else 0
+        return json.dumps([step.kind, view(step.out), [view(a) for a in step.inputs], shift])
+    g = graphs[step.model]
+    layer = g.layers[step.layer]
+    batch = plan.models[step.model].batch
+    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+    windows = get_op(layer.op).input_windows(layer, step.out.region, in_shapes)
+    return json.dumps([layer.op, repr(sorted(layer.attrs.items())), [list(g.params[p].shape) for p in layer.params],
+                       in_shapes, view(step.out), [view(a) for a in step.inputs],
+                       [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
+
+
+def _median_seconds(run: Callable[[], None], samples: int = SAMPLES) -> float:
+    """Median of single runs, each after the caches are stirred: inside a plan a step finds its
+    data in the last-level cache but not in L1/L2, which the steps in between have overwritten
+    (timing back-to-back repeats instead under-predicts plans of many small steps by ~20%)."""
+    stir = _stir_buffer()
+    with torch.no_grad():
+        run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
+        times = []
+        for _ in range(samples):
+            stir.fill_(1.0)
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+_STIR: list[torch.Tensor] = []
+
+
+def _stir_buffer() -> torch.Tensor:
+    if not _STIR:
+        _STIR.append(torch.empty(STIR_BYTES // 4))
+    return _STIR[0]
+
+
+def _loop_overhead() -> float:
+    from tightfit.runtime.executor import _Compiled
+
+    steps = [_Compiled(_nothing, ()) for _ in range(1000)]
+
+    def run() -> None:
+        for st in steps:
+            st.run(*st.args)
+
+    return _median_seconds(run, 21) / len(steps)
+
+
+def _nothing() -> None:
+    pass
