@@ -7,6 +7,7 @@ import torch
 
 import tightfit
 from tightfit.analysis.csdf import max_phases
+from tightfit.ops import get_op
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
 from tightfit.plan.parts import phases_for_rows, plan_parts
@@ -72,6 +73,11 @@ def test_cli_parts_and_bad_phases(tmp_path, capsys):
     assert main(["plan", "minakova5", "--method", "parts", "--phases", "0=16,1=4", "--out", str(out)]) == 0
     assert main(["run", str(out), "--verify"]) == 0
     assert "OK" in capsys.readouterr().out
+    # No phases given: one row per phase everywhere, the paper's setting.
+    assert main(["plan", "minakova5", "--method", "parts", "--json"]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["knobs"]["phases"] == {str(k): v for k, v in max_phases(tightfit.load("minakova5")).items()}
     for argv in (["plan", "minakova5", "--method", "parts", "--phases", "2=4"],
                  ["plan", "minakova5", "--method", "parts", "--phases", "nosuch=2"],
                  ["plan", "minakova5", "--rows", "2"],
@@ -98,3 +104,60 @@ def test_row_source_input_and_measured_peak(tmp_path):
     path.write_text(schema.dumps(p))
     m = measure_subprocess({"kind": "plan", "plan": str(path)})
     assert abs(m.run_bytes - rep.peak_bytes) <= 0.10 * rep.peak_bytes + 2**20, (m.run_bytes, rep.peak_bytes)
+
+
+def test_aligned_rows_hold_one_band_plus_halo():
+    """Aligned rows per phase: every layer's rows sum to its height, the input arrives in equal
+    bands, outputs equal the reference, and the first layer's window holds one band plus the
+    halo where equal parts hold two bands."""
+    from tightfit.analysis.csdf import split_rows
+    from tightfit.graph.ir import spatial
+    from tightfit.plan.parts import aligned_rows
+
+    g = tightfit.load("mobilenet_v1_025")
+    phases = {l: 8 for l, p in max_phases(g).items() if p >= 8}
+    rows, source = aligned_rows(g, phases, 8)
+    assert source == split_rows(224, 8)
+    for lid, r in rows.items():
+        assert len(r) == 8 and sum(r) == spatial(g.shape(g.layers[lid].output))[0] and min(r) >= 1
+    model = PlannedModel(g, "m")
+    aligned = plan_parts(model, phases, 8, align=True)
+    equal = plan_parts(model, phases, 8)
+    first = g.layers[0].output  # 3x3 stride-2 conv, 112 rows in 8 bands of 14
+    rows_held = [p.buffers[next(s.out.buffer for s in p.steps() if s.out.tensor == first)].shape[2]
+                 for p in (aligned, equal)]
+    assert rows_held[0] <= 14 + 2 < 2 * 14 <= rows_held[1]
+    x = torch.randn(g.shape(g.inputs[0]))
+    assert compare(_run(aligned, g, x), run_reference(g, x)[g.outputs[0]]).ok
+
+
+@pytest.mark.parametrize("shift", [1, 2, 3, -1, -2])
+def test_rows_shift_within_a_buffer_without_a_temporary(shift):
+    from tightfit.runtime.executor import _shift_rows
+
+    buf = torch.arange(2 * 3 * 12 * 4, dtype=torch.float32).view(2, 3, 12, 4)
+    src0, rows = (shift, 7) if shift > 0 else (0, 7)
+    dst0 = src0 - shift
+    expected = buf[:, :, src0 : src0 + rows].clone()
+    _shift_rows(buf[:, :, dst0 : dst0 + rows], buf[:, :, src0 : src0 + rows], shift)
+    assert torch.equal(buf[:, :, dst0 : dst0 + rows], expected)
+
+
+def test_border_band_copies_only_its_padded_rows():
+    """A top band of a padded 3x3 conv: the row reading the padding is computed from a padded
+    copy of 2 input rows; the other rows straight from the window (no band-sized temporary)."""
+    from tightfit.ops.base import Region
+    from tightfit.ops.conv import kernel_calls
+
+    g = tightfit.load("resnet18")
+    layer = next(l for l in g.layers if l.op == "conv" and l.attrs["kernel"] == (3, 3) and l.attrs["stride"] == (1, 1))
+    op = get_op(layer.op)
+    shapes = [g.shape(layer.inputs[0])]
+    out_shape = g.shape(layer.output)
+    band = Region(0, 1, 0, 8, 0, out_shape[3])
+    win = op.input_windows(layer, band, shapes)[0]
+    calls = kernel_calls(win, band, layer.attrs["kernel"], layer.attrs["stride"], layer.attrs["dilation"])
+    assert [(c.out_rows, c.copy) for c in calls] == [((0, 1), True), ((1, 8), False)]
+    ws = op.workspace_bytes(layer, band, shapes, out_shape, 4)
+    whole_band_copy = shapes[0][1] * (win.region.h + 1) * (win.region.w + 2) * 4
+    assert ws == shapes[0][1] * 3 * (win.region.w + 2) * 4 < whole_band_copy

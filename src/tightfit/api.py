@@ -144,7 +144,7 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost):
     g = model.graph
     found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout)
     best = found.chosen
-    p = plan_parts(model, best.phases_dict(), best.source_phases, planner, layout, align=True)
+    p = plan_parts(model, best.phases_dict(), best.source_phases, planner, layout, align=best.align)
     if not found.fits or p.arena_bytes + max((s.scratch for s in p.steps()), default=0) > budget:
         raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "
                           f"{human(best.peak_bytes)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")

@@ -119,13 +119,17 @@ def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple
         for p in group:
             partners.setdefault(p, set()).update(q for q in group if q != p)
     reach = {b: set().union(*(partners.get(p, set()) for p in u)) for b, u in users.items()}
-    extra = []
-    for i, (bi, _) in enumerate(keys):
-        for j in range(i + 1, len(keys)):
-            bj = keys[j][0]
-            if bi == bj or reach.get(bi, set()) & users.get(bj, set()):
-                extra.append((i, j))
-    return tuple(extra)
+    by_buffer: dict[int, list[int]] = {}
+    for i, (b, _) in enumerate(keys):
+        by_buffer.setdefault(b, []).append(i)
+    extra: set[tuple[int, int]] = set()
+    for b, idx in by_buffer.items():
+        extra.update((x, y) for k, x in enumerate(idx) for y in idx[k + 1 :])
+        if reach.get(b):  # the relation is symmetric: each pair is found from both buffers
+            for other, idx_other in by_buffer.items():
+                if other != b and reach[b] & users.get(other, set()):
+                    extra.update((min(x, y), max(x, y)) for x in idx for y in idx_other)
+    return tuple(sorted(extra))
 
 
 def concurrent_lower_bound(plan: Plan, life: Lifetimes) -> int:

@@ -10,13 +10,15 @@ and lifetimes, time from the cost function):
 2. if no prefix fits, greedy refinement from the smallest plan found: each round doubles the
    phases around the tensors live at the memory peak, taking the candidate that saves the most
    bytes per second of predicted time added;
-3. coarsening: each split layer in turn has its phases halved while the plan still fits and gets
-   faster, until a sweep changes nothing.
-Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
+3. coarsening: the source, all split layers, and each split layer in turn have their phases
+   halved while the plan still fits and gets faster, until a sweep changes nothing.
+A model small enough (at most EXHAUSTIVE_LIMIT settings of 1, 2, 4, ... phases per layer) is
+first searched exhaustively, so on it the answer is the optimum of that space. Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
 P; a greedy round plans a handful of candidates and rounds that save nothing stop after a few.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -29,9 +31,10 @@ from tightfit.plan.schema import Plan
 
 Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
-SINGLE_MOVES = 8  # single-tensor candidates per round (the largest tensors at the peaks)
+SINGLE_MOVES = 4  # single-tensor candidates per round (the largest tensors at the peaks)
 PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
 SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the result is re-placed
+EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched exhaustively
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class PartsPoint:
     peak_bytes: int  # arena lower bound + the largest step scratch
     buffer_bytes: int  # all buffers summed, no reuse (the paper's "Total")
     seconds: float
+    align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
@@ -58,10 +62,12 @@ class PartsSearch:
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
                  max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                 max_rounds: int = 200) -> PartsSearch:
+                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> PartsSearch:
     """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
     found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
-    the constraint is met; if not, `chosen` is the smallest peak found."""
+    the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
+    `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
+    exhaustively, so the answer is the optimum of that space."""
     from tightfit.plan.parts import plan_parts
 
     g = model.graph
@@ -70,15 +76,28 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     def evaluate(phases: Mapping[int, int], source: int) -> tuple[PartsPoint, Plan]:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1))
         if key not in seen:
-            plan = plan_parts(model, dict(key[0]), key[1], SEARCH_PLANNER, layout, dtype, align=True)
-            life = lifetimes(plan, [g])
-            # As the run needs it: the arena (the planners reach this bound) plus the largest
-            # step's kernel temporaries, which are allocated outside the arena.
-            peak = lower_bound(life.reqs) + max(life.step_scratch, default=0)
-            seen[key] = (PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan)), plan)
+            # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
+            # until its last phases; equal parts let producers run ahead. Neither always wins.
+            variants = []
+            for align in (True, False):
+                plan = plan_parts(model, dict(key[0]), key[1], SEARCH_PLANNER, layout, dtype, align=align)
+                life = lifetimes(plan, [g])
+                # As the run needs it: the arena (the planners reach this bound) plus the largest
+                # step's kernel temporaries, which are allocated outside the arena.
+                peak = lower_bound(life.reqs) + max(life.step_scratch, default=0)
+                variants.append((peak, align, plan))
+                if not key[0]:
+                    break  # nothing is split: both are the same plan
+            peak, align, plan = min(variants, key=lambda v: (v[0], not v[1]))
+            point = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align)
+            seen[key] = (point, plan)
         return seen[key]
 
     base = evaluate({}, 1)[0]
+    settings = ladder_settings(g)
+    if settings.count <= exhaustive_limit:
+        for phases, source in settings:
+            evaluate(phases, source)
     if budget_bytes is not None:
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         if not fits(base) and not _prefixes(g, fits, True, evaluate):
@@ -98,6 +117,41 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     ok = [p for p in points if fits(p)]
     chosen = pick(ok) if ok else min(points, key=lambda p: (p.peak_bytes, p.seconds))
     return PartsSearch(chosen, pareto(points), len(seen), bool(ok))
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    """Every setting of phase counts 1, 2, 4, ... (capped at the rows) per splittable layer and
+    for the source; iterable, with its size known up front."""
+
+    layers: tuple[int, ...]
+    choices: tuple[tuple[int, ...], ...]
+    sources: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        n = len(self.sources)
+        for c in self.choices:
+            n *= len(c)
+        return n
+
+    def __iter__(self):
+        for source in self.sources:
+            for counts in itertools.product(*self.choices):
+                yield {l: c for l, c in zip(self.layers, counts) if c > 1}, source
+
+
+def ladder_settings(g: Graph) -> LadderSettings:
+    def ladder(h: int) -> tuple[int, ...]:
+        out, p = [1], 2
+        while p < 2 * h:
+            out.append(min(p, h))
+            p *= 2
+        return tuple(dict.fromkeys(out))
+
+    layers = tuple(l.id for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1)
+    return LadderSettings(layers, tuple(ladder(spatial(g.shape(g.layers[l].output))[0]) for l in layers),
+                          ladder(spatial(g.shape(g.inputs[0]))[0]))
 
 
 def _key(p: PartsPoint) -> tuple[Phases, int]:
@@ -159,22 +213,20 @@ def _refine_greedy(g: Graph, point: PartsPoint, plan: Plan, done: Callable[[Part
 
 
 def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
-    """Stage 3: undo refinements the budget does not need. Sweeps over the split layers (and
-    the source), halving one's phases when the plan still fits and gets faster, until a sweep
-    changes nothing."""
+    """Stage 3: undo refinements the budget does not need. Sweeps over the source, all split
+    layers together, all of them and the source, and each split layer alone, halving the
+    phases when the plan still fits and gets faster, until a sweep changes nothing."""
     changed = True
     while changed:
         changed = False
-        for lid in [None] + [l for l, _ in point.phases]:
+        for which in ["source", "layers", "all"] + [l for l, _ in point.phases]:
             phases, source = point.phases_dict(), point.source_phases
-            if lid is None:
-                if source == 1:
-                    continue
-                source //= 2
-            elif lid in phases:
-                phases[lid] //= 2
-            else:
-                continue
+            if which in ("source", "all"):
+                source = max(1, source // 2)
+            if which in ("layers", "all"):
+                phases = {l: p // 2 for l, p in phases.items()}
+            elif which in phases:
+                phases[which] //= 2
             cand = evaluate(phases, source)[0]
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
@@ -189,24 +241,24 @@ def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
 
 
 def _moves(g: Graph, point: PartsPoint, plan: Plan):
-    """Candidate settings: refine each tensor live at the peak step alone, and all of them
-    together to at least P phases, for P = 2, 4, 8, ... (a residual stage peaks with several
-    tensors live, and refining one at a time would not lower it)."""
+    """Candidate settings: refine each of the largest tensors live at the peak alone, and all of
+    them together to at least 2, 4 and 8 times the fewest phases among them (a residual stage
+    peaks with several tensors live, and refining one at a time would not lower it)."""
     phases, source = point.phases_dict(), point.source_phases
     tensors = _peak_tensors(g, plan)
     for tensor in tensors[:SINGLE_MOVES]:
         move = _refine(g, phases, source, tensor)
         if move is not None:
             yield move
-    top = max((spatial(g.shape(t))[0] for t in tensors), default=1)
-    target = 2
-    while target <= 2 * top:
+    if not tensors:
+        return
+    least = min(_phases_of(g, phases, source, t) for t in tensors)
+    for target in (2 * least, 4 * least, 8 * least):
         joint = (phases, source)
         for tensor in tensors:
             joint = _refine(g, *joint, tensor, target) or joint
         if joint != (phases, source):
             yield joint
-        target *= 2
 
 
 def _peak_tensors(g: Graph, plan: Plan) -> list[str]:

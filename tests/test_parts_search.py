@@ -1,0 +1,141 @@
+"""The parts search: a pure function of the model, the budget and a cost function. Checked against
+exhaustive enumeration on the paper's 5-layer CNN, with a deterministic cost (steps and MACs)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import tightfit
+from tightfit.analysis.csdf import needs_whole_input
+from tightfit.cli import main
+from tightfit.graph.ir import spatial
+from tightfit.ops import get_op
+from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.offsets import lower_bound
+from tightfit.plan.parts import plan_parts
+from tightfit.plan.parts_search import search_parts
+from tightfit.plan.reuse import PlannedModel
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def step_cost(graphs):
+    """A deterministic stand-in for the cost model: a fixed cost per step plus one per MAC."""
+    def seconds(plan) -> float:
+        total = 0.0
+        for s in plan.steps():
+            total += 50e-6
+            if s.kind == "compute":
+                g = graphs[s.model]
+                layer = g.layers[s.layer]
+                shapes = [g.shape(t) for t in layer.inputs]
+                total += 1e-9 * get_op(layer.op).macs(layer, s.out.region, shapes, g.shape(layer.output))
+        return total
+
+    return seconds
+
+
+def peak(plan, g) -> int:
+    life = lifetimes(plan, [g])
+    return lower_bound(life.reqs) + max(life.step_scratch, default=0)
+
+
+def every_setting(g):
+    """All phase counts 1, 2, 4, ... (and one per row) for every splittable layer and the source."""
+    ladder = lambda h: sorted({min(p, h) for p in (1, 2, 4, 8, 16, 32, 64)})  # noqa: E731
+    layers = [l for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1]
+    choices = [ladder(spatial(g.shape(l.output))[0]) for l in layers]
+    for source in ladder(spatial(g.shape(g.inputs[0]))[0]):
+        for counts in itertools.product(*choices):
+            yield {l.id: c for l, c in zip(layers, counts) if c > 1}, source
+
+
+@pytest.fixture(scope="module")
+def brute():
+    g = tightfit.load("minakova5")
+    model = PlannedModel(g, "minakova5")
+    seconds = step_cost([g])
+    points = []
+    for phases, source in every_setting(g):
+        # A setting's plan is the better of aligned rows and equal parts (as the search takes it).
+        plans = [plan_parts(model, phases, source, "greedy_by_size", align=a) for a in (True, False)]
+        p = min(plans, key=lambda p: peak(p, g))
+        points.append((peak(p, g), seconds(p)))
+    return g, model, seconds, points
+
+
+def quantiles(values, qs):
+    ordered = sorted(set(values))
+    return [ordered[int(q * (len(ordered) - 1))] for q in qs]
+
+
+QS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+@pytest.mark.parametrize("limit, within", [(None, 1.0), (0, 1.10)])
+def test_fastest_within_budget_against_brute_force(brute, limit, within):
+    """Exhaustive on a graph this small (the default): the optimum. The heuristic stages alone
+    (no exhaustive pass): within 10% of the optimum time on this graph."""
+    g, model, seconds, points = brute
+    kwargs = {} if limit is None else {"exhaustive_limit": limit}
+    for budget in quantiles([m for m, _ in points], QS):
+        best = min(t for m, t in points if m <= budget)
+        found = search_parts(model, seconds, budget, **kwargs)
+        assert found.fits and found.chosen.peak_bytes <= budget
+        assert best <= found.chosen.seconds + 1e-12 and found.chosen.seconds <= within * best + 1e-12, budget
+
+
+@pytest.mark.parametrize("limit, within", [(None, 1.0), (0, 1.10)])
+def test_smallest_within_time_against_brute_force(brute, limit, within):
+    g, model, seconds, points = brute
+    kwargs = {} if limit is None else {"exhaustive_limit": limit}
+    for max_seconds in quantiles([t for _, t in points], QS):
+        best = min(m for m, t in points if t <= max_seconds)
+        found = search_parts(model, seconds, None, max_seconds, **kwargs)
+        assert found.fits and found.chosen.seconds <= max_seconds
+        assert best <= found.chosen.peak_bytes <= within * best, max_seconds
+
+
+def test_no_point_of_the_front_is_dominated(brute):
+    g, model, seconds, points = brute
+    front = search_parts(model, seconds, None).front
+    for a, b in zip(front, front[1:]):
+        assert a.peak_bytes < b.peak_bytes and a.seconds > b.seconds
+
+
+def test_search_on_a_zoo_model_fits_and_runs(tmp_path):
+    """The chosen phases give a plan that fits, passes the checker and is reproducible."""
+    g = tightfit.load("mobilenet_v1_025")
+    model = PlannedModel(g, "mobilenet_v1_025")
+    seconds = step_cost([g])
+    unsplit = peak(plan_parts(model, {}, 1), g)
+    first = search_parts(model, seconds, unsplit // 2)
+    assert first.fits and first.chosen.phases
+    plan = plan_parts(model, first.chosen.phases_dict(), first.chosen.source_phases, align=first.chosen.align)
+    assert check_plan(plan, [g]).peak_bytes <= unsplit // 2
+    assert search_parts(model, seconds, unsplit // 2) == first  # pure: same inputs, same answer
+
+
+def test_unreachable_budget(capsys):
+    g = tightfit.load("mobilenet_v1_025")
+    found = search_parts(PlannedModel(g, "m"), step_cost([g]), 1000)
+    assert not found.fits
+    assert found.chosen.peak_bytes == min(p.peak_bytes for p in found.front)
+    assert main(["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "1kB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no parts plan of mobilenet_v1_025 fits" in err[0] and "smallest found needs" in err[0]
+
+
+def test_budget_cli_plan_runs_and_verifies(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "600kB", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "by parts within" in text and "predicted" in text
+    assert main(["run", str(out), "--verify"]) == 0
+    assert "OK" in capsys.readouterr().out
+    for argv in (["plan", "mobilenet_v1_025", "--budget", "1MB"],
+                 ["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "1MB", "--rows", "4"],
+                 ["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "lots"]):
+        assert main(argv) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
