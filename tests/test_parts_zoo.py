@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import tightfit
-from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.parts import plan_parts
+from tightfit.plan.parts_search import splittable_layers
 from tightfit.plan.reuse import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def phases_everywhere(g, p: int) -> dict[int, int]:
     """p phases (at most one per row) for every layer that can be split."""
-    return {l.id: min(p, spatial(g.shape(l.output))[0]) for l in g.layers
-            if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1}
+    return {lid: min(p, spatial(g.shape(g.layers[lid].output))[0]) for lid in splittable_layers(g)}
 
 
 @pytest.mark.parametrize("name", zoo.names())

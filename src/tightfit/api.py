@@ -5,13 +5,16 @@ import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from tightfit.analysis.memory import ModelMemory, account
 from tightfit.errors import ModelLoadError, OptionError
 from tightfit.graph.ir import Graph
+
+if TYPE_CHECKING:
+    from tightfit.runtime.cost import CostModel
 
 
 def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
@@ -77,7 +80,7 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
 def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
-         cost=None):
+         cost: CostModel | None = None):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
@@ -130,7 +133,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     return p, graphs
 
 
-def _parts_for_budget(model, budget: int, planner: str, layout: str, cost):
+def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostModel | None):
     """The parts search's pick for `budget`, placed by `planner`; BudgetError if none fits."""
     from dataclasses import replace
 
@@ -145,9 +148,10 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost):
     found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout)
     best = found.chosen
     p = plan_parts(model, best.phases_dict(), best.source_phases, planner, layout, align=best.align)
-    if not found.fits or p.arena_bytes + max((s.scratch for s in p.steps()), default=0) > budget:
+    needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
+    if needs > budget:  # also when nothing fits: the pick is then the smallest found
         raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "
-                          f"{human(best.peak_bytes)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")
+                          f"{human(needs)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")
     knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=best.seconds)
     return replace(p, knobs=knobs)
 

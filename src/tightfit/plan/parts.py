@@ -10,6 +10,7 @@ trades window memory for fewer compactions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
@@ -88,7 +89,7 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
     """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf).
 
     With `align`, phase counts (layer ids as keys) become rows per phase that end where the
-    consumers' phases need them (`aligned_rows`) instead of equal parts."""
+    producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
     g, batch = model.graph, model.batch
@@ -199,23 +200,15 @@ def aligned_rows(graph: Graph, phases: Mapping[int, int], source_phases: int) ->
     from tightfit.analysis.csdf import split_rows
 
     inp = graph.inputs[0]
-    ends: dict[str, list[int]] = {inp: _ends(split_rows(spatial(graph.shape(inp))[0], source_phases))}
+    ends: dict[str, list[int]] = {inp: list(accumulate(split_rows(spatial(graph.shape(inp))[0], source_phases)))}
     rows: dict[int, tuple[int, ...]] = {}
     for layer in graph.layers:  # producers come before their consumers
         p = phases.get(layer.id, 1)
         h = spatial(graph.shape(layer.output))[0]
         if p > 1:
             rows[layer.id] = _ready_rows(graph, layer, p, ends) or split_rows(h, p)
-        ends[layer.output] = _ends(rows.get(layer.id, (h,)))
+        ends[layer.output] = list(accumulate(rows.get(layer.id, (h,))))
     return rows, tuple(b - a for a, b in zip([0] + ends[inp][:-1], ends[inp]))
-
-
-def _ends(rows) -> list[int]:
-    out, total = [], 0
-    for r in rows:
-        total += r
-        out.append(total)
-    return out
 
 
 def _ready_rows(graph: Graph, layer, p: int, ends: Mapping[str, list[int]]) -> tuple[int, ...] | None:

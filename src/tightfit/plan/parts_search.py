@@ -1,20 +1,24 @@
-"""Choosing the phases of every layer (k rows per phase) for a memory budget: the parts planner's
-search. A pure function of the model, the budget and a cost function (plan -> predicted seconds;
-the cost model's, measured on this machine).
+"""Choosing the phases of every layer (k rows per phase): the parts planner's search. A pure
+function of the model, the constraint and a cost function (plan -> predicted seconds; the cost
+model's, measured on this machine). Two questions: the fastest plan within a memory budget, or
+the smallest plan within a time limit.
 
 Early layers hold the large tensors and are cheap to split; late layers hold the large weights.
-So the search runs in three stages, each evaluating exact plans (memory from the plan's buffers
-and lifetimes, time from the cost function):
-1. prefixes: the first `cut` layers (and the input source) take P phases each. For each P in
-   2, 4, 8, ..., a binary search over `cut` finds the shortest prefix that fits;
-2. if no prefix fits, greedy refinement from the smallest plan found: each round doubles the
-   phases around the tensors live at the memory peak, taking the candidate that saves the most
-   bytes per second of predicted time added;
-3. coarsening: the source, all split layers, and each split layer in turn have their phases
-   halved while the plan still fits and gets faster, until a sweep changes nothing.
-A model small enough (at most EXHAUSTIVE_LIMIT settings of 1, 2, 4, ... phases per layer) is
-first searched exhaustively, so on it the answer is the optimum of that space. Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
-P; a greedy round plans a handful of candidates and rounds that save nothing stop after a few.
+So the search runs in stages, each evaluating exact plans (memory from the plan's buffers and
+lifetimes, time from the cost function); a setting's plan is the better of aligned rows per
+phase and equal parts:
+0. a model small enough (at most EXHAUSTIVE_LIMIT settings of 1, 2, 4, ... phases per splittable
+   layer and source) is searched exhaustively, so on it the answer is the optimum of that space;
+1. prefixes: the first `cut` splittable layers (and the input source) take P phases each. For
+   each P in 2, 4, 8, ..., a binary search over `cut` finds the shortest prefix that fits the
+   budget (or the longest within the time limit);
+2. greedy refinement: each round doubles the phases around the tensors live at the memory peak,
+   taking the candidate that saves the most bytes per second of predicted time added;
+3. with a budget, coarsening: the source, all split layers, and each split layer in turn have
+   their phases halved while the plan still fits and gets faster, until a sweep changes nothing.
+Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
+P; a greedy round plans at most SINGLE_MOVES + 3 candidates, for at most `max_rounds` rounds,
+and rounds that save nothing stop after PLATEAU_ROUNDS.
 """
 from __future__ import annotations
 
@@ -71,9 +75,12 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     from tightfit.plan.parts import plan_parts
 
     g = model.graph
-    seen: dict[tuple[Phases, int], tuple[PartsPoint, Plan]] = {}
+    seen: dict[tuple[Phases, int], PartsPoint] = {}  # points only: plans of big graphs are large
 
-    def evaluate(phases: Mapping[int, int], source: int) -> tuple[PartsPoint, Plan]:
+    def build(p: PartsPoint) -> Plan:
+        return plan_parts(model, p.phases_dict(), p.source_phases, SEARCH_PLANNER, layout, dtype, align=p.align)
+
+    def evaluate(phases: Mapping[int, int], source: int) -> PartsPoint:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1))
         if key not in seen:
             # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
@@ -89,11 +96,10 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                 if not key[0]:
                     break  # nothing is split: both are the same plan
             peak, align, plan = min(variants, key=lambda v: (v[0], not v[1]))
-            point = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align)
-            seen[key] = (point, plan)
+            seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align)
         return seen[key]
 
-    base = evaluate({}, 1)[0]
+    base = evaluate({}, 1)
     settings = ladder_settings(g)
     if settings.count <= exhaustive_limit:
         for phases, source in settings:
@@ -101,19 +107,19 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     if budget_bytes is not None:
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         if not fits(base) and not _prefixes(g, fits, True, evaluate):
-            start = min((p for p, _ in seen.values()), key=lambda p: (p.peak_bytes, p.seconds))
-            _refine_greedy(g, start, seen[_key(start)][1], fits, lambda p: True, max_rounds, evaluate)
-        ok = [p for p, _ in seen.values() if fits(p)]
+            start = min(seen.values(), key=lambda p: (p.peak_bytes, p.seconds))
+            _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, build)
+        ok = [p for p in seen.values() if fits(p)]
         if ok:
             _coarsen(min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate)
         pick = lambda ps: min(ps, key=lambda p: (p.seconds, p.peak_bytes))  # noqa: E731
     else:
         fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
         _prefixes(g, fits, False, evaluate)
-        start = min((p for p, _ in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
-        _refine_greedy(g, start, seen[_key(start)][1], lambda p: False, fits, max_rounds, evaluate)
+        start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
+        _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
         pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
-    points = [p for p, _ in seen.values()]
+    points = list(seen.values())
     ok = [p for p in points if fits(p)]
     chosen = pick(ok) if ok else min(points, key=lambda p: (p.peak_bytes, p.seconds))
     return PartsSearch(chosen, pareto(points), len(seen), bool(ok))
@@ -141,6 +147,11 @@ class LadderSettings:
                 yield {l: c for l, c in zip(self.layers, counts) if c > 1}, source
 
 
+def splittable_layers(g: Graph) -> tuple[int, ...]:
+    """Ids of the layers that can run in more than one phase."""
+    return tuple(l.id for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1)
+
+
 def ladder_settings(g: Graph) -> LadderSettings:
     def ladder(h: int) -> tuple[int, ...]:
         out, p = [1], 2
@@ -149,20 +160,16 @@ def ladder_settings(g: Graph) -> LadderSettings:
             p *= 2
         return tuple(dict.fromkeys(out))
 
-    layers = tuple(l.id for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1)
+    layers = splittable_layers(g)
     return LadderSettings(layers, tuple(ladder(spatial(g.shape(g.layers[l].output))[0]) for l in layers),
                           ladder(spatial(g.shape(g.inputs[0]))[0]))
-
-
-def _key(p: PartsPoint) -> tuple[Phases, int]:
-    return p.phases, p.source_phases
 
 
 def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evaluate) -> list[PartsPoint]:
     """Stage 1: for P = 2, 4, 8, ..., the first `cut` splittable layers at P phases. Memory falls
     and time grows with the cut, so a binary search finds the shortest prefix that is `ok`
     (a memory budget; `shortest`) or the longest (a time limit). Returns the ok points found."""
-    splittable = [l.id for l in g.layers if not needs_whole_input(g, l) and spatial(g.shape(l.output))[0] > 1]
+    splittable = splittable_layers(g)
     h_in = spatial(g.shape(g.inputs[0]))[0]
     top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
     found = []
@@ -170,7 +177,7 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
     while p <= 2 * top:
         def at(cut: int, p: int = p) -> PartsPoint:
             phases = {lid: min(p, spatial(g.shape(g.layers[lid].output))[0]) for lid in splittable[:cut]}
-            return evaluate(phases, min(p, h_in))[0]
+            return evaluate(phases, min(p, h_in))
 
         n = len(splittable)
         if shortest and ok(at(n)):
@@ -190,25 +197,25 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
     return found
 
 
-def _refine_greedy(g: Graph, point: PartsPoint, plan: Plan, done: Callable[[PartsPoint], bool],
-                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate) -> PartsPoint:
+def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], bool],
+                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build) -> PartsPoint:
     """Stage 2: refine around the memory peak, over `allowed` candidates, until `done` (or
     nothing lowers the peak)."""
     plateau = 0
     for _ in range(max_rounds):
         if done(point):
             break
-        cands = [c for c in (evaluate(ph, src) for ph, src in _moves(g, point, plan)) if allowed(c[0])]
-        better = [c for c in cands if c[0].peak_bytes < point.peak_bytes]
+        cands = [c for c in (evaluate(ph, src) for ph, src in _moves(g, point, build(point))) if allowed(c)]
+        better = [c for c in cands if c.peak_bytes < point.peak_bytes]
         if better:
             plateau = 0
-            point, plan = max(better, key=lambda c: _gain(point, c[0], "peak_bytes"))
+            point = max(better, key=lambda c: _gain(point, c, "peak_bytes"))
             continue
-        smaller = [c for c in cands if c[0].buffer_bytes < point.buffer_bytes]
+        smaller = [c for c in cands if c.buffer_bytes < point.buffer_bytes]
         plateau += 1
         if not smaller or plateau > PLATEAU_ROUNDS:
             break
-        point, plan = max(smaller, key=lambda c: _gain(point, c[0], "buffer_bytes"))
+        point = max(smaller, key=lambda c: _gain(point, c, "buffer_bytes"))
     return point
 
 
@@ -227,7 +234,7 @@ def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) ->
                 phases = {l: p // 2 for l, p in phases.items()}
             elif which in phases:
                 phases[which] //= 2
-            cand = evaluate(phases, source)[0]
+            cand = evaluate(phases, source)
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
     return point

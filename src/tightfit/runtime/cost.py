@@ -73,7 +73,7 @@ class CostModel:
                 self.seconds = json.loads(path.read_text())["seconds"]
             except (ValueError, KeyError, OSError):
                 self.seconds = {}  # a damaged profile is measured again
-        self._params: dict[tuple[int, int], list] = {}
+        self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
         self._measured = 0
 
     @classmethod
@@ -139,10 +139,10 @@ class CostModel:
 
     def _layer_params(self, g: Graph, lid: int) -> list:
         key = (id(g), lid)
-        if key not in self._params:
+        if key not in self._params:  # the graph is kept with them, so its id is not reused
             layer = g.layers[lid]
-            self._params[key] = get_op(layer.op).prepare_params(layer, [g.params[p] for p in layer.params])
-        return self._params[key]
+            self._params[key] = (g, get_op(layer.op).prepare_params(layer, [g.params[p] for p in layer.params]))
+        return self._params[key][1]
 
 
 def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
