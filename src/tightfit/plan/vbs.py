@@ -1,0 +1,195 @@
+"""Variable batch size across layers (Choudhury et al., Sec. III): the dynamic program over a
+linear network. A pure function of per-layer profiles; what it returns is a schedule of
+(layer, sub-batch) steps, the per-layer profile of the paper's Fig. 9.
+
+OPT[i, j, b, m]: least time per sample to take b samples from the input of layer i to the output
+of layer j, every layer with batches of at most b, in at most m memory units (inputs of i and
+outputs of j included). OPTExact: the same with some layer run on all b samples at once.
+
+    OPTExact[i, j, b, m] = min_k OPT[i, k-1, b, m] + OPTExact[k, k, b, m] + OPT[k+1, j, b, m]   (1)
+    OPT[i, j, b, m] = 1/b min_b1 b1 OPTExact[i, j, b1, m - in(i, b-b1)]
+                                 + (b-b1) OPT[i, j, b-b1, m - out(j, b1)]                     (2)
+    OPTExact[i, i, b, m] = time(i, b) if in(i, b) + out(i, b) + ws(i, b) <= m, else inf       (3)
+
+Layers are numbered from 0 here; the paper's from 1. Tables are numpy arrays over the memory
+axis, so each recurrence is a few vector operations per (i, j, b).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class LinearProfile:
+    """Per layer i and batch size b = 1..B (index b; index 0 unused): time per sample, and the
+    input, output and workspace memory in whole memory units."""
+
+    time: np.ndarray  # (n, B + 1) seconds per sample
+    inp: np.ndarray  # (n, B + 1) units
+    out: np.ndarray
+    ws: np.ndarray
+
+    @property
+    def layers(self) -> int:
+        return self.time.shape[0]
+
+    @property
+    def max_batch(self) -> int:
+        return self.time.shape[1] - 1
+
+
+@dataclass(frozen=True)
+class Tables:
+    """OPT and OPTExact for every i <= j (index [i, j, b, m]); OPT[i, i-1] = 0 is implicit."""
+
+    profile: LinearProfile
+    memory: int
+    opt: np.ndarray
+    exact: np.ndarray
+    best_b1: np.ndarray  # argmin of (2)
+    best_k: np.ndarray  # argmin of (1)
+
+    def opt_at(self, i: int, j: int, b: int, m: int) -> float:
+        if i > j or b == 0:
+            return 0.0 if m >= 0 else INF
+        return float(self.opt[i, j, b, m]) if 0 <= m <= self.memory else INF
+
+    def exact_at(self, i: int, j: int, b: int, m: int) -> float:
+        return float(self.exact[i, j, b, m]) if 0 <= m <= self.memory else INF
+
+    @cached_property
+    def per_sample(self) -> float:
+        """The answer for the whole network and the largest batch."""
+        return self.opt_at(0, self.profile.layers - 1, self.profile.max_batch, self.memory)
+
+
+def solve(profile: LinearProfile, memory: int) -> Tables:
+    """Fill both tables by increasing j - i, as Algorithm 1 does."""
+    n, big_b = profile.layers, profile.max_batch
+    mems = np.arange(memory + 1)
+    shape = (n, n, big_b + 1, memory + 1)
+    opt, exact = np.full(shape, INF), np.full(shape, INF)
+    best_b1 = np.zeros(shape, dtype=np.int16)
+    best_k = np.zeros(shape, dtype=np.int16)
+    for i in range(n):
+        for b in range(1, big_b + 1):
+            need = profile.inp[i, b] + profile.out[i, b] + profile.ws[i, b]
+            exact[i, i, b] = np.where(mems >= need, profile.time[i, b], INF)
+    for d in range(n):
+        for i in range(n - d):
+            j = i + d
+            for b in range(1, big_b + 1):
+                if d > 0:
+                    _fill_exact(opt, exact, best_k, i, j, b)
+                _fill_opt(profile, opt, exact, best_b1, i, j, b)
+    return Tables(profile, memory, opt, exact, best_b1, best_k)
+
+
+def _fill_exact(opt, exact, best_k, i: int, j: int, b: int) -> None:
+    """Recurrence (1): layer k takes all b samples; the layers before and after it may not."""
+    best = np.full(exact.shape[3], INF)
+    arg = np.zeros(exact.shape[3], dtype=np.int16)
+    for k in range(i, j + 1):
+        before = opt[i, k - 1, b] if k > i else 0.0
+        after = opt[k + 1, j, b] if k < j else 0.0
+        total = before + exact[k, k, b] + after
+        better = total < best
+        best = np.where(better, total, best)
+        arg = np.where(better, k, arg)
+    exact[i, j, b], best_k[i, j, b] = best, arg
+
+
+def _fill_opt(profile: LinearProfile, opt, exact, best_b1, i: int, j: int, b: int) -> None:
+    """Recurrence (2): b1 samples go through layers i..j first (at exactly b1), the other b - b1
+    wait at layer i's input; then those go through while the first b1 wait at layer j's output."""
+    m = exact.shape[3]
+    best = np.full(m, INF)
+    arg = np.zeros(m, dtype=np.int16)
+    for b1 in range(1, b + 1):
+        rest = b - b1
+        first = b1 * _shifted(exact[i, j, b1], profile.inp[i, rest] if rest else 0)
+        second = rest * _shifted(opt[i, j, rest], profile.out[j, b1]) if rest else 0.0
+        total = (first + second) / b
+        better = total < best
+        best = np.where(better, total, best)
+        arg = np.where(better, b1, arg)
+    opt[i, j, b], best_b1[i, j, b] = best, arg
+
+
+def _shifted(row: np.ndarray, units: int) -> np.ndarray:
+    """row[m - units] for every m (inf where m - units < 0)."""
+    units = int(units)
+    if units <= 0:
+        return row
+    out = np.full_like(row, INF)
+    out[units:] = row[: len(row) - units]
+    return out
+
+
+@dataclass(frozen=True)
+class Step:
+    """Run `layer` on `batch` samples."""
+
+    layer: int
+    batch: int
+
+
+def schedule(tables: Tables, batch: int | None = None) -> list[Step]:
+    """The optimal execution order for `batch` samples (default the largest) through the whole
+    network, following the recorded choices of (1) and (2)."""
+    b = tables.profile.max_batch if batch is None else batch
+    if tables.opt_at(0, tables.profile.layers - 1, b, tables.memory) == INF:
+        return []
+    out: list[Step] = []
+    _opt_steps(tables, 0, tables.profile.layers - 1, b, tables.memory, out)
+    return out
+
+
+def _opt_steps(t: Tables, i: int, j: int, b: int, m: int, out: list[Step]) -> None:
+    if i > j or b == 0:
+        return
+    b1 = int(t.best_b1[i, j, b, m])
+    rest = b - b1
+    _exact_steps(t, i, j, b1, m - (int(t.profile.inp[i, rest]) if rest else 0), out)
+    _opt_steps(t, i, j, rest, m - int(t.profile.out[j, b1]), out)
+
+
+def _exact_steps(t: Tables, i: int, j: int, b: int, m: int, out: list[Step]) -> None:
+    k = i if i == j else int(t.best_k[i, j, b, m])
+    _opt_steps(t, i, k - 1, b, m, out)
+    out.append(Step(k, b))
+    _opt_steps(t, k + 1, j, b, m, out)
+
+
+def fixed_batch(profile: LinearProfile, memory: int, request: int) -> tuple[int, float]:
+    """FBS: the largest uniform batch that fits every layer, and its time per sample for
+    `request` samples (whole batches of that size, then the remainder); (0, inf) if none fits."""
+    for b in range(min(request, profile.max_batch), 0, -1):
+        if all(profile.inp[i, b] + profile.out[i, b] + profile.ws[i, b] <= memory for i in range(profile.layers)):
+            full, rest = divmod(request, b)
+            total = sum(full * b * profile.time[i, b] + (rest * profile.time[i, rest] if rest else 0.0)
+                        for i in range(profile.layers))
+            return b, total / request
+    return 0, INF
+
+
+def greedy_vbs(profile: LinearProfile, memory: int, request: int) -> tuple[list[int], float]:
+    """Greedy-VBS: layer after layer over all `request` samples, each with the largest batch that
+    fits while the inputs and outputs of all the samples are held; ([], inf) if some layer
+    cannot run at all."""
+    batches, total = [], 0.0
+    for i in range(profile.layers):
+        fits = [b for b in range(1, min(request, profile.max_batch) + 1)
+                if profile.inp[i, request] + profile.out[i, request] + profile.ws[i, b] <= memory]
+        if not fits:
+            return [], INF
+        b = max(fits)
+        full, rest = divmod(request, b)
+        total += full * b * profile.time[i, b] + (rest * profile.time[i, rest] if rest else 0.0)
+        batches.append(b)
+    return batches, total / request
