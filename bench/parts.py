@@ -63,6 +63,22 @@ def targets(row) -> tuple[float, float]:
     return max(red / 100, 1 - m_ours / m_dl), min(dec / 100, 1 - fps_p / fps_l)
 
 
+def heading(title: str, head: str) -> None:
+    if title:
+        print(title)
+    print(head)
+    print("-" * len(head))
+
+
+def cases(rows):
+    """Per Table III row: the row, our graph, its accounting, the planned model, its
+    layer-by-layer plan with reuse."""
+    for row in rows:
+        g = tightfit.load(row[1])
+        model = PlannedModel(g, row[1])
+        yield row, g, tightfit.inspect(g), model, plan_reuse(model)
+
+
 def interleaved_seconds(plans, g, runs: int) -> list[float]:
     """Median seconds per plan, the plans run in turn so drift on this shared machine hits all."""
     x = torch.randn(g.shape(g.inputs[0]))
@@ -91,19 +107,13 @@ def parts_plan(model: PlannedModel, point, dtype: str = "fp32"):
 
 
 def table_iii(rows, cost: CostModel, runs: int) -> None:
-    print("1. Minakova & Stefanov Table III: one parts plan per CNN (fp32, MB = 10^6 B, parameters included)")
-    head = (f"{'CNN':<13} {'model':<21} {'m_DL':>6} {'m_ours':>7} {'red%':>6} {'no reuse':>8} {'paper set':>9} "
+    heading("1. Minakova & Stefanov Table III: one parts plan per CNN (fp32, MB = 10^6 B, parameters included)",
+            f"{'CNN':<13} {'model':<21} {'m_DL':>6} {'m_ours':>7} {'red%':>6} {'no reuse':>8} {'paper set':>9} "
             f"{'fps lbl':>7} {'fps parts':>9} {'dec%':>6} {'pred%':>6} {'meas MiB':>8} {'anal MiB':>8}  "
             f"{'paper: m_DL m_ours red% fps lbl parts dec%':<42} targets")
-    print(head)
-    print("-" * len(head))
-    for row in rows:
+    for row, g, mem, model, lbl in cases(rows):
         label, name = row[0], row[1]
         red_target, dec_target = targets(row)
-        g = tightfit.load(name)
-        mem = tightfit.inspect(g)
-        model = PlannedModel(g, name)
-        lbl = plan_reuse(model)
         t_lbl = cost.plan_seconds(lbl, [g])
         found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), None, t_lbl / (1 - SAFETY * dec_target))
         plan = parts_plan(model, found.chosen)
@@ -129,18 +139,12 @@ def table_iii(rows, cost: CostModel, runs: int) -> None:
 
 
 def at_paper_memory(rows, cost: CostModel, runs: int) -> None:
-    print("2. The fastest parts plan within the paper's memory (budget = m_DL x (1 - paper reduction) - parameters)")
-    head = f"{'CNN':<13} {'budget MiB':>10} {'peak MiB':>8} {'layers split':>12} {'dec%':>6} {'pred%':>6} {'paper dec%':>10}"
-    print(head)
-    print("-" * len(head))
-    for row in rows:
-        label, name = row[0], row[1]
+    heading("2. The fastest parts plan within the paper's memory (budget = m_DL x (1 - paper reduction) - parameters)",
+            f"{'CNN':<13} {'budget MiB':>10} {'peak MiB':>8} {'layers split':>12} {'dec%':>6} {'pred%':>6} {'paper dec%':>10}")
+    for row, g, mem, model, lbl in cases(rows):
+        label = row[0]
         red_target, dec_target = targets(row)
-        g = tightfit.load(name)
-        mem = tightfit.inspect(g)
-        model = PlannedModel(g, name)
         budget = int(mem.naive_bytes * (1 - red_target) - mem.original_param_bytes) - 1
-        lbl = plan_reuse(model)
         found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget)
         if not found.fits:
             print(f"{label:<13} {budget / 2**20:>10.2f}  nothing found fits (smallest {found.chosen.peak_bytes / 2**20:.2f} MiB)")
@@ -171,9 +175,7 @@ def mobilenet_section(cost: CostModel, runs: int) -> None:
     t_lbl = seconds(plan_reuse(model))
     picks = {"parts, smallest found": search_parts(model, seconds).chosen,
              "parts, smallest at <= 1.25x": search_parts(model, seconds, None, 1.25 * t_lbl).chosen}
-    head = f"{'plan':<28} {'dtype':<5} {'with input kB':>13} {'without kB':>10} {'fps':>7}  split"
-    print(head)
-    print("-" * len(head))
+    heading("", f"{'plan':<28} {'dtype':<5} {'with input kB':>13} {'without kB':>10} {'fps':>7}  split")
     secs = interleaved_seconds([plan_reuse(model)] + [parts_plan(model, c) for c in picks.values()], g, runs)
     for dtype in ("int8", "fp32"):
         plans = [plan_reuse(model, dtype=dtype)] + [parts_plan(model, c, dtype) for c in picks.values()]
@@ -187,12 +189,10 @@ def mobilenet_section(cost: CostModel, runs: int) -> None:
 
 
 def cost_section(names, runs: int) -> None:
-    print("4. Cost model: predicted vs measured time per run (ms; measured = median of interleaved runs). Each model")
-    print("   is profiled afresh just before its plans run: this shared host has slow spells, and a profile measured")
-    print("   in one stays slow until `tightfit plan ... --reprofile`.")
-    head = f"{'model':<14} {'plan':<16} {'steps':>6} {'predicted':>9} {'measured':>9} {'error':>7}"
-    print(head)
-    print("-" * len(head))
+    heading("4. Cost model: predicted vs measured time per run (ms; measured = median of interleaved runs). Each model\n"
+            "   is profiled afresh just before its plans run: this shared host has slow spells, and a profile measured\n"
+            "   in one stays slow until `tightfit plan ... --reprofile`.",
+            f"{'model':<14} {'plan':<16} {'steps':>6} {'predicted':>9} {'measured':>9} {'error':>7}")
     worst = 0.0
     for name in names:
         g = tightfit.load(name)

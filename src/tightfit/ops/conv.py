@@ -3,6 +3,7 @@ activations."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -113,7 +114,7 @@ class Conv(Op):
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
         padded = max((win.region.n * cin * (c.in_rows[1] - c.in_rows[0] + c.pad[0] + c.pad[1]) * (win.region.w + c.pad[2] + c.pad[3])
-                      for c in kernel_calls(win, out, a["kernel"], a["stride"], a["dilation"]) if c.copy), default=0)
+                      for c in kernel_calls(win, out, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"])) if c.copy), default=0)
         if dense_out and _ONEDNN:
             return padded * itemsize
         # The fallback F.conv2d: its result before the copy into place, and oneDNN's reorder of
@@ -128,12 +129,14 @@ class Conv(Op):
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         a = layer.attrs
-        for call in kernel_calls(windows[0], out_region, a["kernel"], a["stride"], a["dilation"]):
-            x = inputs[0][:, :, call.in_rows[0] : call.in_rows[1]]
-            pad = [0, 0] if call.copy else call.pad
+        calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
+        for call in calls:
+            x, y = (inputs[0], out) if len(calls) == 1 else (  # one call: no view to cut
+                inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])
             if call.copy:
-                x = pad_copy(x, call.pad)
-            _convolve(x, out[:, :, call.out_rows[0] : call.out_rows[1]], pad, a, params)
+                _convolve(pad_copy(x, call.pad), y, [0, 0], a, params)
+            else:
+                _convolve(x, y, list(call.pad), a, params)
         apply_activations(out, a["act"])
 
 
@@ -164,16 +167,17 @@ class KernelCall:
     copy: bool
 
 
-def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> list[KernelCall]:
+@lru_cache(maxsize=65536)  # called on every step of a run: the same few bands recur
+def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> tuple[KernelCall, ...]:
     """How a conv step runs: one call when the kernel can apply the window's padding itself;
     else, for a band at the top or bottom border, the output rows whose receptive field reaches
     into the padding are split off, so only their few input rows are copied with padding
     (a whole band copied would be a temporary as large as the band)."""
     direct = direct_padding(win, out, kernel, stride, dilation)
     real, (pt, pb, pl, pr) = win.region.h, win.pad
-    whole_copy = [KernelCall((0, out.h), (0, real), win.pad, True)]
+    whole_copy = (KernelCall((0, out.h), (0, real), win.pad, True),)
     if direct is not None:
-        return [KernelCall((0, out.h), (0, real), tuple(direct), False)]
+        return (KernelCall((0, out.h), (0, real), tuple(direct), False),)
     if pl != pr or real == 0:
         return whole_copy
     s, ext = stride[0], (kernel[0] - 1) * dilation[0] + 1
@@ -192,7 +196,7 @@ def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> lis
             calls.append(KernelCall((a, b), (r0, r1), (pad_top, pad_bottom, pl, pr), True))
         else:
             calls.append(KernelCall((a, b), (r0, r1), (0, pl), False))
-    return calls
+    return tuple(calls)
 
 
 def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> list[int] | None:
