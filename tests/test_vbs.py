@@ -111,3 +111,40 @@ def test_dp_agrees_with_enumerated_schedules(seed):
             steps = [(s.layer, s.batch) for s in schedule(t)]
             tm, peak = _simulate(p, steps, request)
             assert peak <= memory and math.isclose(tm, best)
+
+
+def test_profiles_of_a_zoo_model_from_the_analyser():
+    """mobilenet_v1_025 in 64 KiB units: memory from the analyser's accounting, a made-up time
+    that favours larger batches. VBS is never slower than FBS, its schedule fits when replayed,
+    and with room for the whole request at every layer it is FBS at that batch."""
+    import tightfit
+    from tightfit.analysis.memory import layer_workspace
+    from tightfit.plan.vbs import linear_chain, linear_profile
+
+    g = tightfit.load("mobilenet_v1_025")
+    assert linear_chain(g) == [l.id for l in g.layers]
+    unit = 64 * 1024
+    p = linear_profile(g, 4, unit, lambda lid, b: (1 + b) * 1e-3)
+    first = g.layers[0]
+    assert p.inp[0, 3] == -(-g.tensors[first.inputs[0]].nbytes("fp32", 3) // unit)
+    assert p.ws[0, 2] == -(-layer_workspace(g, first.id, batch=2) // unit)
+    # The least memory at which FBS runs at batch 1, and at which it reaches batch 4.
+    fbs1 = next(m for m in range(1, 1000) if fixed_batch(p, m, 4)[0] >= 1)
+    fbs4 = next(m for m in range(fbs1, 1000) if fixed_batch(p, m, 4)[0] == 4)
+    for memory in (fbs1, (fbs1 + fbs4) // 2, fbs4 - 1, fbs4):
+        t = solve(p, memory)
+        assert t.per_sample <= fixed_batch(p, memory, 4)[1] + 1e-12
+        steps = schedule(t)
+        assert [sum(s.batch for s in steps if s.layer == i) for i in range(p.layers)] == [4] * p.layers
+    assert solve(p, fbs4).per_sample == pytest.approx(fixed_batch(p, fbs4, 4)[1])
+
+
+def test_graph_with_branches_is_refused():
+    import tightfit
+    from tightfit.errors import OptionError
+    from tightfit.plan.vbs import linear_chain, linear_profile
+
+    g = tightfit.load("resnet18")
+    assert linear_chain(g) is None
+    with pytest.raises(OptionError, match="without branches"):
+        linear_profile(g, 2, 2**20, lambda lid, b: 1.0)

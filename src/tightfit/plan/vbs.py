@@ -127,7 +127,8 @@ def _shifted(row: np.ndarray, units: int) -> np.ndarray:
     if units <= 0:
         return row
     out = np.full_like(row, INF)
-    out[units:] = row[: len(row) - units]
+    if units < len(row):
+        out[units:] = row[: len(row) - units]
     return out
 
 
@@ -167,13 +168,21 @@ def _exact_steps(t: Tables, i: int, j: int, b: int, m: int, out: list[Step]) -> 
 
 
 def fixed_batch(profile: LinearProfile, memory: int, request: int) -> tuple[int, float]:
-    """FBS: the largest uniform batch that fits every layer, and its time per sample for
-    `request` samples (whole batches of that size, then the remainder); (0, inf) if none fits."""
+    """FBS: the largest uniform batch b that fits, and its time per sample. The request runs in
+    chunks of b samples (the last one shorter) through every layer; as in the DP, memory holds
+    the inputs still waiting and the outputs already done. (0, inf) if no batch fits."""
+    n = profile.layers
     for b in range(min(request, profile.max_batch), 0, -1):
-        if all(profile.inp[i, b] + profile.out[i, b] + profile.ws[i, b] <= memory for i in range(profile.layers)):
-            full, rest = divmod(request, b)
-            total = sum(full * b * profile.time[i, b] + (rest * profile.time[i, rest] if rest else 0.0)
-                        for i in range(profile.layers))
+        chunks = [b] * (request // b) + ([request % b] if request % b else [])
+        done, total, fits = 0, 0.0, True
+        for c in chunks:
+            held = profile.inp[0, request - done - c] + profile.out[n - 1, done]
+            if any(held + profile.inp[i, c] + profile.out[i, c] + profile.ws[i, c] > memory for i in range(n)):
+                fits = False
+                break
+            total += sum(c * profile.time[i, c] for i in range(n))
+            done += c
+        if fits:
             return b, total / request
     return 0, INF
 
@@ -193,3 +202,41 @@ def greedy_vbs(profile: LinearProfile, memory: int, request: int) -> tuple[list[
         total += full * b * profile.time[i, b] + (rest * profile.time[i, rest] if rest else 0.0)
         batches.append(b)
     return batches, total / request
+
+
+def linear_chain(graph) -> list[int] | None:
+    """Layer ids in order when every layer reads only the previous layer's output (the graph's
+    input for the first); None for a graph with branches."""
+    prev = graph.inputs[0]
+    chain = []
+    for layer in graph.layers:
+        if list(layer.inputs) != [prev]:
+            return None
+        chain.append(layer.id)
+        prev = layer.output
+    return chain
+
+
+def linear_profile(graph, max_batch: int, unit_bytes: int, layer_seconds, dtype: str = "fp32") -> LinearProfile:
+    """The DP's profiles of a linear graph: in, out and ws from the analyser's own accounting
+    (so the DP and the plan made from it agree about memory), rounded up to whole units (the
+    paper's granularity; rounding up never lets a step exceed its budget); time per sample from
+    `layer_seconds(layer_id, batch)`, the time of one step running `batch` samples."""
+    from tightfit.analysis.memory import layer_workspace
+    from tightfit.errors import OptionError
+
+    chain = linear_chain(graph)
+    if chain is None:
+        raise OptionError(f"{graph.name}: the linear dynamic program needs a graph without branches")
+    n = len(chain)
+    shape = (n, max_batch + 1)
+    time, inp, out, ws = np.full(shape, INF), np.zeros(shape, int), np.zeros(shape, int), np.zeros(shape, int)
+    units = lambda nbytes: -(-int(nbytes) // unit_bytes)  # noqa: E731
+    for i, lid in enumerate(chain):
+        layer = graph.layers[lid]
+        for b in range(1, max_batch + 1):
+            inp[i, b] = units(graph.tensors[layer.inputs[0]].nbytes(dtype, b))
+            out[i, b] = units(graph.tensors[layer.output].nbytes(dtype, b))
+            ws[i, b] = units(layer_workspace(graph, lid, dtype, batch=b))
+            time[i, b] = layer_seconds(lid, b) / b
+    return LinearProfile(time, inp, out, ws)
