@@ -187,7 +187,7 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
                 lo, hi = (lo, mid) if ok(at(mid)) else (mid + 1, hi)
             found.append(at(hi))
         elif not shortest:
-            lo, hi = 0, n  # at(lo) is ok (cut 0 is the unsplit plan, whose time is the least)
+            lo, hi = 0, n  # at(lo) is ok (cut 0 splits only the input: the least time)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if ok(at(mid)) else (lo, mid - 1)
