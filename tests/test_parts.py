@@ -131,16 +131,17 @@ def test_aligned_rows_hold_one_band_plus_halo():
     assert compare(_run(aligned, g, x), run_reference(g, x)[g.outputs[0]]).ok
 
 
+@pytest.mark.parametrize("dim", [0, 2, 3])
 @pytest.mark.parametrize("shift", [1, 2, 3, -1, -2])
-def test_rows_shift_within_a_buffer_without_a_temporary(shift):
-    from tightfit.runtime.executor import _shift_rows
+def test_shift_within_a_buffer_without_a_temporary(shift, dim):
+    from tightfit.runtime.executor import _shift
 
-    buf = torch.arange(2 * 3 * 12 * 4, dtype=torch.float32).view(2, 3, 12, 4)
-    src0, rows = (shift, 7) if shift > 0 else (0, 7)
+    buf = torch.arange(12 * 3 * 12 * 12, dtype=torch.float32).view(12, 3, 12, 12)
+    src0, size = (shift, 7) if shift > 0 else (0, 7)
     dst0 = src0 - shift
-    expected = buf[:, :, src0 : src0 + rows].clone()
-    _shift_rows(buf[:, :, dst0 : dst0 + rows], buf[:, :, src0 : src0 + rows], shift)
-    assert torch.equal(buf[:, :, dst0 : dst0 + rows], expected)
+    expected = buf.narrow(dim, src0, size).clone()
+    _shift(buf.narrow(dim, dst0, size), buf.narrow(dim, src0, size), shift, dim)
+    assert torch.equal(buf.narrow(dim, dst0, size), expected)
 
 
 def test_border_band_copies_only_its_padded_rows():

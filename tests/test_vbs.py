@@ -148,3 +148,43 @@ def test_graph_with_branches_is_refused():
     assert linear_chain(g) is None
     with pytest.raises(OptionError, match="without branches"):
         linear_profile(g, 2, 2**20, lambda lid, b: 1.0)
+
+
+def test_vbs_plan_runs_the_planned_sub_batches(monkeypatch):
+    """A DP schedule for 4 samples of mobilenet_v1_025 becomes a plan: it passes the checker, its
+    kernels run exactly the planned sub-batch sizes, and every sample's output equals the
+    reference executor's on that sample alone."""
+    import torch
+
+    import tightfit
+    from tightfit.ops import get_op
+    from tightfit.plan.check import check_plan
+    from tightfit.plan.reuse import PlannedModel
+    from tightfit.plan.vbs import linear_profile, plan_vbs
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    g = tightfit.load("mobilenet_v1_025")
+    p = linear_profile(g, 4, 64 * 1024, lambda lid, b: (1 + b) * 1e-3)
+    fbs1 = next(m for m in range(1, 1000) if fixed_batch(p, m, 4)[0] >= 1)
+    fbs4 = next(m for m in range(fbs1, 1000) if fixed_batch(p, m, 4)[0] == 4)
+    steps = schedule(solve(p, (fbs1 + fbs4) // 2))
+    assert len({s.batch for s in steps}) > 1  # a variable batch: more than one size
+    plan = plan_vbs(PlannedModel(g, "mobilenet_v1_025", 4), steps)
+    check_plan(plan, [g])
+    ran = []
+    for op_name in {l.op for l in g.layers}:
+        op = type(get_op(op_name))
+        original = op.compute
+
+        def spy(self, layer, inputs, windows, out, out_region, params, _original=original):
+            ran.append((layer.id, out.shape[0]))
+            return _original(self, layer, inputs, windows, out, out_region, params)
+
+        monkeypatch.setattr(op, "compute", spy)
+    x = torch.randn((4,) + g.shape(g.inputs[0])[1:])
+    out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
+    assert ran == [(s.layer, s.batch) for s in steps]
+    for n in range(4):
+        assert compare(out[n : n + 1], run_reference(g, x[n : n + 1])[g.outputs[0]]).ok

@@ -240,3 +240,82 @@ def linear_profile(graph, max_batch: int, unit_bytes: int, layer_seconds, dtype:
             ws[i, b] = units(layer_workspace(graph, lid, dtype, batch=b))
             time[i, b] = layer_seconds(lid, b) / b
     return LinearProfile(time, inp, out, ws)
+
+
+def plan_vbs(model, steps: list[Step], planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32"):
+    """A plan running a schedule over the `model.batch` samples of a request, through a linear
+    graph. Samples move in order, so each tensor holds a contiguous range of samples: a buffer
+    of as many samples as that range ever spans, shifted by a copy step when the next sub-batch
+    does not fit after it (as the row windows of processing by parts). The input arrives a
+    sub-batch at a time as layer 0 takes it; the output buffer holds the whole request.
+
+    Not yet within the DP's memory: the DP counts only the samples a tensor holds at each step,
+    while a buffer here keeps its widest range for its whole lifetime (on mobilenet_v1_025, 4
+    samples, a 3.8 MiB DP budget gives a 4.6 MiB plan). Matching them needs buffers that shrink
+    as samples are consumed, or a DP that counts buffers as plans hold them."""
+    from tightfit.errors import OptionError
+    from tightfit.ops import get_op
+    from tightfit.ops.base import Region
+    from tightfit.plan.place import place
+    from tightfit.plan.reuse import dense_nhwc, layout_for
+    from tightfit.plan.schema import Access, Buffer, Partition, Plan
+    from tightfit.plan.schema import Step as PlanStep
+    from tightfit.graph.ir import itemsize
+
+    g, request = model.graph, model.batch
+    chain = linear_chain(g)
+    if chain is None:
+        raise OptionError(f"{g.name}: variable batch plans need a graph without branches")
+    tensors = [g.inputs[0]] + [g.layers[lid].output for lid in chain]
+    last = len(tensors) - 1
+    caps = _sample_capacities(steps, len(chain), request)
+    buffers = []
+    for k, t in enumerate(tensors):
+        shape = (caps[k],) + g.shape(t)[1:]
+        buffers.append(Buffer(k, "samples", shape, layout_for(shape, layout), (0,), itemsize(dtype)))
+    lo, hi, base = [0] * len(tensors), [0] * len(tensors), [0] * len(tensors)
+    plan_steps = []
+
+    def region(t: str, n0: int, n1: int) -> Region:
+        return Region.whole((n1 - n0,) + g.shape(t)[1:]).with_samples(n0, n1)
+
+    for s in steps:
+        i, b = s.layer, s.batch
+        src, dst = i, i + 1
+        if src == 0:  # the input arrives now, into the front of its buffer
+            base[0], lo[0], hi[0] = lo[0], lo[0], lo[0] + b
+            plan_steps.append(PlanStep("input", 0, -1, Access(tensors[0], 0, region(tensors[0], lo[0], hi[0]), (0, 0, 0))))
+        if hi[dst] + b - base[dst] > caps[dst]:  # shift the samples still waiting to the front
+            if hi[dst] > lo[dst]:
+                kept = region(tensors[dst], lo[dst], hi[dst])
+                plan_steps.append(PlanStep("copy", 0, -1, Access(tensors[dst], dst, kept, (0, 0, 0)),
+                                           (Access(tensors[dst], dst, kept, (lo[dst] - base[dst], 0, 0)),), 0))
+            base[dst] = lo[dst]
+        layer = g.layers[chain[i]]
+        out_shape = (request,) + g.shape(layer.output)[1:]
+        out = Access(layer.output, dst, region(layer.output, hi[dst], hi[dst] + b), (hi[dst] - base[dst], 0, 0))
+        ins = (Access(tensors[src], src, region(tensors[src], lo[src], lo[src] + b), (lo[src] - base[src], 0, 0)),)
+        in_shapes = [(request,) + g.shape(tensors[src])[1:]]
+        scratch = get_op(layer.op).workspace_bytes(layer, out.region, in_shapes, out_shape, itemsize(dtype), "torch",
+                                                   dense_nhwc(out_shape, layout))
+        plan_steps.append(PlanStep("compute", 0, chain[i], out, ins, scratch))
+        lo[src] += b
+        hi[dst] += b
+    knobs = {"method": "vbs", "planner": planner, "layout": layout,
+             "profile": [[s.layer, s.batch] for s in steps]}
+    draft = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(chain), tuple(plan_steps)),), (), 0, knobs)
+    return place(draft, [g], planner)
+
+
+def _sample_capacities(steps: list[Step], layers: int, request: int) -> list[int]:
+    """Samples each tensor's buffer must hold: the input a sub-batch, the output the whole
+    request, every other tensor the widest range waiting plus the sub-batch being added."""
+    caps = [0] * (layers + 1)
+    waiting = [0] * (layers + 1)
+    for s in steps:
+        caps[0] = max(caps[0], s.batch)
+        caps[s.layer + 1] = max(caps[s.layer + 1], waiting[s.layer + 1] + s.batch)
+        waiting[s.layer] = max(0, waiting[s.layer] - s.batch)
+        waiting[s.layer + 1] += s.batch
+    caps[layers] = request
+    return caps

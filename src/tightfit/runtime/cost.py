@@ -155,7 +155,8 @@ def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
 
     if step.kind != "compute":
         # A shift within one buffer runs in chunks of the shift's size.
-        shift = step.inputs[0].at[1] - step.out.at[1] if step.inputs and step.inputs[0].buffer == step.out.buffer else 0
+        same = bool(step.inputs) and step.inputs[0].buffer == step.out.buffer
+        shift = [a - b for a, b in zip(step.inputs[0].at, step.out.at)] if same else 0
         return json.dumps([step.kind, view(step.out), [view(a) for a in step.inputs], shift])
     g = graphs[step.model]
     layer = g.layers[step.layer]

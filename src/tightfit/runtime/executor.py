@@ -122,9 +122,11 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
     if s.kind == "copy":
         src = s.inputs[0]
         src_view = access_view(views[src.buffer], src)
-        if src.buffer == s.out.buffer and _rows_overlap(src, s.out):
-            if src.at[0] == s.out.at[0] and src.at[2] == s.out.at[2]:
-                return _Compiled(_shift_rows, (out_view, src_view, src.at[1] - s.out.at[1]))
+        if src.buffer == s.out.buffer and _overlap(src, s.out):
+            moved = [d for d in range(3) if src.at[d] != s.out.at[d]]
+            if len(moved) == 1:  # samples, rows or columns moved along one dimension
+                dim = (0, 2, 3)[moved[0]]
+                return _Compiled(_shift, (out_view, src_view, src.at[moved[0]] - s.out.at[moved[0]], dim))
             return _Compiled(_copy_via_temp, (out_view, src_view))
         return _Compiled(torch.Tensor.copy_, (out_view, src_view))
     layer = graph.layers[s.layer]
@@ -135,8 +137,10 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
     return _Compiled(op.compute, (layer, ins, windows, out_view, s.out.region, params[layer.id]))
 
 
-def _rows_overlap(a: Access, b: Access) -> bool:
-    return a.at[1] < b.at[1] + b.region.h and b.at[1] < a.at[1] + a.region.h
+def _overlap(a: Access, b: Access) -> bool:
+    """Whether two accesses of one buffer share cells (their regions have the same size)."""
+    size = (a.region.n, a.region.h, a.region.w)
+    return all(x < y + k and y < x + k for x, y, k in zip(a.at, b.at, size))
 
 
 def _copy_via_temp(out: torch.Tensor, src: torch.Tensor) -> None:
@@ -145,13 +149,14 @@ def _copy_via_temp(out: torch.Tensor, src: torch.Tensor) -> None:
     out.copy_(src.clone())
 
 
-def _shift_rows(out: torch.Tensor, src: torch.Tensor, shift: int) -> None:
-    """Rows moved `shift` rows up (down if negative) within one buffer, without a temporary: in
-    chunks of |shift| rows, in the order that reads every row before it is overwritten."""
-    rows, step = out.shape[2], abs(shift)
-    starts = range(0, rows, step) if shift > 0 else reversed(range(0, rows, step))
-    for r0 in starts:
-        out[:, :, r0 : r0 + step].copy_(src[:, :, r0 : r0 + step])
+def _shift(out: torch.Tensor, src: torch.Tensor, shift: int, dim: int) -> None:
+    """Samples, rows or columns (`dim`) moved `shift` places towards the start (the end if
+    negative) within one buffer, without a temporary: in chunks of |shift|, in the order that
+    reads every place before it is overwritten."""
+    size, step = out.shape[dim], abs(shift)
+    starts = range(0, size, step) if shift > 0 else reversed(range(0, size, step))
+    for i in starts:
+        out.narrow(dim, i, min(step, size - i)).copy_(src.narrow(dim, i, min(step, size - i)))
 
 
 class _InputSlot(threading.local):
