@@ -14,23 +14,23 @@ from tightfit.ops import get_op
 from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import plan_parts
-from tightfit.plan.parts_search import search_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.parts_search import _peak_tensors, search_parts
+from tightfit.plan.reuse import PlannedModel, plan_reuse
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def step_cost(graphs):
+def step_cost(graphs, per_step: float = 50e-6, per_mac: float = 1e-9):
     """A deterministic stand-in for the cost model: a fixed cost per step plus one per MAC."""
     def seconds(plan) -> float:
         total = 0.0
         for s in plan.steps():
-            total += 50e-6
+            total += per_step
             if s.kind == "compute":
                 g = graphs[s.model]
                 layer = g.layers[s.layer]
                 shapes = [g.shape(t) for t in layer.inputs]
-                total += 1e-9 * get_op(layer.op).macs(layer, s.out.region, shapes, g.shape(layer.output))
+                total += per_mac * get_op(layer.op).macs(layer, s.out.region, shapes, g.shape(layer.output))
         return total
 
     return seconds
@@ -139,3 +139,41 @@ def test_budget_cli_plan_runs_and_verifies(tmp_path, capsys):
                  ["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "lots"]):
         assert main(argv) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def yolo():
+    g = tightfit.load("tiny-yolov2")
+    return g, PlannedModel(g, "tiny-yolov2")
+
+
+def test_peak_tensors_name_the_arena_peak_and_the_largest_scratch(yolo):
+    """The run's peak is the arena plus the largest step scratch, wherever each occurs: in
+    tiny-yolov2 split 16 ways up to layer 7, the arena peaks in the early layers' windows and the
+    edge Pad (layer 11) holds the largest scratch, a padded copy of its whole output."""
+    g, model = yolo
+    plan = plan_parts(model, {lid: 16 for lid in range(8)}, 16, "greedy_by_size", align=True)
+    life = lifetimes(plan, [g])
+    arena, scratch = _peak_tensors(g, plan)
+    pad = g.layers[11]
+    assert pad.op == "pad" and scratch == (pad.output, max(life.step_scratch))
+    assert pad.output not in dict(arena)
+    assert [b for _, b in arena] == sorted((b for _, b in arena), reverse=True)
+    assert sum(b for _, b in arena) >= lower_bound(life.reqs)
+
+
+def test_coarsening_unsplits_layers_the_budget_does_not_need(yolo):
+    """tiny-yolov2 within 1.5 MB: every early layer must be split (their tensors are MBs) and
+    layer 14 too (its whole input and output come to 1.38 MB, and the edge Pad's 0.4 MB scratch
+    adds to the arena), but the 13x13 and 26x26 layers between fit whole. The first stages split
+    them all; coarsening takes each split layer back to one phase when that still fits and is
+    faster, not only halves its phases (a halved count can fit worse than one phase)."""
+    g, model = yolo
+    budget = 1_500_000
+    found = search_parts(model, step_cost([g], 80e-6, 1 / 80e9), budget)
+    assert found.fits
+    phases = found.chosen.phases_dict()
+    assert all(phases.get(lid, 1) > 1 for lid in (0, 1, 2, 3, 14)), phases
+    assert all(phases.get(lid, 1) == 1 for lid in range(8, 14)), phases
+    plan = plan_parts(model, phases, found.chosen.source_phases, align=found.chosen.align)
+    assert check_plan(plan, [g]).peak_bytes <= budget

@@ -226,14 +226,14 @@ def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) ->
     changed = True
     while changed:
         changed = False
-        for which in ["source", "layers", "all"] + [l for l, _ in point.phases]:
+        for which, to in [("source", 2), ("layers", 2), ("all", 2)] + [(l, d) for l, _ in point.phases for d in (2, 0)]:
             phases, source = point.phases_dict(), point.source_phases
             if which in ("source", "all"):
                 source = max(1, source // 2)
             if which in ("layers", "all"):
                 phases = {l: p // 2 for l, p in phases.items()}
             elif which in phases:
-                phases[which] //= 2
+                phases[which] = phases[which] // to if to else 1
             cand = evaluate(phases, source)
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
@@ -248,29 +248,42 @@ def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
 
 
 def _moves(g: Graph, point: PartsPoint, plan: Plan):
-    """Candidate settings: refine each of the largest tensors live at the peak alone, and all of
-    them together to at least 2, 4 and 8 times the fewest phases among them (a residual stage
-    peaks with several tensors live, and refining one at a time would not lower it)."""
+    """Candidate settings: refine alone each of the largest tensors live at the arena's peak and
+    the output of the step with the largest scratch; and all the tensors at the arena's peak
+    together to at least 2, 4 and 8 times the fewest phases among them (a residual stage peaks
+    with several tensors live, and refining one at a time would not lower it)."""
     phases, source = point.phases_dict(), point.source_phases
-    tensors = _peak_tensors(g, plan)
-    for tensor in tensors[:SINGLE_MOVES]:
+    tensors, scratch_tensor = _peak_tensors(g, plan)
+    for tensor in _by_bytes(tensors, scratch_tensor)[:SINGLE_MOVES]:
         move = _refine(g, phases, source, tensor)
         if move is not None:
             yield move
     if not tensors:
         return
-    least = min(_phases_of(g, phases, source, t) for t in tensors)
+    least = min(_phases_of(g, phases, source, t) for t, _ in tensors)
     for target in (2 * least, 4 * least, 8 * least):
         joint = (phases, source)
-        for tensor in tensors:
+        for tensor, _ in tensors:
             joint = _refine(g, *joint, tensor, target) or joint
         if joint != (phases, source):
             yield joint
 
 
-def _peak_tensors(g: Graph, plan: Plan) -> list[str]:
-    """Tensors whose buffers are live at a step where live bytes (plus scratch) come within
-    NEAR_PEAK of the peak, largest first: lowering one of several equal peaks lowers nothing."""
+def _by_bytes(tensors: list[tuple[str, int]], scratch: tuple[str, int] | None) -> list[str]:
+    """Tensor names, the most bytes first; the scratch step's output ranks by its scratch."""
+    ranked = dict(tensors)
+    if scratch is not None:
+        ranked[scratch[0]] = max(ranked.get(scratch[0], 0), scratch[1])
+    return sorted(ranked, key=lambda t: -ranked[t])
+
+
+def _peak_tensors(g: Graph, plan: Plan) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
+    """What sets the run's peak, the arena (the most bytes live at once) plus the largest step
+    scratch (allocated outside the arena, so the two add up even at different steps): the
+    tensors live where live bytes come within NEAR_PEAK of the arena's peak (lowering one of
+    several equal peaks lowers nothing) with their buffer bytes, largest first; and the output
+    tensor of the step with the largest scratch with that scratch (a kernel's temporary shrinks
+    with its band), None without scratch."""
     life = lifetimes(plan, [g])
     n = len(life.step_scratch)
     delta = [0] * (n + 1)
@@ -280,17 +293,20 @@ def _peak_tensors(g: Graph, plan: Plan) -> list[str]:
     live, total = [], 0
     for i in range(n):
         total += delta[i]
-        live.append(total + life.step_scratch[i])
+        live.append(total)
     near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * max(live, default=0)]
+    steps = plan.steps()
     tensor_of = {}
-    for s in plan.steps():
+    for s in steps:
         for a in (s.out,) + s.inputs:
             tensor_of.setdefault(a.buffer, a.tensor)
     sizes: dict[str, int] = {}
     for (b, _), r in zip(life.keys, life.reqs):
         if any(r.first_use <= i <= r.last_use for i in near):
             sizes[tensor_of[b]] = max(sizes.get(tensor_of[b], 0), r.size)
-    return sorted(sizes, key=lambda t: -sizes[t])
+    scratch = max(life.step_scratch, default=0)
+    at = steps[life.step_scratch.index(scratch)].out.tensor if scratch else None
+    return sorted(sizes.items(), key=lambda kv: -kv[1]), (at, scratch) if at is not None else None
 
 
 def _producer(g: Graph, tensor: str):
