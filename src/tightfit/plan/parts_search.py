@@ -12,13 +12,19 @@ phase and equal parts:
 1. prefixes: the first `cut` splittable layers (and the input source) take P phases each. For
    each P in 2, 4, 8, ..., a binary search over `cut` finds the shortest prefix that fits the
    budget (or the longest within the time limit);
-2. greedy refinement: each round doubles the phases around the tensors live at the memory peak,
-   taking the candidate that saves the most bytes per second of predicted time added;
+2. greedy refinement: each round doubles the phases around the tensors that set the memory peak
+   (those live at the arena's peak, and the output of the step with the largest scratch, which
+   the run holds besides the arena), taking the candidate that saves the most bytes per second
+   of predicted time added;
 3. with a budget, coarsening: the source, all split layers, and each split layer in turn have
-   their phases halved while the plan still fits and gets faster, until a sweep changes nothing.
+   their phases halved, and each split layer is taken back to one phase, while the plan still
+   fits and gets faster, until a sweep changes nothing (the first stages split every layer up to
+   the cut, but a late layer between splits may fit whole, and halving its phases one step at a
+   time can pass through counts that fit worse than one phase).
 Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
 P; a greedy round plans at most SINGLE_MOVES + 3 candidates, for at most `max_rounds` rounds,
-and rounds that save nothing stop after PLATEAU_ROUNDS.
+and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep plans at most
+3 + 2 x (split layers) candidates, and each sweep but the last lowers the predicted time.
 """
 from __future__ import annotations
 
@@ -222,7 +228,8 @@ def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], boo
 def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
     """Stage 3: undo refinements the budget does not need. Sweeps over the source, all split
     layers together, all of them and the source, and each split layer alone, halving the
-    phases when the plan still fits and gets faster, until a sweep changes nothing."""
+    phases (or, for a layer alone, taking it back to one phase) when the plan still fits and
+    gets faster, until a sweep changes nothing."""
     changed = True
     while changed:
         changed = False
