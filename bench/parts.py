@@ -133,9 +133,17 @@ def table_iii(rows, cost: CostModel, runs: int) -> None:
               f"{(1 - t_lbl / t_pred) * 100:>5.1f}% {measured_peak(plan) / 2**20:>8.2f} {rep.peak_bytes / 2**20:>8.2f}  "
               f"{paper:<42} {ok}")
         print(f"{'':<13} split: {len(found.chosen.phases)} layers, input in {found.chosen.source_phases} bands; "
-              f"search {found.evaluated} plans")
+              f"search {found.evaluated} plans; of the analysed run memory, kernel scratch {rep.scratch_peak / 2**20:.2f} MiB "
+              f"(outside the arena: {largest_scratch(plan, g)})")
     print("targets: reduction above the paper's, throughput decrease at most the paper's (each the stricter of its printed")
     print("percentage and the one its rounded MB / fps give). pred% = the cost model's predicted decrease.\n")
+
+
+def largest_scratch(plan, g) -> str:
+    """The step with the largest kernel temporary, which adds to the arena in the run's peak."""
+    life = lifetimes(plan, [g])
+    step = plan.steps()[life.step_scratch.index(max(life.step_scratch, default=0))]
+    return "none" if step.kind != "compute" else f"layer {step.layer} {g.layers[step.layer].op}"
 
 
 def at_paper_memory(rows, cost: CostModel, runs: int) -> None:
