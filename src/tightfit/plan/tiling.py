@@ -30,7 +30,7 @@ reused column strip would make the computed part a strided view).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from tightfit.analysis.csdf import split_rows
@@ -328,6 +328,12 @@ def plan_tiling(model: PlannedModel, groups: Sequence[TileGroup], planner: str =
     tiling of 1x1 groups is exactly the layer-by-layer plan."""
     from tightfit.plan.place import place
 
+    draft = draft_tiling(model, groups, layout, dtype)
+    return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
+
+
+def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str = "nhwc", dtype: str = "fp32") -> Plan:
+    """plan_tiling's plan before its buffers are placed (lifetimes and step times need no offsets)."""
     g, batch = model.graph, model.batch
     check_groups(g, groups)
     tiled = sorted((grp for grp in groups if grp.tiles > 1), key=lambda x: x.first)
@@ -354,10 +360,9 @@ def plan_tiling(model: PlannedModel, groups: Sequence[TileGroup], planner: str =
             _group_steps(b, starts[lid], buffer_of)
         elif lid not in in_group:
             b.steps.append(by_layer[lid])
-    knobs = {"method": "tiling", "planner": planner, "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
+    knobs = {"method": "tiling", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
              "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap} for x in groups]}
-    draft = Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
-    return place(draft, [g], planner)
+    return Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
 
 
 def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
@@ -371,3 +376,238 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
             shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
             total += get_op(layer.op).macs(layer, s.out.region, shapes, (batch,) + g.shape(layer.output)[1:])
     return total
+
+
+# --- predictor and configuration search ---------------------------------------------------------
+#
+# MAFAT's Alg. 3 searches a fixed space (no cut or one cut at 4, 8 or 12 of YOLOv2; square
+# grids) with a fitted memory predictor. Here: any number of groups up to `max_groups`, each
+# between two cut points (by default the cuts after downsampling, where merging tiles costs
+# least), any grid up to 8x8 (by default squares and grids one tile off square), either overlap
+# policy; memory read exactly off each plan's lifetimes and step scratch, time from a cost
+# function (the cost model).
+#
+# Bounding the work. Cut points separate the graph: at a step inside a group only the group's
+# own buffers (and model outputs) are live, so a group's memory (bytes live, step scratch) and
+# its steps' time do not depend on the other groups. Each (group, grid, overlap) is planned once,
+# as the only group of a draft plan (memoised), and a configuration's prediction is assembled:
+# peak = max live over its segments + max scratch over its segments (what check_plan reports),
+# seconds = sum over segments. Memory is evaluated for every option; time only for the options a
+# budget can use: per segment and overlap, the `timed_per_segment` coarsest grids that fit (more
+# tiles cost more time), and never for a grid whose memory is no lower than a coarser grid's
+# (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
+# distinct step scratches), the fastest chain whose live bytes fit budget - S. Finer grids of a
+# group stop once PLATEAU_GRIDS of them in a row lower its peak by less than PLATEAU_GAIN: the
+# group's whole input and output buffers, which no grid shrinks, then dominate its memory.
+
+GRID_LIMIT = 8
+MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
+PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's peak by < PLATEAU_GAIN
+PLATEAU_GAIN = 0.01
+
+StepSeconds = Callable[[Plan, Sequence[Step]], float]
+
+
+@dataclass(frozen=True)
+class TilingPoint:
+    """A configuration (its tiled groups; other layers run layer by layer) and its prediction:
+    run memory (arena lower bound + largest step scratch) and seconds."""
+
+    groups: tuple[TileGroup, ...]
+    peak_bytes: int
+    seconds: float
+
+    @property
+    def spec(self) -> str:
+        return format_tiling(self.groups) or "layer-by-layer"
+
+
+@dataclass(frozen=True)
+class TilingSearch:
+    chosen: TilingPoint  # fastest within the budget; if none fits, the smallest reachable
+    front: tuple[TilingPoint, ...]  # Pareto front (peak_bytes, seconds) of the configurations assembled
+    evaluated: int  # group options planned (memory); each timed at most once
+    fits: bool
+    smallest_bytes: int  # the smallest peak any configuration in the searched space reaches
+
+
+def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
+    """Grids 1x1 .. limit x limit, square or one tile off square, by tile count."""
+    grids = [(n, m) for n in range(1, limit + 1) for m in range(1, limit + 1) if abs(n - m) <= 1]
+    return tuple(sorted(grids, key=lambda x: (x[0] * x[1], x)))
+
+
+def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
+    """Where groups may start and end in the search: the model's ends and the cut points after
+    downsampling (all cut points if there are fewer than two of those), at most `limit`."""
+    cuts = downsampling_cuts(graph)
+    if len(cuts) < 2:
+        cuts = tuple(p for p in cut_points(graph) if 0 < p < len(graph.layers))
+    if len(cuts) > limit:
+        cuts = tuple(cuts[round(k * (len(cuts) - 1) / (limit - 1))] for k in range(limit))
+    return tuple(sorted({0, len(graph.layers)} | set(cuts)))
+
+
+def cost_seconds(cost, graph: Graph) -> StepSeconds:
+    """The cost model's predicted seconds of some steps of a plan."""
+    return lambda plan, steps: cost.steps_seconds(plan, [graph], steps)
+
+
+def step_memory(plan: Plan, graph: Graph) -> tuple[list[int], list[int]]:
+    """Per step: bytes of the buffers live at it (lifetimes as check.lifetimes derives them:
+    first to last access, model outputs to the end), and its scratch."""
+    from tightfit.plan.check import output_accesses
+
+    steps = plan.steps()
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for a in (st.out, *st.inputs):
+            first.setdefault(a.buffer, k)
+            last[a.buffer] = k
+    for _, a in output_accesses(plan, [graph]):
+        last[a.buffer] = len(steps) - 1
+    delta = [0] * (len(steps) + 1)
+    for b, k in first.items():
+        delta[k] += plan.buffers[b].nbytes
+        delta[last[b] + 1] -= plan.buffers[b].nbytes
+    live, total = [], 0
+    for k in range(len(steps)):
+        total += delta[k]
+        live.append(total)
+    return live, [st.scratch for st in steps]
+
+
+@dataclass
+class _Option:
+    """One way to run the layers between two cut points: layer by layer (group None) or a group."""
+
+    group: TileGroup | None
+    live: int
+    scratch: int
+    plan: Plan | None = None
+    steps: tuple[int, int] = (0, 0)
+    seconds: float | None = None
+
+    @property
+    def peak(self) -> int:
+        return self.live + self.scratch
+
+
+def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
+                  grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
+                  cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
+                  timed_per_segment: int = 2, front_points: int = 12) -> TilingSearch:
+    """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
+    (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
+    front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
+    to the layer-by-layer peak. `seconds(plan, steps)` predicts the time of some of a plan's
+    steps (`cost_seconds(CostModel.default(), graph)`)."""
+    g = model.graph
+    L = len(g.layers)
+    cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
+    real = set(cut_points(g))
+    grids = tuple(sorted(grids or default_grids(), key=lambda x: (x[0] * x[1], x)))
+    base = draft_tiling(model, (), layout, dtype)
+    base_live, base_scratch = step_memory(base, g)
+    options: dict[tuple[int, int], list[list[_Option]]] = {}  # segment -> per overlap: memory-Pareto grids by tiles
+    plain: dict[tuple[int, int], _Option] = {}
+    evaluated = 0
+    for i, a in enumerate(cuts):
+        for b in cuts[i + 1:]:
+            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+            plain[(a, b)] = _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi))
+            if a not in real or b not in real or not all(tileable(g, l) for l in range(a, b)):
+                continue
+            h, w = spatial(g.shape(g.layers[b - 1].output))
+            per_overlap = []
+            for ov in overlaps:
+                kept: list[_Option] = []
+                stale = 0
+                for n, m in grids:
+                    if n * m == 1 or n > h or m > w or (ov == "reuse" and n == 1):
+                        continue
+                    if stale >= PLATEAU_GRIDS:
+                        break
+                    grp = TileGroup(a, b - 1, (n, m), ov)
+                    draft = draft_tiling(model, [grp], layout, dtype)
+                    evaluated += 1
+                    live, scratch = step_memory(draft, g)
+                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
+                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), draft, (lo, hi))
+                    smallest = min((k.peak for k in kept), default=None)
+                    stale = 0 if smallest is None or opt.peak < smallest * (1 - PLATEAU_GAIN) else stale + 1
+                    if smallest is None or opt.peak < smallest:  # else dominated: more tiles, no less memory
+                        kept.append(opt)
+                per_overlap.append(kept)
+            options[(a, b)] = per_overlap
+
+    def timed(opt: _Option) -> float:
+        if opt.seconds is None:
+            opt.seconds = seconds(opt.plan, opt.plan.steps()[opt.steps[0]:opt.steps[1]])
+        return opt.seconds
+
+    def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int) -> list[_Option]:
+        out = [plain[seg]] if plain[seg].live <= live_cap and plain[seg].scratch <= scratch_cap else []
+        for kept in options.get(seg, ()):
+            out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:timed_per_segment]
+        return out
+
+    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option], float], combine) -> tuple[float, list[_Option]] | None:
+        """The best chain of options over the cut points (at most max_groups groups)."""
+        best: dict[tuple[int, int], tuple[float, list[_Option]]] = {(0, 0): (0.0, [])}
+        for j, b in enumerate(cuts):
+            for a in cuts[:j]:
+                for opt in usable((a, b), live_cap, scratch_cap):
+                    for k in range(max_groups + 1):
+                        if (a, k) not in best:
+                            continue
+                        k2 = k + (opt.group is not None)
+                        if k2 > max_groups:
+                            continue
+                        value = combine(best[(a, k)][0], cost(opt))
+                        if (b, k2) not in best or value < best[(b, k2)][0]:
+                            best[(b, k2)] = (value, best[(a, k)][1] + [opt])
+        ends = [best[(L, k)] for k in range(max_groups + 1) if (L, k) in best]
+        return min(ends, key=lambda e: e[0], default=None)
+
+    def point(opts: list[_Option]) -> TilingPoint:
+        return TilingPoint(tuple(o.group for o in opts if o.group is not None),
+                           max(o.live for o in opts) + max(o.scratch for o in opts), sum(timed(o) for o in opts))
+
+    every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
+    scratch_caps = sorted({o.scratch for o in every})
+
+    def fastest(budget: int) -> TilingPoint | None:
+        found = []
+        for s in scratch_caps:
+            if s > budget:
+                break
+            c = chain(budget - s, s, timed, lambda x, y: x + y)
+            if c is not None:
+                found.append(point(c[1]))
+        return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
+
+    best_small = None
+    for s in scratch_caps:
+        c = chain(1 << 62, s, lambda o: o.live, max)
+        if c is not None and (best_small is None or c[0] + s < best_small[0]):
+            best_small = (c[0] + s, c[1])
+    smallest = point(best_small[1])
+    top = fastest(1 << 62)
+    seen = [smallest, top]
+    if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
+        ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
+        for k in range(1, front_points - 1):
+            p = fastest(int(smallest.peak_bytes * ratio ** k))
+            if p is not None:
+                seen.append(p)
+    if budget_bytes is None:
+        chosen, fits = top, True
+    else:
+        p = fastest(budget_bytes)
+        chosen, fits = (p, True) if p is not None else (smallest, False)
+        seen.append(chosen)
+    from tightfit.plan.parts_search import pareto
+
+    return TilingSearch(chosen, pareto(list({p.groups: p for p in seen}.values())), evaluated, fits, smallest.peak_bytes)
