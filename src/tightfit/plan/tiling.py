@@ -287,14 +287,17 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
     inside = [g.layers[l].output for l in group.layers]
     (in_t,) = {t for l in group.layers for t in g.layers[l].inputs if t not in inside}
     whole_region = {t: Region.whole((batch,) + g.shape(t)[1:]) for t in (in_t, out_t)}
-    rows, cols = _spans(H, group.grid[0]), _spans(W, group.grid[1])
+    rows, cols = _tile_spans(g, group)
     reuse = group.overlap == "reuse"
     for c0, c1 in cols:
         needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch) for r0, r1 in rows]
         strips: dict[str, tuple[int, Region]] = {}
         for i, need in enumerate(needs):
-            home = {in_t: (whole[in_t], whole_region[in_t])}
-            if need[in_t].w < whole_region[in_t].w:
+            home = {in_t: (whole[in_t], whole_region[in_t])} if in_t in whole else {}
+            if in_t not in whole:  # the model input, loaded tile by tile
+                home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
+                b.steps.append(Step("input", 0, -1, _access(in_t, home[in_t], need[in_t])))
+            elif need[in_t].w < whole_region[in_t].w:
                 home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
                 b.copy(in_t, need[in_t], (whole[in_t], whole_region[in_t]), home[in_t])
             for lid in group.layers:
@@ -321,6 +324,31 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
                     b.copy(t, region, home[t], (whole[out_t], whole_region[out_t]))
 
 
+def _tile_spans(g: Graph, group: TileGroup) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The grid's row and column spans of the group's output."""
+    h, w = spatial(g.shape(g.layers[group.last].output))
+    return _spans(h, group.grid[0]), _spans(w, group.grid[1])
+
+
+def _tiles_cover_input(g: Graph, group: TileGroup, batch: int) -> bool:
+    """Whether the group's tiles read every row and column of its input (a stride larger than
+    its kernel skips some): then the input can arrive tile by tile and is never whole."""
+    in_t = g.layers[group.first].inputs[0]
+    rows, cols = _tile_spans(g, group)
+    for spans, axis in ((rows, 0), (cols, 1)):
+        reach = 0
+        for a, b in spans:
+            out = Region(0, batch, a, b, 0, 1) if axis == 0 else Region(0, batch, 0, 1, a, b)
+            r = tile_regions(g, group, out, batch)[in_t]
+            lo, hi = (r.h0, r.h1) if axis == 0 else (r.w0, r.w1)
+            if lo > reach:
+                return False
+            reach = max(reach, hi)
+        if reach < spatial(g.shape(in_t))[axis]:
+            return False
+    return True
+
+
 def plan_tiling(model: PlannedModel, groups: Sequence[TileGroup], planner: str = "improve", layout: str = "nhwc",
                 dtype: str = "fp32") -> Plan:
     """A plan running each group tile by tile and every other layer layer by layer (whole
@@ -341,9 +369,13 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
     order = tuple(range(len(g.layers)))
     home = assign_buffers(g, order, True, exclude=frozenset(in_group))
     internal = {g.layers[l].output for grp in tiled for l in grp.layers[:-1]}
+    inp = g.inputs[0]
+    streamed = bool(tiled) and tiled[0].first == 0 and _tiles_cover_input(g, tiled[0], batch)
+    if streamed:  # the model input arrives tile by tile into the first group's tile buffers
+        internal.add(inp)
     buffers: list[Buffer] = []
     buffer_of: dict[str, int] = {}
-    for t in [g.inputs[0]] + [l.output for l in g.layers]:
+    for t in [inp] + [l.output for l in g.layers]:
         if home[t] == t and t not in internal:
             shape = (batch,) + g.shape(t)[1:]
             buffer_of[t] = len(buffers)
@@ -351,9 +383,10 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
     for t, h in home.items():
         if h in buffer_of:
             buffer_of[t] = buffer_of[h]
-    plain = whole_steps(model, 0, [l for l in order if l not in in_group], buffer_of, dtype, layout)
+    # (A streamed input has no whole buffer: whole_steps' input step is then dropped.)
+    plain = whole_steps(model, 0, [l for l in order if l not in in_group], {inp: -1, **buffer_of}, dtype, layout)
     by_layer = {s.layer: s for s in plain[1:]}
-    b = _Builder(g, batch, dtype, layout, buffers, [plain[0]])
+    b = _Builder(g, batch, dtype, layout, buffers, [] if streamed else [plain[0]])
     starts = {grp.first: grp for grp in tiled}
     for lid in order:
         if lid in starts:
@@ -602,12 +635,13 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
             p = fastest(int(smallest.peak_bytes * ratio ** k))
             if p is not None:
                 seen.append(p)
-    if budget_bytes is None:
-        chosen, fits = top, True
-    else:
-        p = fastest(budget_bytes)
-        chosen, fits = (p, True) if p is not None else (smallest, False)
-        seen.append(chosen)
+    # Every assembled configuration competes: a ladder budget may have timed finer grids that
+    # turn out faster (smaller tiles stay in cache) than the coarsest that fit.
+    limit = 1 << 62 if budget_bytes is None else budget_bytes
+    p = fastest(limit)
+    seen += [p] if p is not None else []
+    fitting = [q for q in seen if q.peak_bytes <= limit]
+    chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     from tightfit.plan.parts_search import pareto
 
     return TilingSearch(chosen, pareto(list({p.groups: p for p in seen}.values())), evaluated, fits, smallest.peak_bytes)
