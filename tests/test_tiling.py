@@ -15,7 +15,7 @@ from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel, plan_reuse
-from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, executed_macs,
+from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
@@ -107,21 +107,29 @@ def _fake_seconds(plan, steps) -> float:
 GRAPHS: dict = {}
 
 
-@pytest.mark.parametrize("name", ["yolov2-16", "mobilenet_v2"])
-def test_predictor_equals_plan_and_measured_peak(name, tmp_path):
-    """The search's assembled prediction (per-group memory and time) equals the analysed figures
-    of the configuration's own plan; the plan's predicted peak agrees with a measured run in a
-    fresh process (5%, at most 1 MiB unexplained)."""
+@pytest.mark.parametrize("name", ["tiny-yolov2", "mobilenet_v2"])
+def test_search_prediction_equals_plan(name):
+    """The search's assembled prediction (per-group memory and time, max and sum over segments)
+    equals the analysed figures of the chosen configuration's own plan, which fits the budget."""
     g = GRAPHS.setdefault(name, tightfit.load(name))
     model = PlannedModel(g, name)
     budget = plan_reuse(model).arena_bytes // 4
-    found = search_tiling(model, _fake_seconds, budget, max_groups=2, front_points=4)
+    found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(4), front_points=3)
     assert found.fits and found.chosen.peak_bytes <= budget and found.chosen.groups
     assert [p.peak_bytes for p in found.front] == sorted(p.peak_bytes for p in found.front)
     p = plan_tiling(model, found.chosen.groups)
     rep = check_plan(p, [g])
     assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
     assert found.chosen.seconds == pytest.approx(_fake_seconds(p, p.steps()))
+
+
+@pytest.mark.parametrize("name, tiling", [("yolov2-16", "0-7:4x4:reuse,8-15:2x2"), ("mobilenet_v2", "0-11:4x4,12-22:2x2:reuse")])
+def test_measured_peak_agrees(name, tiling, tmp_path):
+    """Predicted (analysed) run memory of a tiled plan vs a measured run in a fresh process:
+    within 5%, at most 1 MiB unexplained."""
+    g = tightfit.load(name)
+    p = plan_tiling(PlannedModel(g, name), parse_tiling(tiling, g))
+    rep = check_plan(p, [g])
     path = tmp_path / "plan.json"
     path.write_text(schema.dumps(p))
     m = measure_subprocess({"kind": "plan", "plan": str(path)})

@@ -296,7 +296,11 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
             home = {in_t: (whole[in_t], whole_region[in_t])} if in_t in whole else {}
             if in_t not in whole:  # the model input, loaded tile by tile
                 home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
-                b.steps.append(Step("input", 0, -1, _access(in_t, home[in_t], need[in_t])))
+                # A source delivers whole-width row bands (RowSource, as a camera): the band,
+                # made of its rows and their concatenation, is this step's scratch.
+                r = need[in_t]
+                band = 2 * r.n * g.shape(in_t)[1] * r.h * whole_region[in_t].w * itemsize(b.dtype)
+                b.steps.append(Step("input", 0, -1, _access(in_t, home[in_t], r), (), band))
             elif need[in_t].w < whole_region[in_t].w:
                 home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
                 b.copy(in_t, need[in_t], (whole[in_t], whole_region[in_t]), home[in_t])
@@ -530,11 +534,12 @@ class _Option:
 def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
                   grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
                   cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                  timed_per_segment: int = 2, front_points: int = 12) -> TilingSearch:
+                  timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = ()) -> TilingSearch:
     """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
     front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
-    to the layer-by-layer peak. `seconds(plan, steps)` predicts the time of some of a plan's
+    to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
+    answers several budgets: the fastest front point within each). `seconds(plan, steps)` predicts the time of some of a plan's
     steps (`cost_seconds(CostModel.default(), graph)`)."""
     g = model.graph
     L = len(g.layers)
@@ -580,18 +585,20 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
             opt.seconds = seconds(opt.plan, opt.plan.steps()[opt.steps[0]:opt.steps[1]])
         return opt.seconds
 
-    def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int) -> list[_Option]:
+    def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int, first: int | None) -> list[_Option]:
         out = [plain[seg]] if plain[seg].live <= live_cap and plain[seg].scratch <= scratch_cap else []
         for kept in options.get(seg, ()):
-            out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:timed_per_segment]
+            out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:first]
         return out
 
-    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option], float], combine) -> tuple[float, list[_Option]] | None:
-        """The best chain of options over the cut points (at most max_groups groups)."""
+    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option], float], combine,
+              first: int | None = timed_per_segment) -> tuple[float, list[_Option]] | None:
+        """The best chain of options over the cut points (at most max_groups groups), each
+        segment choosing among its `first` coarsest fitting grids per overlap (None: all)."""
         best: dict[tuple[int, int], tuple[float, list[_Option]]] = {(0, 0): (0.0, [])}
         for j, b in enumerate(cuts):
             for a in cuts[:j]:
-                for opt in usable((a, b), live_cap, scratch_cap):
+                for opt in usable((a, b), live_cap, scratch_cap, first):
                     for k in range(max_groups + 1):
                         if (a, k) not in best:
                             continue
@@ -623,7 +630,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     best_small = None
     for s in scratch_caps:
-        c = chain(1 << 62, s, lambda o: o.live, max)
+        c = chain(1 << 62, s, lambda o: o.live, max, None)
         if c is not None and (best_small is None or c[0] + s < best_small[0]):
             best_small = (c[0] + s, c[1])
     smallest = point(best_small[1])
@@ -631,10 +638,13 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     seen = [smallest, top]
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
         ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
-        for k in range(1, front_points - 1):
-            p = fastest(int(smallest.peak_bytes * ratio ** k))
-            if p is not None:
-                seen.append(p)
+        ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
+    else:
+        ladder = []
+    for budget in ladder + list(extra_budgets):
+        p = fastest(budget)
+        if p is not None:
+            seen.append(p)
     # Every assembled configuration competes: a ladder budget may have timed finer grids that
     # turn out faster (smaller tiles stay in cache) than the coarsest that fit.
     limit = 1 << 62 if budget_bytes is None else budget_bytes
