@@ -280,52 +280,67 @@ def _access(tensor: str, where: tuple[int, Region], region: Region) -> Access:
 
 
 def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
-    """A group's steps, tile by tile; `whole` maps the group input and output to whole buffers."""
+    """A group's steps, tile by tile, column by column; `whole` maps the group input and output
+    to their whole buffers (a streamed model input has none)."""
     g, batch = b.graph, b.batch
     out_t = g.layers[group.last].output
-    H, W = spatial(g.shape(out_t))
     inside = [g.layers[l].output for l in group.layers]
     (in_t,) = {t for l in group.layers for t in g.layers[l].inputs if t not in inside}
-    whole_region = {t: Region.whole((batch,) + g.shape(t)[1:]) for t in (in_t, out_t)}
+    whole_at = {t: (whole[t], Region.whole((batch,) + g.shape(t)[1:])) for t in (in_t, out_t) if t in whole}
     rows, cols = _tile_spans(g, group)
-    reuse = group.overlap == "reuse"
     for c0, c1 in cols:
         needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch) for r0, r1 in rows]
-        strips: dict[str, tuple[int, Region]] = {}
+        strips: dict[str, tuple[int, Region]] = {}  # rows kept for the tile below (reuse)
         for i, need in enumerate(needs):
-            home = {in_t: (whole[in_t], whole_region[in_t])} if in_t in whole else {}
-            if in_t not in whole:  # the model input, loaded tile by tile
-                home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
-                # A source delivers whole-width row bands (RowSource, as a camera): the band,
-                # made of its rows and their concatenation, is this step's scratch.
-                r = need[in_t]
-                band = 2 * r.n * g.shape(in_t)[1] * r.h * whole_region[in_t].w * itemsize(b.dtype)
-                b.steps.append(Step("input", 0, -1, _access(in_t, home[in_t], r), (), band))
-            elif need[in_t].w < whole_region[in_t].w:
-                home[in_t] = (b.buffer(in_t, need[in_t]), need[in_t])
-                b.copy(in_t, need[in_t], (whole[in_t], whole_region[in_t]), home[in_t])
+            home = {in_t: _tile_input(b, in_t, need[in_t], whole_at.get(in_t))}
             for lid in group.layers:
                 t = g.layers[lid].output
-                region = need[t]
-                # A model output is written where the caller reads it (one buffer, one index map).
-                if t == out_t and (region.w == W or t in g.outputs):
-                    b.compute(lid, region, (whole[out_t], whole_region[out_t]), home)
-                    continue
-                home[t] = (b.buffer(t, region), region)
-                todo = region
-                if reuse and t in strips:  # rows the tile above computed
-                    kept = strips.pop(t)
-                    b.copy(t, kept[1], kept, home[t])
-                    todo = Region(region.n0, region.n1, kept[1].h1, region.h1, region.w0, region.w1)
-                if not todo.is_empty():
-                    b.compute(lid, todo, home[t], home)
-                if reuse and t != out_t and i + 1 < len(needs) and needs[i + 1][t].h0 < region.h1:
-                    below = needs[i + 1][t]
-                    keep = Region(region.n0, region.n1, below.h0, min(region.h1, below.h1), region.w0, region.w1)
-                    strips[t] = (b.buffer(t, keep), keep)
-                    b.copy(t, keep, home[t], strips[t])
-                if t == out_t:
-                    b.copy(t, region, home[t], (whole[out_t], whole_region[out_t]))
+                below = needs[i + 1][t] if group.overlap == "reuse" and t != out_t and i + 1 < len(needs) else None
+                home[t] = _tile_layer(b, lid, need[t], home, whole_at[out_t] if t == out_t else None, strips, below)
+
+
+def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Region] | None) -> tuple[int, Region]:
+    """Where a tile reads its group input: a dense tile buffer loaded from the source (a streamed
+    model input) or copied from the whole buffer, or the whole buffer when the tile spans its width."""
+    if whole is not None and region.w == whole[1].w:
+        return whole
+    home = (b.buffer(tensor, region), region)
+    if whole is not None:
+        b.copy(tensor, region, whole, home)
+    else:
+        # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
+        # its rows and their concatenation, is this step's scratch.
+        band = 2 * region.n * b.graph.shape(tensor)[1] * region.h * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
+        b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), band))
+    return home
+
+
+def _tile_layer(b: _Builder, lid: int, region: Region, home: dict[str, tuple[int, Region]],
+                whole_out: tuple[int, Region] | None, strips: dict[str, tuple[int, Region]],
+                below: Region | None) -> tuple[int, Region]:
+    """One layer's steps in one tile: its region into a tile buffer (the group output: into the
+    whole buffer, directly or by a copy); with reuse, the rows kept by the tile above copied in
+    first and only the rows below them computed, and the rows the tile below needs kept."""
+    t = b.graph.layers[lid].output
+    # A model output is written where the caller reads it (one buffer, one index map).
+    if whole_out is not None and (region.w == whole_out[1].w or t in b.graph.outputs):
+        b.compute(lid, region, whole_out, home)
+        return whole_out
+    at = (b.buffer(t, region), region)
+    todo = region
+    if t in strips:
+        kept = strips.pop(t)
+        b.copy(t, kept[1], kept, at)
+        todo = Region(region.n0, region.n1, kept[1].h1, region.h1, region.w0, region.w1)
+    if not todo.is_empty():
+        b.compute(lid, todo, at, home)
+    if below is not None and below.h0 < region.h1:
+        keep = Region(region.n0, region.n1, below.h0, min(region.h1, below.h1), region.w0, region.w1)
+        strips[t] = (b.buffer(t, keep), keep)
+        b.copy(t, keep, at, strips[t])
+    if whole_out is not None:
+        b.copy(t, region, at, whole_out)
+    return at
 
 
 def _tile_spans(g: Graph, group: TileGroup) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -397,7 +412,7 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
             _group_steps(b, starts[lid], buffer_of)
         elif lid not in in_group:
             b.steps.append(by_layer[lid])
-    knobs = {"method": "tiling", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
+    knobs = {"method": "tiling", "order": "imported", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
              "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap} for x in groups]}
     return Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
 
