@@ -445,9 +445,11 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
 # as the only group of a draft plan (memoised), and a configuration's prediction is assembled:
 # peak = max live over its segments + max scratch over its segments (what check_plan reports),
 # seconds = sum over segments. Memory is evaluated for every option; time only for the options a
-# budget can use: per segment and overlap, the `timed_per_segment` coarsest grids that fit (more
-# tiles cost more time), and never for a grid whose memory is no lower than a coarser grid's
-# (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
+# budget (the asked one, and a ladder of budgets for the front) can use: per segment and overlap,
+# the `timed_per_segment` coarsest grids that fit (more tiles usually cost more time; the answer
+# is the fastest of every configuration assembled, so a finer grid timed for a smaller ladder
+# budget still wins when it is faster), and never a grid whose memory is no lower than a coarser
+# grid's (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
 # distinct step scratches), the fastest chain whose live bytes fit budget - S. Finer grids of a
 # group stop once PLATEAU_GRIDS of them in a row lower its peak by less than PLATEAU_GAIN: the
 # group's whole input and output buffers, which no grid shrinks, then dominate its memory.
@@ -587,7 +589,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                     evaluated += 1
                     live, scratch = step_memory(draft, g)
                     lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
-                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), draft, (lo, hi))
+                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
+                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
                     smallest = min((k.peak for k in kept), default=None)
                     stale = 0 if smallest is None or opt.peak < smallest * (1 - PLATEAU_GAIN) else stale + 1
                     if smallest is None or opt.peak < smallest:  # else dominated: more tiles, no less memory
@@ -597,7 +600,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     def timed(opt: _Option) -> float:
         if opt.seconds is None:
-            opt.seconds = seconds(opt.plan, opt.plan.steps()[opt.steps[0]:opt.steps[1]])
+            plan = opt.plan or draft_tiling(model, [opt.group], layout, dtype)
+            opt.seconds = seconds(plan, plan.steps()[opt.steps[0]:opt.steps[1]])
         return opt.seconds
 
     def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int, first: int | None) -> list[_Option]:
