@@ -146,11 +146,15 @@ def part_mafat(runs: int, tmp: Path) -> None:
     lat = latencies(timed, g, runs)
     measured = {k: measured_run_bytes(p, tmp) for k, p in ours.items()}
 
-    print(f"layer by layer: run memory {peak(lbl, g) / MiB:.2f} MiB + parameters, latency {lat[('lbl', ())] * 1e3:.0f} ms; "
-          f"our unconstrained pick {unconstrained.spec}: {lat[('ours', unconstrained.groups)] * 1e3:.0f} ms")
+    predicted_ms = {k: cost.plan_seconds(p, [g]) * 1e3 for k, p in timed.items()}
+    base_ms = min(lat[("lbl", ())], lat[("ours", unconstrained.groups)]) * 1e3
+    print(f"layer by layer: run memory {peak(lbl, g) / MiB:.2f} MiB + parameters, latency {lat[('lbl', ())] * 1e3:.0f} ms "
+          f"(predicted {predicted_ms[('lbl', ())]:.0f}); our unconstrained pick {unconstrained.spec}: "
+          f"{lat[('ours', unconstrained.groups)] * 1e3:.0f} ms (predicted {predicted_ms[('ours', unconstrained.groups)]:.0f}); "
+          f"unconstrained latency = the faster: {base_ms:.0f} ms")
     print()
-    head = (f"{'MiB':>4} | {'our configuration':<38} {'pred':>6} {'meas':>6} {'ms':>6} | "
-            f"{'best of MAFAT space':<12} {'ms':>6} {'ours/best':>9} | {'paper best':<11} {'ms':>6} | {'paper alg.':<11} {'ms':>6}")
+    head = (f"{'MiB':>4} | {'our configuration':<38} {'pred':>6} {'meas':>6} {'ms':>6} {'pred ms':>7} | "
+            f"{'best of MAFAT space':<12} {'ms':>6} {'pred ms':>7} {'ours/best':>9} | {'paper best':<11} {'ms':>6} | {'paper alg.':<11} {'ms':>6}")
     print("run memory (arena + scratch) in MiB, parameters excluded from these columns but included in the budget")
     print(head)
     print("-" * len(head))
@@ -160,23 +164,24 @@ def part_mafat(runs: int, tmp: Path) -> None:
         pick = picks[b]
         fit = [n for n in space if mafat_peak[n] <= run_budget]
         best = min(fit, key=lambda n: lat[("mafat", n)]) if fit else None
-        best_txt = f"{best:<12} {lat[('mafat', best)] * 1e3:6.0f}" if best else f"{'none fits':<12} {'':>6}"
+        best_txt = (f"{best:<12} {lat[('mafat', best)] * 1e3:6.0f} {predicted_ms[('mafat', best)]:7.0f}" if best
+                    else f"{'none fits':<12} {'':>6} {'':>7}")
         pb, pbl, pa, pal = PAPER[b]
         if pick is None:
-            ours_txt = f"{'none fits (run budget ' + f'{run_budget / MiB:.1f} MiB)':<38} {'':>6} {'':>6} {'':>6}"
+            ours_txt = f"{'none fits (run budget ' + f'{run_budget / MiB:.1f} MiB)':<38} {'':>6} {'':>6} {'':>6} {'':>7}"
             ratio = ""
             misses.append(f"{b} MiB: no configuration fits (parameters {params / MiB:.1f} MiB + smallest run "
                           f"{found.smallest_bytes / MiB:.1f} MiB)")
         else:
             p = ours[pick.groups]
             ms = lat[("ours", pick.groups)] * 1e3
-            ours_txt = f"{mafat_name(pick.groups):<38} {peak(p, g) / MiB:6.2f} {measured[pick.groups] / MiB:6.2f} {ms:6.0f}"
+            ours_txt = (f"{mafat_name(pick.groups):<38} {peak(p, g) / MiB:6.2f} {measured[pick.groups] / MiB:6.2f} {ms:6.0f} "
+                        f"{predicted_ms[('ours', pick.groups)]:7.0f}")
             ratio = f"{ms / (lat[('mafat', best)] * 1e3):9.3f}" if best else ""
             if best and ms > 1.05 * lat[("mafat", best)] * 1e3:
                 misses.append(f"{b} MiB: our pick is {ms / (lat[('mafat', best)] * 1e3):.2f}x the best of MAFAT's space")
         print(f"{b:4d} | {ours_txt} | {best_txt} {ratio:>9} | {pb:<11} {pbl:6d} | {pa:<11} {pal:6d}")
     small = picks[16]
-    base_ms = lat[("ours", unconstrained.groups)] * 1e3
     if small is not None:
         r = lat[("ours", small.groups)] * 1e3 / base_ms
         print(f"\n16 MiB: latency {r:.2f}x our unconstrained latency (target <= 1.5x; paper 31095/15065 = 2.06x with swapping)")
@@ -189,7 +194,10 @@ def part_mafat(runs: int, tmp: Path) -> None:
         print(f"\n16 MiB with parameters cannot fit: parameters alone are {params / MiB:.2f} MiB. Without the parameters, "
               f"the smallest configuration {format_tiling(smallest_groups)} needs {peak(sp, g) / MiB:.2f} MiB and runs in "
               f"{ms:.0f} ms = {ms / base_ms:.2f}x our unconstrained latency (target <= 1.5x)")
-    print("\nfront (predicted run memory MiB, predicted ms):",
+    errors = sorted(predicted_ms[k] / (lat[k] * 1e3) for k in timed)
+    print(f"\ncost model, predicted / measured latency over the {len(timed)} plans timed: min {errors[0]:.2f}, "
+          f"median {statistics.median(errors):.2f}, max {errors[-1]:.2f}")
+    print("front (predicted run memory MiB, predicted ms):",
           ", ".join(f"{p.spec} {p.peak_bytes / MiB:.1f}/{p.seconds * 1e3:.0f}" for p in found.front))
     print("MISSED: " + "; ".join(misses) if misses else "all targets met")
 
