@@ -80,20 +80,24 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
 def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
-         cost: CostModel | None = None):
+         cost: CostModel | None = None, tiling: str | None = None):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
     rows per phase for every layer that can be split (and the input delivered `rows` at a time),
     or `budget` bytes: the fastest plan the search finds within it, timed by `cost` (a
     CostModel; default this machine's profile); with none of these, one row per phase everywhere
-    (the paper's setting)."""
+    (the paper's setting).
+
+    method "tiling" runs groups of layers tile by tile: `tiling` "0-7:5x5,8-15:2x2:reuse" (layer
+    ids, grid, optional overlap policy), or `budget` bytes: the fastest configuration the tiling
+    search finds within it (see plan.tiling)."""
     from tightfit.plan.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
 
-    if method not in ("reuse", "naive", "parts"):
-        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts")
+    if method not in ("reuse", "naive", "parts", "tiling"):
+        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling")
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if is_app_file(model):
@@ -125,8 +129,16 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
             p = plan_parts(models[0], phases, source, planner, layout)
         check_plan(p, graphs)
         return p, graphs
+    if method == "tiling":
+        if len(models) != 1:
+            raise OptionError("--method tiling plans one CNN")
+        p = _tiling_plan(models[0], tiling, budget, planner, layout, cost)
+        check_plan(p, graphs)
+        return p, graphs
+    if tiling:
+        raise OptionError("--tiling goes with --method tiling")
     if budget is not None:
-        raise OptionError("--budget goes with --method parts")
+        raise OptionError("--budget goes with --method parts or tiling")
     p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
                    partitions=parts, concurrent=concurrent)
     check_plan(p, graphs)
@@ -153,6 +165,32 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
         raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "
                           f"{human(needs)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")
     knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=best.seconds)
+    return replace(p, knobs=knobs)
+
+
+def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, layout: str, cost: CostModel | None):
+    """An explicit tiling, or the tiling search's pick for `budget`; BudgetError if none fits."""
+    from dataclasses import replace
+
+    from tightfit.errors import BudgetError
+    from tightfit.plan.tiling import cost_seconds, parse_tiling, plan_tiling, search_tiling
+    from tightfit.runtime.cost import CostModel
+    from tightfit.units import human
+
+    g = model.graph
+    if (tiling is None) == (budget is None):
+        raise OptionError("--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)")
+    if tiling is not None:
+        return plan_tiling(model, parse_tiling(tiling, g), planner, layout)
+    cost = cost or CostModel.default()
+    found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0)
+    cost.save()
+    p = plan_tiling(model, found.chosen.groups, planner, layout)
+    needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
+    if needs > budget:  # also when nothing fits: the pick is then the smallest reachable
+        raise BudgetError(f"no tiling of {model.spec} fits {human(budget)}: the smallest reachable needs "
+                          f"{human(needs)} ({found.chosen.spec}; {found.evaluated} group tilings tried)")
+    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds)
     return replace(p, knobs=knobs)
 
 

@@ -41,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands)")
+    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands), tiling (groups of layers by tiles)")
     p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
-    p.add_argument("--budget", help="with --method parts: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
+    p.add_argument("--budget", help="with --method parts or tiling: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
+    p.add_argument("--tiling", help="with --method tiling: groups FIRST-LAST:NxM[:reuse|:recompute],... (layer ids), e.g. 0-7:5x5,8-15:2x2")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
@@ -135,7 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
-                                  budget, cost)
+                                  budget, cost, args.tiling)
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.out:

@@ -83,8 +83,9 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
     return steps
 
 
-def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool) -> dict[str, str]:
-    """tensor -> tensor whose buffer it uses (itself, or an input it overwrites in place)."""
+def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool, exclude: frozenset[int] = frozenset()) -> dict[str, str]:
+    """tensor -> tensor whose buffer it uses (itself, or an input it overwrites in place);
+    layers in `exclude` never write in place."""
     last = {}
     for pos, lid in enumerate(order):
         for t in graph.layers[lid].inputs:
@@ -92,7 +93,7 @@ def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool) -> dict[st
     home = {t: t for t in graph.tensors}
     for pos, lid in enumerate(order):
         layer = graph.layers[lid]
-        if not inplace or not get_op(layer.op).inplace_ok:
+        if not inplace or not get_op(layer.op).inplace_ok or lid in exclude:
             continue
         for t in layer.inputs:
             if (last[t] == pos and t not in graph.outputs and graph.shape(t) == graph.shape(layer.output)
