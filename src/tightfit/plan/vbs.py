@@ -151,7 +151,8 @@ def _shifted(row: np.ndarray, units: int) -> np.ndarray:
 #   - (2) reserves nothing: the input and output of the segment are buffers of the caller;
 #   - the pivot's own step needs its input and output unless the caller holds them, plus what
 #     `base` says (a layer: nothing more, its scratch lives outside the arena; the model's first
-#     layer: its input chunk, loaded just before it; a special layer: its branches).
+#     layer: its input chunk, loaded just before it; a special layer: its branches, then its
+#     join's output only when the join runs).
 # The held memory a table entry counts is never less than what the plan made from it holds.
 
 
@@ -163,6 +164,7 @@ class PlanTables:
     profile: LinearProfile
     memory: int
     base: np.ndarray  # (n, B + 1, memory + 1): per-sample seconds of a pivot step with m left
+    base_out: np.ndarray  # the same when the step must also hold its output buffer
     opt: np.ndarray
     exact: np.ndarray
     all_out: np.ndarray
@@ -190,12 +192,17 @@ def layer_base(profile: LinearProfile, memory: int, first_input: bool = True) ->
 
 
 def solve_plans(profile: LinearProfile, memory: int, base: np.ndarray | None = None,
-                latency: float | None = None) -> PlanTables:
-    """Recurrences (1) and (2) in the plans accounting, by increasing j - i."""
+                latency: float | None = None, base_out: np.ndarray | None = None) -> PlanTables:
+    """Recurrences (1) and (2) in the plans accounting, by increasing j - i. `base_out[k]`
+    (default: `base[k]` shifted by out(k, b)) is the pivot step when it holds its output too; a
+    special layer allocates its join's output only when the join runs, after its branches."""
     n, big_b = profile.layers, profile.max_batch
     base = layer_base(profile, memory) if base is None else base
+    if base_out is None:
+        base_out = np.stack([np.stack([_shifted(base[k, b], profile.out[k, b]) for b in range(big_b + 1)])
+                             for k in range(n)])
     shape = (n, n, big_b + 1, memory + 1)
-    t = PlanTables(profile, memory, base, np.full(shape, INF), np.full(shape, INF), np.full(shape, INF),
+    t = PlanTables(profile, memory, base, base_out, np.full(shape, INF), np.full(shape, INF), np.full(shape, INF),
                    np.full(shape, INF), np.zeros(shape, np.int16), np.zeros(shape, np.int16),
                    np.zeros(shape, bool), np.zeros(shape, bool))
     for b in range(1, big_b + 1):
@@ -210,8 +217,14 @@ def solve_plans(profile: LinearProfile, memory: int, base: np.ndarray | None = N
     return t
 
 
-def _step_need(p: LinearProfile, k: int, b: int, count_in: bool, count_out: bool) -> int:
-    return (int(p.inp[k, b]) if count_in else 0) + (int(p.out[k, b]) if count_out else 0)
+def _in_need(p: LinearProfile, k: int, b: int, count_in: bool) -> int:
+    return int(p.inp[k, b]) if count_in else 0
+
+
+def _pivot(t: PlanTables, k: int, b: int, count_in: bool, count_out: bool) -> np.ndarray:
+    """Per-sample seconds of unit k's step at b for every memory left around it, when it holds
+    its input buffer (`count_in`) and its output buffer (`count_out`) itself."""
+    return _shifted((t.base_out if count_out else t.base)[k, b], _in_need(t.profile, k, b, count_in))
 
 
 def _fill_uniform(t: PlanTables, b: int) -> None:
@@ -220,15 +233,14 @@ def _fill_uniform(t: PlanTables, b: int) -> None:
     p, n = t.profile, t.profile.layers
     for i in range(n):
         # acc_*: the layers i..j-1 of a run that goes on past j-1 (each counts its output).
-        acc_out = _shifted(t.base[i, b], _step_need(p, i, b, False, True))
-        acc_in = _shifted(t.base[i, b], _step_need(p, i, b, True, True))
+        acc_out = _pivot(t, i, b, False, True)
+        acc_in = _pivot(t, i, b, True, True)
         t.all_out[i, i, b] = acc_out
-        t.all_in[i, i, b] = _shifted(t.base[i, b], _step_need(p, i, b, True, False))
+        t.all_in[i, i, b] = _pivot(t, i, b, True, False)
         for j in range(i + 1, n):
-            t.all_out[i, j, b] = acc_out + _shifted(t.base[j, b], _step_need(p, j, b, True, True))
-            last = _shifted(t.base[j, b], _step_need(p, j, b, True, False))
-            t.all_in[i, j, b] = acc_in + last
-            mid = _shifted(t.base[j, b], _step_need(p, j, b, True, True))
+            mid = _pivot(t, j, b, True, True)
+            t.all_out[i, j, b] = acc_out + mid
+            t.all_in[i, j, b] = acc_in + _pivot(t, j, b, True, False)
             acc_out, acc_in = acc_out + mid, acc_in + mid
 
 
@@ -250,7 +262,7 @@ def _fill_exact_plans(t: PlanTables, i: int, j: int, b: int) -> None:
             uni = t.all_in[k + 1, j, b]
             uni_a = uni <= split
             after = np.minimum(uni, split)
-        pivot = _shifted(t.base[k, b], _step_need(p, k, b, k > i, k < j))
+        pivot = _pivot(t, k, b, k > i, k < j)
         total = before + pivot + after
         better = total < best
         best = np.where(better, total, best)
@@ -263,8 +275,8 @@ def _fill_exact_plans(t: PlanTables, i: int, j: int, b: int) -> None:
 
 @dataclass(frozen=True)
 class PivotStep:
-    """Unit `unit` runs `batch` samples at once with `memory` units left for it (what a special
-    layer's branches may use)."""
+    """Unit `unit` runs `batch` samples at once with `memory` units left around the buffers it
+    reads (what a special layer's branches may use)."""
 
     unit: int
     batch: int
@@ -293,13 +305,13 @@ def _plans_exact(t: PlanTables, i: int, j: int, b: int, m: int, out: list) -> No
     k = int(t.best_k[i, j, b, m])
     if k > i:
         if t.uniform_before[i, j, b, m]:
-            out.extend(PivotStep(u, b, m - _step_need(p, u, b, u > i, True)) for u in range(i, k))
+            out.extend(PivotStep(u, b, m - _in_need(p, u, b, u > i)) for u in range(i, k))
         else:
             _plans_opt(t, i, k - 1, b, m - int(p.inp[k, b]), out)
-    out.append(PivotStep(k, b, m - _step_need(p, k, b, k > i, k < j)))
+    out.append(PivotStep(k, b, m - _in_need(p, k, b, k > i)))
     if k < j:
         if t.uniform_after[i, j, b, m]:
-            out.extend(PivotStep(u, b, m - _step_need(p, u, b, True, u < j)) for u in range(k + 1, j + 1))
+            out.extend(PivotStep(u, b, m - _in_need(p, u, b, True)) for u in range(k + 1, j + 1))
         else:
             _plans_opt(t, k + 1, j, b, m - int(p.out[k, b]), out)
 

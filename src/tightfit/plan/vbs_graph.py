@@ -226,16 +226,23 @@ def solve_problem(problem: Problem, memory: int, unit_bytes: int, latency: float
     units = problem.units
     main_profile = problem.chain_profile(units, unit_bytes)
     base = layer_base(main_profile, memory)
+    base_out = np.stack([np.stack([_shift(base[k, b], int(main_profile.out[k, b])) for b in range(problem.request + 1)])
+                         for k in range(len(units))])
     branches, held = {}, {}
     for k, unit in enumerate(units):
         if not isinstance(unit, Special):
             continue
-        base[k] = _special_base(problem, k, unit, memory, unit_bytes, latency, branches, held)
-    main = solve_plans(main_profile, memory, base, latency)
+        base[k], base_out[k] = _special_base(problem, k, unit, memory, unit_bytes, latency, branches, held,
+                                             main_profile.out[k])
+    main = solve_plans(main_profile, memory, base, latency, base_out)
     return Solved(problem, unit_bytes, memory, main, branches, held)
 
 
-def _special_base(problem: Problem, k: int, unit: Special, memory: int, unit_bytes: int, latency, branches, held) -> np.ndarray:
+def _special_base(problem: Problem, k: int, unit: Special, memory: int, unit_bytes: int, latency, branches, held,
+                  out_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The special layer's step at b for every memory m left around its fork: its branches one
+    after another, then its join; with the join's output held by the caller, or by the step
+    (allocated when the join runs)."""
     big_b = problem.request
     g = problem.graph
     total = np.zeros((big_b + 1, memory + 1))
@@ -255,11 +262,14 @@ def _special_base(problem: Problem, k: int, unit: Special, memory: int, unit_byt
             row = t.opt[0, len(chain) - 1, b]
             total[b] += _shift(row, int(held[(k, a)][b]))
     join_seconds = problem.seconds[unit.join]
+    with_out = total.copy()
     for b in range(1, big_b + 1):
         need = _units(int(cum[b]), unit_bytes)  # J reads every branch output at once
         total[b, :need] = INF
+        with_out[b, :need + int(out_units[b])] = INF
         total[b] += join_seconds[b] / b
-    return total
+        with_out[b] += join_seconds[b] / b
+    return total, with_out
 
 
 def _shift(row: np.ndarray, units: int) -> np.ndarray:
