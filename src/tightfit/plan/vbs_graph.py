@@ -32,6 +32,10 @@ from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.plan.vbs import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans
 
 PAPER_UNIT_BYTES = 2 * 10**6  # the paper's memory granularity for images
+# Ours by default: finer, because every buffer a table entry holds is rounded up to whole units
+# (so a plan never exceeds what the DP counts), and at 2 MB that rounding alone costs several
+# MB on networks whose batch-1 plans need 4-10 MB; the DP still takes about a second.
+DEFAULT_UNIT_BYTES = 10**5
 
 
 @dataclass(frozen=True)
@@ -448,7 +452,7 @@ def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "
     return Problem(model, main_path(model.graph), profile_seconds(model, cost, model.batch, layout, dtype), dtype)
 
 
-def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = PAPER_UNIT_BYTES,
+def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
                latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
                problem: Problem | None = None, lookup: bool = True) -> VbsResult:
     """The fastest variable-batch plan for `request` samples (default model.batch) whose
@@ -496,18 +500,33 @@ def _lookup(problem: Problem, solved: Solved, memory: int) -> tuple:
     return tuple(out)
 
 
-def smallest_feasible_budget(model: PlannedModel, request: int | None, cost, unit_bytes: int = PAPER_UNIT_BYTES,
-                             layout: str = "nhwc", problem: Problem | None = None, planner: str = "improve") -> int:
-    """The least budget (bytes) at which search_vbs finds a plan: every layer at batch 1 needs
-    the least memory, so the search starts from that plan's need and goes up a unit at a time."""
+def memory_problem(model: PlannedModel, dtype: str = "fp32") -> Problem:
+    """The DP's problem with every step taking one second: enough to decide what fits."""
+    return Problem(model, main_path(model.graph), {l.id: [INF] + [1.0] * model.batch for l in model.graph.layers}, dtype)
+
+
+def smallest_feasible_budget(model: PlannedModel, request: int | None = None, cost=None,
+                             unit_bytes: int = DEFAULT_UNIT_BYTES, layout: str = "nhwc",
+                             problem: Problem | None = None, planner: str = "improve") -> int:
+    """The least budget (bytes) at which search_vbs finds a plan. Memory alone decides it, so no
+    cost model is needed (`cost` is accepted for symmetry with search_vbs)."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
-    problem = problem or make_problem(model, cost, layout)
+    problem = problem or memory_problem(model)
+    scratch = problem.scratch_bytes()
     one = plan_schedule(problem.model, fbs_steps(problem, 1), planner, layout, problem.dtype)
-    budget = run_memory(one, [problem.graph])
-    while not search_vbs(problem.model, None, budget, cost, unit_bytes, None, planner, layout, problem, lookup=False).fits:
-        budget = (budget // unit_bytes + 1) * unit_bytes + problem.scratch_bytes()
-    return budget
+    hi = 2 * _units(run_memory(one, [problem.graph]), unit_bytes) + 4 * len(problem.units)
+    while True:
+        solved = solve_problem(problem, hi, unit_bytes)
+        feasible = [m for m in range(hi + 1) if solved.per_sample(m) < INF]
+        if feasible:
+            break
+        hi *= 2
+    for m in range(feasible[0], hi + 1):
+        plan = plan_schedule(problem.model, solved.schedule(m), planner, layout, problem.dtype)
+        if run_memory(plan, [problem.graph]) <= m * unit_bytes + scratch:
+            return m * unit_bytes + scratch
+    raise AssertionError("a DP schedule whose plan exceeds the DP's memory at every level")  # offsets leave gaps
 
 
 def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "improve", layout: str = "nhwc"):
@@ -528,3 +547,53 @@ def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "i
     if run_memory(plan, [problem.graph]) > budget_bytes:
         return None, [], INF, None
     return plan, steps, predicted_seconds(problem, steps), batches
+
+
+# --- comparison (CLI and bench) ---------------------------------------------------------------
+
+def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[float]:
+    """Measured seconds per sample of each plan: the median of `repeats` runs, interleaved
+    (plan 1, plan 2, ..., plan 1, ...) so that machine noise falls on all of them alike."""
+    import torch
+
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import load_params, random_input
+
+    params = load_params(graph)
+    runners = [ArenaExecutor(p, [graph], [params]) for p in plans]
+    xs = [random_input(graph, p.models[0].batch, seed) for p in plans]
+    times: list[list[float]] = [[] for _ in plans]
+    with torch.no_grad():
+        for ex, x in zip(runners, xs):
+            ex.run(x)  # warm-up
+        for _ in range(repeats):
+            for k, (ex, x) in enumerate(zip(runners, xs)):
+                t0 = _time.perf_counter()
+                ex.run(x)
+                times[k].append(_time.perf_counter() - t0)
+    import statistics
+
+    return [statistics.median(t) / p.models[0].batch for t, p in zip(times, plans)]
+
+
+def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", layout: str = "nhwc",
+                    measure: bool = True, repeats: int = 5) -> dict:
+    """A VBS plan beside FBS and Greedy-VBS within the same budget: per-layer sub-batches,
+    predicted (cost model) and measured seconds per sample, analysed run memory."""
+    model = PlannedModel(graph, plan.models[0].spec, plan.models[0].batch)
+    problem = make_problem(model, cost, layout, plan.dtype)
+    budget = int(plan.knobs["budget"])
+    steps = [tuple(x) for x in plan.knobs["profile"]]
+    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), None)}
+    for method in ("fbs", "greedy"):
+        rows[method] = baseline(problem, budget, method, planner, layout)
+    ran = [m for m, r in rows.items() if r[0] is not None]
+    measured = dict(zip(ran, time_plans([rows[m][0] for m in ran], graph, repeats))) if measure else {}
+    out = {"budget_bytes": budget, "request": problem.request,
+           "profile": {str(k): v for k, v in per_layer_profile(steps).items()}, "methods": {}}
+    for m, (p, st, pred, batch) in rows.items():
+        out["methods"][m] = {"fits": p is not None, "predicted_seconds_per_sample": pred if p is not None else None,
+                             "measured_seconds_per_sample": measured.get(m),
+                             "run_bytes": run_memory(p, [graph]) if p is not None else None,
+                             "batch": batch if m != "greedy" or batch is None else {str(k): v for k, v in batch.items()}}
+    return out
