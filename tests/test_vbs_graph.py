@@ -72,12 +72,25 @@ def tiny_net(rng: random.Random, branched: bool) -> nn.Module:
 
 # --- the oracle: every schedule of the DP's space, walked holding what plans hold -------------
 
+def _memo(gen):
+    cache: dict = {}
+
+    def run(*args):
+        if args not in cache:
+            cache[args] = tuple(gen(*args))
+        return cache[args]
+
+    return run
+
+
 class Walk:
     """Events of one schedule: ('alloc', units) / ('free', units) / ('step', layer id, batch)."""
 
     def __init__(self, problem: Problem, unit_bytes: int):
         self.p, self.u = problem, unit_bytes
         self.units = problem.units
+        for name in ("opt", "exact", "unit_step"):  # each sub-problem's schedules, enumerated once
+            setattr(self, name, _memo(getattr(self, name)))
 
     def size(self, tensor: str, b: int) -> int:
         return -(-self.p.bytes_of(tensor, b) // self.u)
@@ -159,7 +172,7 @@ class Walk:
 def _oracle_case(seed: int, branched: bool):
     rng = random.Random(seed)
     g = tightfit.load(tiny_net(rng, branched), (1, 3, 8, 8))
-    request = rng.randint(2, 3)
+    request = 3 if seed == 0 else 2  # three samples multiply the schedules by ~20
     model = PlannedModel(g, "tiny", request)
     cost = TableCost(seed)
     problem = Problem(model, main_path(g), profile_seconds(model, cost, request))
@@ -167,7 +180,7 @@ def _oracle_case(seed: int, branched: bool):
 
 
 @pytest.mark.parametrize("branched", [False, True])
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(4))
 def test_dp_agrees_with_every_schedule_scored_by_analyser_and_cost_model(seed, branched):
     g, model, cost, problem = _oracle_case(seed, branched)
     assert any(isinstance(u, Special) for u in problem.units) == branched
