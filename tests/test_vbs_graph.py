@@ -304,3 +304,23 @@ def test_cli_errors(capsys):
     assert main(["plan", "squeezenet1_0", "--method", "reuse", "--unit", "2MB"]) == 2
     assert main(["plan", "squeezenet1_0", "--method", "vbs", "--batch", "0", "--budget", "9MB"]) == 2
     assert "--batch" in capsys.readouterr().err
+
+
+def test_latency_bound_and_lookup_table():
+    """A latency bound (the time of one sample through the network) admits the schedule of
+    single samples and keeps every step within it (each step is some pivot's segment); the
+    plan's lookup table holds, per memory level, the optimal profile, its last level the plan's."""
+    from tightfit.plan.vbs_graph import per_layer_profile
+
+    g, model, cost, problem = _oracle_case(1, True)
+    budget = 10**6
+    free = search_vbs(model, None, budget, cost, 256, problem=problem)
+    levels = free.plan.knobs["lookup"]
+    assert [t for _, t, _ in levels] == sorted((t for _, t, _ in levels), reverse=True)
+    assert levels[-1][2] == {str(k): v for k, v in per_layer_profile(free.steps).items()}
+    one = sum(problem.seconds[l][1] for l, _ in fbs_steps(problem, 1)) / problem.request  # a sample, layer by layer
+    bounded = search_vbs(model, None, budget, cost, 256, latency=one * 1.01, problem=problem, lookup=False)
+    assert bounded.fits and bounded.seconds_per_sample >= free.seconds_per_sample
+    assert all(problem.seconds[l][b] <= one * 1.01 for l, b in bounded.steps)
+    tiny = min(min(s[1:]) for s in problem.seconds.values()) / 2
+    assert not search_vbs(model, None, budget, cost, 256, latency=tiny, problem=problem, lookup=False).fits
