@@ -299,3 +299,26 @@ def test_bad_firing_orders():
         buffer_sizes(c, good[:-1])
     with pytest.raises(OptionError, match="not .actor, phase."):
         buffer_sizes(c, [("n9", 1)])
+
+
+@pytest.mark.parametrize("ex", list(TABLE_II))
+def test_summary_prints_total_and_arena_with_reuse(ex, capsys):
+    """`tightfit csdf --format summary` prints Table II's Total, then the arena of the parts plan
+    of the same phases with buffers shared by lifetime (1 byte per element): at least the plan's
+    lower bound and never above its buffers summed, up to the 64-byte alignment of offsets."""
+    import re
+
+    from tightfit.cli import main
+
+    phases, src, _, total, _ = TABLE_II[ex]
+    argv = ["csdf", "minakova5", "--format", "summary", "--phases", ",".join(f"{k}={v}" for k, v in phases.items())]
+    if isinstance(src, list):
+        argv += ["--source-rows", ",".join(map(str, src))]
+    elif src:
+        argv += ["--source-phases", str(src)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"total \(no reuse\)\s+{total} B", out)
+    arena, no_reuse, bound = map(int, re.search(r"arena with reuse .*: (\d+) B; buffers without reuse (\d+) B; "
+                                                r"lower bound (\d+) B", out).groups())
+    assert bound <= arena <= no_reuse + 64 * 4 and no_reuse <= total

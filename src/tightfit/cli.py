@@ -214,7 +214,25 @@ def cmd_csdf(args: argparse.Namespace) -> int:
             print(f"  {name:<40} {size:>12} B")
         print(f"  {'total (no reuse)':<40} {sum(sizes.values()):>12} B")
         print("  order: " + C.describe_order(g, order))
+        print(_parts_arena_line(args.model, graph, parse_phases(args.phases, graph), rows, args.itemsize))
     return 0
+
+
+def _parts_arena_line(spec: str, graph, phases: dict, source_rows, item: int) -> str:
+    """The arena of the parts plan of these phases, buffers shared by lifetime, at the same bytes
+    per element as the summary above."""
+    from tightfit.graph.ir import DTYPE_BYTES
+    from tightfit.plan.check import check_plan
+    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.reuse import PlannedModel
+
+    dtype = next((d for d, n in DTYPE_BYTES.items() if n == item), None)
+    if dtype is None:
+        return f"  arena with reuse: not planned ({item}-byte elements; plans take {sorted(set(DTYPE_BYTES.values()))})"
+    plan_ = plan_parts(PlannedModel(graph, spec), phases, source_rows, dtype=dtype)
+    rep = check_plan(plan_, [graph])
+    return (f"  arena with reuse (the parts plan of these phases, 64-byte aligned offsets): {rep.arena_bytes} B; "
+            f"buffers without reuse {sum(b.nbytes for b in plan_.buffers)} B; lower bound {rep.lower_bound} B")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
