@@ -39,7 +39,7 @@ def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostM
     problem = make_problem(PlannedModel(g, name, request), cost)
     profile_s = time.perf_counter() - t0
     least = smallest_feasible_budget(problem.model, None, cost, problem=problem)
-    full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)), [g])
+    full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)))
     print(f"\n{name}: request {request}; profile {profile_s:.0f} s; smallest feasible budget {least / 1e6:.2f} MB, "
           f"FBS reaches batch {request} at {full / 1e6:.2f} MB")
     print(f"{'budget MB':>9} {'FBS b':>5} {'VBS max b':>9} {'VBS run MB':>10} | {'ms/image measured: FBS':>22} "
@@ -70,7 +70,7 @@ def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostM
 def dp_seconds(cost: CostModel, request: int) -> None:
     g = tightfit.load("googlenet")
     problem = make_problem(PlannedModel(g, "googlenet", request), cost)
-    full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)), [g])
+    full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)))
     for unit in (PAPER_UNIT_BYTES, DEFAULT_UNIT_BYTES):
         t0 = time.perf_counter()
         solve_problem(problem, full // unit, unit)

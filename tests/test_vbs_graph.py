@@ -250,7 +250,7 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(monkeypatch, tmp_path):
     cost = TableCost(7)
     problem = Problem(model, main_path(g), profile_seconds(model, cost, 3))
     least = smallest_feasible_budget(model, None, None, problem=problem)
-    full = run_memory(plan_schedule(model, fbs_steps(problem, 3)), [g])
+    full = run_memory(plan_schedule(model, fbs_steps(problem, 3)))
     budget = (least + full) // 2
     found = search_vbs(model, None, budget, cost, problem=problem)
     assert found.fits and len({b for _, b in found.steps}) > 1

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from tightfit.errors import BudgetError, OptionError
+from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
@@ -44,8 +44,6 @@ class Special:
     branches: tuple[tuple[int, ...], ...]
     join: int
 
-
-Unit = "int | Special"
 
 
 def main_path(graph: Graph) -> tuple:
@@ -366,7 +364,7 @@ def plan_schedule(model: PlannedModel, steps: Sequence[tuple[int, int]], planner
     return place(draft, [g], planner)
 
 
-def run_memory(plan: Plan, graphs: Sequence[Graph]) -> int:
+def run_memory(plan: Plan) -> int:
     """Analysed run memory of a placed plan: the arena plus the largest step's scratch."""
     return plan.arena_bytes + max((s.scratch for s in plan.steps()), default=0)
 
@@ -498,7 +496,7 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
         if latency is not None:
             knobs["latency"] = latency
         plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype, knobs)
-        need = run_memory(plan, [problem.graph])
+        need = run_memory(plan)
         if need <= budget_bytes:
             return VbsResult(plan, tuple(steps), predicted_seconds(problem, steps), True, budget_bytes, m * unit_bytes,
                              need, solve_seconds, table)
@@ -534,7 +532,7 @@ def smallest_feasible_budget(model: PlannedModel, request: int | None = None, co
     problem = problem or memory_problem(model)
     scratch = problem.scratch_bytes()
     one = plan_schedule(problem.model, fbs_steps(problem, 1), planner, layout, problem.dtype)
-    hi = 2 * _units(run_memory(one, [problem.graph]), unit_bytes) + 4 * len(problem.units)
+    hi = 2 * _units(run_memory(one), unit_bytes) + 4 * len(problem.units)
     while True:
         solved = solve_problem(problem, hi, unit_bytes)
         feasible = [m for m in range(hi + 1) if solved.per_sample(m) < INF]
@@ -543,7 +541,7 @@ def smallest_feasible_budget(model: PlannedModel, request: int | None = None, co
         hi *= 2
     for m in range(feasible[0], hi + 1):
         plan = plan_schedule(problem.model, solved.schedule(m), planner, layout, problem.dtype)
-        if run_memory(plan, [problem.graph]) <= m * unit_bytes + scratch:
+        if run_memory(plan) <= m * unit_bytes + scratch:
             return m * unit_bytes + scratch
     raise AssertionError("a DP schedule whose plan exceeds the DP's memory at every level")  # offsets leave gaps
 
@@ -555,7 +553,7 @@ def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "i
         for b in range(problem.request, 0, -1):
             steps = fbs_steps(problem, b)
             plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype, {"baseline": "fbs", "batch": b})
-            if run_memory(plan, [problem.graph]) <= budget_bytes:
+            if run_memory(plan) <= budget_bytes:
                 return plan, steps, predicted_seconds(problem, steps), b
         return None, [], INF, None
     batches = greedy_batches(problem, budget_bytes)
@@ -563,7 +561,7 @@ def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "i
         return None, [], INF, None
     steps = greedy_steps(problem, batches)
     plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype, {"baseline": "greedy"})
-    if run_memory(plan, [problem.graph]) > budget_bytes:
+    if run_memory(plan) > budget_bytes:
         return None, [], INF, None
     return plan, steps, predicted_seconds(problem, steps), batches
 
@@ -613,6 +611,6 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
     for m, (p, st, pred, batch) in rows.items():
         out["methods"][m] = {"fits": p is not None, "predicted_seconds_per_sample": pred if p is not None else None,
                              "measured_seconds_per_sample": measured.get(m),
-                             "run_bytes": run_memory(p, [graph]) if p is not None else None,
+                             "run_bytes": run_memory(p) if p is not None else None,
                              "batch": batch if m != "greedy" or batch is None else {str(k): v for k, v in batch.items()}}
     return out
