@@ -571,6 +571,14 @@ def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "i
 def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[float]:
     """Measured seconds per sample of each plan: the median of `repeats` runs, interleaved
     (plan 1, plan 2, ..., plan 1, ...) so that machine noise falls on all of them alike."""
+    import statistics
+
+    return [statistics.median(t) for t in time_rounds(plans, graph, repeats, seed)]
+
+
+def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[list[float]]:
+    """Seconds per sample of each plan in each of `repeats` rounds (a round runs every plan
+    once, after one warm-up run each)."""
     import torch
 
     from tightfit.runtime.executor import ArenaExecutor
@@ -588,9 +596,7 @@ def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int 
                 t0 = _time.perf_counter()
                 ex.run(x)
                 times[k].append(_time.perf_counter() - t0)
-    import statistics
-
-    return [statistics.median(t) / p.models[0].batch for t, p in zip(times, plans)]
+    return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
 
 
 def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", layout: str = "nhwc",
