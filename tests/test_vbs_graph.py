@@ -205,13 +205,15 @@ def test_dp_agrees_with_every_schedule_scored_by_analyser_and_cost_model(seed, b
         budget = memory * unit + scratch
         found = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
         if best == INF:
-            assert not found.fits
+            assert not found.fits or found.plan.knobs["source"] == "uniform"
             continue
-        assert found.fits and found.seconds_per_sample == pytest.approx(best)
-        assert plans[found.steps][1] == pytest.approx(best)
+        # the search also takes a uniform schedule the DP's rounding and reservations missed
+        assert found.fits and found.seconds_per_sample <= best + 1e-12
+        if found.plan.knobs["source"] == "dp":
+            assert found.seconds_per_sample == pytest.approx(best) and plans[found.steps][1] == pytest.approx(best)
         assert check_plan(found.plan, [g]).peak_bytes <= budget  # the plan's analysed run memory
     least = smallest_feasible_budget(model, None, None, unit, problem=problem)
-    assert least == peaks[0] * unit + scratch
+    assert least == min(peaks[0] * unit + scratch, run_memory(plan_schedule(model, fbs_steps(problem, 1))))
 
 
 def test_fbs_is_in_the_space_and_counted_exactly():

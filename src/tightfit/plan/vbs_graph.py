@@ -476,7 +476,13 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
     `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
     is checked against the budget, and in the rare case the offset planner leaves a gap that
-    breaks it, the DP is asked again with one unit less."""
+    breaks it, the DP is asked again with one unit less.
+
+    The DP's accounting never undercounts, but it overcounts a little (a split part reserves
+    its pivot's buffer from its start, the model output is held from the beginning, sizes are
+    rounded up to units), so near a uniform batch's exact need it may miss that schedule. The
+    uniform schedules are schedules of the same space, so the search also takes the fastest
+    uniform one whose plan fits (knob "source": "dp" or "uniform")."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or make_problem(model, cost, layout)
@@ -486,21 +492,50 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     solved = solve_problem(problem, memory, unit_bytes, latency)
     solve_seconds = _time.perf_counter() - t0
     table = _lookup(problem, solved, memory) if lookup else ()
+    knobs = {"budget": budget_bytes, "unit_bytes": unit_bytes, "cost_profile": cost.id if cost is not None else "",
+             "request": problem.request, "lookup": [list(x) for x in table]}
+    if latency is not None:
+        knobs["latency"] = latency
+    found = None
     for m in range(memory, -1, -1):
         if solved.per_sample(m) == INF:
             break
         steps = solved.schedule(m)
-        knobs = {"budget": budget_bytes, "unit_bytes": unit_bytes, "dp_memory_bytes": m * unit_bytes,
-                 "predicted_seconds_per_sample": predicted_seconds(problem, steps), "cost_profile": cost.id,
-                 "request": problem.request, "lookup": [list(x) for x in table]}
-        if latency is not None:
-            knobs["latency"] = latency
-        plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype, knobs)
-        need = run_memory(plan)
-        if need <= budget_bytes:
-            return VbsResult(plan, tuple(steps), predicted_seconds(problem, steps), True, budget_bytes, m * unit_bytes,
-                             need, solve_seconds, table)
-    return VbsResult(None, (), INF, False, budget_bytes, 0, 0, solve_seconds, table)
+        plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype,
+                             dict(knobs, source="dp", dp_memory_bytes=m * unit_bytes,
+                                  predicted_seconds_per_sample=predicted_seconds(problem, steps)))
+        if run_memory(plan) <= budget_bytes:
+            found = (plan, steps, m * unit_bytes)
+            break
+    best = predicted_seconds(problem, found[1]) if found else INF
+    uniform = _fastest_uniform(problem, budget_bytes, latency, best, planner, layout, knobs)
+    if uniform is not None:
+        found = uniform + (0,)
+    if found is None:
+        return VbsResult(None, (), INF, False, budget_bytes, 0, 0, solve_seconds, table)
+    plan, steps, dp_bytes = found
+    return VbsResult(plan, tuple(steps), predicted_seconds(problem, steps), True, budget_bytes, dp_bytes,
+                     run_memory(plan), solve_seconds, table)
+
+
+def _fastest_uniform(problem: Problem, budget: int, latency: float | None, faster_than: float, planner: str,
+                     layout: str, knobs: dict):
+    """(plan, steps) of the fastest uniform batch predicted faster than `faster_than` whose plan
+    fits (and each chunk within the latency bound); None if there is none."""
+    candidates = []
+    for b in range(1, problem.request + 1):
+        steps = fbs_steps(problem, b)
+        chunk = sum(problem.seconds[lid][c] for lid, c in steps[: len(steps) // -(-problem.request // b)])
+        if latency is None or chunk <= latency:
+            candidates.append((predicted_seconds(problem, steps), b, steps))
+    for seconds, b, steps in sorted(candidates):
+        if seconds >= faster_than:
+            return None
+        plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype,
+                             dict(knobs, source="uniform", batch=b, predicted_seconds_per_sample=seconds))
+        if run_memory(plan) <= budget:
+            return plan, steps
+    return None
 
 
 def _lookup(problem: Problem, solved: Solved, memory: int) -> tuple:
@@ -525,8 +560,9 @@ def memory_problem(model: PlannedModel, dtype: str = "fp32") -> Problem:
 def smallest_feasible_budget(model: PlannedModel, request: int | None = None, cost=None,
                              unit_bytes: int = DEFAULT_UNIT_BYTES, layout: str = "nhwc",
                              problem: Problem | None = None, planner: str = "improve") -> int:
-    """The least budget (bytes) at which search_vbs finds a plan. Memory alone decides it, so no
-    cost model is needed (`cost` is accepted for symmetry with search_vbs)."""
+    """The least budget (bytes) at which search_vbs finds a plan (without a latency bound): the
+    DP's least, or the plan of batch 1 everywhere if that needs less. Memory alone decides it,
+    so no cost model is needed (`cost` is accepted for symmetry with search_vbs)."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or memory_problem(model)
@@ -542,7 +578,7 @@ def smallest_feasible_budget(model: PlannedModel, request: int | None = None, co
     for m in range(feasible[0], hi + 1):
         plan = plan_schedule(problem.model, solved.schedule(m), planner, layout, problem.dtype)
         if run_memory(plan) <= m * unit_bytes + scratch:
-            return m * unit_bytes + scratch
+            return min(m * unit_bytes + scratch, run_memory(one))  # batch 1 everywhere: a uniform schedule
     raise AssertionError("a DP schedule whose plan exceeds the DP's memory at every level")  # offsets leave gaps
 
 
