@@ -614,24 +614,30 @@ def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int 
 
 def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[list[float]]:
     """Seconds per sample of each plan in each of `repeats` rounds (a round runs every plan
-    once, after one warm-up run each)."""
+    once, in reverse order every other round so that no plan always follows the same one;
+    after one warm-up run each). Plans that are the same are run once and share their times."""
     import torch
 
+    from tightfit.plan.schema import dumps
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import load_params, random_input
 
     params = load_params(graph)
-    runners = [ArenaExecutor(p, [graph], [params]) for p in plans]
-    xs = [random_input(graph, p.models[0].batch, seed) for p in plans]
-    times: list[list[float]] = [[] for _ in plans]
+    texts = [dumps(replace(p, knobs={})) for p in plans]  # the same steps and buffers
+    distinct = list(dict.fromkeys(texts))
+    runners = [ArenaExecutor(plans[texts.index(t)], [graph], [params]) for t in distinct]
+    xs = [random_input(graph, plans[texts.index(t)].models[0].batch, seed) for t in distinct]
+    measured: list[list[float]] = [[] for _ in distinct]
     with torch.no_grad():
         for ex, x in zip(runners, xs):
             ex.run(x)  # warm-up
-        for _ in range(repeats):
-            for k, (ex, x) in enumerate(zip(runners, xs)):
+        for r in range(repeats):
+            order = range(len(distinct)) if r % 2 == 0 else reversed(range(len(distinct)))
+            for k in order:
                 t0 = _time.perf_counter()
-                ex.run(x)
-                times[k].append(_time.perf_counter() - t0)
+                runners[k].run(xs[k])
+                measured[k].append(_time.perf_counter() - t0)
+    times = [measured[distinct.index(t)] for t in texts]
     return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
 
 
