@@ -160,7 +160,8 @@ def test_vbs_plan_runs_the_planned_sub_batches(monkeypatch):
     from tightfit.ops import get_op
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel
-    from tightfit.plan.vbs import linear_profile, plan_vbs
+    from tightfit.plan.vbs import linear_chain, linear_profile
+    from tightfit.plan.vbs_graph import plan_schedule
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import run_reference
     from tightfit.verify import compare
@@ -171,7 +172,8 @@ def test_vbs_plan_runs_the_planned_sub_batches(monkeypatch):
     fbs4 = next(m for m in range(fbs1, 1000) if fixed_batch(p, m, 4)[0] == 4)
     steps = schedule(solve(p, (fbs1 + fbs4) // 2))
     assert len({s.batch for s in steps}) > 1  # a variable batch: more than one size
-    plan = plan_vbs(PlannedModel(g, "mobilenet_v1_025", 4), steps)
+    chain = linear_chain(g)
+    plan = plan_schedule(PlannedModel(g, "mobilenet_v1_025", 4), [(chain[s.layer], s.batch) for s in steps])
     check_plan(plan, [g])
     ran = []
     for op_name in {l.op for l in g.layers}:

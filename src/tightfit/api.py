@@ -80,7 +80,8 @@ def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -
 def plan(model: str, method: str = "reuse", planner: str = "improve", order: str = "imported",
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
-         cost: CostModel | None = None, tiling: str | None = None):
+         cost: CostModel | None = None, tiling: str | None = None, unit_bytes: int | None = None,
+         latency: float | None = None):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
@@ -91,13 +92,17 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
     method "tiling" runs groups of layers tile by tile: `tiling` "0-7:5x5,8-15:2x2:reuse" (layer
     ids, grid, optional overlap policy), or `budget` bytes: the fastest configuration the tiling
-    search finds within it (see plan.tiling)."""
+    search finds within it (see plan.tiling).
+
+    method "vbs" runs the `batch` samples of a request with a variable batch size across layers
+    (Choudhury et al.): the fastest schedule the dynamic program finds within `budget` bytes, at
+    `unit_bytes` memory granularity, each pivot's latency within `latency` seconds if given."""
     from tightfit.plan.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
 
-    if method not in ("reuse", "naive", "parts", "tiling"):
-        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling")
+    if method not in ("reuse", "naive", "parts", "tiling", "vbs"):
+        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling, vbs")
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if is_app_file(model):
@@ -129,6 +134,12 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
             p = plan_parts(models[0], phases, source, planner, layout)
         check_plan(p, graphs)
         return p, graphs
+    if method == "vbs":
+        if len(models) != 1:
+            raise OptionError("--method vbs plans one CNN")
+        p = _vbs_for_budget(models[0], budget, planner, layout, cost, unit_bytes, latency)
+        check_plan(p, graphs)
+        return p, graphs
     if method == "tiling":
         if len(models) != 1:
             raise OptionError("--method tiling plans one CNN")
@@ -138,7 +149,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     if tiling:
         raise OptionError("--tiling goes with --method tiling")
     if budget is not None:
-        raise OptionError("--budget goes with --method parts or tiling")
+        raise OptionError("--budget goes with --method parts, tiling or vbs")
     p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
                    partitions=parts, concurrent=concurrent)
     check_plan(p, graphs)
@@ -192,6 +203,30 @@ def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, la
                           f"{human(needs)} ({found.chosen.spec}; {found.evaluated} group tilings tried)")
     knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds)
     return replace(p, knobs=knobs)
+
+
+def _vbs_for_budget(model, budget: int | None, planner: str, layout: str, cost: CostModel | None,
+                    unit_bytes: int | None, latency: float | None):
+    """The DP's plan for the request within `budget`; BudgetError naming the smallest feasible
+    budget (found from memory alone, before any profiling) if it does not fit."""
+    from tightfit.errors import BudgetError
+    from tightfit.plan.vbs_graph import DEFAULT_UNIT_BYTES, memory_problem, search_vbs, smallest_feasible_budget
+    from tightfit.runtime.cost import CostModel
+    from tightfit.units import human
+
+    if budget is None:
+        raise OptionError("--method vbs needs --budget SIZE (the memory the request may use)")
+    unit = unit_bytes or DEFAULT_UNIT_BYTES
+    least = smallest_feasible_budget(model, None, None, unit, layout, memory_problem(model), planner)
+    if budget < least:
+        raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}: "
+                          f"the smallest feasible budget is {human(least)} ({least} bytes)")
+    cost = cost or CostModel.default()
+    found = search_vbs(model, None, budget, cost, unit, latency, planner, layout)
+    if not found.fits:
+        raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}"
+                          + (f" with every pivot within {latency} s" if latency is not None else ""))
+    return found.plan
 
 
 def load_plan(path: str | Path):

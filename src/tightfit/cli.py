@@ -41,11 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands), tiling (groups of layers by tiles)")
+    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands), "
+                   "tiling (groups of layers by tiles), vbs (variable batch size across layers for a request of --batch samples)")
     p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
-    p.add_argument("--budget", help="with --method parts or tiling: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
+    p.add_argument("--budget", help="with --method parts, tiling or vbs: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
     p.add_argument("--tiling", help="with --method tiling: groups FIRST-LAST:NxM[:reuse|:recompute],... (layer ids), e.g. 0-7:5x5,8-15:2x2")
+    p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
+    p.add_argument("--latency", type=float, help="with --method vbs: seconds that the samples of any pivot step may take at most")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
@@ -133,12 +136,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from tightfit.units import parse_size
 
         budget, cost = parse_size(args.budget), CostModel.default(args.reprofile)
+    if args.method != "vbs" and (args.unit or args.latency is not None):
+        raise OptionError("--unit and --latency go with --method vbs")
+    unit = None
+    if args.unit:
+        from tightfit.units import parse_size
+
+        unit = parse_size(args.unit)
     t0 = time.perf_counter()
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
-                                  budget, cost, args.tiling)
+                                  budget, cost, args.tiling, unit, args.latency)
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
+    if args.method == "vbs":
+        from tightfit.plan.vbs_graph import compare_methods
+
+        report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
     if args.out:
         with open(args.out, "w") as f:
             f.write(schema.dumps(p))
@@ -147,6 +161,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(plan_text(report))
+        if "vbs" in report:
+            from tightfit.report import vbs_text
+
+            print(vbs_text(report["vbs"], graphs[0]))
         if args.layout_map:
             from tightfit.plan.check import lifetimes
             from tightfit.plan.offsets import format_layout

@@ -116,3 +116,21 @@ def plan_run_text(r: dict[str, Any]) -> str:
         m = r["measured"]
         lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} (analysed {human(r['analysed_peak_bytes'])})")
     return "\n".join(lines)
+
+
+def vbs_text(r: dict[str, Any], graph) -> str:
+    """The per-layer sub-batch profile (Choudhury et al. Fig. 9) and the three methods' times."""
+    lines = [f"  variable batch size for a request of {r['request']} within {human(r['budget_bytes'])}; "
+             "sub-batches per layer, in order:"]
+    for lid, batches in r["profile"].items():
+        lines.append(f"    {int(lid):>3}  {graph.layers[int(lid)].name[:48]:<48}  {', '.join(map(str, batches))}")
+    lines.append(f"  {'method':<8} {'batch':>8} {'run memory':>12} {'predicted ms/sample':>20} {'measured ms/sample':>19}")
+    for m, row in r["methods"].items():
+        if not row["fits"]:
+            lines.append(f"  {m:<8} does not fit")
+            continue
+        batch = row["batch"] if isinstance(row["batch"], int) else ("per layer" if row["batch"] else "varied")
+        measured = row["measured_seconds_per_sample"]
+        lines.append(f"  {m:<8} {batch:>8} {human(row['run_bytes']):>12} {row['predicted_seconds_per_sample'] * 1e3:>20.2f} "
+                     f"{measured * 1e3 if measured is not None else float('nan'):>19.2f}")
+    return "\n".join(lines)

@@ -11,6 +11,22 @@ A buffer's `shape` is the logical block it stores, (n, C, h, w): a whole tensor 
 shape; a window of rows has h < H; a tile has h < H and w < W; a sample range has n < N. Any
 combination is allowed: e.g. b samples of a window of rows is a block (b, C, rows, W).
 
+The two splits are independent and compose per step:
+- along N (variable batch size, plan/vbs_graph.py): the model's `batch` is the request; a step
+  covers samples [n0, n1) and, today, all rows. Each tensor's samples live in *groups*
+  (maximal sample ranges no step straddles), one buffer per group with its own lifetime; an
+  access's `at[0]` is n0 minus the group's first sample. Nothing is shifted along N.
+- along H (processing by parts, plan/parts.py): a step covers rows [h0, h1) of all the
+  batch's samples; a tensor lives in one window buffer of `rows` rows whose `at[1]` is h0
+  minus the window's base, moved to the top by copy steps when full (mode "shift").
+To combine them (b samples by row bands): run each sample group's row-band steps in the parts
+order with regions [n0, n1) x [h0, h1), give every (tensor, sample group) its own window buffer
+(b, C, rows, W), and index it with at = (n0 - group start, h0 - window base, 0). Ops already
+give the exact input window of any (N, H, W) region (`input_windows`), the checker simulates
+any such index map, and the executor shifts along any one dimension, so no other part changes;
+the memory a DP over N counts for a group is then its window's bytes instead of the whole
+tensor's.
+
 Serialised as JSON with a format version; `load_plan` validates it against the models it names.
 """
 from __future__ import annotations

@@ -13,6 +13,9 @@ outputs of j included). OPTExact: the same with some layer run on all b samples 
 
 Layers are numbered from 0 here; the paper's from 1. Tables are numpy arrays over the memory
 axis, so each recurrence is a few vector operations per (i, j, b).
+
+`solve` counts memory as the paper does (samples freed one at a time; its worked example);
+`solve_plans` counts it as plans hold buffers (see there), which is what plan/vbs_graph.py uses.
 """
 from __future__ import annotations
 
@@ -68,8 +71,10 @@ class Tables:
         return self.opt_at(0, self.profile.layers - 1, self.profile.max_batch, self.memory)
 
 
-def solve(profile: LinearProfile, memory: int) -> Tables:
-    """Fill both tables by increasing j - i, as Algorithm 1 does."""
+def solve(profile: LinearProfile, memory: int, latency: float | None = None) -> Tables:
+    """Fill both tables by increasing j - i, as Algorithm 1 does. With a `latency` bound
+    (seconds), an OPTExact entry whose b samples take longer than it from layer i to layer j is
+    infinite (the paper's extension of recurrence (1))."""
     n, big_b = profile.layers, profile.max_batch
     mems = np.arange(memory + 1)
     shape = (n, n, big_b + 1, memory + 1)
@@ -86,8 +91,14 @@ def solve(profile: LinearProfile, memory: int) -> Tables:
             for b in range(1, big_b + 1):
                 if d > 0:
                     _fill_exact(opt, exact, best_k, i, j, b)
+                _cap_latency(exact[i, j, b], b, latency)
                 _fill_opt(profile, opt, exact, best_b1, i, j, b)
     return Tables(profile, memory, opt, exact, best_b1, best_k)
+
+
+def _cap_latency(row: np.ndarray, b: int, latency: float | None) -> None:
+    if latency is not None:
+        row[row * b > latency] = INF
 
 
 def _fill_exact(opt, exact, best_k, i: int, j: int, b: int) -> None:
@@ -104,7 +115,7 @@ def _fill_exact(opt, exact, best_k, i: int, j: int, b: int) -> None:
     exact[i, j, b], best_k[i, j, b] = best, arg
 
 
-def _fill_opt(profile: LinearProfile, opt, exact, best_b1, i: int, j: int, b: int) -> None:
+def _fill_opt(profile: LinearProfile, opt, exact, best_b1, i: int, j: int, b: int, reserve: bool = True) -> None:
     """Recurrence (2): b1 samples go through layers i..j first (at exactly b1), the other b - b1
     wait at layer i's input; then those go through while the first b1 wait at layer j's output."""
     m = exact.shape[3]
@@ -112,8 +123,8 @@ def _fill_opt(profile: LinearProfile, opt, exact, best_b1, i: int, j: int, b: in
     arg = np.zeros(m, dtype=np.int16)
     for b1 in range(1, b + 1):
         rest = b - b1
-        first = b1 * _shifted(exact[i, j, b1], profile.inp[i, rest] if rest else 0)
-        second = rest * _shifted(opt[i, j, rest], profile.out[j, b1]) if rest else 0.0
+        first = b1 * _shifted(exact[i, j, b1], profile.inp[i, rest] if rest and reserve else 0)
+        second = rest * _shifted(opt[i, j, rest], profile.out[j, b1] if reserve else 0) if rest else 0.0
         total = (first + second) / b
         better = total < best
         best = np.where(better, total, best)
@@ -130,6 +141,182 @@ def _shifted(row: np.ndarray, units: int) -> np.ndarray:
     if units < len(row):
         out[units:] = row[: len(row) - units]
     return out
+
+
+# --- the same recurrences counting memory as plans hold it ------------------------------------
+#
+# A plan keeps each tensor's samples in buffers placed once in an arena: the b samples a pivot
+# layer reads (or writes) at once are one buffer, alive while the layers before it fill it (or
+# the layers after it empty it); samples are not freed one at a time. So, for plans:
+#   - (1) reserves the pivot's input buffer, in(k, b), while the part before it runs split
+#     (OPT), and its output buffer, out(k, b), while the part after it runs split; a part run
+#     uniformly at b (every layer once, ALL) holds only each step's own input and output, exactly;
+#   - (2) reserves nothing: the input and output of the segment are buffers of the caller;
+#   - the pivot's own step needs its input and output unless the caller holds them, plus what
+#     `base` says (a layer: nothing more, its scratch lives outside the arena; the model's first
+#     layer: its input chunk, loaded just before it; a special layer: its branches, then its
+#     join's output only when the join runs).
+# The held memory a table entry counts is never less than what the plan made from it holds.
+
+
+@dataclass(frozen=True)
+class PlanTables:
+    """Tables of the plans accounting: opt/exact as above, all_in/all_out the uniform runs whose
+    last (all_out: before a pivot) or first (all_in: after a pivot) tensor the step counts."""
+
+    profile: LinearProfile
+    memory: int
+    base: np.ndarray  # (n, B + 1, memory + 1): per-sample seconds of a pivot step with m left
+    base_out: np.ndarray  # the same when the step must also hold its output buffer
+    opt: np.ndarray
+    exact: np.ndarray
+    all_out: np.ndarray
+    all_in: np.ndarray
+    best_b1: np.ndarray
+    best_k: np.ndarray
+    uniform_before: np.ndarray  # the part before the pivot runs uniformly (else split)
+    uniform_after: np.ndarray
+
+    def opt_at(self, i: int, j: int, b: int, m: int) -> float:
+        return float(self.opt[i, j, b, m]) if 0 <= m <= self.memory else INF
+
+
+def layer_base(profile: LinearProfile, memory: int, first_input: bool = True) -> np.ndarray:
+    """Pivot steps of plain layers: time per sample whenever there is room for the model's input
+    chunk (the first layer, with `first_input`) or unconditionally (inputs and outputs are
+    counted by the tables)."""
+    n, big_b = profile.layers, profile.max_batch
+    base = np.full((n, big_b + 1, memory + 1), INF)
+    for k in range(n):
+        for b in range(1, big_b + 1):
+            need = int(profile.inp[k, b]) if (k == 0 and first_input) else 0
+            base[k, b, need:] = profile.time[k, b]
+    return base
+
+
+def solve_plans(profile: LinearProfile, memory: int, base: np.ndarray | None = None,
+                latency: float | None = None, base_out: np.ndarray | None = None) -> PlanTables:
+    """Recurrences (1) and (2) in the plans accounting, by increasing j - i. `base_out[k]`
+    (default: `base[k]` shifted by out(k, b)) is the pivot step when it holds its output too; a
+    special layer allocates its join's output only when the join runs, after its branches."""
+    n, big_b = profile.layers, profile.max_batch
+    base = layer_base(profile, memory) if base is None else base
+    if base_out is None:
+        base_out = np.stack([np.stack([_shifted(base[k, b], profile.out[k, b]) for b in range(big_b + 1)])
+                             for k in range(n)])
+    shape = (n, n, big_b + 1, memory + 1)
+    t = PlanTables(profile, memory, base, base_out, np.full(shape, INF), np.full(shape, INF), np.full(shape, INF),
+                   np.full(shape, INF), np.zeros(shape, np.int16), np.zeros(shape, np.int16),
+                   np.zeros(shape, bool), np.zeros(shape, bool))
+    for b in range(1, big_b + 1):
+        _fill_uniform(t, b)
+    for d in range(n):
+        for i in range(n - d):
+            j = i + d
+            for b in range(1, big_b + 1):
+                _fill_exact_plans(t, i, j, b)
+                _cap_latency(t.exact[i, j, b], b, latency)
+                _fill_opt(profile, t.opt, t.exact, t.best_b1, i, j, b, reserve=False)
+    return t
+
+
+def _in_need(p: LinearProfile, k: int, b: int, count_in: bool) -> int:
+    return int(p.inp[k, b]) if count_in else 0
+
+
+def _pivot(t: PlanTables, k: int, b: int, count_in: bool, count_out: bool) -> np.ndarray:
+    """Per-sample seconds of unit k's step at b for every memory left around it, when it holds
+    its input buffer (`count_in`) and its output buffer (`count_out`) itself."""
+    return _shifted((t.base_out if count_out else t.base)[k, b], _in_need(t.profile, k, b, count_in))
+
+
+def _fill_uniform(t: PlanTables, b: int) -> None:
+    """Every layer of i..j once at b. all_out[i, j]: the step of j counts its output (a pivot
+    after it holds that buffer); all_in[i, j]: the step of i counts its input."""
+    p, n = t.profile, t.profile.layers
+    for i in range(n):
+        # acc_*: the layers i..j-1 of a run that goes on past j-1 (each counts its output).
+        acc_out = _pivot(t, i, b, False, True)
+        acc_in = _pivot(t, i, b, True, True)
+        t.all_out[i, i, b] = acc_out
+        t.all_in[i, i, b] = _pivot(t, i, b, True, False)
+        for j in range(i + 1, n):
+            mid = _pivot(t, j, b, True, True)
+            t.all_out[i, j, b] = acc_out + mid
+            t.all_in[i, j, b] = acc_in + _pivot(t, j, b, True, False)
+            acc_out, acc_in = acc_out + mid, acc_in + mid
+
+
+def _fill_exact_plans(t: PlanTables, i: int, j: int, b: int) -> None:
+    p = t.profile
+    m = t.memory + 1
+    best, arg = np.full(m, INF), np.zeros(m, np.int16)
+    arg_before, arg_after = np.zeros(m, bool), np.zeros(m, bool)
+    for k in range(i, j + 1):
+        before, uni_b = np.zeros(m), np.zeros(m, bool)
+        if k > i:
+            split = _shifted(t.opt[i, k - 1, b], p.inp[k, b])
+            uni = t.all_out[i, k - 1, b]
+            uni_b = uni <= split
+            before = np.minimum(uni, split)
+        after, uni_a = np.zeros(m), np.zeros(m, bool)
+        if k < j:
+            split = _shifted(t.opt[k + 1, j, b], p.out[k, b])
+            uni = t.all_in[k + 1, j, b]
+            uni_a = uni <= split
+            after = np.minimum(uni, split)
+        pivot = _pivot(t, k, b, k > i, k < j)
+        total = before + pivot + after
+        better = total < best
+        best = np.where(better, total, best)
+        arg = np.where(better, k, arg)
+        arg_before = np.where(better, uni_b, arg_before)
+        arg_after = np.where(better, uni_a, arg_after)
+    t.exact[i, j, b], t.best_k[i, j, b] = best, arg
+    t.uniform_before[i, j, b], t.uniform_after[i, j, b] = arg_before, arg_after
+
+
+@dataclass(frozen=True)
+class PivotStep:
+    """Unit `unit` runs `batch` samples at once with `memory` units left around the buffers it
+    reads (what a special layer's branches may use)."""
+
+    unit: int
+    batch: int
+    memory: int
+
+
+def plans_schedule(t: PlanTables, batch: int, memory: int) -> list[PivotStep]:
+    """The optimal order for `batch` samples through all units within `memory` units ([] if
+    none); the caller holds the model output."""
+    if t.opt_at(0, t.profile.layers - 1, batch, memory) == INF:
+        return []
+    out: list[PivotStep] = []
+    _plans_opt(t, 0, t.profile.layers - 1, batch, memory, out)
+    return out
+
+
+def _plans_opt(t: PlanTables, i: int, j: int, b: int, m: int, out: list) -> None:
+    while b > 0:
+        b1 = int(t.best_b1[i, j, b, m])
+        _plans_exact(t, i, j, b1, m, out)
+        b -= b1
+
+
+def _plans_exact(t: PlanTables, i: int, j: int, b: int, m: int, out: list) -> None:
+    p = t.profile
+    k = int(t.best_k[i, j, b, m])
+    if k > i:
+        if t.uniform_before[i, j, b, m]:
+            out.extend(PivotStep(u, b, m - _in_need(p, u, b, u > i)) for u in range(i, k))
+        else:
+            _plans_opt(t, i, k - 1, b, m - int(p.inp[k, b]), out)
+    out.append(PivotStep(k, b, m - _in_need(p, k, b, k > i)))
+    if k < j:
+        if t.uniform_after[i, j, b, m]:
+            out.extend(PivotStep(u, b, m - _in_need(p, u, b, True)) for u in range(k + 1, j + 1))
+        else:
+            _plans_opt(t, k + 1, j, b, m - int(p.out[k, b]), out)
 
 
 @dataclass(frozen=True)
@@ -240,82 +427,3 @@ def linear_profile(graph, max_batch: int, unit_bytes: int, layer_seconds, dtype:
             ws[i, b] = units(layer_workspace(graph, lid, dtype, batch=b))
             time[i, b] = layer_seconds(lid, b) / b
     return LinearProfile(time, inp, out, ws)
-
-
-def plan_vbs(model, steps: list[Step], planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32"):
-    """A plan running a schedule over the `model.batch` samples of a request, through a linear
-    graph. Samples move in order, so each tensor holds a contiguous range of samples: a buffer
-    of as many samples as that range ever spans, shifted by a copy step when the next sub-batch
-    does not fit after it (as the row windows of processing by parts). The input arrives a
-    sub-batch at a time as layer 0 takes it; the output buffer holds the whole request.
-
-    Not yet within the DP's memory: the DP counts only the samples a tensor holds at each step,
-    while a buffer here keeps its widest range for its whole lifetime (on mobilenet_v1_025, 4
-    samples, a 3.8 MiB DP budget gives a 4.6 MiB plan). Matching them needs buffers that shrink
-    as samples are consumed, or a DP that counts buffers as plans hold them."""
-    from tightfit.errors import OptionError
-    from tightfit.ops import get_op
-    from tightfit.ops.base import Region
-    from tightfit.plan.place import place
-    from tightfit.plan.reuse import dense_nhwc, layout_for
-    from tightfit.plan.schema import Access, Buffer, Partition, Plan
-    from tightfit.plan.schema import Step as PlanStep
-    from tightfit.graph.ir import itemsize
-
-    g, request = model.graph, model.batch
-    chain = linear_chain(g)
-    if chain is None:
-        raise OptionError(f"{g.name}: variable batch plans need a graph without branches")
-    tensors = [g.inputs[0]] + [g.layers[lid].output for lid in chain]
-    last = len(tensors) - 1
-    caps = _sample_capacities(steps, len(chain), request)
-    buffers = []
-    for k, t in enumerate(tensors):
-        shape = (caps[k],) + g.shape(t)[1:]
-        buffers.append(Buffer(k, "samples", shape, layout_for(shape, layout), (0,), itemsize(dtype)))
-    lo, hi, base = [0] * len(tensors), [0] * len(tensors), [0] * len(tensors)
-    plan_steps = []
-
-    def region(t: str, n0: int, n1: int) -> Region:
-        return Region.whole((n1 - n0,) + g.shape(t)[1:]).with_samples(n0, n1)
-
-    for s in steps:
-        i, b = s.layer, s.batch
-        src, dst = i, i + 1
-        if src == 0:  # the input arrives now, into the front of its buffer
-            base[0], lo[0], hi[0] = lo[0], lo[0], lo[0] + b
-            plan_steps.append(PlanStep("input", 0, -1, Access(tensors[0], 0, region(tensors[0], lo[0], hi[0]), (0, 0, 0))))
-        if hi[dst] + b - base[dst] > caps[dst]:  # shift the samples still waiting to the front
-            if hi[dst] > lo[dst]:
-                kept = region(tensors[dst], lo[dst], hi[dst])
-                plan_steps.append(PlanStep("copy", 0, -1, Access(tensors[dst], dst, kept, (0, 0, 0)),
-                                           (Access(tensors[dst], dst, kept, (lo[dst] - base[dst], 0, 0)),), 0))
-            base[dst] = lo[dst]
-        layer = g.layers[chain[i]]
-        out_shape = (request,) + g.shape(layer.output)[1:]
-        out = Access(layer.output, dst, region(layer.output, hi[dst], hi[dst] + b), (hi[dst] - base[dst], 0, 0))
-        ins = (Access(tensors[src], src, region(tensors[src], lo[src], lo[src] + b), (lo[src] - base[src], 0, 0)),)
-        in_shapes = [(request,) + g.shape(tensors[src])[1:]]
-        scratch = get_op(layer.op).workspace_bytes(layer, out.region, in_shapes, out_shape, itemsize(dtype), "torch",
-                                                   dense_nhwc(out_shape, layout))
-        plan_steps.append(PlanStep("compute", 0, chain[i], out, ins, scratch))
-        lo[src] += b
-        hi[dst] += b
-    knobs = {"method": "vbs", "planner": planner, "layout": layout,
-             "profile": [[s.layer, s.batch] for s in steps]}
-    draft = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(chain), tuple(plan_steps)),), (), 0, knobs)
-    return place(draft, [g], planner)
-
-
-def _sample_capacities(steps: list[Step], layers: int, request: int) -> list[int]:
-    """Samples each tensor's buffer must hold: the input a sub-batch, the output the whole
-    request, every other tensor the widest range waiting plus the sub-batch being added."""
-    caps = [0] * (layers + 1)
-    waiting = [0] * (layers + 1)
-    for s in steps:
-        caps[0] = max(caps[0], s.batch)
-        caps[s.layer + 1] = max(caps[s.layer + 1], waiting[s.layer + 1] + s.batch)
-        waiting[s.layer] = max(0, waiting[s.layer] - s.batch)
-        waiting[s.layer + 1] += s.batch
-    caps[layers] = request
-    return caps
