@@ -452,10 +452,12 @@ def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoin
 
 def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
            generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+           sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
     genetic search (NSGA-II) seeded with every other planner's plans, or every genome when the
-    space has at most `exhaustive_limit` of them. Deterministic for a given seed."""
+    space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
+    candidates with `source_budget` (run memory per CNN). Deterministic for a given seed."""
     import itertools
 
     report = progress or (lambda done, total: None)
@@ -463,6 +465,7 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     if constraints.met(reuse):
         report(1, 1)
         return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
+    problem.add_candidates(SOURCES if sources is None else sources, source_budget)
     size = problem.size
     if size <= exhaustive_limit:
         total = size
