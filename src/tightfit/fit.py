@@ -103,7 +103,8 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
     found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
                    progress=progress, **search_options)
     search_seconds = time.perf_counter() - t0
-    cost.save()
+    if hasattr(cost, "save"):
+        cost.save()
     graphs = app.graphs
     for point, fits in _ranked(found, constraints, best_effort):
         plan, analysis = _placed(problem, point)
@@ -141,14 +142,18 @@ def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: i
 
 
 def _placed(problem: FitProblem, point: FitPoint) -> tuple[Plan, CheckReport]:
+    plan = final_plan(problem, point)
+    return plan, checked(plan, problem.app.graphs)
+
+
+def final_plan(problem: FitProblem, point: FitPoint) -> Plan:
+    """The point's application plan placed by the best offset planner, its choices in the knobs."""
     from dataclasses import replace
 
     from tightfit.plan.place import place
 
     plan = place(problem.plan(point.genes), problem.app.graphs, "improve")
-    knobs = dict(plan.knobs, techniques=list(point.labels), predicted_seconds=list(point.seconds))
-    plan = replace(plan, knobs=knobs)
-    return plan, checked(plan, problem.app.graphs)
+    return replace(plan, knobs=dict(plan.knobs, techniques=list(point.labels), predicted_seconds=list(point.seconds)))
 
 
 def checked(plan: Plan, graphs) -> CheckReport:

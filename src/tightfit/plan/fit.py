@@ -42,8 +42,8 @@ from tightfit.plan.schema import Buffer, Partition, Plan, Step
 SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the chosen plan is re-placed
 MAX_GROUPS = 6
 POP_SIZE = 16
-GENERATIONS = 8
-EXHAUSTIVE_LIMIT = 128  # spaces at most this large are enumerated instead of searched
+GENERATIONS = 20
+EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of searched
 HEAD = 4  # genes before the groups: technique, order, align, source
 
 
