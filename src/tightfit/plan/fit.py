@@ -44,6 +44,10 @@ MAX_GROUPS = 6
 POP_SIZE = 16
 GENERATIONS = 20
 EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of searched
+# Work bound of the genetic search, in steps of the CNN plans it builds (building and timing a
+# plan costs about its steps): small CNNs run every generation, a large one stops early, the
+# same way for the same seed.
+MAX_STEPS = 60_000
 HEAD = 4  # genes before the groups: technique, order, align, source
 
 
@@ -171,6 +175,7 @@ class CNNSpace:
     layout: str = "nhwc"
     dtype: str = "fp32"
     _plans: dict = field(default_factory=dict)
+    planned_steps: int = 0
 
     @property
     def width(self) -> int:
@@ -210,6 +215,7 @@ class CNNSpace:
         if key not in self._plans:
             self._plans[key] = split_partitions(self._one_partition(key), self.model.graph, self.partitions,
                                                 self.local_concurrent)
+            self.planned_steps += sum(len(p.steps) for p in self._plans[key].partitions)
         return self._plans[key]
 
     def _one_partition(self, key: tuple) -> Plan:
@@ -349,6 +355,7 @@ class FitProblem:
         self.points: dict[tuple, FitPoint] = {}
         self._seconds: dict[tuple[int, tuple], float] = {}
         self.on_evaluate: Callable[[int], None] = lambda n: None
+        self.max_steps = math.inf
 
     @property
     def upper(self) -> list[int]:
@@ -372,10 +379,16 @@ class FitProblem:
         """The application plan of a genome (unplaced)."""
         return merge(self.app, [s.plan(k) for s, k in zip(self.spaces, self.keys(genes))])
 
+    @property
+    def planned_steps(self) -> int:
+        return sum(s.planned_steps for s in self.spaces)
+
     def evaluate(self, genes: Sequence[int]) -> FitPoint:
         genes = tuple(int(v) for v in genes)
         keys = self.keys(genes)
         if keys not in self.points:
+            if self.planned_steps > self.max_steps:
+                raise _OutOfWork
             plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
             memory = run_memory(plan, self.app.graphs) + self.param_bytes
             seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
@@ -453,11 +466,13 @@ def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoin
 def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
            generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
            sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
-           progress: Callable[[int, int], None] | None = None) -> FitSearch:
+           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
     genetic search (NSGA-II) seeded with every other planner's plans, or every genome when the
     space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
-    candidates with `source_budget` (run memory per CNN). Deterministic for a given seed."""
+    candidates with `source_budget` (run memory per CNN). The genetic search stops early once
+    its plans reach `max_steps` steps in all (seeds are always evaluated). Deterministic for a
+    given seed."""
     import itertools
 
     report = progress or (lambda done, total: None)
@@ -477,11 +492,20 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         problem.on_evaluate = lambda n: report(min(n, total), total)
         for genes in problem.seeds():
             problem.evaluate(genes)
-        _nsga2(problem, seed, pop_size, generations)
+        problem.max_steps = max_steps
+        try:
+            _nsga2(problem, seed, pop_size, generations)
+        except _OutOfWork:
+            pass
+        problem.max_steps = math.inf
     report(total, total)
     front = problem.front()
     chosen, fits = select(front, constraints)
     return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
+
+
+class _OutOfWork(Exception):
+    """The genetic search reached its work bound."""
 
 
 def _nsga2(problem: FitProblem, seed: int, pop_size: int, generations: int) -> None:
