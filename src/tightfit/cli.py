@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
+    p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -291,7 +292,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from tightfit.units import parse_size
 
     budget = parse_size(args.budget)
-    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None)
+    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
                         progress=F.progress_bar(sys.stderr))

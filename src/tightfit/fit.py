@@ -60,20 +60,23 @@ class FitOutcome:
         return self.analysis.peak_bytes + self.counted_params
 
 
-def load_fit_app(spec: str, input_shape: Sequence[int] | None = None) -> FitApp:
-    """A model (zoo name, .onnx, module:factory) or an application file."""
+def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1) -> FitApp:
+    """A model (zoo name, .onnx, module:factory) or an application file; `batch` samples per
+    request for every CNN."""
     import tightfit
     from tightfit.plan.app import is_app_file, load_app
 
+    if batch < 1:
+        raise OptionError("--batch must be at least 1")
     if is_app_file(spec):
         app, graphs = load_app(spec)
-        return FitApp(tuple(PlannedModel(g, c.model) for g, c in zip(graphs, app.cnns)), tuple(c.name for c in app.cnns),
-                      tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
+        return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),
+                      tuple(c.name for c in app.cnns), tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
     if spec.lower().endswith((".yaml", ".yml", ".json")):
         from tightfit.plan.app import AppError
 
         raise AppError(f"application file not found: {spec}")
-    return FitApp.single(PlannedModel(tightfit.load(spec, input_shape), spec))
+    return FitApp.single(PlannedModel(tightfit.load(spec, input_shape), spec, batch))
 
 
 def param_bytes(app: FitApp) -> int:
