@@ -11,10 +11,10 @@ import pytest
 
 import tightfit.fit as F
 from tightfit.cli import main
-from tightfit.ops import get_op
 from tightfit.plan.check import check_plan
 from tightfit.plan.fit import Constraints, FitProblem, dominates, search
 from tightfit.plan.place import place
+from test_parts_search import step_cost as parts_step_cost
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,15 +31,8 @@ pipelines: [[0, 1]]
 
 
 def step_cost(plan, graphs) -> float:
-    """A fixed cost per step plus one per MAC (deterministic)."""
-    total = 0.0
-    for s in plan.steps():
-        total += 50e-6
-        if s.kind == "compute":
-            g = graphs[s.model]
-            layer = g.layers[s.layer]
-            total += 1e-9 * get_op(layer.op).macs(layer, s.out.region, [g.shape(t) for t in layer.inputs], g.shape(layer.output))
-    return total
+    """A fixed cost per step plus one per MAC (deterministic; the parts search's tests use it)."""
+    return parts_step_cost(graphs)(plan)
 
 
 @pytest.fixture(scope="module")
