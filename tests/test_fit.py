@@ -167,3 +167,24 @@ def test_app_naming_unknown_cnns(text, words, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and all(w in err[0] for w in words), err
     assert not out.exists()
+
+
+class StepCost:
+    plan_seconds = staticmethod(step_cost)
+
+
+def test_pipelined_application_by_parts_runs_as_a_stream(tmp_path):
+    """One CNN in two pipelined partitions: the chosen plan splits layers inside a partition,
+    keeps the tensor crossing them whole (a FIFO of two copies) and runs as a pipeline."""
+    path = tmp_path / "app.yaml"
+    path.write_text("cnns:\n  - {name: a, model: mobilenet_v1_025, input_shape: 1x3x64x64}\npartitions:\n  - {cnn: a, layers: 0-5}\n"
+                    "  - {cnn: a, layers: 6-28}\npipelines: [[0, 1]]\n")
+    app = F.load_fit_app(str(path))
+    reuse = FitProblem(app, step_cost).evaluate(FitProblem(app, step_cost).reuse_genes())
+    o = F.fit(app, int(reuse.memory_bytes * 0.8), cost=StepCost(), measure=False, generations=1, max_steps=3000)
+    assert o.fits and o.memory_bytes <= reuse.memory_bytes * 0.8
+    kinds = {b.kind for b in o.plan.buffers}
+    assert "window" in kinds and any(b.copies == 2 and b.kind == "whole" for b in o.plan.buffers)
+    assert o.plan.concurrent == ((0, 1),)
+    fps = F.measure_fps(o.plan, app.graphs, runs=1)
+    assert len(fps) == 1 and fps[0] > 0

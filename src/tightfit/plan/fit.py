@@ -47,7 +47,7 @@ EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of se
 # Work bound of the genetic search, in steps of the CNN plans it builds (building and timing a
 # plan costs about its steps): small CNNs run every generation, a large one stops early, the
 # same way for the same seed.
-MAX_STEPS = 60_000
+MAX_STEPS = 100_000
 HEAD = 4  # genes before the groups: technique, order, align, source
 
 
@@ -412,16 +412,20 @@ class FitProblem:
             s.candidates = tuple(c for source in sources.values() for c in source(ctx))
 
     def seeds(self) -> list[tuple[int, ...]]:
-        """Reuse only (both orders), parts everywhere (one row per phase; both alignments), and
-        every candidate of every source, each CNN alike."""
+        """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
+        first groups by parts and the rest whole (early layers hold the large tensors; the
+        whole rest reuses memory after them), and every candidate of every source; each CNN
+        alike."""
         genomes = []
         per_cnn = []
         for s in self.spaces:
             up = s.upper()
-            finest = [0, 0, 0] + up[3:]
-            per_cnn.append([[0, 0, 0, 0] + [0] * len(s.groups), [0, 1, 0, 0] + [0] * len(s.groups),
-                            finest, [0, 0, 1] + up[3:]] + [[i, 0, 0, 0] + [0] * len(s.groups)
-                                                           for i in range(1, len(s.candidates) + 1)])
+            n = len(s.groups)
+            whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
+            finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
+            prefixes = [[0, 0, 0] + up[3:5 + k] + [0] * (n - k - 1) for k in range(n - 1)]
+            candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
+            per_cnn.append(whole + finest + prefixes + candidates)
         for k in range(max(len(c) for c in per_cnn)):
             genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))
         return list(dict.fromkeys(genomes))
@@ -468,7 +472,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
            sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
            max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
-    genetic search (NSGA-II) seeded with every other planner's plans, or every genome when the
+    genetic search (NSGA-II) seeded with every other planner's plans and polished by a local
+    search around its front, or every genome when the
     space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
     candidates with `source_budget` (run memory per CNN). The genetic search stops early once
     its plans reach `max_steps` steps in all (seeds are always evaluated). Deterministic for a
@@ -495,6 +500,7 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         problem.max_steps = max_steps
         try:
             _nsga2(problem, seed, pop_size, generations)
+            _polish(problem)
         except _OutOfWork:
             pass
         problem.max_steps = math.inf
@@ -502,6 +508,23 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     front = problem.front()
     chosen, fits = select(front, constraints)
     return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
+
+
+def _polish(problem: FitProblem) -> None:
+    """Local search after the genetic one: every gene of every front point one step up and
+    down, until the front stops changing (or the work bound stops it)."""
+    upper = problem.upper
+    tried: set[tuple[int, ...]] = set()
+    while True:
+        todo = [p.genes for p in problem.front() if p.genes not in tried]
+        if not todo:
+            return
+        for genes in todo:
+            tried.add(genes)
+            for i, u in enumerate(upper):
+                for v in (genes[i] - 1, genes[i] + 1):
+                    if 0 <= v <= u:
+                        problem.evaluate(genes[:i] + (v,) + genes[i + 1:])
 
 
 class _OutOfWork(Exception):
