@@ -56,7 +56,7 @@ def test_no_enumerated_plan_dominates_the_front(spec, two_cnn_app):
     two CNNs, one in two pipelined partitions: exhaustive enumeration beats no point of its front."""
     app = F.load_fit_app("minakova5") if spec == "minakova5" else two_cnn_app
     problem = FitProblem(app, step_cost)
-    found = search(problem, Constraints(1, (0.0,) * len(app.models)), seed=1, exhaustive_limit=0)
+    found = search(problem, Constraints(1, (0.0,) * len(app.models)), seed=1, exhaustive_limit=0, source_budget=4500)
     assert not found.early_exit and not found.fits
     everything = enumerate_space(app, problem)
     assert len(everything) > found.evaluated or spec == "app"

@@ -40,7 +40,7 @@ from tightfit.plan.reuse import PlannedModel, _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
 
 SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the chosen plan is re-placed
-MAX_GROUPS = 6
+MAX_GROUPS = 8
 POP_SIZE = 16
 GENERATIONS = 20
 EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of searched
@@ -231,19 +231,28 @@ class CNNSpace:
 
 def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:
     """One group per layer if few; else runs of layers with the same output rows, adjacent runs
-    merged (the smallest pair first) down to `max_groups`."""
+    merged (the smallest pair first) down to `max_groups`, or the longest run cut after its
+    smallest output up to `max_groups` (a whole group after a split one then starts from a
+    small tensor: the split layers' windows die there and their memory is reused)."""
     if len(layers) <= max_groups:
         return tuple((l,) for l in layers)
+    rows = lambda l: spatial(g.shape(g.layers[l].output))[0]  # noqa: E731
     runs: list[list[int]] = []
     for l in layers:
-        h = spatial(g.shape(g.layers[l].output))[0]
-        if runs and spatial(g.shape(g.layers[runs[-1][-1]].output))[0] == h:
+        if runs and rows(runs[-1][-1]) == rows(l):
             runs[-1].append(l)
         else:
             runs.append([l])
     while len(runs) > max_groups:
         i = min(range(len(runs) - 1), key=lambda i: len(runs[i]) + len(runs[i + 1]))
         runs[i:i + 2] = [runs[i] + runs[i + 1]]
+    while len(runs) < max_groups:
+        i = max(range(len(runs)), key=lambda i: len(runs[i]))
+        run = runs[i]
+        if len(run) < 4:
+            break
+        cut = min(range(1, len(run) - 1), key=lambda k: (g.tensors[g.layers[run[k]].output].nbytes(), -k)) + 1
+        runs[i:i + 1] = [run[:cut], run[cut:]]
     return tuple(tuple(r) for r in runs)
 
 
