@@ -6,7 +6,6 @@ Every plan fit reports was checked (tightfit.plan.check) and ran with outputs eq
 reference executor's; a plan that fails either is never reported (VerificationFailed)."""
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 import time
@@ -19,7 +18,7 @@ import torch
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan, lifetimes
 from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
-                               parse_min_fps, search)
+                               meeting, parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.units import human
@@ -126,11 +125,10 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
 def _ranked(found: FitSearch, constraints: Constraints, best_effort: bool):
     """(point, meets the constraints) in the order selection takes them: the points meeting
     every constraint by memory, then (best effort) the smallest memory of the front."""
-    ok = sorted((p for p in found.front if constraints.met(p)), key=lambda p: (p.memory_bytes, sum(p.seconds), p.genes))
-    for p in ok:
+    for p in meeting(found.front, constraints):
         yield p, True
     if best_effort:
-        yield min(found.front, key=lambda p: (p.memory_bytes, sum(p.seconds), p.genes)), False
+        yield select(found.front, Constraints(None, ()))[0], False
 
 
 def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: int) -> str:

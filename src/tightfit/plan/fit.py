@@ -468,12 +468,20 @@ class FitSearch:
     reuse: FitPoint  # the reuse-only plan (Alg. 9 line 1)
 
 
+def _smallest_first(p: FitPoint) -> tuple:
+    return (p.memory_bytes, sum(p.seconds), p.genes)
+
+
+def meeting(front: Sequence[FitPoint], constraints: Constraints) -> list[FitPoint]:
+    """The points meeting every constraint, smallest memory first (then fastest)."""
+    return sorted((p for p in front if constraints.met(p)), key=_smallest_first)
+
+
 def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoint, bool]:
     """Alg. 9 lines 9-16: the smallest memory among the points meeting every constraint; if none,
     the smallest memory of the front (and False)."""
-    ok = [p for p in front if constraints.met(p)]
-    pool = ok or list(front)
-    return min(pool, key=lambda p: (p.memory_bytes, sum(p.seconds), p.genes)), bool(ok)
+    ok = meeting(front, constraints)
+    return (ok[0], True) if ok else (min(front, key=_smallest_first), False)
 
 
 def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
