@@ -100,7 +100,7 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
     if counted >= budget_bytes and not best_effort:
         raise FitError(f"nothing fits {human(budget_bytes)}: the parameters alone take {human(params)} "
                        f"({params / MB:.2f} MB)")
-    problem = FitProblem(app, cost.plan_seconds, counted)
+    problem = FitProblem(app, cost.plan_seconds, counted, cost=cost)
     t0 = time.perf_counter()
     found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
                    progress=progress, **search_options)

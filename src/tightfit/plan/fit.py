@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.errors import TightfitError
 from tightfit.graph.ir import Graph, spatial
@@ -66,12 +66,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class CNNContext:
-    """What a technique source gets: the CNN, its run-memory budget (bytes, parameters excluded;
-    None: no budget) and the cost model's predicted seconds of a one-model plan."""
+    """What a technique source gets: the CNN (its `batch` is the request size), its run-memory
+    budget (bytes, parameters excluded; None: no budget), the cost model's predicted seconds of
+    a one-model plan, and the cost model itself (None when the search runs on a plain function)."""
 
     model: PlannedModel
     budget_bytes: int | None
     seconds: Callable[[Plan], float]
+    cost: Any = None
     layout: str = "nhwc"
     dtype: str = "fp32"
 
@@ -356,9 +358,11 @@ class FitProblem:
     """Decodes genomes, evaluates them (memoised) and keeps every point evaluated."""
 
     def __init__(self, app: FitApp, cost_seconds: Callable[[Plan, Sequence[Graph]], float],
-                 param_bytes: int = 0, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32"):
+                 param_bytes: int = 0, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
+                 cost: Any = None):
         self.app = app
         self.cost_seconds = cost_seconds
+        self.cost = cost
         self.param_bytes = param_bytes
         self.spaces = cnn_spaces(app, max_groups, layout, dtype)
         self.points: dict[tuple, FitPoint] = {}
@@ -417,7 +421,7 @@ class FitProblem:
             if len(s.partitions) > 1:
                 continue
             g = s.model.graph
-            ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), s.layout, s.dtype)
+            ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype)
             s.candidates = tuple(c for source in sources.values() for c in source(ctx))
 
     def seeds(self) -> list[tuple[int, ...]]:
