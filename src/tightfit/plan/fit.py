@@ -12,19 +12,21 @@ The problem (pymoo style, separate from the algorithm): a genome per CNN, concat
 - source: the input arrives in 2^gene row bands;
 - group_g: every splittable layer of group g computes its output in 2^gene phases (capped at its
   rows), i.e. k = rows / phases rows per phase. A small CNN has a group per layer; a large one
-  groups contiguous layers of one resolution (at most `max_groups` genes).
+  groups contiguous layers of one resolution, long runs cut after their smallest tensor (at
+  most `max_groups` genes).
 Buffer reuse is always applied across every CNN of the application, pipeline-aware: one plan
 holds every CNN's partitions, its buffers placed together (place()), partitions that run at the
 same time never share memory and a tensor crossing pipelined partitions is a FIFO of two copies.
 In a CNN with several partitions, the layers next to a crossing tensor stay whole (so the
 crossing tensor is whole and every partition's steps keep their order).
 
-Objectives: the application's run memory (exact, from the analyser: the arena's lower bound,
-concurrent partitions added up, plus the largest step's kernel temporaries; plus the parameters
-with `with_params`) and the predicted seconds of every CNN (cost model). Evaluations are
-memoised per genome and per CNN. The front is the Pareto set of every plan evaluated, seeds
-included (reuse only, parts everywhere, every source's candidates), so it is never worse than
-any of them.
+Objectives: the application's run memory (from the analyser: the arena, i.e. its lower bound,
+or with concurrent partitions the placed arena, plus the largest step's kernel temporaries; plus
+the parameters with `with_params`) and the predicted seconds of every CNN (cost model).
+Evaluations are memoised per genome and per CNN. The front is the Pareto set of every plan
+evaluated, seeds included (reuse only, parts everywhere, the first groups by parts, every
+source's candidates), so it is never worse than any of them; NSGA-II is followed by a local
+search around the front.
 """
 from __future__ import annotations
 
