@@ -73,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce", action="store_true", help="run a plan under RLIMIT_DATA = loaded baseline + limit")
     p.add_argument("--limit", help="with --enforce: the limit above the loaded baseline (default: analysed peak + margin)")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("fit", help="search every technique for the plan that fits a budget; run, verify, measure, report")
+    _model_args(p)
+    p.add_argument("--budget", required=True, help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters)")
+    p.add_argument("--with-params", action="store_true", help="the budget bounds parameters + run memory (as the papers count)")
+    p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200")
+    p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
+    p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
+    p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
+    p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
+    p.add_argument("--json", action="store_true")
     return parser
 
 
@@ -313,7 +324,27 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
-COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run}
+def cmd_fit(args: argparse.Namespace) -> int:
+    from tightfit import fit as F
+    from tightfit.units import parse_size
+
+    budget = parse_size(args.budget)
+    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
+    try:
+        outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
+                        progress=F.progress_bar(sys.stderr))
+    except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
+        print(f"tightfit: internal error: {e}", file=sys.stderr)
+        return 1
+    report = F.report(outcome)
+    if args.out:
+        F.write_outputs(outcome, args.out, report)
+        report["written"] = args.out
+    print(json.dumps(report, indent=1) if args.json else F.report_text(report))
+    return 0
+
+
+COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit}
 
 if __name__ == "__main__":
     sys.exit(main())

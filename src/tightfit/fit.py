@@ -1,0 +1,424 @@
+"""`tightfit fit`: search every technique for the plan that fits (tightfit.plan.fit), then run it,
+verify its outputs against the reference executor, measure its peak (fresh process) and fps,
+and explain why it fits. Planners never execute; this module is the face that does.
+
+Every plan fit reports was checked (tightfit.plan.check) and ran with outputs equal to the
+reference executor's; a plan that fails either is never reported (VerificationFailed)."""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from tightfit.errors import OptionError
+from tightfit.plan.check import CheckReport, check_plan, lifetimes
+from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
+                               meeting, parse_min_fps, search, select)
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import Plan
+from tightfit.units import human
+
+MB = 1e6
+FPS_RUNS = 5
+
+
+class VerificationFailed(Exception):
+    """The chosen plan failed the checker or gave other outputs than the reference: an internal
+    bug (never a user error); nothing is reported or written."""
+
+
+@dataclass
+class FitOutcome:
+    app: FitApp
+    search: FitSearch
+    constraints: Constraints
+    problem: FitProblem
+    plan: Plan
+    point: FitPoint
+    analysis: CheckReport
+    param_bytes: int
+    with_params: bool
+    fits: bool
+    naive_bytes: int
+    max_abs_diff: float
+    search_seconds: float
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counted_params(self) -> int:
+        return self.param_bytes if self.with_params else 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """The chosen plan's analysed memory as the budget counts it."""
+        return self.analysis.peak_bytes + self.counted_params
+
+
+def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1) -> FitApp:
+    """A model (zoo name, .onnx, module:factory) or an application file; `batch` samples per
+    request for every CNN."""
+    import tightfit
+    from tightfit.plan.app import is_app_file, load_app
+
+    if batch < 1:
+        raise OptionError("--batch must be at least 1")
+    if is_app_file(spec):
+        app, graphs = load_app(spec)
+        return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),
+                      tuple(c.name for c in app.cnns), tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
+    if spec.lower().endswith((".yaml", ".yml", ".json")):
+        from tightfit.plan.app import AppError
+
+        raise AppError(f"application file not found: {spec}")
+    return FitApp.single(PlannedModel(tightfit.load(spec, input_shape), spec, batch))
+
+
+def param_bytes(app: FitApp) -> int:
+    import tightfit
+
+    return sum(tightfit.inspect(g).param_bytes for g in app.graphs)
+
+
+def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
+        best_effort: bool = False, cost=None, measure: bool = True, progress: Callable[[int, int], None] | None = None,
+        sources: dict[str, TechniqueSource] | None = None, **search_options) -> FitOutcome:
+    """Search, select (Alg. 9 lines 9-16), place, check, run and verify the chosen plan, measure.
+    FitError when nothing meets the constraints (unless `best_effort`: the closest plan)."""
+    from tightfit.runtime.cost import CostModel
+
+    if budget_bytes <= 0:
+        raise OptionError("--budget must be positive")
+    cost = cost or CostModel.default()
+    params = param_bytes(app)
+    counted = params if with_params else 0
+    constraints = Constraints(budget_bytes, parse_min_fps(min_fps, len(app.models)))
+    if counted >= budget_bytes and not best_effort:
+        raise FitError(f"nothing fits {human(budget_bytes)}: the parameters alone take {human(params)} "
+                       f"({params / MB:.2f} MB)")
+    problem = FitProblem(app, cost.plan_seconds, counted, cost=cost)
+    t0 = time.perf_counter()
+    found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
+                   progress=progress, **search_options)
+    search_seconds = time.perf_counter() - t0
+    if hasattr(cost, "save"):
+        cost.save()
+    graphs = app.graphs
+    for point, fits in _ranked(found, constraints, best_effort):
+        plan, analysis = _placed(problem, point)
+        if fits and analysis.peak_bytes + counted > budget_bytes:
+            continue  # the final placement missed the search's bound: the next plan
+        diff = verify(plan, graphs)
+        naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
+        outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
+                             naive, diff, search_seconds)
+        if measure:
+            outcome.measured = measure_plan(plan, graphs)
+        return outcome
+    raise FitError(unreachable_line(found, constraints, budget_bytes))
+
+
+def _ranked(found: FitSearch, constraints: Constraints, best_effort: bool):
+    """(point, meets the constraints) in the order selection takes them: the points meeting
+    every constraint by memory, then (best effort) the smallest memory of the front."""
+    for p in meeting(found.front, constraints):
+        yield p, True
+    if best_effort:
+        yield select(found.front, Constraints(None, ()))[0], False
+
+
+def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: int) -> str:
+    smallest = min(found.front, key=lambda p: (p.memory_bytes, sum(p.seconds)))
+    n = len(smallest.seconds)
+    best = [max(p.fps[m] for p in found.front) for m in range(n)]
+    fps = ", ".join(f"{f:.1f}" for f in best)
+    need = "" if not any(constraints.min_fps) else f" and min fps {', '.join(f'{f:g}' for f in constraints.min_fps)}"
+    return (f"no plan meets {human(budget_bytes)}{need}: the smallest reachable memory is {human(smallest.memory_bytes)} "
+            f"({smallest.memory_bytes / MB:.2f} MB, at {', '.join(f'{f:.1f}' for f in smallest.fps)} fps); "
+            f"the best reachable fps is {fps} ({found.evaluated} plans evaluated)")
+
+
+def _placed(problem: FitProblem, point: FitPoint) -> tuple[Plan, CheckReport]:
+    plan = final_plan(problem, point)
+    return plan, checked(plan, problem.app.graphs)
+
+
+def final_plan(problem: FitProblem, point: FitPoint) -> Plan:
+    """The point's application plan placed by the best offset planner, its choices in the knobs."""
+    from dataclasses import replace
+
+    from tightfit.plan.place import place
+
+    plan = place(problem.plan(point.genes), problem.app.graphs, "improve")
+    return replace(plan, knobs=dict(plan.knobs, techniques=list(point.labels), predicted_seconds=list(point.seconds)))
+
+
+def checked(plan: Plan, graphs) -> CheckReport:
+    from tightfit.plan.schema import PlanError
+
+    try:
+        return check_plan(plan, graphs)
+    except PlanError as e:
+        raise VerificationFailed(f"the chosen plan fails the checker: {e}") from None
+
+
+def verify(plan: Plan, graphs) -> float:
+    """Run the plan (arena filled with NaN first) and compare every output with the reference
+    executor; returns the largest difference relative to each output's largest value."""
+    import tightfit
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    checked(plan, graphs)
+    xs = tightfit.api.plan_inputs(graphs, plan)
+    outs, _ = tightfit.api.execute(plan, graphs, xs, fill_nan=True)
+    worst = 0.0
+    for m, (g, x, o) in enumerate(zip(graphs, xs, outs)):
+        ref = run_reference(g, x)
+        for name, got in o.items():
+            c = compare(got, ref[name])
+            if not c.ok:
+                raise VerificationFailed(f"the chosen plan's output {name!r} of CNN {m} differs from the reference "
+                                         f"(max abs diff {c.max_abs_diff:.3g} > {c.tolerance:.3g})")
+            worst = max(worst, c.max_abs_diff / max(c.max_abs_ref, 1e-30))
+    return worst
+
+
+def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS) -> dict[str, Any]:
+    """Peak above the loaded baseline in a fresh process, and per CNN the fps of its partitions
+    (median of `runs`; a CNN whose partitions all form one pipeline runs as a stream)."""
+    from tightfit.plan import schema
+    from tightfit.runtime.measure import measure_subprocess
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "plan.json"
+        path.write_text(schema.dumps(plan))
+        m = measure_subprocess({"kind": "plan", "plan": str(path)})
+    return {"run_bytes": m.run_bytes, "baseline_bytes": m.baseline_bytes, "fps": measure_fps(plan, graphs, runs)}
+
+
+def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
+    import tightfit
+    from tightfit.runtime.executor import ArenaExecutor
+
+    xs = tightfit.api.plan_inputs(graphs, plan)
+    ex = ArenaExecutor(plan, graphs)
+    pipeline = len(plan.concurrent) == 1 and len(plan.models) == 1 and len(plan.concurrent[0]) == len(plan.partitions) > 1
+    if pipeline:
+        ex.run_stream([xs] * 2, lambda f, o: None)
+        t0 = time.perf_counter()
+        n = ex.run_stream([xs] * (4 * runs), lambda f, o: None)
+        return [n / (time.perf_counter() - t0)]
+    fps = []
+    for m in range(len(graphs)):
+        times = []
+        for _ in range(runs + 1):
+            t0 = time.perf_counter()
+            run_cnn(ex, m, xs[m])
+            times.append(time.perf_counter() - t0)
+        fps.append(1.0 / statistics.median(times[1:]))
+    return fps
+
+
+def run_cnn(ex, m: int, x) -> dict[str, torch.Tensor]:
+    """Run only CNN `m`'s partitions of an application plan on input `x` (a frame routed to one
+    CNN); returns its outputs as views into the arena."""
+    from tightfit.runtime.executor import set_input
+
+    set_input(x)
+    with torch.no_grad():
+        for p, steps in zip(ex.plan.partitions, ex.frames[0]):
+            if p.model == m:
+                for st in steps:
+                    st.run(*st.args)
+    return ex._outputs[0][m]
+
+
+# --- explaining ---------------------------------------------------------------------------------
+
+def peak_tensors(plan: Plan, graphs, top: int = 6) -> tuple[int, int, list[tuple[str, str, int, str]]]:
+    """(busiest step, its kernel temporaries, [(CNN index:tensor, buffer kind, bytes, partition)])
+    of the buffers live at the step where live bytes plus scratch are largest."""
+    live = memory_over_steps(plan, graphs)
+    step = max(range(len(live)), key=lambda i: live[i]) if live else 0
+    life = lifetimes(plan, graphs)
+    tensor_of: dict[int, tuple[int, str]] = {}
+    for s in plan.steps():
+        for a in (s.out, *s.inputs):
+            tensor_of.setdefault(a.buffer, (s.model, a.tensor))
+    rows = []
+    for (b, c), r in zip(life.keys, life.reqs):
+        if r.first_use <= step <= r.last_use:
+            m, t = tensor_of[b]
+            rows.append((f"{m}:{t}", plan.buffers[b].kind + (f" copy {c}" if plan.buffers[b].copies > 1 else ""), r.size))
+    rows.sort(key=lambda x: -x[2])
+    return step, life.step_scratch[step] if life.step_scratch else 0, rows[:top]
+
+
+def memory_over_steps(plan: Plan, graphs) -> list[int]:
+    """Bytes live at each step (every buffer copy from first to last use) plus its scratch."""
+    life = lifetimes(plan, graphs)
+    n = len(life.step_scratch)
+    delta = [0] * (n + 1)
+    for r in life.reqs:
+        delta[r.first_use] += r.size
+        delta[r.last_use + 1] -= r.size
+    out, total = [], 0
+    for i in range(n):
+        total += delta[i]
+        out.append(total + life.step_scratch[i])
+    return out
+
+
+def contributions(o: FitOutcome) -> list[str]:
+    """What each technique contributed to the chosen plan's memory."""
+    reuse = o.search.reuse.memory_bytes
+    lines = [f"no reduction (every tensor its own buffer, parameters included): {_mb(o.naive_bytes)}"]
+    if o.with_params:
+        lines.append(f"parameters (counted in the budget): {_mb(o.param_bytes)}")
+    lines.append(f"buffer reuse across the application (pipeline-aware), layer by layer: {_mb(reuse)}"
+                 f"{' (parameters included)' if o.with_params else ''}")
+    chosen = o.point
+    problem = o.problem
+    for m, (space, name) in enumerate(zip(problem.spaces, o.app.names)):
+        genes = list(chosen.genes)
+        start = sum(s.width for s in problem.spaces[:m])
+        whole = problem.reuse_genes()[start:start + space.width]
+        if tuple(genes[start:start + space.width]) == tuple(whole):
+            lines.append(f"{name}: {chosen.labels[m]}")
+            continue
+        genes[start:start + space.width] = whole
+        without = problem.evaluate(genes)
+        lines.append(f"{name}: {chosen.labels[m]} - saves {_mb(without.memory_bytes - chosen.memory_bytes)} "
+                     f"of the application's memory, predicted {chosen.fps[m]:.1f} fps (layer by layer {without.fps[m]:.1f})")
+    return lines
+
+
+def _mb(n: float) -> str:
+    return f"{n / MB:.3f} MB ({human(int(n))})"
+
+
+def report(o: FitOutcome) -> dict[str, Any]:
+    step, scratch, peak = peak_tensors(o.plan, o.app.graphs)
+    budget = o.constraints.budget_bytes
+    r = {
+        "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
+        "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
+        "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
+        "search_seconds": o.search_seconds,
+        "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
+                   "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
+                   "predicted_fps": list(o.point.fps), "max_rel_diff_vs_reference": o.max_abs_diff},
+        "front": [{"memory_bytes": p.memory_bytes, "predicted_fps": list(p.fps), "techniques": list(p.labels)} for p in o.search.front],
+        "reuse_only": {"memory_bytes": o.search.reuse.memory_bytes, "predicted_fps": list(o.search.reuse.fps)},
+        "naive_bytes": o.naive_bytes,
+        "peak": {"step": step, "scratch_bytes": scratch, "tensors": [{"tensor": t, "buffer": k, "bytes": b} for t, k, b in peak]},
+        "contributions": contributions(o),
+    }
+    if o.measured:
+        r["chosen"]["measured_run_bytes"] = o.measured["run_bytes"]
+        r["chosen"]["measured_memory_bytes"] = o.measured["run_bytes"] + o.counted_params
+        r["chosen"]["measured_fps"] = o.measured["fps"]
+    return r
+
+
+def report_text(r: dict[str, Any]) -> str:
+    c = r["chosen"]
+    what = "with parameters" if r["with_params"] else "run memory (arena + kernel temporaries)"
+    verdict = "fits" if r["fits"] else "does NOT fit (best effort: the closest plan)"
+    lines = [f"fit {' + '.join(r['cnns'])} in {_mb(r['budget_bytes'])}, {what}: {verdict}"
+             + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
+             f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
+             f"  chosen: {'; '.join(c['techniques'])}",
+             f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
+             f"{human(c['lower_bound_bytes'])}, kernel temporaries {human(c['scratch_peak_bytes'])})"]
+    if "measured_memory_bytes" in c:
+        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
+                     f"{' + parameters' if r['with_params'] else ''})")
+    lines.append(f"  fps: predicted {', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
+                 + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
+                 + (f" (minimum {', '.join(f'{f:g}' for f in r['min_fps'])})" if any(r["min_fps"]) else ""))
+    lines.append(f"  outputs equal the reference executor's (max diff {c['max_rel_diff_vs_reference']:.2g} x max value)")
+    lines.append("  why it fits:" if r["fits"] else "  why it doesn't:")
+    lines += [f"    {s}" for s in r["contributions"]]
+    if not r["fits"]:
+        lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+    peak = r["peak"]
+    lines.append(f"  the peak (step {peak['step']}) is set by:")
+    lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]
+    if peak["scratch_bytes"]:
+        lines.append(f"    {peak['scratch_bytes'] / MB:9.3f} MB  kernel temporaries of that step")
+    lines.append("  Pareto front (predicted): memory MB | fps per CNN | techniques")
+    for p in r["front"]:
+        lines.append(f"    {p['memory_bytes'] / MB:9.3f} | {', '.join(f'{f:.1f}' for f in p['predicted_fps'])} | {'; '.join(p['techniques'])}")
+    return "\n".join(lines)
+
+
+def plot_memory(o: FitOutcome, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    live = memory_over_steps(o.plan, o.app.graphs)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(range(len(live)), [v / MB for v in live], lw=1, label="live buffers + kernel temporaries")
+    run_budget = o.constraints.budget_bytes - o.counted_params
+    ax.axhline(run_budget / MB, color="red", ls="--", lw=1, label="budget" + (" minus parameters" if o.with_params else ""))
+    ax.axhline(o.search.reuse.memory_bytes / MB - o.counted_params / MB, color="gray", ls=":", lw=1, label="reuse only (peak)")
+    start = 0
+    for p in o.plan.partitions:
+        if start:
+            ax.axvline(start, color="black", lw=0.5, alpha=0.4)
+        start += len(p.steps)
+    ax.set_xlabel("step")
+    ax.set_ylabel("MB (10^6 bytes)")
+    ax.set_title(f"{' + '.join(o.app.names)}: memory over the chosen plan's steps")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
+    """plan.json, report.json, report.txt and memory.png, written into a fresh folder that
+    replaces `out` only when complete (nothing partial on disk)."""
+    import json
+    import shutil
+
+    from tightfit.plan import schema
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "plan.json").write_text(schema.dumps(o.plan))
+        (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
+        (tmp / "report.txt").write_text(report_text(r) + "\n")
+        plot_memory(o, tmp / "memory.png")
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def progress_bar(stream) -> Callable[[int, int], None]:
+    """A one-line bar on a terminal; nothing elsewhere (so errors stay one line)."""
+    if not stream.isatty():
+        return lambda done, total: None
+
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        stream.write(f"\rfit: searching [{'#' * filled}{'.' * (width - filled)}] {done}/{total} plans")
+        if done >= total:
+            stream.write("\r" + " " * (width + 40) + "\r")
+        stream.flush()
+
+    return show

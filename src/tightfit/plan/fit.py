@@ -1,0 +1,599 @@
+"""One search over every technique (Minakova thesis ch. 6, Algorithms 8-10, and beyond it): for one
+CNN or an application of several, the plans on the memory/throughput Pareto front, and the one
+that fits a memory budget and every CNN's minimum fps with the least memory.
+
+The problem (pymoo style, separate from the algorithm): a genome per CNN, concatenated.
+  [technique, order, align, source, group_1 .. group_G]
+- technique 0: the layer genome below; technique i > 0: the i-th candidate plan a technique
+  source produced for this CNN (SOURCES: a dict of functions with one signature, networkx-style
+  strategies: `source(ctx: CNNContext) -> Sequence[Candidate]`);
+- order: with no layer split, imported (0) or the memory-minimising order (1);
+- align: rows per phase aligned to the producers' phases (1) or equal parts (0);
+- source: the input arrives in 2^gene row bands;
+- group_g: every splittable layer of group g computes its output in 2^gene phases (capped at its
+  rows), i.e. k = rows / phases rows per phase. A small CNN has a group per layer; a large one
+  groups contiguous layers of one resolution, long runs cut after their smallest tensor (at
+  most `max_groups` genes).
+Buffer reuse is always applied across every CNN of the application, pipeline-aware: one plan
+holds every CNN's partitions, its buffers placed together (place()), partitions that run at the
+same time never share memory and a tensor crossing pipelined partitions is a FIFO of two copies.
+In a CNN with several partitions, the layers next to a crossing tensor stay whole (so the
+crossing tensor is whole and every partition's steps keep their order).
+
+Objectives: the application's run memory (from the analyser: the arena, i.e. its lower bound,
+or with concurrent partitions the placed arena, plus the largest step's kernel temporaries; plus
+the parameters with `with_params`) and the predicted seconds of every CNN (cost model).
+Evaluations are memoised per genome and per CNN. The front is the Pareto set of every plan
+evaluated, seeds included (reuse only, parts everywhere, the first groups by parts, every
+source's candidates), so it is never worse than any of them; NSGA-II is followed by a local
+search around the front.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from tightfit.errors import TightfitError
+from tightfit.graph.ir import Graph, spatial
+from tightfit.plan.check import lifetimes
+from tightfit.plan.offsets import lower_bound
+from tightfit.plan.reuse import PlannedModel, _fifo_copies
+from tightfit.plan.schema import Buffer, Partition, Plan, Step
+
+SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the chosen plan is re-placed
+MAX_GROUPS = 8
+POP_SIZE = 16
+GENERATIONS = 20
+EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of searched
+# Work bound of the genetic search, in steps of the CNN plans it builds (building and timing a
+# plan costs about its steps): small CNNs run every generation, a large one stops early, the
+# same way for the same seed.
+MAX_STEPS = 100_000
+HEAD = 4  # genes before the groups: technique, order, align, source
+
+
+class FitError(TightfitError):
+    """No plan meets the constraints; names the smallest memory and best fps reachable."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A one-model plan a technique source offers for one CNN (model index 0, one partition)."""
+
+    technique: str
+    label: str
+    build: Callable[[], Plan]
+
+
+@dataclass(frozen=True)
+class CNNContext:
+    """What a technique source gets: the CNN (its `batch` is the request size), its run-memory
+    budget (bytes, parameters excluded; None: no budget), the cost model's predicted seconds of
+    a one-model plan, and the cost model itself (None when the search runs on a plain function)."""
+
+    model: PlannedModel
+    budget_bytes: int | None
+    seconds: Callable[[Plan], float]
+    cost: Any = None
+    layout: str = "nhwc"
+    dtype: str = "fp32"
+
+
+TechniqueSource = Callable[[CNNContext], Sequence[Candidate]]
+
+
+def parts_search_source(ctx: CNNContext) -> list[Candidate]:
+    """The parts search's pick for the budget and the smallest plan it found."""
+    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.parts_search import search_parts
+
+    if ctx.budget_bytes is None:
+        return []
+    found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype)
+    smallest = min(found.front, key=lambda p: (p.peak_bytes, p.seconds))
+    points = [found.chosen] + ([smallest] if smallest != found.chosen else [])
+    return [Candidate("parts_search", f"parts search: {len(p.phases)} layers split, source {p.source_phases}",
+                      lambda p=p: plan_parts(ctx.model, p.phases_dict(), p.source_phases, SEARCH_PLANNER,
+                                             ctx.layout, ctx.dtype, align=p.align))
+            for p in points]
+
+
+# Technique sources: each returns candidate plans for one CNN. Fused tiling and variable batch
+# size are added here, one function each (see the module's report).
+SOURCES: dict[str, TechniqueSource] = {"parts_search": parts_search_source}
+
+
+# --- the application ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FitApp:
+    """CNNs, their partitions (model, layer ids) in run order, and the partitions that run at the
+    same time (pipeline sets of partition ids)."""
+
+    models: tuple[PlannedModel, ...]
+    names: tuple[str, ...]
+    partitions: tuple[tuple[int, tuple[int, ...]], ...]
+    concurrent: tuple[tuple[int, ...], ...] = ()
+
+    @staticmethod
+    def single(model: PlannedModel, name: str | None = None) -> "FitApp":
+        return FitApp((model,), (name or model.spec,), ((0, tuple(range(len(model.graph.layers)))),))
+
+    @property
+    def graphs(self) -> list[Graph]:
+        return [m.graph for m in self.models]
+
+
+@dataclass(frozen=True)
+class FitPoint:
+    """One evaluated application plan."""
+
+    genes: tuple[int, ...]
+    memory_bytes: int  # run memory (+ parameters when the budget bounds them)
+    seconds: tuple[float, ...]  # predicted, per CNN
+    labels: tuple[str, ...]  # per CNN: what it runs
+
+    @property
+    def fps(self) -> tuple[float, ...]:
+        return tuple(1.0 / s if s > 0 else math.inf for s in self.seconds)
+
+    def objectives(self) -> tuple[float, ...]:
+        return (float(self.memory_bytes),) + self.seconds
+
+
+def pareto(points: Sequence[FitPoint]) -> tuple[FitPoint, ...]:
+    """Points no other point dominates (memory and every CNN's seconds), by increasing memory."""
+    ordered = sorted(set(points), key=lambda p: (p.objectives(), p.genes))
+    front: list[FitPoint] = []
+    for p in ordered:
+        if not any(dominates(q, p) or q.objectives() == p.objectives() for q in front):
+            front.append(p)
+    return tuple(front)
+
+
+def dominates(a: FitPoint, b: FitPoint) -> bool:
+    oa, ob = a.objectives(), b.objectives()
+    return all(x <= y for x, y in zip(oa, ob)) and oa != ob
+
+
+# --- one CNN's space ----------------------------------------------------------------------------
+
+def _log2_top(h: int) -> int:
+    """The largest gene that still changes phases for h rows: 2^gene >= h first at this gene."""
+    return max(0, math.ceil(math.log2(h))) if h > 1 else 0
+
+
+@dataclass
+class CNNSpace:
+    """The genome of one CNN and the plans it decodes to (memoised)."""
+
+    index: int
+    model: PlannedModel
+    partitions: tuple[tuple[int, ...], ...]  # this CNN's partitions' layers, app order
+    pids: tuple[int, ...]  # their partition ids in the application
+    local_concurrent: tuple[tuple[int, ...], ...]  # pipeline sets in local partition indices
+    groups: tuple[tuple[int, ...], ...]
+    source_top: int
+    candidates: tuple[Candidate, ...] = ()
+    layout: str = "nhwc"
+    dtype: str = "fp32"
+    _plans: dict = field(default_factory=dict)
+    planned_steps: int = 0
+
+    @property
+    def width(self) -> int:
+        return HEAD + len(self.groups)
+
+    def upper(self) -> list[int]:
+        g = self.model.graph
+        tops = [max(_log2_top(spatial(g.shape(g.layers[l].output))[0]) for l in grp) for grp in self.groups]
+        return [len(self.candidates), 1, 1, self.source_top] + tops
+
+    def decode(self, genes: Sequence[int]) -> tuple:
+        """A canonical key: genomes that give the same plan give the same key."""
+        technique, order, align, source, *levels = (int(v) for v in genes)
+        if technique > 0:
+            return ("candidate", technique)
+        g = self.model.graph
+        phases = {}
+        for grp, level in zip(self.groups, levels):
+            for l in grp:
+                p = min(2 ** level, spatial(g.shape(g.layers[l].output))[0])
+                if p > 1:
+                    phases[l] = p
+        src = min(2 ** source, spatial(g.shape(g.inputs[0]))[0])
+        if not phases and src == 1:
+            return ("whole", ("imported", "memory")[order])
+        return ("parts", tuple(sorted(phases.items())), src, bool(align))
+
+    def label(self, key: tuple) -> str:
+        if key[0] == "candidate":
+            return self.candidates[key[1] - 1].label
+        if key[0] == "whole":
+            return f"layer by layer, {key[1]} order"
+        return f"by parts: {len(key[1])} layers split, input in {key[2]} bands" + (", aligned rows" if key[3] else "")
+
+    def plan(self, key: tuple) -> Plan:
+        """This CNN's plan: model index 0, its steps split into its partitions."""
+        if key not in self._plans:
+            self._plans[key] = split_partitions(self._one_partition(key), self.model.graph, self.partitions,
+                                                self.local_concurrent)
+            self.planned_steps += sum(len(p.steps) for p in self._plans[key].partitions)
+        return self._plans[key]
+
+    def _one_partition(self, key: tuple) -> Plan:
+        from tightfit.plan.parts import plan_parts
+        from tightfit.plan.reuse import plan_reuse
+
+        if key[0] == "candidate":
+            return self.candidates[key[1] - 1].build()
+        if key[0] == "whole":
+            return plan_reuse(self.model, SEARCH_PLANNER, key[1], self.layout, self.dtype)
+        return plan_parts(self.model, dict(key[1]), key[2], SEARCH_PLANNER, self.layout, self.dtype, align=key[3])
+
+
+def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:
+    """One group per layer if few; else runs of layers with the same output rows, adjacent runs
+    merged (the smallest pair first) down to `max_groups`, or the longest run cut after its
+    smallest output up to `max_groups` (a whole group after a split one then starts from a
+    small tensor: the split layers' windows die there and their memory is reused)."""
+    if len(layers) <= max_groups:
+        return tuple((l,) for l in layers)
+    rows = lambda l: spatial(g.shape(g.layers[l].output))[0]  # noqa: E731
+    runs: list[list[int]] = []
+    for l in layers:
+        if runs and rows(runs[-1][-1]) == rows(l):
+            runs[-1].append(l)
+        else:
+            runs.append([l])
+    while len(runs) > max_groups:
+        i = min(range(len(runs) - 1), key=lambda i: len(runs[i]) + len(runs[i + 1]))
+        runs[i:i + 2] = [runs[i] + runs[i + 1]]
+    while len(runs) < max_groups:
+        i = max(range(len(runs)), key=lambda i: len(runs[i]))
+        run = runs[i]
+        if len(run) < 4:
+            break
+        cut = min(range(1, len(run) - 1), key=lambda k: (g.tensors[g.layers[run[k]].output].nbytes(), -k)) + 1
+        runs[i:i + 1] = [run[:cut], run[cut:]]
+    return tuple(tuple(r) for r in runs)
+
+
+def _fixed_whole(g: Graph, partitions: Sequence[Sequence[int]]) -> tuple[set[int], bool]:
+    """Layers that must stay whole because a tensor they write or read crosses partitions, and
+    whether the input crosses (then it arrives whole)."""
+    if len(partitions) < 2:
+        return set(), False
+    part_of = {l: i for i, p in enumerate(partitions) for l in p}
+    producer = {l.output: l.id for l in g.layers}
+    fixed: set[int] = set()
+    input_parts = {part_of[l.id] for l in g.layers if g.inputs[0] in l.inputs}
+    for layer in g.layers:
+        for t in layer.inputs:
+            if t in producer and part_of[producer[t]] != part_of[layer.id]:
+                fixed.update((producer[t], layer.id))
+    return fixed, len(input_parts) > 1
+
+
+def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32") -> list[CNNSpace]:
+    from tightfit.plan.parts_search import splittable_layers
+
+    spaces = []
+    for m, model in enumerate(app.models):
+        g = model.graph
+        pids = tuple(i for i, (mm, _) in enumerate(app.partitions) if mm == m)
+        parts = tuple(tuple(app.partitions[i][1]) for i in pids)
+        local = tuple(tuple(pids.index(i) for i in c if i in pids) for c in app.concurrent)
+        local = tuple(c for c in local if len(c) > 1)
+        fixed, input_crosses = _fixed_whole(g, parts)
+        layers = [l for l in splittable_layers(g) if l not in fixed]
+        source_top = 0 if input_crosses else _log2_top(spatial(g.shape(g.inputs[0]))[0])
+        spaces.append(CNNSpace(m, model, parts, pids, local, _groups(g, layers, max_groups), source_top,
+                               layout=layout, dtype=dtype))
+    return spaces
+
+
+def split_partitions(plan: Plan, g: Graph, partitions: Sequence[Sequence[int]],
+                     concurrent: Sequence[Sequence[int]] = ()) -> Plan:
+    """A one-partition plan's steps distributed over `partitions` (layer ids), each keeping its
+    order: a compute step goes with its layer, a copy with the tensor's producer, the input
+    with its first consumer. Valid when every tensor crossing partitions is written whole
+    before it is read (the fit genome keeps the layers next to crossing tensors whole)."""
+    if len(partitions) == 1:
+        return replace(plan, partitions=(replace(plan.partitions[0], layers=tuple(partitions[0])),))
+    part_of = {l: i for i, p in enumerate(partitions) for l in p}
+    producer = {l.output: l.id for l in g.layers}
+    first_use = min(part_of[l.id] for l in g.layers if g.inputs[0] in l.inputs)
+    per: list[list[Step]] = [[] for _ in partitions]
+    for s in plan.steps():
+        if s.kind == "compute":
+            k = part_of[s.layer]
+        else:
+            k = part_of[producer[s.out.tensor]] if s.out.tensor in producer else first_use
+        per[k].append(s)
+    parts = tuple(Partition(i, 0, tuple(l for l in plan.partitions[0].layers if part_of[l] == i), tuple(steps))
+                  for i, steps in enumerate(per))
+    return replace(plan, partitions=parts, concurrent=tuple(tuple(c) for c in concurrent))
+
+
+def merge(app: FitApp, plans: Sequence[Plan]) -> Plan:
+    """One application plan from every CNN's plan: buffers renumbered, steps and partitions
+    given their model and application ids, FIFO copies for buffers two concurrent partitions
+    share; offsets not placed yet."""
+    buffers: list[Buffer] = []
+    slots: list[tuple[int, Partition]] = []  # (application partition id, partition)
+    knobs = []
+    for m, plan in enumerate(plans):
+        base = len(buffers)
+        buffers.extend(replace(b, id=b.id + base, offsets=(0,)) for b in plan.buffers)
+        pids = [i for i, (mm, _) in enumerate(app.partitions) if mm == m]
+        for pid, p in zip(pids, plan.partitions):
+            steps = tuple(replace(s, model=m, out=replace(s.out, buffer=s.out.buffer + base),
+                                  inputs=tuple(replace(a, buffer=a.buffer + base) for a in s.inputs))
+                          for s in p.steps)
+            slots.append((pid, Partition(pid, m, p.layers, steps)))
+        knobs.append(dict(plan.knobs))
+    parts = tuple(p for _, p in sorted(slots, key=lambda s: s[0]))
+    copies = _fifo_copies(parts, app.concurrent, len(buffers))
+    buffers = [replace(b, offsets=(0,) * c) for b, c in zip(buffers, copies)]
+    dtype = plans[0].dtype
+    return Plan(tuple(m.ref() for m in app.models), dtype, tuple(buffers), parts,
+                tuple(tuple(c) for c in app.concurrent), 0, {"method": "fit", "cnns": knobs})
+
+
+def run_memory(plan: Plan, graphs: Sequence[Graph]) -> int:
+    """The analyser's run memory of an unplaced plan: the arena plus the largest step's kernel
+    temporaries. The arena is its lower bound, which the offset planners reach on plans without
+    concurrent partitions; with them, it is what the search's placement gives (the chosen
+    plan's final placement is never larger)."""
+    from tightfit.plan.place import place
+
+    life = lifetimes(plan, graphs)
+    arena = place(plan, graphs, SEARCH_PLANNER).arena_bytes if plan.concurrent else lower_bound(life.reqs)
+    return arena + max(life.step_scratch, default=0)
+
+
+# --- the problem --------------------------------------------------------------------------------
+
+class FitProblem:
+    """Decodes genomes, evaluates them (memoised) and keeps every point evaluated."""
+
+    def __init__(self, app: FitApp, cost_seconds: Callable[[Plan, Sequence[Graph]], float],
+                 param_bytes: int = 0, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
+                 cost: Any = None):
+        self.app = app
+        self.cost_seconds = cost_seconds
+        self.cost = cost
+        self.param_bytes = param_bytes
+        self.spaces = cnn_spaces(app, max_groups, layout, dtype)
+        self.points: dict[tuple, FitPoint] = {}
+        self._seconds: dict[tuple[int, tuple], float] = {}
+        self.on_evaluate: Callable[[int], None] = lambda n: None
+        self.max_steps = math.inf
+
+    @property
+    def upper(self) -> list[int]:
+        return [u for s in self.spaces for u in s.upper()]
+
+    @property
+    def size(self) -> int:
+        return math.prod(u + 1 for u in self.upper)
+
+    def split(self, genes: Sequence[int]) -> list[Sequence[int]]:
+        out, i = [], 0
+        for s in self.spaces:
+            out.append(genes[i:i + s.width])
+            i += s.width
+        return out
+
+    def keys(self, genes: Sequence[int]) -> tuple:
+        return tuple(s.decode(x) for s, x in zip(self.spaces, self.split(genes)))
+
+    def plan(self, genes: Sequence[int]) -> Plan:
+        """The application plan of a genome (unplaced)."""
+        return merge(self.app, [s.plan(k) for s, k in zip(self.spaces, self.keys(genes))])
+
+    @property
+    def planned_steps(self) -> int:
+        return sum(s.planned_steps for s in self.spaces)
+
+    def evaluate(self, genes: Sequence[int]) -> FitPoint:
+        genes = tuple(int(v) for v in genes)
+        keys = self.keys(genes)
+        if keys not in self.points:
+            if self.planned_steps > self.max_steps:
+                raise _OutOfWork
+            plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
+            memory = run_memory(plan, self.app.graphs) + self.param_bytes
+            seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
+            self.points[keys] = FitPoint(genes, memory, seconds, tuple(s.label(k) for s, k in zip(self.spaces, keys)))
+            self.on_evaluate(len(self.points))
+        return self.points[keys]
+
+    def _cnn_seconds(self, space: CNNSpace, key: tuple) -> float:
+        if (space.index, key) not in self._seconds:
+            self._seconds[(space.index, key)] = self.cost_seconds(space.plan(key), [space.model.graph])
+        return self._seconds[(space.index, key)]
+
+    def add_candidates(self, sources: Mapping[str, TechniqueSource], budget_bytes: int | None) -> None:
+        """Ask every technique source for candidates for each CNN that runs as one partition
+        (a source plans a whole CNN; a CNN split into partitions keeps the layer genome)."""
+        for s in self.spaces:
+            if len(s.partitions) > 1:
+                continue
+            g = s.model.graph
+            ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype)
+            s.candidates = tuple(c for source in sources.values() for c in source(ctx))
+
+    def seeds(self) -> list[tuple[int, ...]]:
+        """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
+        first groups by parts and the rest whole (early layers hold the large tensors; the
+        whole rest reuses memory after them), and every candidate of every source; each CNN
+        alike."""
+        genomes = []
+        per_cnn = []
+        for s in self.spaces:
+            up = s.upper()
+            n = len(s.groups)
+            whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
+            finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
+            prefixes = [[0, 0, 0] + up[3:5 + k] + [0] * (n - k - 1) for k in range(n - 1)]
+            candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
+            per_cnn.append(whole + finest + prefixes + candidates)
+        for k in range(max(len(c) for c in per_cnn)):
+            genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))
+        return list(dict.fromkeys(genomes))
+
+    def reuse_genes(self) -> tuple[int, ...]:
+        return tuple(v for s in self.spaces for v in [0, 0, 0, 0] + [0] * len(s.groups))
+
+    def front(self) -> tuple[FitPoint, ...]:
+        return pareto(list(self.points.values()))
+
+
+# --- the search ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constraints:
+    budget_bytes: int | None  # bounds FitPoint.memory_bytes
+    min_fps: tuple[float, ...]  # per CNN (0: none)
+
+    def met(self, p: FitPoint) -> bool:
+        return ((self.budget_bytes is None or p.memory_bytes <= self.budget_bytes)
+                and all(f >= need for f, need in zip(p.fps, self.min_fps)))
+
+
+@dataclass(frozen=True)
+class FitSearch:
+    chosen: FitPoint
+    front: tuple[FitPoint, ...]
+    evaluated: int
+    fits: bool
+    early_exit: bool
+    reuse: FitPoint  # the reuse-only plan (Alg. 9 line 1)
+
+
+def _smallest_first(p: FitPoint) -> tuple:
+    return (p.memory_bytes, sum(p.seconds), p.genes)
+
+
+def meeting(front: Sequence[FitPoint], constraints: Constraints) -> list[FitPoint]:
+    """The points meeting every constraint, smallest memory first (then fastest)."""
+    return sorted((p for p in front if constraints.met(p)), key=_smallest_first)
+
+
+def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoint, bool]:
+    """Alg. 9 lines 9-16: the smallest memory among the points meeting every constraint; if none,
+    the smallest memory of the front (and False)."""
+    ok = meeting(front, constraints)
+    return (ok[0], True) if ok else (min(front, key=_smallest_first), False)
+
+
+def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
+           generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+           sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
+           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None) -> FitSearch:
+    """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
+    genetic search (NSGA-II) seeded with every other planner's plans and polished by a local
+    search around its front, or every genome when the
+    space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
+    candidates with `source_budget` (run memory per CNN). The genetic search stops early once
+    its plans reach `max_steps` steps in all (seeds are always evaluated). Deterministic for a
+    given seed."""
+    import itertools
+
+    report = progress or (lambda done, total: None)
+    reuse = problem.evaluate(problem.reuse_genes())
+    if constraints.met(reuse):
+        report(1, 1)
+        return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
+    problem.add_candidates(SOURCES if sources is None else sources, source_budget)
+    size = problem.size
+    if size <= exhaustive_limit:
+        total = size
+        problem.on_evaluate = lambda n: report(n, total)
+        for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
+            problem.evaluate(genes)
+    else:
+        total = pop_size * (generations + 1)
+        problem.on_evaluate = lambda n: report(min(n, total), total)
+        for genes in problem.seeds():
+            problem.evaluate(genes)
+        problem.max_steps = max_steps
+        try:
+            _nsga2(problem, seed, pop_size, generations)
+            _polish(problem)
+        except _OutOfWork:
+            pass
+        problem.max_steps = math.inf
+    report(total, total)
+    front = problem.front()
+    chosen, fits = select(front, constraints)
+    return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
+
+
+def _polish(problem: FitProblem) -> None:
+    """Local search after the genetic one: every gene of every front point one step up and
+    down, until the front stops changing (or the work bound stops it)."""
+    upper = problem.upper
+    tried: set[tuple[int, ...]] = set()
+    while True:
+        todo = [p.genes for p in problem.front() if p.genes not in tried]
+        if not todo:
+            return
+        for genes in todo:
+            tried.add(genes)
+            for i, u in enumerate(upper):
+                for v in (genes[i] - 1, genes[i] + 1):
+                    if 0 <= v <= u:
+                        problem.evaluate(genes[:i] + (v,) + genes[i + 1:])
+
+
+class _OutOfWork(Exception):
+    """The genetic search reached its work bound."""
+
+
+def _nsga2(problem: FitProblem, seed: int, pop_size: int, generations: int) -> None:
+    import numpy as np
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.problem import Problem
+    from pymoo.operators.crossover.sbx import SBX
+    from pymoo.operators.mutation.pm import PM
+    from pymoo.operators.repair.rounding import RoundingRepair
+    from pymoo.optimize import minimize
+
+    upper = np.array(problem.upper, dtype=float)
+    n_obj = 1 + len(problem.spaces)
+
+    class _Pymoo(Problem):
+        def __init__(self) -> None:
+            super().__init__(n_var=len(upper), n_obj=n_obj, xl=np.zeros(len(upper)), xu=upper, vtype=int)
+
+        def _evaluate(self, X, out, *args, **kwargs) -> None:
+            out["F"] = np.array([problem.evaluate(np.rint(x).astype(int)).objectives() for x in X])
+
+    rng = np.random.default_rng(seed)
+    seeds = np.array(problem.seeds(), dtype=float)
+    extra = rng.integers(0, upper + 1, size=(max(0, pop_size - len(seeds)), len(upper))).astype(float)
+    start = np.vstack([seeds, extra])[: max(pop_size, len(seeds))]
+    algorithm = NSGA2(pop_size=len(start), sampling=start, crossover=SBX(prob=0.9, eta=3, vtype=float, repair=RoundingRepair()),
+                      mutation=PM(eta=3, vtype=float, repair=RoundingRepair()), eliminate_duplicates=True)
+    minimize(_Pymoo(), algorithm, ("n_gen", generations + 1), seed=seed, verbose=False)
+
+
+def parse_min_fps(text: str | None, n: int) -> tuple[float, ...]:
+    """'' -> no minimum; 'X' -> every CNN; 'X,Y,...' -> one per CNN."""
+    from tightfit.errors import OptionError
+
+    if not text:
+        return (0.0,) * n
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise OptionError(f"cannot read --min-fps {text!r}: write a number, or one per CNN separated by commas") from None
+    if len(values) == 1:
+        values *= n
+    if len(values) != n or any(v < 0 or not math.isfinite(v) for v in values):
+        raise OptionError(f"--min-fps needs one non-negative number or {n} (one per CNN), got {text!r}")
+    return tuple(values)
