@@ -15,7 +15,7 @@ from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import plan_parts
 from tightfit.plan.parts_search import _peak_tensors, search_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.plan.reuse import PlannedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
