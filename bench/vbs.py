@@ -23,8 +23,8 @@ import tightfit
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs_graph import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
-                                     plan_schedule, run_memory, search_vbs, smallest_feasible_budget, solve_problem,
-                                     time_rounds)
+                                     plan_schedule, run_memory, search_vbs, smallest_feasible_budget, solve_problem)
+from tightfit.runtime.vbs_runs import calibrate, time_rounds
 from tightfit.runtime.cost import CostModel
 
 MODELS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1")
@@ -37,7 +37,8 @@ NOISE = 0.03  # the least noise we claim: paired runs of one plan differ by ~3% 
 def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostModel) -> list[dict]:
     g = tightfit.load(name)
     t0 = time.perf_counter()
-    problem = make_problem(PlannedModel(g, name, request), cost)
+    model = PlannedModel(g, name, request)
+    problem = make_problem(model, cost, batch_factors=calibrate(model, cost))
     profile_s = time.perf_counter() - t0
     least = smallest_feasible_budget(problem.model, None, cost, problem=problem)
     full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)))
