@@ -4,7 +4,8 @@ For each model, a request of 12 images and a handful of budgets from the smalles
 the one where FBS reaches batch 12 (BUDGETS per model, evenly spaced; the paper sweeps 15-40 MB
 in 2 MB steps): the measured time per image (median of 7 runs of each plan, the three methods
 interleaved, gains paired within a round) for FBS, Greedy-VBS and VBS, the gain (t_FBS - t_VBS) / t_FBS measured and
-as the cost model predicts it, and the paper's Table II gains beside. One thread
+as the cost model predicts it (step times smoothed per layer and calibrated per batch size by
+one run of each uniform plan, runtime/vbs_runs.py), and the paper's Table II gains beside. One thread
 (torch.set_num_threads(1)): on this shared 2-core machine it is the more stable setting, and the
 cost model's profile is taken with it too. Also printed: the DP's own run time for R = 12 on
 googlenet at the paper's 2 MB granularity and at ours (100 kB).
