@@ -476,7 +476,7 @@ def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
 
 def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
                latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
-               problem: Problem | None = None, lookup: bool = True) -> VbsResult:
+               problem: Problem | None = None, lookup: bool = True, margin: float = 0.0) -> VbsResult:
     """The fastest variable-batch plan for `request` samples (default model.batch) whose
     analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
     `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
@@ -487,7 +487,9 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     its pivot's buffer from its start, the model output is held from the beginning, sizes are
     rounded up to units), so near a uniform batch's exact need it may miss that schedule. The
     uniform schedules are schedules of the same space, so the search also takes the fastest
-    uniform one whose plan fits (knob "source": "dp" or "uniform")."""
+    uniform one whose plan fits (knob "source": "dp" or "uniform"). With a `margin`, the DP's
+    schedule is kept only if it is predicted faster than that by this fraction (the error of
+    the predictions for mixed schedules: a uniform one's time can be calibrated exactly)."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or make_problem(model, cost, layout)
@@ -513,7 +515,7 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
             found = (plan, steps, m * unit_bytes)
             break
     best = predicted_seconds(problem, found[1]) if found else INF
-    uniform = _fastest_uniform(problem, budget_bytes, latency, best, planner, layout, knobs)
+    uniform = _fastest_uniform(problem, budget_bytes, latency, best / (1 - margin), planner, layout, knobs)
     if uniform is not None:
         found = uniform + (0,)
     if found is None:
