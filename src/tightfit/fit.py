@@ -346,7 +346,12 @@ def report_text(r: dict[str, Any]) -> str:
     lines.append("  why it fits:" if r["fits"] else "  why it doesn't:")
     lines += [f"    {s}" for s in r["contributions"]]
     if not r["fits"]:
-        lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+        if c["memory_bytes"] > r["budget_bytes"]:
+            lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+        for m, (name, need) in enumerate(zip(r["cnns"], r["min_fps"])):
+            best = max(p["predicted_fps"][m] for p in r["front"])
+            if need and best < need:
+                lines.append(f"    {name}: the fastest plan found reaches {best:.1f} fps < the minimum {need:g}")
     peak = r["peak"]
     lines.append(f"  the peak (step {peak['step']}) is set by:")
     lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]
