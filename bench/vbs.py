@@ -4,9 +4,12 @@ For each model, a request of 12 images and a handful of budgets from the smalles
 the one where FBS reaches batch 12 (BUDGETS per model, evenly spaced; the paper sweeps 15-40 MB
 in 2 MB steps): the measured time per image (median of 7 runs of each plan, the three methods
 interleaved, gains paired within a round) for FBS, Greedy-VBS and VBS, the gain (t_FBS - t_VBS) / t_FBS measured and
-as the cost model predicts it, and the paper's Table II gains beside. One thread
+as the cost model predicts it (step times smoothed per layer and calibrated per batch size by
+one run of each uniform plan, runtime/vbs_runs.py), and the paper's Table II gains beside. One thread
 (torch.set_num_threads(1)): on this shared 2-core machine it is the more stable setting, and the
-cost model's profile is taken with it too. Also printed: the DP's own run time for R = 12 on
+cost model's profile is taken with it too. Column VBS says where the plan came from: "dp" (a schedule mixing batch sizes) or "b=K" (the
+uniform batch K, taken when the DP's schedule is not predicted faster by more than
+MIXED_SCHEDULE_ERROR, the error of the predictions for mixed schedules). Also printed: the DP's own run time for R = 12 on
 googlenet at the paper's 2 MB granularity and at ours (100 kB).
 
     .venv/bin/python bench/vbs.py [--models googlenet,...] [--budgets 4] [--repeats 5] [--request 12]
@@ -23,8 +26,8 @@ import tightfit
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs_graph import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
-                                     plan_schedule, run_memory, search_vbs, smallest_feasible_budget, solve_problem,
-                                     time_rounds)
+                                     plan_schedule, run_memory, search_vbs, smallest_feasible_budget, solve_problem)
+from tightfit.runtime.vbs_runs import MIXED_SCHEDULE_ERROR, calibrate, time_rounds
 from tightfit.runtime.cost import CostModel
 
 MODELS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1")
@@ -37,18 +40,20 @@ NOISE = 0.03  # the least noise we claim: paired runs of one plan differ by ~3% 
 def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostModel) -> list[dict]:
     g = tightfit.load(name)
     t0 = time.perf_counter()
-    problem = make_problem(PlannedModel(g, name, request), cost)
+    model = PlannedModel(g, name, request)
+    problem = make_problem(model, cost, batch_factors=calibrate(model, cost))
     profile_s = time.perf_counter() - t0
     least = smallest_feasible_budget(problem.model, None, cost, problem=problem)
     full = run_memory(plan_schedule(problem.model, fbs_steps(problem, request)))
     print(f"\n{name}: request {request}; profile {profile_s:.0f} s; smallest feasible budget {least / 1e6:.2f} MB, "
           f"FBS reaches batch {request} at {full / 1e6:.2f} MB")
-    print(f"{'budget MB':>9} {'FBS b':>5} {'VBS max b':>9} {'VBS run MB':>10} | {'ms/image measured: FBS':>22} "
+    print(f"{'budget MB':>9} {'FBS b':>5} {'VBS':>9} {'VBS run MB':>10} | {'ms/image measured: FBS':>22} "
           f"{'Greedy':>7} {'VBS':>7} | {'gain measured':>13} {'predicted':>9} {'meas/pred':>9} | VBS <= both")
     rows = []
     for k in range(budgets):
         budget = int(least + (full - least) * k / max(budgets - 1, 1))
-        vbs = search_vbs(problem.model, None, budget, cost, problem=problem, lookup=False)
+        vbs = search_vbs(problem.model, None, budget, cost, problem=problem, lookup=False, margin=MIXED_SCHEDULE_ERROR)
+        source = vbs.plan.knobs["source"] if vbs.plan.knobs["source"] == "dp" else f"b={vbs.plan.knobs['batch']}"
         fbs = baseline(problem, budget, "fbs")
         greedy = baseline(problem, budget, "greedy")
         check_plan(vbs.plan, [g])
@@ -68,7 +73,7 @@ def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostM
                    t_fbs=t_fbs, t_greedy=t_greedy, t_vbs=t_vbs, gain=gain, predicted=predicted, ok=ok, noise=noise)
         rows.append(row)
         ratio = f"{gain / predicted:9.2f}" if predicted > 1e-3 else f"{'-':>9}"
-        print(f"{budget / 1e6:9.2f} {fbs[3]:>5} {row['vbs_max']:>9} {vbs.run_bytes / 1e6:10.2f} | {t_fbs * 1e3:22.2f} "
+        print(f"{budget / 1e6:9.2f} {fbs[3]:>5} {source:>9} {vbs.run_bytes / 1e6:10.2f} | {t_fbs * 1e3:22.2f} "
               f"{t_greedy * 1e3:7.2f} {t_vbs * 1e3:7.2f} | {gain * 100:12.1f}% {predicted * 100:8.1f}% {ratio} | "
               f"{'yes' if ok else 'NO'} (noise {noise * 100:.1f}%)", flush=True)
     return rows

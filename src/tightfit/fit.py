@@ -346,7 +346,12 @@ def report_text(r: dict[str, Any]) -> str:
     lines.append("  why it fits:" if r["fits"] else "  why it doesn't:")
     lines += [f"    {s}" for s in r["contributions"]]
     if not r["fits"]:
-        lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+        if c["memory_bytes"] > r["budget_bytes"]:
+            lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+        for m, (name, need) in enumerate(zip(r["cnns"], r["min_fps"])):
+            best = max(p["predicted_fps"][m] for p in r["front"])
+            if need and best < need:
+                lines.append(f"    {name}: the fastest plan found reaches {best:.1f} fps < the minimum {need:g}")
     peak = r["peak"]
     lines.append(f"  the peak (step {peak['step']}) is set by:")
     lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]
@@ -385,8 +390,8 @@ def plot_memory(o: FitOutcome, path: Path) -> None:
 
 
 def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
-    """plan.json, report.json, report.txt and memory.png, written into a fresh folder that
-    replaces `out` only when complete (nothing partial on disk)."""
+    """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
+    moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
     import json
     import shutil
 
@@ -400,12 +405,15 @@ def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(report_text(r) + "\n")
         plot_memory(o, tmp / "memory.png")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        tmp.rename(out)
-    except BaseException:
+        if not out.exists():
+            tmp.rename(out)
+            return
+        if not out.is_dir():
+            raise OptionError(f"--out {out} is a file, not a folder")
+        for f in tmp.iterdir():
+            f.replace(out / f.name)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def progress_bar(stream) -> Callable[[int, int], None]:

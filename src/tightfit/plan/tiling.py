@@ -483,6 +483,7 @@ class TilingSearch:
     evaluated: int  # group options planned (memory); each timed at most once
     fits: bool
     smallest_bytes: int  # the smallest peak any configuration in the searched space reaches
+    points: tuple[TilingPoint, ...] = ()  # every configuration assembled (the front's superset)
 
 
 def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
@@ -673,4 +674,5 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     from tightfit.plan.parts_search import pareto
 
-    return TilingSearch(chosen, pareto(list({p.groups: p for p in seen}.values())), evaluated, fits, smallest.peak_bytes)
+    distinct = tuple({p.groups: p for p in seen}.values())
+    return TilingSearch(chosen, pareto(list(distinct)), evaluated, fits, smallest.peak_bytes, distinct)

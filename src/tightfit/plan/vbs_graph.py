@@ -446,10 +446,15 @@ class VbsResult:
     lookup: tuple = field(default=())  # (memory bytes, seconds per sample, profile) per level
 
 
-def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "fp32", smooth: bool = True) -> Problem:
-    """The DP's problem for a model and request, timed by `cost` (see `smoothed`)."""
+def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "fp32", smooth: bool = True,
+                 batch_factors: Sequence[float] | None = None) -> Problem:
+    """The DP's problem for a model and request, timed by `cost` (see `smoothed`); every step
+    of b samples scaled by `batch_factors[b]` if given (see runtime/vbs_runs.calibrate)."""
     seconds = profile_seconds(model, cost, model.batch, layout, dtype)
-    return Problem(model, main_path(model.graph), smoothed(seconds) if smooth else seconds, dtype)
+    seconds = smoothed(seconds) if smooth else seconds
+    if batch_factors is not None:
+        seconds = {lid: [t * f for t, f in zip(row, batch_factors)] for lid, row in seconds.items()}
+    return Problem(model, main_path(model.graph), seconds, dtype)
 
 
 def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
@@ -471,7 +476,7 @@ def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
 
 def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
                latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
-               problem: Problem | None = None, lookup: bool = True) -> VbsResult:
+               problem: Problem | None = None, lookup: bool = True, margin: float = 0.0) -> VbsResult:
     """The fastest variable-batch plan for `request` samples (default model.batch) whose
     analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
     `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
@@ -482,7 +487,9 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     its pivot's buffer from its start, the model output is held from the beginning, sizes are
     rounded up to units), so near a uniform batch's exact need it may miss that schedule. The
     uniform schedules are schedules of the same space, so the search also takes the fastest
-    uniform one whose plan fits (knob "source": "dp" or "uniform")."""
+    uniform one whose plan fits (knob "source": "dp" or "uniform"). With a `margin`, the DP's
+    schedule is kept only if it is predicted faster than that by this fraction (the error of
+    the predictions for mixed schedules: a uniform one's time can be calibrated exactly)."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or make_problem(model, cost, layout)
@@ -508,7 +515,7 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
             found = (plan, steps, m * unit_bytes)
             break
     best = predicted_seconds(problem, found[1]) if found else INF
-    uniform = _fastest_uniform(problem, budget_bytes, latency, best, planner, layout, knobs)
+    uniform = _fastest_uniform(problem, budget_bytes, latency, best / (1 - margin), planner, layout, knobs)
     if uniform is not None:
         found = uniform + (0,)
     if found is None:
@@ -600,65 +607,3 @@ def baseline(problem: Problem, budget_bytes: int, method: str, planner: str = "i
     if run_memory(plan) > budget_bytes:
         return None, [], INF, None
     return plan, steps, predicted_seconds(problem, steps), batches
-
-
-# --- comparison (CLI and bench) ---------------------------------------------------------------
-
-def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[float]:
-    """Measured seconds per sample of each plan: the median of `repeats` runs, interleaved
-    (plan 1, plan 2, ..., plan 1, ...) so that machine noise falls on all of them alike."""
-    import statistics
-
-    return [statistics.median(t) for t in time_rounds(plans, graph, repeats, seed)]
-
-
-def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[list[float]]:
-    """Seconds per sample of each plan in each of `repeats` rounds (a round runs every plan
-    once, in reverse order every other round so that no plan always follows the same one;
-    after one warm-up run each). Plans that are the same are run once and share their times."""
-    import torch
-
-    from tightfit.plan.schema import dumps
-    from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import load_params, random_input
-
-    params = load_params(graph)
-    texts = [dumps(replace(p, knobs={})) for p in plans]  # the same steps and buffers
-    distinct = list(dict.fromkeys(texts))
-    runners = [ArenaExecutor(plans[texts.index(t)], [graph], [params]) for t in distinct]
-    xs = [random_input(graph, plans[texts.index(t)].models[0].batch, seed) for t in distinct]
-    measured: list[list[float]] = [[] for _ in distinct]
-    with torch.no_grad():
-        for ex, x in zip(runners, xs):
-            ex.run(x)  # warm-up
-        for r in range(repeats):
-            order = range(len(distinct)) if r % 2 == 0 else reversed(range(len(distinct)))
-            for k in order:
-                t0 = _time.perf_counter()
-                runners[k].run(xs[k])
-                measured[k].append(_time.perf_counter() - t0)
-    times = [measured[distinct.index(t)] for t in texts]
-    return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
-
-
-def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", layout: str = "nhwc",
-                    measure: bool = True, repeats: int = 5) -> dict:
-    """A VBS plan beside FBS and Greedy-VBS within the same budget: per-layer sub-batches,
-    predicted (cost model) and measured seconds per sample, analysed run memory."""
-    model = PlannedModel(graph, plan.models[0].spec, plan.models[0].batch)
-    problem = make_problem(model, cost, layout, plan.dtype)
-    budget = int(plan.knobs["budget"])
-    steps = [tuple(x) for x in plan.knobs["profile"]]
-    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), None)}
-    for method in ("fbs", "greedy"):
-        rows[method] = baseline(problem, budget, method, planner, layout)
-    ran = [m for m, r in rows.items() if r[0] is not None]
-    measured = dict(zip(ran, time_plans([rows[m][0] for m in ran], graph, repeats))) if measure else {}
-    out = {"budget_bytes": budget, "request": problem.request,
-           "profile": {str(k): v for k, v in per_layer_profile(steps).items()}, "methods": {}}
-    for m, (p, st, pred, batch) in rows.items():
-        out["methods"][m] = {"fits": p is not None, "predicted_seconds_per_sample": pred if p is not None else None,
-                             "measured_seconds_per_sample": measured.get(m),
-                             "run_bytes": run_memory(p) if p is not None else None,
-                             "batch": batch if m != "greedy" or batch is None else {str(k): v for k, v in batch.items()}}
-    return out

@@ -1,0 +1,117 @@
+"""Runs of variable-batch plans: interleaved timing, the comparison of VBS with FBS and
+Greedy-VBS, and the calibration of the cost model's step times per batch size by whole runs.
+
+The cost model times each step alone on fresh buffers; for steps of many samples this differs
+from the same steps inside a plan run by up to ~30% on this machine, and not the same way at
+every batch (googlenet, FBS at batch 1 and 12: 95 and 133 ms per image predicted, 115 and 104
+measured). `calibrate` runs the uniform plan of each batch b once and scales every step of b
+samples by measured / predicted, so the DP sees how batching really changes run time; the
+runs are kept in the cost model's profile like its step times.
+"""
+from __future__ import annotations
+
+# How far off the calibrated prediction of a schedule mixing batch sizes was from its run here
+# (googlenet, R = 12: 4% faster than FBS predicted, 4-6% slower measured): a mixed schedule
+# is preferred to the best uniform one only when predicted faster by more than this.
+MIXED_SCHEDULE_ERROR = 0.10
+
+import statistics
+import time as _time
+from dataclasses import replace
+from typing import Sequence
+
+from tightfit.graph.ir import Graph
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import Plan, dumps, fingerprint
+from tightfit.plan.vbs_graph import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
+                                     predicted_seconds, run_memory)
+
+
+def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[float]:
+    """Measured seconds per sample of each plan: the median of `repeats` runs, interleaved
+    (plan 1, plan 2, ..., plan 1, ...) so that machine noise falls on all of them alike."""
+    return [statistics.median(t) for t in time_rounds(plans, graph, repeats, seed)]
+
+
+def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[list[float]]:
+    """Seconds per sample of each plan in each of `repeats` rounds (a round runs every plan
+    once, in reverse order every other round so that no plan always follows the same one;
+    after one warm-up run each). Plans that are the same are run once and share their times."""
+    import torch
+
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import load_params, random_input
+
+    params = load_params(graph)
+    texts = [dumps(replace(p, knobs={})) for p in plans]  # the same steps and buffers
+    distinct = list(dict.fromkeys(texts))
+    runners = [ArenaExecutor(plans[texts.index(t)], [graph], [params]) for t in distinct]
+    xs = [random_input(graph, plans[texts.index(t)].models[0].batch, seed) for t in distinct]
+    measured: list[list[float]] = [[] for _ in distinct]
+    with torch.no_grad():
+        for ex, x in zip(runners, xs):
+            ex.run(x)  # warm-up
+        for r in range(repeats):
+            order = range(len(distinct)) if r % 2 == 0 else reversed(range(len(distinct)))
+            for k in order:
+                t0 = _time.perf_counter()
+                runners[k].run(xs[k])
+                measured[k].append(_time.perf_counter() - t0)
+    times = [measured[distinct.index(t)] for t in texts]
+    return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
+
+
+def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", layout: str = "nhwc",
+                    measure: bool = True, repeats: int = 5) -> dict:
+    """A VBS plan beside FBS and Greedy-VBS within the same budget: per-layer sub-batches,
+    predicted (cost model) and measured seconds per sample, analysed run memory."""
+    model = PlannedModel(graph, plan.models[0].spec, plan.models[0].batch)
+    problem = make_problem(model, cost, layout, plan.dtype, batch_factors=calibrate(model, cost, planner, layout))
+    budget = int(plan.knobs["budget"])
+    steps = [tuple(x) for x in plan.knobs["profile"]]
+    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), None)}
+    for method in ("fbs", "greedy"):
+        rows[method] = baseline(problem, budget, method, planner, layout)
+    ran = [m for m, r in rows.items() if r[0] is not None]
+    measured = dict(zip(ran, time_plans([rows[m][0] for m in ran], graph, repeats))) if measure else {}
+    out = {"budget_bytes": budget, "request": problem.request,
+           "profile": {str(k): v for k, v in per_layer_profile(steps).items()}, "methods": {}}
+    for m, (p, st, pred, batch) in rows.items():
+        out["methods"][m] = {"fits": p is not None, "predicted_seconds_per_sample": pred if p is not None else None,
+                             "measured_seconds_per_sample": measured.get(m),
+                             "run_bytes": run_memory(p) if p is not None else None,
+                             "batch": batch if m != "greedy" or batch is None else {str(k): v for k, v in batch.items()}}
+    return out
+
+
+def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str = "nhwc",
+              repeats: int = 3) -> list[float]:
+    """Per batch b (index b; 0 unused): measured / predicted seconds of the uniform plan of
+    batch b over the request (the median of `repeats` runs, kept in the cost profile; the
+    prediction from the smoothed profile, as the DP uses it)."""
+    import torch
+
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import load_params, random_input
+
+    base = make_problem(model, cost, layout)
+    params = load_params(model.graph)
+    x = random_input(model.graph, model.batch)
+    factors = [1.0]
+    for b in range(1, model.batch + 1):
+        steps = fbs_steps(base, b)
+        key = f'["vbs uniform run", "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}"]'
+        if key not in cost.seconds:
+            ex = ArenaExecutor(plan_schedule(model, steps, planner, layout), [model.graph], [params])
+            with torch.no_grad():
+                ex.run(x)
+                times = []
+                for _ in range(repeats):
+                    t0 = _time.perf_counter()
+                    ex.run(x)
+                    times.append(_time.perf_counter() - t0)
+            cost.seconds[key] = statistics.median(times)
+            cost._measured += 1  # so that save() writes it with the step times
+        factors.append(cost.seconds[key] / (predicted_seconds(base, steps) * model.batch))
+    cost.save()
+    return factors
