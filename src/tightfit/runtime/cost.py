@@ -107,6 +107,11 @@ class CostModel:
             self._measured += 1
         return self.seconds[key]
 
+    def record(self, key: str, seconds: float) -> None:
+        """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""
+        self.seconds[key] = seconds
+        self._measured += 1
+
     def save(self) -> None:
         """Write new measurements (atomically: parallel processes may share a profile)."""
         if self.path is None or not self._measured:

@@ -110,8 +110,7 @@ def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str =
                     t0 = _time.perf_counter()
                     ex.run(x)
                     times.append(_time.perf_counter() - t0)
-            cost.seconds[key] = statistics.median(times)
-            cost._measured += 1  # so that save() writes it with the step times
+            cost.record(key, statistics.median(times))
         factors.append(cost.seconds[key] / (predicted_seconds(base, steps) * model.batch))
     cost.save()
     return factors
