@@ -129,7 +129,7 @@ def vbs_text(r: dict[str, Any], graph) -> str:
         if not row["fits"]:
             lines.append(f"  {m:<8} does not fit")
             continue
-        batch = row["batch"] if isinstance(row["batch"], int) else ("per layer" if row["batch"] else "varied")
+        batch = row["batch"] if isinstance(row["batch"], int) else ("per layer" if row["batch"] else "mixed")
         measured = row["measured_seconds_per_sample"]
         lines.append(f"  {m:<8} {batch:>8} {human(row['run_bytes']):>12} {row['predicted_seconds_per_sample'] * 1e3:>20.2f} "
                      f"{measured * 1e3 if measured is not None else float('nan'):>19.2f}")

@@ -69,7 +69,7 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
     problem = make_problem(model, cost, layout, plan.dtype, batch_factors=calibrate(model, cost, planner, layout))
     budget = int(plan.knobs["budget"])
     steps = [tuple(x) for x in plan.knobs["profile"]]
-    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), None)}
+    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), plan.knobs.get("batch"))}  # a batch if uniform
     for method in ("fbs", "greedy"):
         rows[method] = baseline(problem, budget, method, planner, layout)
     ran = [m for m, r in rows.items() if r[0] is not None]
