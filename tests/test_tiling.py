@@ -138,7 +138,8 @@ def test_measured_peak_agrees(name, tiling, tmp_path):
 
 def test_search_below_every_configuration():
     g = GRAPHS.setdefault("mobilenet_v1_025", tightfit.load("mobilenet_v1_025"))
-    found = search_tiling(PlannedModel(g, "mobilenet_v1_025"), _fake_seconds, 1000, front_points=0)
+    found = search_tiling(PlannedModel(g, "mobilenet_v1_025"), _fake_seconds, 1000, max_groups=2,
+                          grids=default_grids(3), front_points=0)
     assert not found.fits and found.chosen.peak_bytes == found.smallest_bytes > 1000
 
 

@@ -105,6 +105,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling, vbs")
     if batch < 1:
         raise OptionError("--batch must be at least 1")
+    if tiling and method != "tiling":
+        raise OptionError("--tiling goes with --method tiling")
     if is_app_file(model):
         app, graphs = load_app(model)
         models = [PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)]
@@ -146,8 +148,6 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         p = _tiling_plan(models[0], tiling, budget, planner, layout, cost)
         check_plan(p, graphs)
         return p, graphs
-    if tiling:
-        raise OptionError("--tiling goes with --method tiling")
     if budget is not None:
         raise OptionError("--budget goes with --method parts, tiling or vbs")
     p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,

@@ -95,7 +95,10 @@ def plan_text(r: dict[str, Any]) -> str:
              f"  kernel temporaries (largest step, outside the arena): {human(r['scratch_peak_bytes'])}",
              f"  analysed run memory (arena + temporaries):    {human(r['analysed_peak_bytes'])}",
              f"  planning time: {r['planning_seconds'] * 1e3:.0f} ms"]
-    if "predicted_seconds" in k:
+    if "predicted_seconds" in k and k.get("method") == "tiling":
+        lines.insert(1, f"  tiling within {human(k['budget'])}: {k['tiling'] or 'layer by layer'}, predicted "
+                        f"{k['predicted_seconds'] * 1e3:.1f} ms per run (cost profile {k['cost_profile']})")
+    elif "predicted_seconds" in k:
         split = k.get("phases", {})
         lines.insert(1, f"  by parts within {human(k['budget'])}: {len(split)} layers split, predicted "
                         f"{k['predicted_seconds'] * 1e3:.1f} ms per run (cost profile {k['cost_profile']})")
@@ -129,7 +132,7 @@ def vbs_text(r: dict[str, Any], graph) -> str:
         if not row["fits"]:
             lines.append(f"  {m:<8} does not fit")
             continue
-        batch = row["batch"] if isinstance(row["batch"], int) else ("per layer" if row["batch"] else "varied")
+        batch = row["batch"] if isinstance(row["batch"], int) else ("per layer" if row["batch"] else "mixed")
         measured = row["measured_seconds_per_sample"]
         lines.append(f"  {m:<8} {batch:>8} {human(row['run_bytes']):>12} {row['predicted_seconds_per_sample'] * 1e3:>20.2f} "
                      f"{measured * 1e3 if measured is not None else float('nan'):>19.2f}")

@@ -129,15 +129,16 @@ def groupable_runs(graph: Graph) -> tuple[tuple[int, int], ...]:
 
 
 def downsampling_cuts(graph: Graph) -> tuple[int, ...]:
-    """Cut points right after a layer whose output is smaller (H x W) than its input: MAFAT cuts
-    after max-pools, where merging the tiles into one tensor costs least."""
-    out = []
+    """Cut points whose tensor is smaller (H x W) than the tensor at the cut point before: MAFAT
+    cuts after max-pools, where merging the tiles into one tensor costs least; in a residual
+    network the stride sits inside a block, so the cut after that block counts."""
+    out, before = [], None
     for p in cut_points(graph):
-        if 0 < p < len(graph.layers):
-            layer = graph.layers[p - 1]
-            if len(graph.shape(layer.output)) == 4 and len(graph.shape(layer.inputs[0])) == 4 and \
-                    spatial(graph.shape(layer.output)) < spatial(graph.shape(layer.inputs[0])):
-                out.append(p)
+        t = graph.inputs[0] if p == 0 else graph.layers[p - 1].output
+        size = spatial(graph.shape(t)) if len(graph.shape(t)) == 4 else (0, 0)
+        if before is not None and 0 < p < len(graph.layers) and size < before:
+            out.append(p)
+        before = size
     return tuple(out)
 
 

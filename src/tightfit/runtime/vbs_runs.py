@@ -69,7 +69,7 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
     problem = make_problem(model, cost, layout, plan.dtype, batch_factors=calibrate(model, cost, planner, layout))
     budget = int(plan.knobs["budget"])
     steps = [tuple(x) for x in plan.knobs["profile"]]
-    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), None)}
+    rows = {"vbs": (plan, steps, predicted_seconds(problem, steps), plan.knobs.get("batch"))}  # a batch if uniform
     for method in ("fbs", "greedy"):
         rows[method] = baseline(problem, budget, method, planner, layout)
     ran = [m for m, r in rows.items() if r[0] is not None]
@@ -85,32 +85,17 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
 
 
 def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str = "nhwc",
-              repeats: int = 3) -> list[float]:
+              repeats: int = 5) -> list[float]:
     """Per batch b (index b; 0 unused): measured / predicted seconds of the uniform plan of
-    batch b over the request (the median of `repeats` runs, kept in the cost profile; the
-    prediction from the smoothed profile, as the DP uses it)."""
-    import torch
-
-    from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import load_params, random_input
-
+    batch b over the request. The plans of every b are timed in interleaved rounds (the median
+    of `repeats`), so that the load of a shared machine falls on all of them alike; the times
+    are kept in the cost profile. The prediction is from the smoothed profile, as the DP uses it."""
     base = make_problem(model, cost, layout)
-    params = load_params(model.graph)
-    x = random_input(model.graph, model.batch)
-    factors = [1.0]
-    for b in range(1, model.batch + 1):
-        steps = fbs_steps(base, b)
-        key = f'["vbs uniform run", "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}"]'
-        if key not in cost.seconds:
-            ex = ArenaExecutor(plan_schedule(model, steps, planner, layout), [model.graph], [params])
-            with torch.no_grad():
-                ex.run(x)
-                times = []
-                for _ in range(repeats):
-                    t0 = _time.perf_counter()
-                    ex.run(x)
-                    times.append(_time.perf_counter() - t0)
-            cost.record(key, statistics.median(times))
-        factors.append(cost.seconds[key] / (predicted_seconds(base, steps) * model.batch))
-    cost.save()
-    return factors
+    keys = [f'["vbs uniform runs", "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}", "{planner}"]'
+            for b in range(1, model.batch + 1)]
+    if any(k not in cost.seconds for k in keys):
+        plans = [plan_schedule(model, fbs_steps(base, b), planner, layout) for b in range(1, model.batch + 1)]
+        for k, t in zip(keys, time_plans(plans, model.graph, repeats)):
+            cost.record(k, t)
+        cost.save()
+    return [1.0] + [cost.seconds[k] / predicted_seconds(base, fbs_steps(base, b)) for b, k in enumerate(keys, 1)]
