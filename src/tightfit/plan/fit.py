@@ -428,9 +428,9 @@ class FitProblem:
 
     def seeds(self) -> list[tuple[int, ...]]:
         """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
-        first groups by parts and the rest whole (early layers hold the large tensors; the
-        whole rest reuses memory after them), and every candidate of every source; each CNN
-        alike."""
+        first groups by parts and the rest whole or in two parts (early layers hold the large
+        tensors; the rest reuses memory after them), and every candidate of every source; each
+        CNN alike."""
         genomes = []
         per_cnn = []
         for s in self.spaces:
@@ -438,7 +438,8 @@ class FitProblem:
             n = len(s.groups)
             whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
             finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
-            prefixes = [[0, 0, 0] + up[3:5 + k] + [0] * (n - k - 1) for k in range(n - 1)]
+            prefixes = [[0, 0, 0] + up[3:5 + k] + [min(rest, u) for u in up[5 + k:]]
+                        for rest in (0, 1) for k in range(n - 1)]
             candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
             per_cnn.append(whole + finest + prefixes + candidates)
         for k in range(max(len(c) for c in per_cnn)):
