@@ -446,6 +446,16 @@ class FitProblem:
             genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))
         return list(dict.fromkeys(genomes))
 
+    def smallest_of_each(self, genomes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """Per CNN, the slice of `genomes` whose plan of that CNN alone needs the least memory,
+        put together: CNNs that run one after another share memory, so the application's
+        smallest plan combines each CNN's smallest."""
+        best = []
+        for s, slices in zip(self.spaces, zip(*(self.split(g) for g in genomes))):
+            g = s.model.graph
+            best.append(min(slices, key=lambda x: (run_memory(s.plan(s.decode(x)), [g]), tuple(x))))
+        return tuple(int(v) for x in best for v in x)
+
     def reuse_genes(self) -> tuple[int, ...]:
         return tuple(v for s in self.spaces for v in [0, 0, 0, 0] + [0] * len(s.groups))
 
@@ -519,7 +529,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     else:
         total = pop_size * (generations + 1)
         problem.on_evaluate = lambda n: report(min(n, total), total)
-        for genes in problem.seeds():
+        seeds = problem.seeds()
+        for genes in seeds + [problem.smallest_of_each(seeds)]:
             problem.evaluate(genes)
         problem.max_steps = max_steps
         try:
