@@ -3,6 +3,7 @@
     python bench/fit.py                 # all six applications, then the densenet121 timing
     python bench/fit.py --apps 1,5      # some applications
     python bench/fit.py --timing-only   # only `fit densenet121 --budget <half its reuse arena>`
+    python bench/fit.py --no-timing     # the table only
 
 Memory counts parameters (the paper's Eq. 2.5: parameters + buffers), fp32, MB = 10^6 bytes:
 - no reduction: every tensor of every imported model in its own buffer, plus all parameters;
@@ -171,6 +172,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--apps", default="1,2,3,4,5,6")
     ap.add_argument("--timing-only", action="store_true")
+    ap.add_argument("--no-timing", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared machine; the cost model is profiled so too
     cost = CostModel.default()
@@ -180,7 +182,8 @@ def main() -> int:
         print("\ntargets:")
         for v in verdicts:
             print("  " + v)
-    densenet_timing(cost)
+    if not args.no_timing:
+        densenet_timing(cost)
     return 0
 
 

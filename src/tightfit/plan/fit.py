@@ -428,9 +428,9 @@ class FitProblem:
 
     def seeds(self) -> list[tuple[int, ...]]:
         """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
-        first groups by parts and the rest whole (early layers hold the large tensors; the
-        whole rest reuses memory after them), and every candidate of every source; each CNN
-        alike."""
+        first groups by parts and the rest whole or in two parts (early layers hold the large
+        tensors; the rest reuses memory after them), and every candidate of every source; each
+        CNN alike."""
         genomes = []
         per_cnn = []
         for s in self.spaces:
@@ -438,12 +438,23 @@ class FitProblem:
             n = len(s.groups)
             whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
             finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
-            prefixes = [[0, 0, 0] + up[3:5 + k] + [0] * (n - k - 1) for k in range(n - 1)]
+            prefixes = [[0, 0, 0] + up[3:5 + k] + [min(rest, u) for u in up[5 + k:]]
+                        for rest in (0, 1) for k in range(n - 1)]
             candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
             per_cnn.append(whole + finest + prefixes + candidates)
         for k in range(max(len(c) for c in per_cnn)):
             genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))
         return list(dict.fromkeys(genomes))
+
+    def smallest_of_each(self, genomes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """Per CNN, the slice of `genomes` whose plan of that CNN alone needs the least memory,
+        put together: CNNs that run one after another share memory, so the application's
+        smallest plan combines each CNN's smallest."""
+        best = []
+        for s, slices in zip(self.spaces, zip(*(self.split(g) for g in genomes))):
+            g = s.model.graph
+            best.append(min(slices, key=lambda x: (run_memory(s.plan(s.decode(x)), [g]), tuple(x))))
+        return tuple(int(v) for x in best for v in x)
 
     def reuse_genes(self) -> tuple[int, ...]:
         return tuple(v for s in self.spaces for v in [0, 0, 0, 0] + [0] * len(s.groups))
@@ -518,7 +529,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     else:
         total = pop_size * (generations + 1)
         problem.on_evaluate = lambda n: report(min(n, total), total)
-        for genes in problem.seeds():
+        seeds = problem.seeds()
+        for genes in seeds + [problem.smallest_of_each(seeds)]:
             problem.evaluate(genes)
         problem.max_steps = max_steps
         try:
