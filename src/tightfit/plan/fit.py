@@ -99,9 +99,42 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
             for p in points]
 
 
-# Technique sources: each returns candidate plans for one CNN. Fused tiling and variable batch
-# size are added here, one function each (see the module's report).
-SOURCES: dict[str, TechniqueSource] = {"parts_search": parts_search_source}
+def tiling_source(ctx: CNNContext) -> list[Candidate]:
+    """The tiling search's pick for the budget and the smallest configuration it reached. It times
+    parts of plans (segments), so it needs the cost model itself; kept to two groups and a short
+    front so that it costs about what the parts search does."""
+    from tightfit.plan.tiling import cost_seconds, plan_tiling, search_tiling
+
+    if ctx.budget_bytes is None or ctx.cost is None:
+        return []
+    found = search_tiling(ctx.model, cost_seconds(ctx.cost, ctx.model.graph), ctx.budget_bytes, max_groups=2,
+                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0)
+    smallest = min(found.front or (found.chosen,), key=lambda p: (p.peak_bytes, p.seconds))
+    points = [p for p in dict.fromkeys([found.chosen, smallest]) if p.groups]
+    return [Candidate("tiling", f"fused tiling {p.spec}",
+                      lambda p=p: plan_tiling(ctx.model, p.groups, SEARCH_PLANNER, ctx.layout, ctx.dtype))
+            for p in points]
+
+
+def vbs_source(ctx: CNNContext) -> list[Candidate]:
+    """For a request of several samples (`fit --batch R`): the variable-batch plan that fits."""
+    from tightfit.plan.vbs_graph import search_vbs
+
+    if ctx.model.batch == 1 or ctx.budget_bytes is None or ctx.cost is None:
+        return []
+    try:
+        found = search_vbs(ctx.model, None, ctx.budget_bytes, ctx.cost, layout=ctx.layout)
+    except TightfitError:  # a graph the DP's main path does not cover (a branch inside a branch)
+        return []
+    if not found.fits or found.plan is None:
+        return []
+    label = "variable batch: " + ", ".join(f"{lid}x{b}" for lid, b in found.steps[:6]) + ("..." if len(found.steps) > 6 else "")
+    return [Candidate("vbs", label, lambda: found.plan)]
+
+
+# Technique sources: each returns candidate plans for one CNN (networkx-style strategies).
+SOURCES: dict[str, TechniqueSource] = {"parts_search": parts_search_source, "tiling": tiling_source,
+                                       "vbs": vbs_source}
 
 
 # --- the application ----------------------------------------------------------------------------
