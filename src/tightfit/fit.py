@@ -262,16 +262,7 @@ def peak_tensors(plan: Plan, graphs, top: int = 6) -> tuple[int, int, list[tuple
 def memory_over_steps(plan: Plan, graphs) -> list[int]:
     """Bytes live at each step (every buffer copy from first to last use) plus its scratch."""
     life = lifetimes(plan, graphs)
-    n = len(life.step_scratch)
-    delta = [0] * (n + 1)
-    for r in life.reqs:
-        delta[r.first_use] += r.size
-        delta[r.last_use + 1] -= r.size
-    out, total = [], 0
-    for i in range(n):
-        total += delta[i]
-        out.append(total + life.step_scratch[i])
-    return out
+    return [live + scratch for live, scratch in zip(life.live_bytes(), life.step_scratch)]
 
 
 def contributions(o: FitOutcome) -> list[str]:

@@ -34,6 +34,19 @@ class Lifetimes:
     extra: tuple[tuple[int, int], ...]
     step_scratch: tuple[int, ...]
 
+    def live_bytes(self) -> list[int]:
+        """Bytes of the buffer copies live at each step (first to last use), scratch excluded."""
+        n = len(self.step_scratch)
+        delta = [0] * (n + 1)
+        for r in self.reqs:
+            delta[r.first_use] += r.size
+            delta[r.last_use + 1] -= r.size
+        out, total = [], 0
+        for d in delta[:n]:
+            total += d
+            out.append(total)
+        return out
+
 
 @dataclass(frozen=True)
 class CheckReport:

@@ -292,15 +292,7 @@ def _peak_tensors(g: Graph, plan: Plan) -> tuple[list[tuple[str, int]], tuple[st
     tensor of the step with the largest scratch with that scratch (a kernel's temporary shrinks
     with its band), None without scratch."""
     life = lifetimes(plan, [g])
-    n = len(life.step_scratch)
-    delta = [0] * (n + 1)
-    for r in life.reqs:
-        delta[r.first_use] += r.size
-        delta[r.last_use + 1] -= r.size
-    live, total = [], 0
-    for i in range(n):
-        total += delta[i]
-        live.append(total)
+    live = life.live_bytes()
     near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * max(live, default=0)]
     steps = plan.steps()
     tensor_of = {}
