@@ -92,7 +92,9 @@ def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Acce
     return out
 
 
-def lifetimes(plan: Plan, graphs: Sequence[Graph]) -> Lifetimes:
+def lifetimes(plan: Plan, graphs: Sequence[Graph], conflicts: bool = True) -> Lifetimes:
+    """Per buffer copy, first to last use (model outputs to the end); `conflicts=False` skips
+    the concurrency conflicts (a search that only reads live bytes does not need them)."""
     steps = plan.steps()
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -110,7 +112,8 @@ def lifetimes(plan: Plan, graphs: Sequence[Graph]) -> Lifetimes:
         for c in range(b.copies):
             keys.append((b.id, c))
             reqs.append(BufferReq(b.nbytes, first[b.id], last[b.id]))
-    return Lifetimes(tuple(keys), tuple(reqs), _concurrency_conflicts(plan, keys), tuple(s.scratch for s in steps))
+    extra = _concurrency_conflicts(plan, keys) if conflicts else ()
+    return Lifetimes(tuple(keys), tuple(reqs), extra, tuple(s.scratch for s in steps))
 
 
 def buffer_users(partitions: Sequence[Partition]) -> dict[int, set[int]]:

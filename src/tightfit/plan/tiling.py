@@ -510,28 +510,11 @@ def cost_seconds(cost, graph: Graph) -> StepSeconds:
 
 
 def step_memory(plan: Plan, graph: Graph) -> tuple[list[int], list[int]]:
-    """Per step: bytes of the buffers live at it (lifetimes as check.lifetimes derives them:
-    first to last access, model outputs to the end), and its scratch."""
-    from tightfit.plan.check import output_accesses
+    """Per step: bytes of the buffers live at it, and its scratch."""
+    from tightfit.plan.check import lifetimes
 
-    steps = plan.steps()
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for k, st in enumerate(steps):
-        for a in (st.out, *st.inputs):
-            first.setdefault(a.buffer, k)
-            last[a.buffer] = k
-    for _, a in output_accesses(plan, [graph]):
-        last[a.buffer] = len(steps) - 1
-    delta = [0] * (len(steps) + 1)
-    for b, k in first.items():
-        delta[k] += plan.buffers[b].nbytes
-        delta[last[b] + 1] -= plan.buffers[b].nbytes
-    live, total = [], 0
-    for k in range(len(steps)):
-        total += delta[k]
-        live.append(total)
-    return live, [st.scratch for st in steps]
+    life = lifetimes(plan, [graph], conflicts=False)
+    return life.live_bytes(), list(life.step_scratch)
 
 
 @dataclass
