@@ -4,6 +4,8 @@
     python bench/parts.py --quick    # section 1 on resnet18 and squeezenet, section 4 on resnet18
 
 Sections:
+All timings use one torch thread (the cost model's profile is per thread count).
+
 1. Table III: per CNN one parts plan, picked by the search with the cost model as the smallest
    run memory whose predicted throughput decrease stays within the paper's (aimed at 85% of it,
    to leave room for the model's error). m_DL and m_ours count the imported model's parameters,
@@ -223,6 +225,7 @@ def cost_section(names, runs: int) -> None:
 def main() -> None:
     quick = "--quick" in sys.argv
     torch.set_grad_enabled(False)
+    torch.set_num_threads(1)  # steadier timings on a shared machine; the cost model is profiled so too
     if "--cost-only" in sys.argv:
         cost_section(["resnet18", "mobilenet_v2", "squeezenet1_0", "tiny-yolov2"], 9)
         return

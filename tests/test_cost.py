@@ -11,7 +11,7 @@ import tightfit
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
-from tightfit.runtime.cost import CostModel, profile_id, step_key
+from tightfit.runtime.cost import CostModel, cold_weight_bytes, profile_id, step_key
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,7 +54,8 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 
 
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
-    """Predicted time = sum of step times + steps x the executor's per-step loop overhead."""
+    """Predicted time = sum of step times + steps x the executor's per-step loop overhead +
+    the weights fetched cold x the measured seconds per cold byte."""
     g, p = small
     times = {}
 
@@ -65,7 +66,51 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     cm = CostModel(None)
     total = cm.plan_seconds(p, [g])
     steps = sum(cm.step_seconds(p, [g], s) for s in p.steps())
-    assert total == pytest.approx(steps + len(p.steps()) * cm.loop_seconds)
+    cold = sum(cold_weight_bytes(p, [g], p.steps())) * cm.cold_byte_seconds
+    assert total == pytest.approx(steps + len(p.steps()) * cm.loop_seconds + cold)
+
+
+def _cold_by_brute_force(plan, g, cache_bytes: int) -> list[int]:
+    """Per step with weights: walk back (across the previous run) to the layer's previous step,
+    summing what the steps in between touch."""
+    steps = plan.steps()
+
+    def view(a):
+        b = plan.buffers[a.buffer]
+        return a.region.numel(b.shape) * b.itemsize
+
+    def weights(s):
+        return sum(g.params[q].nbytes for q in g.layers[s.layer].params) if s.kind == "compute" else 0
+
+    touched = [view(s.out) + sum(view(a) for a in s.inputs) + weights(s) for s in steps]
+    out = []
+    for i, s in enumerate(steps):
+        w = weights(s)
+        if not w or w > cache_bytes:
+            out.append(0)
+            continue
+        j, between = (i - 1) % len(steps), 0
+        while steps[j].kind != "compute" or steps[j].layer != s.layer:
+            between += touched[j]
+            j = (j - 1) % len(steps)
+        out.append(w if between > cache_bytes else 0)
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_cold_weights_follow_reuse_distance(rows):
+    g = tightfit.load("resnet18")
+    phases, source = phases_for_rows(g, rows)
+    p = plan_parts(PlannedModel(g, "r"), phases, source)
+    for cache_bytes in (2**20, 16 * 2**20, 2**30):
+        cold = cold_weight_bytes(p, [g], p.steps(), cache_bytes)
+        assert cold == _cold_by_brute_force(p, g, cache_bytes)
+    cold = cold_weight_bytes(p, [g], p.steps(), 16 * 2**20)
+    layer4 = [c for s, c in zip(p.steps(), cold) if s.kind == "compute" and g.layers[s.layer].params
+              and sum(g.params[q].nbytes for q in g.layers[s.layer].params) > 8 * 2**20]
+    # 9.4 MB convolutions, most bands with other layers' bands in between
+    assert layer4 and sum(map(bool, layer4)) >= len(layer4) // 2
+    assert not any(cold_weight_bytes(p, [g], p.steps(), 2**30))  # everything stays in a 1 GiB cache
 
 
 def test_profile_id_names_the_thread_count():

@@ -20,7 +20,7 @@ from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs import INF
 from tightfit.plan.vbs_graph import (Problem, Special, fbs_steps, main_path, plan_schedule, profile_seconds,
-                                     run_memory, search_vbs, smallest_feasible_budget, solve_problem)
+                                     run_memory, search_vbs, smallest_feasible_budget, solve_problem, baseline)
 
 
 class TableCost:
@@ -228,6 +228,30 @@ def test_fbs_is_in_the_space_and_counted_exactly():
         budget = report.peak_bytes + output + 2 * unit * len(g.layers) + problem.scratch_bytes()
         found = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
         assert found.fits and found.seconds_per_sample <= sum(problem.seconds[l][c] for l, c in steps) / problem.request + 1e-12
+
+
+def test_fbs_margin_keeps_fbs_unless_the_gain_exceeds_it():
+    """A schedule is preferred to FBS's only when predicted faster by more than `fbs_margin`."""
+    gains = []
+    for seed in range(4):
+        g, model, cost, problem = _oracle_case(seed, seed % 2 == 1)
+        unit = 256
+        for peak in sorted({p for _, p in Walk(problem, unit).schedules()}):
+            budget = peak * unit + problem.scratch_bytes()
+            free = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
+            fbs = baseline(problem, budget, "fbs")
+            if not free.fits or fbs[0] is None:
+                continue
+            gain = (fbs[2] - free.seconds_per_sample) / fbs[2]
+            gains.append(gain)
+            for margin in (gain / 2, gain * 2 + 1e-9):
+                kept = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False, fbs_margin=margin)
+                if gain > margin:
+                    assert kept.steps == free.steps
+                else:
+                    assert tuple(kept.steps) == tuple(fbs[1])
+                assert check_plan(kept.plan, [g]).peak_bytes <= budget
+    assert max(gains) > 0.01  # some case where a schedule beats FBS
 
 
 @lru_cache(maxsize=1)

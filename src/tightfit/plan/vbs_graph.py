@@ -476,7 +476,8 @@ def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
 
 def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
                latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
-               problem: Problem | None = None, lookup: bool = True, margin: float = 0.0) -> VbsResult:
+               problem: Problem | None = None, lookup: bool = True, margin: float = 0.0,
+               fbs_margin: float = 0.0) -> VbsResult:
     """The fastest variable-batch plan for `request` samples (default model.batch) whose
     analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
     `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
@@ -489,7 +490,10 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     uniform schedules are schedules of the same space, so the search also takes the fastest
     uniform one whose plan fits (knob "source": "dp" or "uniform"). With a `margin`, the DP's
     schedule is kept only if it is predicted faster than that by this fraction (the error of
-    the predictions for mixed schedules: a uniform one's time can be calibrated exactly)."""
+    the predictions for mixed schedules: a uniform one's time can be calibrated exactly). With an
+    `fbs_margin`, any schedule is kept only if predicted faster than FBS's (the largest uniform
+    batch that fits) by that fraction, the error of calibrated predictions: a smaller gain is
+    not one the prediction can promise, and FBS's schedule is returned instead."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or make_problem(model, cost, layout)
@@ -518,6 +522,12 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     uniform = _fastest_uniform(problem, budget_bytes, latency, best / (1 - margin), planner, layout, knobs)
     if uniform is not None:
         found = uniform + (0,)
+    if found is not None and fbs_margin > 0 and latency is None:  # FBS knows no latency bound
+        fbs_plan, fbs_steps_, fbs_seconds, fbs_batch = baseline(problem, budget_bytes, "fbs", planner, layout)
+        if fbs_plan is not None and predicted_seconds(problem, found[1]) > fbs_seconds * (1 - fbs_margin):
+            plan = plan_schedule(problem.model, fbs_steps_, planner, layout, problem.dtype,
+                                 dict(knobs, source="uniform", batch=fbs_batch, predicted_seconds_per_sample=fbs_seconds))
+            found = (plan, fbs_steps_, 0)
     if found is None:
         return VbsResult(None, (), INF, False, budget_bytes, 0, 0, solve_seconds, table)
     plan, steps, dp_bytes = found

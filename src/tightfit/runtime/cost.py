@@ -8,7 +8,11 @@ Times are kept on disk in a profile whose id names the machine, torch, the threa
 kernels' code, so every planner and search shares one set of measurements.
 
 A plan's predicted time is the sum of its steps' times plus the executor's per-step loop
-overhead (timed too); partitions that run concurrently count as their slowest member.
+overhead (timed too), plus the time to fetch weights from memory that the isolated timing found
+in cache: inside a plan, a layer's weights are evicted when the steps since its previous use
+touched more than the cache holds (e.g. resnet18 by one-row bands runs each of layer4's 9.4 MB
+convolutions 7 times with all other layers in between). Partitions that run concurrently count
+as their slowest member.
 """
 from __future__ import annotations
 
@@ -31,6 +35,20 @@ from tightfit.plan.schema import Plan, Step
 PROFILE_VERSION = 1
 SAMPLES = 7
 STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
+
+
+def _cache_bytes() -> int:
+    """The last-level cache a step's weights can count on: half of it (it is shared with the
+    data the steps touch, with other cores and, on a VM, other tenants)."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        size = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+    except (OSError, ValueError):
+        size = 16 * 2**20
+    return size // 2
+
+
+CACHE_BYTES = _cache_bytes()
 
 
 def profile_id() -> str:
@@ -97,8 +115,17 @@ class CostModel:
         self.save()
         return total
 
+    @property
+    def cold_byte_seconds(self) -> float:
+        """Seconds per weight byte a convolution takes longer when its weights are not in cache."""
+        if "cold_byte" not in self.seconds:
+            self.seconds["cold_byte"] = _cold_byte_seconds()
+            self._measured += 1
+        return self.seconds["cold_byte"]
+
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
-        return sum(self.step_seconds(plan, graphs, s) for s in steps) + len(steps) * self.loop_seconds
+        cold = sum(cold_weight_bytes(plan, graphs, steps)) * self.cold_byte_seconds
+        return sum(self.step_seconds(plan, graphs, s) for s in steps) + len(steps) * self.loop_seconds + cold
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
         key = step_key(plan, graphs, step)
@@ -171,6 +198,68 @@ def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
     return json.dumps([layer.op, repr(sorted(layer.attrs.items())), [list(g.params[p].shape) for p in layer.params],
                        in_shapes, view(step.out), [view(a) for a in step.inputs],
                        [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
+
+
+def cold_weight_bytes(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], cache_bytes: int = CACHE_BYTES) -> list[int]:
+    """Per step, the weight bytes it reads from memory although its isolated timing found them in
+    cache: a layer's weights (if they fit the cache at all) are cold when the steps since the
+    layer's previous step, in this run or the previous one, touched more than `cache_bytes`."""
+    weights = [_weight_bytes(graphs, s) for s in steps]
+    touched = [_view_bytes(plan, s.out) + sum(_view_bytes(plan, a) for a in s.inputs) + w for s, w in zip(steps, weights)]
+    last_use: dict[tuple[int, int], int] = {}
+    total, cold = 0, [0] * len(steps)
+    for round_ in range(2):  # the first round only finds each layer's last use in the previous run
+        for i, (s, w) in enumerate(zip(steps, weights)):
+            if w:
+                key = (s.model, s.layer)
+                if round_ and w <= cache_bytes and total - last_use[key] > cache_bytes:
+                    cold[i] = w
+                last_use[key] = total + touched[i]
+            total += touched[i]
+    return cold
+
+
+def _weight_bytes(graphs: Sequence[Graph], step: Step) -> int:
+    if step.kind != "compute":
+        return 0
+    g = graphs[step.model]
+    return sum(g.params[p].nbytes for p in g.layers[step.layer].params)
+
+
+def _view_bytes(plan: Plan, a) -> int:
+    b = plan.buffers[a.buffer]
+    return a.region.numel(b.shape) * b.itemsize
+
+
+def _cold_byte_seconds() -> float:
+    """Measured on a one-row band of a 512-channel 3x3 convolution (9.4 MB of weights, the
+    kind that dominates the effect): its time with the weights evicted minus its time with them
+    in cache, per weight byte."""
+    from tightfit.graph.ir import Layer
+    from tightfit.ops.base import Region
+
+    op = get_op("conv")
+    c = 512
+    layer = Layer(0, "probe", "conv", ("x",), "y", {"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1),
+                                                    "pads": (1, 1, 1, 1), "groups": 1, "out_channels": c, "act": ()})
+    weight = torch.randn(c, c, 3, 3)
+    params = op.prepare_params(layer, [weight.numpy(), torch.zeros(c).numpy()])
+    out_region = Region(0, 1, 3, 4, 0, 7)
+    windows = op.input_windows(layer, out_region, [(1, c, 7, 7)])
+    r = windows[0].region
+    x = torch.randn(1, r.h, r.w, c).permute(0, 3, 1, 2)
+    y = torch.empty(1, 1, 7, c).permute(0, 3, 1, 2)
+    run = lambda: op.compute(layer, [x], windows, y, out_region, params)  # noqa: E731
+    warm = _median_seconds(run, 9)
+    evict = torch.empty(4 * CACHE_BYTES // 4)
+    with torch.no_grad():
+        times = []
+        for _ in range(9):
+            evict.fill_(1.0)
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return max(statistics.median(times) - warm, 0.0) / weight.nbytes
 
 
 def _median_seconds(run: Callable[[], None], samples: int = SAMPLES) -> float:

@@ -14,6 +14,9 @@ from __future__ import annotations
 # (googlenet, R = 12: 4% faster than FBS predicted, 4-6% slower measured): a mixed schedule
 # is preferred to the best uniform one only when predicted faster by more than this.
 MIXED_SCHEDULE_ERROR = 0.10
+# How far apart paired runs of one plan are on a quiet machine here, and so the least error of a
+# calibrated prediction: a schedule is preferred to FBS's only when predicted faster by more.
+UNIFORM_SCHEDULE_ERROR = 0.03
 
 import statistics
 import time as _time
@@ -85,7 +88,7 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
 
 
 def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str = "nhwc",
-              repeats: int = 5) -> list[float]:
+              repeats: int = 7) -> list[float]:
     """Per batch b (index b; 0 unused): measured / predicted seconds of the uniform plan of
     batch b over the request. The plans of every b are timed in interleaved rounds (the median
     of `repeats`), so that the load of a shared machine falls on all of them alike; the times
