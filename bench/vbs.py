@@ -2,7 +2,7 @@
 
 For each model, a request of 12 images and a handful of budgets from the smallest feasible one to
 the one where FBS reaches batch 12 (BUDGETS per model, evenly spaced; the paper sweeps 15-40 MB
-in 2 MB steps): the measured time per image (median of 7 runs of each plan, the three methods
+in 2 MB steps): the measured time per image (median of 15 runs of each plan, the three methods
 interleaved, gains paired within a round) for FBS, Greedy-VBS and VBS, the gain (t_FBS - t_VBS) / t_FBS measured and
 as the cost model predicts it (step times smoothed per layer and calibrated per batch size by
 one run of each uniform plan, runtime/vbs_runs.py), and the paper's Table II gains beside. One thread
@@ -14,7 +14,7 @@ own schedule only when predicted faster by more than UNIFORM_SCHEDULE_ERROR (3%,
 paired runs of one plan here), otherwise VBS runs FBS's schedule and claims no gain. Also printed: the DP's own run time for R = 12 on
 googlenet at the paper's 2 MB granularity and at ours (100 kB).
 
-    .venv/bin/python bench/vbs.py [--models googlenet,...] [--budgets 4] [--repeats 5] [--request 12]
+    .venv/bin/python bench/vbs.py [--models googlenet,...] [--budgets 4] [--repeats 15] [--request 12]
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--request", type=int, default=12)
     ap.add_argument("--budgets", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cost = CostModel.default()

@@ -24,7 +24,7 @@ def small():
 
 
 def _no_timing(monkeypatch):
-    def fail(run, samples=cost.SAMPLES):
+    def fail(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
         raise AssertionError("a step was timed although the profile holds it")
 
     monkeypatch.setattr(cost, "_median_seconds", fail)
@@ -45,7 +45,7 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
     g, p = small
     path = tmp_path / "profile.json"
     CostModel(path).plan_seconds(p, [g])
-    monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES: 1e-3)
+    monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES: 1e-3)
     # Every step and the loop (1000 calls per timing) take the faked 1 ms.
     expected = len(p.steps()) * (1e-3 + 1e-6)
     assert CostModel(path, reprofile=True).plan_seconds(p, [g]) == pytest.approx(expected)
@@ -59,7 +59,7 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     g, p = small
     times = {}
 
-    def fake(run, samples=cost.SAMPLES):
+    def fake(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
         return times.setdefault(len(times), 1e-4 * (len(times) + 1))
 
     monkeypatch.setattr(cost, "_median_seconds", fake)

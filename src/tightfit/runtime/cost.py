@@ -251,22 +251,15 @@ def _cold_byte_seconds() -> float:
     y = torch.empty(1, 1, 7, c).permute(0, 3, 1, 2)
     run = lambda: op.compute(layer, [x], windows, y, out_region, params)  # noqa: E731
     warm = _median_seconds(run, 9)
-    evict = torch.empty(4 * CACHE_BYTES // 4)
-    with torch.no_grad():
-        times = []
-        for _ in range(9):
-            evict.fill_(1.0)
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-    return max(statistics.median(times) - warm, 0.0) / weight.nbytes
+    cold = _median_seconds(run, 9, stir_bytes=4 * CACHE_BYTES)  # twice the last-level cache
+    return max(cold - warm, 0.0) / weight.nbytes
 
 
-def _median_seconds(run: Callable[[], None], samples: int = SAMPLES) -> float:
+def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes: int = STIR_BYTES) -> float:
     """Median of single runs, each after the caches are stirred: inside a plan a step finds its
     data in the last-level cache but not in L1/L2, which the steps in between have overwritten
     (timing back-to-back repeats instead under-predicts plans of many small steps by ~20%)."""
-    stir = _stir_buffer()
+    stir = _stir_buffer(stir_bytes)
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
         times = []
@@ -278,13 +271,13 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES) -> float:
     return statistics.median(times)
 
 
-_STIR: list[torch.Tensor] = []
+_STIR: dict[int, torch.Tensor] = {}
 
 
-def _stir_buffer() -> torch.Tensor:
-    if not _STIR:
-        _STIR.append(torch.empty(STIR_BYTES // 4))
-    return _STIR[0]
+def _stir_buffer(nbytes: int) -> torch.Tensor:
+    if nbytes not in _STIR:
+        _STIR[nbytes] = torch.empty(nbytes // 4)
+    return _STIR[nbytes]
 
 
 def _loop_overhead() -> float:

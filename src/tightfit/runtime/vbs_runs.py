@@ -64,6 +64,15 @@ def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int
     return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
 
 
+def paired_medians(rounds: list[list[float]]) -> list[float]:
+    """Per plan, its median time relative to the mean of its round, times the median round mean:
+    the load of a shared machine drifts between rounds, and the plans' ratios are what a
+    choice between them rests on."""
+    means = [statistics.fmean(r) for r in zip(*rounds)]
+    scale = statistics.median(means)
+    return [statistics.median(t / m for t, m in zip(times, means)) * scale for times in rounds]
+
+
 def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", layout: str = "nhwc",
                     measure: bool = True, repeats: int = 5) -> dict:
     """A VBS plan beside FBS and Greedy-VBS within the same budget: per-layer sub-batches,
@@ -98,7 +107,7 @@ def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str =
             for b in range(1, model.batch + 1)]
     if any(k not in cost.seconds for k in keys):
         plans = [plan_schedule(model, fbs_steps(base, b), planner, layout) for b in range(1, model.batch + 1)]
-        for k, t in zip(keys, time_plans(plans, model.graph, repeats)):
+        for k, t in zip(keys, paired_medians(time_rounds(plans, model.graph, repeats))):
             cost.record(k, t)
         cost.save()
     return [1.0] + [cost.seconds[k] / predicted_seconds(base, fbs_steps(base, b)) for b, k in enumerate(keys, 1)]
