@@ -248,9 +248,11 @@ def explicit_order(order: Sequence[int]) -> Iterator[str]:
 def _assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert got.shape == want.shape, what
     assert torch.isfinite(got).all(), f"{what}: NaN/inf in the planned output (read of an unwritten cell?)"
-    scale = float(want.abs().max())
+    # Floored at 1e-3: an output near zero is a sum of terms of order one whose float32 rounding
+    # differs between summation orders (a generated head's outputs of 2e-4 differed by 9e-8).
+    scale = max(float(want.abs().max()), 1e-3)
     diff = float((got - want).abs().max())
-    assert diff <= TOL * max(scale, 1e-6), f"{what}: max abs diff {diff} > {TOL} x {scale}"
+    assert diff <= TOL * scale, f"{what}: max abs diff {diff} > {TOL} x {scale}"
 
 
 # Add/Mul planned in place over a NON-first operand (Add(a, b) in b's buffer, Mul(gate, x) in x's
