@@ -9,7 +9,7 @@ trades window memory for fewer compactions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Mapping, Sequence
 
@@ -92,6 +92,13 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
     producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
+    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align)
+    return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
+
+
+def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
+                layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False) -> Plan:
+    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets)."""
     g, batch = model.graph, model.batch
     if align:
         phases, source_rows = aligned_rows(g, phases, source_rows or 1)
@@ -123,14 +130,12 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
         else:
             steps.append(_compute(g, f.layer, out, windows, batch, dtype, layout))
         win.produced = f.rows[1]
-    knobs = {"method": "parts", "planner": planner, "layout": layout, "slack_rows": slack_rows,
+    knobs = {"method": "parts", "layout": layout, "slack_rows": slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase)}
-    draft = Plan((model.ref(),), dtype, tuple(buffers),
-                 (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
-    return place(draft, [g], planner)
+    return Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
 
 
 def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:

@@ -27,6 +27,11 @@ def _memo(graph: Graph) -> dict:
     return held[1]
 
 
+def clear() -> None:
+    """Forget every answer (a timing that must not profit from an earlier search)."""
+    _MEMO.clear()
+
+
 def input_windows(graph: Graph, layer: Layer, region: Region, in_shapes: Sequence[tuple[int, ...]]) -> tuple[InputWindow, ...]:
     """get_op(layer.op).input_windows(layer, region, in_shapes), memoised."""
     memo = _memo(graph)
