@@ -31,6 +31,7 @@ search around the front.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -172,18 +173,24 @@ def _run_forked(jobs: Sequence[Callable[[], Any]], meanwhile: Callable[[], None]
             send.close()
             running[receive] = (i, proc)
 
-    start()
-    meanwhile()
-    while running:
-        for conn in wait(list(running)):
-            i, proc = running.pop(conn)
-            try:
-                results[i] = conn.recv()
-            except EOFError:
-                results[i] = (False, f"process ended with {proc.exitcode}")
-            conn.close()
-            proc.join()
+    try:
         start()
+        meanwhile()
+        while running:
+            for conn in wait(list(running)):
+                i, proc = running.pop(conn)
+                try:
+                    results[i] = conn.recv()
+                except EOFError:
+                    results[i] = (False, f"process ended with {proc.exitcode}")
+                conn.close()
+                proc.join()
+            start()
+    finally:  # after an error here: no process is left behind
+        for conn, (_, proc) in running.items():
+            proc.terminate()
+            proc.join()
+            conn.close()
     return results
 
 
@@ -196,16 +203,29 @@ def _forked_job(job: Callable[[], Any], send) -> None:
         send.close()
 
 
+def _refuse(*args, **kwargs):
+    raise _Unprofiled()
+
+
 def _forbid_measuring(cost: Any) -> None:
     """In a forked process: the profile stays the parent's, and a step it lacks is not timed."""
+    if cost is not None:
+        cost.path = None
+        cost._bound_step = _refuse
+
+
+@contextmanager
+def _profiled_only(cost: Any):
+    """Step times from the profile only (a step it lacks raises _Unprofiled): other processes
+    are busy, and a step timed now would be timed slow."""
     if cost is None:
+        yield
         return
-    cost.path = None
-
-    def refuse(*args, **kwargs):
-        raise _Unprofiled()
-
-    cost._bound_step = refuse
+    cost._bound_step = _refuse
+    try:
+        yield
+    finally:
+        del cost._bound_step
 
 
 def _candidates_forked(source: TechniqueSource, ctx: CNNContext) -> list[tuple[str, str, Plan]]:
@@ -522,8 +542,11 @@ class FitProblem:
         if keys not in self.points:
             if self.planned_steps > self.max_steps:
                 raise _OutOfWork
-            plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
-            memory = run_memory(plan, self.app.graphs) + self.param_bytes
+            if len(self.spaces) == 1 and not self.app.concurrent:  # the application's plan is the CNN's
+                memory = self.spaces[0].memory(keys[0]) + self.param_bytes
+            else:
+                plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
+                memory = run_memory(plan, self.app.graphs) + self.param_bytes
             seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
             self.points[keys] = FitPoint(genes, memory, seconds, tuple(s.label(k) for s, k in zip(self.spaces, keys)))
             self.on_evaluate(len(self.points))
@@ -554,8 +577,6 @@ class FitProblem:
             self.cost.loop_seconds  # measured here, before the forked processes read it
         done = _run_forked([lambda i=i: _candidates_forked(sources[asked[i][1]], asked[i][2]) for i in forked], meanwhile)
         found = dict(zip(forked, done))
-        if not forked:
-            meanwhile()
         per_space: dict[int, list[Candidate]] = {}
         for i, (s, name, ctx) in enumerate(asked):
             ok, result = found.get(i, (False, None))
@@ -595,10 +616,18 @@ class FitProblem:
         return whole + finest + prefixes
 
     def build_layer_seeds(self) -> None:
-        """Every CNN's plans of its layer-genome seeds (kept: the seeds' evaluation uses them)."""
+        """Every CNN's plans of its layer-genome seeds, their memory and (from step times the
+        profile holds; others are timed later, alone) their seconds: kept for the seeds'
+        evaluation."""
         for s in self.spaces:
             for x in self._layer_seeds(s):
-                s.plan(s.decode(x))
+                key = s.decode(x)
+                s.memory(key)
+                try:
+                    with _profiled_only(self.cost):
+                        self._cnn_seconds(s, key)
+                except _Unprofiled:
+                    pass
 
     def smallest_of_each(self, genomes: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """Per CNN, the slice of `genomes` whose plan of that CNN alone needs the least memory,
@@ -691,6 +720,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
             problem.evaluate(genes)
         problem.max_steps = max_steps
         try:
+            if problem.planned_steps > max_steps:  # the seeds took the work: any new plan would stop it
+                raise _OutOfWork
             _nsga2(problem, seed, pop_size, generations)
             _polish(problem)
         except _OutOfWork:
