@@ -115,10 +115,14 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
         naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
         outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
                              naive, 0.0, search_seconds)
-        if measure:  # the peak is measured in a fresh process while the outputs are verified here
-            outcome.measured = measure_plan(plan, graphs, meanwhile=lambda: setattr(outcome, "max_abs_diff", verify(plan, graphs)))
-        else:
+
+        def verified() -> None:
             outcome.max_abs_diff = verify(plan, graphs)
+
+        if measure:  # the peak is measured in a fresh process while the outputs are verified here
+            outcome.measured = measure_plan(plan, graphs, meanwhile=verified)
+        else:
+            verified()
         return outcome
     raise FitError(unreachable_line(found, constraints, budget_bytes))
 
