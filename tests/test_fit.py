@@ -188,3 +188,35 @@ def test_pipelined_application_by_parts_runs_as_a_stream(tmp_path):
     assert o.plan.concurrent == ((0, 1),)
     fps = F.measure_fps(o.plan, app.graphs, runs=1)
     assert len(fps) == 1 and fps[0] > 0
+
+
+def test_forked_sources_give_the_same_front(monkeypatch):
+    """Technique sources run in forked processes (as on a large CNN) give the candidates and the
+    front they give here; a source that fails in its process is run here instead."""
+    import os
+
+    import tightfit.plan.fit as PF
+
+    app = F.load_fit_app("minakova5")
+    here = os.getpid()
+
+    def fails_when_forked(ctx):
+        if os.getpid() != here:
+            raise RuntimeError("only in the forked process")
+        return PF.parts_search_source(ctx)
+
+    def front(sources):
+        problem = FitProblem(app, step_cost)
+        found = search(problem, Constraints(1, (0.0,)), seed=3, exhaustive_limit=0, generations=2,
+                       sources=sources, source_budget=4500)
+        return [(p.genes, p.memory_bytes, p.seconds, p.labels) for p in found.front], problem
+
+    serial, problem = front({"parts_search": PF.parts_search_source})
+    assert problem.spaces[0].candidates
+    monkeypatch.setattr(PF, "FORK_MIN_LAYERS", 0)
+    forked_jobs = []
+    run_forked = PF._run_forked
+    monkeypatch.setattr(PF, "_run_forked", lambda jobs, meanwhile: forked_jobs.append(len(jobs)) or run_forked(jobs, meanwhile))
+    assert front({"parts_search": PF.parts_search_source})[0] == serial
+    assert front({"parts_search": fails_when_forked})[0] == serial
+    assert forked_jobs == ([1, 1] if (os.cpu_count() or 1) > 1 else [0, 0])

@@ -112,12 +112,17 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
         plan, analysis = _placed(problem, point)
         if fits and analysis.peak_bytes + counted > budget_bytes:
             continue  # the final placement missed the search's bound: the next plan
-        diff = verify(plan, graphs)
         naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
         outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
-                             naive, diff, search_seconds)
-        if measure:
-            outcome.measured = measure_plan(plan, graphs)
+                             naive, 0.0, search_seconds)
+
+        def verified() -> None:
+            outcome.max_abs_diff = verify(plan, graphs)
+
+        if measure:  # the peak is measured in a fresh process while the outputs are verified here
+            outcome.measured = measure_plan(plan, graphs, meanwhile=verified)
+        else:
+            verified()
         return outcome
     raise FitError(unreachable_line(found, constraints, budget_bytes))
 
@@ -188,16 +193,23 @@ def verify(plan: Plan, graphs) -> float:
     return worst
 
 
-def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS) -> dict[str, Any]:
+def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Peak above the loaded baseline in a fresh process, and per CNN the fps of its partitions
-    (median of `runs`; a CNN whose partitions all form one pipeline runs as a stream)."""
+    (median of `runs`; a CNN whose partitions all form one pipeline runs as a stream). `meanwhile`
+    runs while that process measures (the fps are measured after it, alone)."""
     from tightfit.plan import schema
-    from tightfit.runtime.measure import measure_subprocess
+    from tightfit.runtime.measure import Measurement
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.json"
         path.write_text(schema.dumps(plan))
-        m = measure_subprocess({"kind": "plan", "plan": str(path)})
+        measurement = Measurement({"kind": "plan", "plan": str(path)})
+        try:
+            meanwhile()
+        except BaseException:
+            measurement.cancel()
+            raise
+        m = measurement.result()
     return {"run_bytes": m.run_bytes, "baseline_bytes": m.baseline_bytes, "fps": measure_fps(plan, graphs, runs)}
 
 

@@ -31,6 +31,7 @@ search around the front.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,7 +42,9 @@ from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel, _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
 
-SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the chosen plan is re-placed
+# The search places only plans with concurrent partitions (the others' run memory is their lower
+# bound) and fast; the chosen plan is placed by "improve".
+SEARCH_PLANNER = "greedy_by_size"
 MAX_GROUPS = 8
 POP_SIZE = 16
 GENERATIONS = 20
@@ -85,7 +88,7 @@ TechniqueSource = Callable[[CNNContext], Sequence[Candidate]]
 
 def parts_search_source(ctx: CNNContext) -> list[Candidate]:
     """The parts search's pick for the budget and the smallest plan it found."""
-    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.parts import draft_parts
     from tightfit.plan.parts_search import search_parts
 
     if ctx.budget_bytes is None:
@@ -94,8 +97,8 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
     smallest = min(found.front, key=lambda p: (p.peak_bytes, p.seconds))
     points = [found.chosen] + ([smallest] if smallest != found.chosen else [])
     return [Candidate("parts_search", f"parts search: {len(p.phases)} layers split, source {p.source_phases}",
-                      lambda p=p: plan_parts(ctx.model, p.phases_dict(), p.source_phases, SEARCH_PLANNER,
-                                             ctx.layout, ctx.dtype, align=p.align))
+                      lambda p=p: draft_parts(ctx.model, p.phases_dict(), p.source_phases, ctx.layout, ctx.dtype,
+                                              align=p.align))
             for p in points]
 
 
@@ -103,7 +106,7 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     """The tiling search's pick for the budget and the smallest configuration it reached. It times
     parts of plans (segments), so it needs the cost model itself; kept to two groups and a short
     front so that it costs about what the parts search does."""
-    from tightfit.plan.tiling import cost_seconds, plan_tiling, search_tiling
+    from tightfit.plan.tiling import cost_seconds, draft_tiling, search_tiling
 
     if ctx.budget_bytes is None or ctx.cost is None:
         return []
@@ -112,7 +115,7 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     smallest = min(found.front or (found.chosen,), key=lambda p: (p.peak_bytes, p.seconds))
     points = [p for p in dict.fromkeys([found.chosen, smallest]) if p.groups]
     return [Candidate("tiling", f"fused tiling {p.spec}",
-                      lambda p=p: plan_tiling(ctx.model, p.groups, SEARCH_PLANNER, ctx.layout, ctx.dtype))
+                      lambda p=p: draft_tiling(ctx.model, p.groups, ctx.layout, ctx.dtype))
             for p in points]
 
 
@@ -135,6 +138,101 @@ def vbs_source(ctx: CNNContext) -> list[Candidate]:
 # Technique sources: each returns candidate plans for one CNN (networkx-style strategies).
 SOURCES: dict[str, TechniqueSource] = {"parts_search": parts_search_source, "tiling": tiling_source,
                                        "vbs": vbs_source}
+# Sources that only plan and look up step times (no kernel runs): on a large CNN each runs in a
+# forked process beside the others and beside the seeds' planning, which saves a large CNN's
+# `fit` most of their time on a machine with several cores. A forked source never measures a
+# step (its process would time it beside the others): one that meets an unprofiled step is run
+# again here, as any source that fails there. Results are the same either way.
+FORKED_SOURCES = ("parts_search", "tiling")
+FORK_MIN_LAYERS = 40  # smaller CNNs' sources take less time than a process costs
+
+
+class _Unprofiled(Exception):
+    """A forked source needs a step time the profile does not hold."""
+
+
+def _run_forked(jobs: Sequence[Callable[[], Any]], meanwhile: Callable[[], None]) -> list[tuple[bool, Any]]:
+    """Each job in a forked process (at most one per core at a time), `meanwhile` here; per job
+    (True, its result) or (False, why it failed there)."""
+    import multiprocessing as mp
+    import os
+    from multiprocessing.connection import wait
+
+    fork = mp.get_context("fork")
+    limit = max(1, os.cpu_count() or 1)
+    results: list[tuple[bool, Any]] = [(False, "not run")] * len(jobs)
+    todo = list(range(len(jobs)))
+    running: dict[Any, tuple[int, Any]] = {}
+
+    def start() -> None:
+        while todo and len(running) < limit:
+            i = todo.pop(0)
+            receive, send = fork.Pipe(duplex=False)
+            proc = fork.Process(target=_forked_job, args=(jobs[i], send), daemon=True)
+            proc.start()
+            send.close()
+            running[receive] = (i, proc)
+
+    try:
+        start()
+        meanwhile()
+        while running:
+            for conn in wait(list(running)):
+                i, proc = running.pop(conn)
+                try:
+                    results[i] = conn.recv()
+                except EOFError:
+                    results[i] = (False, f"process ended with {proc.exitcode}")
+                conn.close()
+                proc.join()
+            start()
+    finally:  # after an error here: no process is left behind
+        for conn, (_, proc) in running.items():
+            proc.terminate()
+            proc.join()
+            conn.close()
+    return results
+
+
+def _forked_job(job: Callable[[], Any], send) -> None:
+    try:
+        send.send((True, job()))
+    except BaseException as e:  # reported to the parent, which runs the job itself
+        send.send((False, repr(e)))
+    finally:
+        send.close()
+
+
+def _refuse(*args, **kwargs):
+    raise _Unprofiled()
+
+
+def _forbid_measuring(cost: Any) -> None:
+    """In a forked process: the profile stays the parent's, and a step it lacks is not timed."""
+    if cost is not None:
+        cost.path = None
+        cost._bound_step = _refuse
+
+
+@contextmanager
+def _profiled_only(cost: Any):
+    """Step times from the profile only (a step it lacks raises _Unprofiled): other processes
+    are busy, and a step timed now would be timed slow."""
+    if cost is None:
+        yield
+        return
+    cost._bound_step = _refuse
+    try:
+        yield
+    finally:
+        del cost._bound_step
+
+
+def _candidates_forked(source: TechniqueSource, ctx: CNNContext) -> list[tuple[str, str, Plan]]:
+    """A source's candidates with their plans built (a plan, unlike a build function, can be
+    sent back from a forked process; the search builds every candidate's plan anyway)."""
+    _forbid_measuring(ctx.cost)
+    return [(c.technique, c.label, c.build()) for c in source(ctx)]
 
 
 # --- the application ----------------------------------------------------------------------------
@@ -212,6 +310,7 @@ class CNNSpace:
     layout: str = "nhwc"
     dtype: str = "fp32"
     _plans: dict = field(default_factory=dict)
+    _memory: dict = field(default_factory=dict)
     planned_steps: int = 0
 
     @property
@@ -255,15 +354,21 @@ class CNNSpace:
             self.planned_steps += sum(len(p.steps) for p in self._plans[key].partitions)
         return self._plans[key]
 
+    def memory(self, key: tuple) -> int:
+        """Run memory of this CNN's plan alone."""
+        if key not in self._memory:
+            self._memory[key] = run_memory(self.plan(key), [self.model.graph])
+        return self._memory[key]
+
     def _one_partition(self, key: tuple) -> Plan:
-        from tightfit.plan.parts import plan_parts
+        from tightfit.plan.parts import draft_parts
         from tightfit.plan.reuse import plan_reuse
 
         if key[0] == "candidate":
             return self.candidates[key[1] - 1].build()
         if key[0] == "whole":
             return plan_reuse(self.model, SEARCH_PLANNER, key[1], self.layout, self.dtype)
-        return plan_parts(self.model, dict(key[1]), key[2], SEARCH_PLANNER, self.layout, self.dtype, align=key[3])
+        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, align=key[3])
 
 
 def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:
@@ -362,9 +467,9 @@ def merge(app: FitApp, plans: Sequence[Plan]) -> Plan:
         buffers.extend(replace(b, id=b.id + base, offsets=(0,)) for b in plan.buffers)
         pids = [i for i, (mm, _) in enumerate(app.partitions) if mm == m]
         for pid, p in zip(pids, plan.partitions):
-            steps = tuple(replace(s, model=m, out=replace(s.out, buffer=s.out.buffer + base),
-                                  inputs=tuple(replace(a, buffer=a.buffer + base) for a in s.inputs))
-                          for s in p.steps)
+            steps = p.steps if base == 0 and all(s.model == m for s in p.steps) else tuple(
+                replace(s, model=m, out=replace(s.out, buffer=s.out.buffer + base),
+                        inputs=tuple(replace(a, buffer=a.buffer + base) for a in s.inputs)) for s in p.steps)
             slots.append((pid, Partition(pid, m, p.layers, steps)))
         knobs.append(dict(plan.knobs))
     parts = tuple(p for _, p in sorted(slots, key=lambda s: s[0]))
@@ -437,8 +542,11 @@ class FitProblem:
         if keys not in self.points:
             if self.planned_steps > self.max_steps:
                 raise _OutOfWork
-            plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
-            memory = run_memory(plan, self.app.graphs) + self.param_bytes
+            if len(self.spaces) == 1 and not self.app.concurrent:  # the application's plan is the CNN's
+                memory = self.spaces[0].memory(keys[0]) + self.param_bytes
+            else:
+                plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
+                memory = run_memory(plan, self.app.graphs) + self.param_bytes
             seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
             self.points[keys] = FitPoint(genes, memory, seconds, tuple(s.label(k) for s, k in zip(self.spaces, keys)))
             self.on_evaluate(len(self.points))
@@ -449,15 +557,37 @@ class FitProblem:
             self._seconds[(space.index, key)] = self.cost_seconds(space.plan(key), [space.model.graph])
         return self._seconds[(space.index, key)]
 
-    def add_candidates(self, sources: Mapping[str, TechniqueSource], budget_bytes: int | None) -> None:
+    def add_candidates(self, sources: Mapping[str, TechniqueSource], budget_bytes: int | None,
+                       meanwhile: Callable[[], None] = lambda: None) -> None:
         """Ask every technique source for candidates for each CNN that runs as one partition
-        (a source plans a whole CNN; a CNN split into partitions keeps the layer genome)."""
+        (a source plans a whole CNN; a CNN split into partitions keeps the layer genome). The
+        FORKED_SOURCES of a large CNN run in forked processes while `meanwhile` runs here."""
+        import os
+
+        asked: list[tuple[CNNSpace, str, CNNContext]] = []
         for s in self.spaces:
             if len(s.partitions) > 1:
                 continue
             g = s.model.graph
             ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype)
-            s.candidates = tuple(c for source in sources.values() for c in source(ctx))
+            asked += [(s, name, ctx) for name in sources]
+        forked = [i for i, (s, name, _) in enumerate(asked) if name in FORKED_SOURCES
+                  and len(s.model.graph.layers) >= FORK_MIN_LAYERS and (os.cpu_count() or 1) > 1]
+        if forked and self.cost is not None:
+            self.cost.loop_seconds  # measured here, before the forked processes read it
+        done = _run_forked([lambda i=i: _candidates_forked(sources[asked[i][1]], asked[i][2]) for i in forked], meanwhile)
+        found = dict(zip(forked, done))
+        per_space: dict[int, list[Candidate]] = {}
+        for i, (s, name, ctx) in enumerate(asked):
+            ok, result = found.get(i, (False, None))
+            if ok:
+                cands = [Candidate(t, label, lambda plan=plan: plan) for t, label, plan in result]
+            else:
+                cands = list(sources[name](ctx))
+            per_space.setdefault(s.index, []).extend(cands)
+        for s in self.spaces:
+            if s.index in per_space:
+                s.candidates = tuple(per_space[s.index])
 
     def seeds(self) -> list[tuple[int, ...]]:
         """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
@@ -467,17 +597,37 @@ class FitProblem:
         genomes = []
         per_cnn = []
         for s in self.spaces:
-            up = s.upper()
             n = len(s.groups)
-            whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
-            finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
-            prefixes = [[0, 0, 0] + up[3:5 + k] + [min(rest, u) for u in up[5 + k:]]
-                        for rest in (0, 1) for k in range(n - 1)]
             candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
-            per_cnn.append(whole + finest + prefixes + candidates)
+            per_cnn.append(self._layer_seeds(s) + candidates)
         for k in range(max(len(c) for c in per_cnn)):
             genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))
         return list(dict.fromkeys(genomes))
+
+    @staticmethod
+    def _layer_seeds(s: CNNSpace) -> list[list[int]]:
+        """One CNN's seeds of the layer genome (technique 0)."""
+        up = s.upper()
+        n = len(s.groups)
+        whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
+        finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
+        prefixes = [[0, 0, 0] + up[3:5 + k] + [min(rest, u) for u in up[5 + k:]]
+                    for rest in (0, 1) for k in range(n - 1)]
+        return whole + finest + prefixes
+
+    def build_layer_seeds(self) -> None:
+        """Every CNN's plans of its layer-genome seeds, their memory and (from step times the
+        profile holds; others are timed later, alone) their seconds: kept for the seeds'
+        evaluation."""
+        for s in self.spaces:
+            for x in self._layer_seeds(s):
+                key = s.decode(x)
+                s.memory(key)
+                try:
+                    with _profiled_only(self.cost):
+                        self._cnn_seconds(s, key)
+                except _Unprofiled:
+                    pass
 
     def smallest_of_each(self, genomes: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """Per CNN, the slice of `genomes` whose plan of that CNN alone needs the least memory,
@@ -485,8 +635,7 @@ class FitProblem:
         smallest plan combines each CNN's smallest."""
         best = []
         for s, slices in zip(self.spaces, zip(*(self.split(g) for g in genomes))):
-            g = s.model.graph
-            best.append(min(slices, key=lambda x: (run_memory(s.plan(s.decode(x)), [g]), tuple(x))))
+            best.append(min(slices, key=lambda x: (s.memory(s.decode(x)), tuple(x))))
         return tuple(int(v) for x in best for v in x)
 
     def reuse_genes(self) -> tuple[int, ...]:
@@ -552,7 +701,11 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     if constraints.met(reuse):
         report(1, 1)
         return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
-    problem.add_candidates(SOURCES if sources is None else sources, source_budget)
+    # A space too large to enumerate even without candidates is searched from the seeds: their
+    # plans are built while the sources run.
+    seeded = problem.size > exhaustive_limit
+    problem.add_candidates(SOURCES if sources is None else sources, source_budget,
+                           problem.build_layer_seeds if seeded else lambda: None)
     size = problem.size
     if size <= exhaustive_limit:
         total = size
@@ -567,6 +720,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
             problem.evaluate(genes)
         problem.max_steps = max_steps
         try:
+            if problem.planned_steps > max_steps:  # the seeds took the work: any new plan would stop it
+                raise _OutOfWork
             _nsga2(problem, seed, pop_size, generations)
             _polish(problem)
         except _OutOfWork:

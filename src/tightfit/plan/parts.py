@@ -9,13 +9,13 @@ trades window memory for fewer compactions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
-from tightfit.ops import get_op
+from tightfit.plan import windows as memo
 from tightfit.ops.base import Region
 from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
@@ -58,7 +58,7 @@ def _needs(graph: Graph, batch: int, firings: Sequence[_Firing]) -> list[dict[st
             layer = graph.layers[f.layer]
             region = _region(graph, layer.output, f.rows, batch)
             shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
-            for t, w in zip(layer.inputs, get_op(layer.op).input_windows(layer, region, shapes)):
+            for t, w in zip(layer.inputs, memo.input_windows(graph, layer, region, shapes)):
                 lo, hi = reads.get(t, (w.region.h0, w.region.h1))
                 reads[t] = (min(lo, w.region.h0), max(hi, w.region.h1))
         out.append(reads)
@@ -92,6 +92,13 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
     producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
+    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align)
+    return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
+
+
+def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
+                layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False) -> Plan:
+    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets)."""
     g, batch = model.graph, model.batch
     if align:
         phases, source_rows = aligned_rows(g, phases, source_rows or 1)
@@ -123,14 +130,12 @@ def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[in
         else:
             steps.append(_compute(g, f.layer, out, windows, batch, dtype, layout))
         win.produced = f.rows[1]
-    knobs = {"method": "parts", "planner": planner, "layout": layout, "slack_rows": slack_rows,
+    knobs = {"method": "parts", "layout": layout, "slack_rows": slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase)}
-    draft = Plan((model.ref(),), dtype, tuple(buffers),
-                 (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
-    return place(draft, [g], planner)
+    return Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
 
 
 def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:
@@ -164,13 +169,12 @@ def _compact(g: Graph, tensor: str, win: _Window, low: int, rows: tuple[int, int
 
 def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch: int, dtype: str, layout: str) -> Step:
     layer = g.layers[lid]
-    op = get_op(layer.op)
     shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
     out_shape = (batch,) + g.shape(layer.output)[1:]
-    wins = op.input_windows(layer, out.region, shapes)
+    wins = memo.input_windows(g, layer, out.region, shapes)
     ins = tuple(Access(t, windows[t].buffer, w.region, (w.region.n0, w.region.h0 - windows[t].base, w.region.w0))
                 for t, w in zip(layer.inputs, wins))
-    scratch = op.workspace_bytes(layer, out.region, shapes, out_shape, itemsize(dtype), "torch", dense_nhwc(out_shape, layout))
+    scratch = memo.workspace_bytes(g, layer, out.region, shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout))
     return Step("compute", 0, lid, out, ins, scratch)
 
 
@@ -216,12 +220,11 @@ def _ready_rows(graph: Graph, layer, p: int, ends: Mapping[str, list[int]]) -> t
     delivered; None if a producer has another phase count or a phase would be empty."""
     if any(len(ends[t]) != p for t in layer.inputs):
         return None
-    op = get_op(layer.op)
     h, w = spatial(graph.shape(layer.output))
     in_shapes = [graph.shape(t) for t in layer.inputs]
 
     def ready(o: int, j: int) -> bool:  # can rows [0, o) be computed after producer phase j?
-        wins = op.input_windows(layer, Region(0, 1, 0, o, 0, w), in_shapes)
+        wins = memo.input_windows(graph, layer, Region(0, 1, 0, o, 0, w), in_shapes)
         return all(win.region.h1 <= ends[t][j] for t, win in zip(layer.inputs, wins))
 
     out_ends, o = [], 0

@@ -43,7 +43,6 @@ Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
 SINGLE_MOVES = 4  # single-tensor candidates per round (the largest tensors at the peaks)
 PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
-SEARCH_PLANNER = "greedy_by_size"  # fast placement during the search; the result is re-placed
 EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched exhaustively
 
 
@@ -78,13 +77,13 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
     `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
     exhaustively, so the answer is the optimum of that space."""
-    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.parts import draft_parts
 
     g = model.graph
     seen: dict[tuple[Phases, int], PartsPoint] = {}  # points only: plans of big graphs are large
 
     def build(p: PartsPoint) -> Plan:
-        return plan_parts(model, p.phases_dict(), p.source_phases, SEARCH_PLANNER, layout, dtype, align=p.align)
+        return draft_parts(model, p.phases_dict(), p.source_phases, layout, dtype, align=p.align)
 
     def evaluate(phases: Mapping[int, int], source: int) -> PartsPoint:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1))
@@ -93,7 +92,7 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
             # until its last phases; equal parts let producers run ahead. Neither always wins.
             variants = []
             for align in (True, False):
-                plan = plan_parts(model, dict(key[0]), key[1], SEARCH_PLANNER, layout, dtype, align=align)
+                plan = draft_parts(model, dict(key[0]), key[1], layout, dtype, align=align)
                 life = lifetimes(plan, [g])
                 # As the run needs it: the arena (the planners reach this bound) plus the largest
                 # step's kernel temporaries, which are allocated outside the arena.

@@ -10,6 +10,7 @@ from typing import Sequence
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
+from tightfit.plan import windows as memo
 from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step, fingerprint
 
 ORDERS = ("imported", "memory")
@@ -71,14 +72,12 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
     steps = [Step("input", m, -1, Access(inp, buffer_of[inp], whole_in, (0, 0, 0)))]
     for lid in order:
         layer = g.layers[lid]
-        op = get_op(layer.op)
         out_shape = (batch,) + g.shape(layer.output)[1:]
         region = Region.whole(out_shape)
         in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
-        windows = op.input_windows(layer, region, in_shapes)
+        windows = memo.input_windows(g, layer, region, in_shapes)
         inputs = tuple(Access(t, buffer_of[t], w.region, (w.region.n0, w.region.h0, w.region.w0)) for t, w in zip(layer.inputs, windows))
-        scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "torch",
-                                     dense_nhwc(out_shape, layout))
+        scratch = memo.workspace_bytes(g, layer, region, in_shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout))
         steps.append(Step("compute", m, lid, Access(layer.output, buffer_of[layer.output], region, (0, 0, 0)), inputs, scratch))
     return steps
 

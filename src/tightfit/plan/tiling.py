@@ -38,6 +38,7 @@ from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
+from tightfit.plan import windows as memo
 from tightfit.plan.reuse import PlannedModel, assign_buffers, layout_for, whole_steps
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
@@ -228,7 +229,7 @@ def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int) -> dic
         region = need[layer.output] = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
                                              0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
         shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
-        for t, win in zip(layer.inputs, get_op(layer.op).input_windows(layer, region, shapes)):
+        for t, win in zip(layer.inputs, memo.input_windows(graph, layer, region, shapes)):
             need[t] = _union(need.get(t), win.region)
     return need
 
@@ -264,14 +265,13 @@ class _Builder:
     def compute(self, lid: int, region: Region, out: tuple[int, Region], home: dict[str, tuple[int, Region]]) -> None:
         g, batch = self.graph, self.batch
         layer = g.layers[lid]
-        op = get_op(layer.op)
         shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
         out_shape = (batch,) + g.shape(layer.output)[1:]
-        wins = op.input_windows(layer, region, shapes)
+        wins = memo.input_windows(g, layer, region, shapes)
         ins = tuple(_access(t, home[t], w.region) for t, w in zip(layer.inputs, wins))
         views = [(self.buffers[a.buffer].shape, a.region) for a in ins] + [(self.buffers[out[0]].shape, region)]
         dense = all(_dense(s, r, self.layout) for s, r in views)
-        scratch = op.workspace_bytes(layer, region, shapes, out_shape, itemsize(self.dtype), "torch", dense)
+        scratch = memo.workspace_bytes(g, layer, region, shapes, out_shape, itemsize(self.dtype), dense)
         self.steps.append(Step("compute", 0, lid, _access(layer.output, out, region), ins, scratch))
 
 

@@ -53,17 +53,41 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1) -> Measured
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
     """Run `job` (see _child.py) in a fresh interpreter and return its measurement."""
-    env = dict(os.environ, **MALLOC_ENV)
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    proc = subprocess.run([sys.executable, "-m", "tightfit.runtime._child", json.dumps(job)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode == 3:  # _child.OUT_OF_MEMORY
+    return Measurement(job).result(timeout)
+
+
+class Measurement:
+    """`job` (see _child.py) started in a fresh interpreter; the caller may work meanwhile (the
+    peak is the measuring process's own), then wait for `result()` or `cancel()` it."""
+
+    def __init__(self, job: dict[str, Any]):
+        env = dict(os.environ, **MALLOC_ENV)
+        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        self.job = job
+        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._child", json.dumps(job)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def result(self, timeout: float = 900) -> Measured:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            raise
+        return _measured(self.job, self.proc.returncode, stdout, stderr)
+
+    def cancel(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()
+
+
+def _measured(job: dict[str, Any], returncode: int, stdout: str, stderr: str) -> Measured:
+    if returncode == 3:  # _child.OUT_OF_MEMORY
         from tightfit.runtime.enforce import OutOfMemory
         from tightfit.units import human
 
         raise OutOfMemory(f"out of memory: the run needs more than the enforced limit of "
                           f"{human(job['enforce_bytes'])} above the loaded model")
-    if proc.returncode != 0:
-        raise RuntimeError(f"measurement process failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if returncode != 0:
+        raise RuntimeError(f"measurement process failed ({returncode}): {stderr.strip()[-2000:]}")
+    data = json.loads(stdout.strip().splitlines()[-1])
     return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"])
