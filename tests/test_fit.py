@@ -220,3 +220,19 @@ def test_forked_sources_give_the_same_front(monkeypatch):
     assert front({"parts_search": PF.parts_search_source})[0] == serial
     assert front({"parts_search": fails_when_forked})[0] == serial
     assert forked_jobs == ([1, 1] if (os.cpu_count() or 1) > 1 else [0, 0])
+
+
+def test_smallest_of_each_combines_each_cnns_smallest_plans(two_cnn_app):
+    """The seeds' two smallest plans of each CNN, in every combination, smallest first."""
+    from tightfit.plan.fit import SOURCES
+
+    problem = FitProblem(two_cnn_app, step_cost)
+    problem.add_candidates(SOURCES, 4500, lambda: None)
+    seeds = problem.seeds()
+    combos = problem.smallest_of_each(seeds, per_cnn=2)
+    per_cnn = [sorted({tuple(x) for x in slices}, key=lambda x, s=s: (s.memory(s.decode(x)), x))
+               for s, slices in zip(problem.spaces, zip(*(problem.split(g) for g in seeds)))]
+    assert len(combos) == len(set(combos)) == len(per_cnn[0][:2]) * len(per_cnn[1][:2])
+    assert [tuple(x) for x in problem.split(combos[0])] == [ranked[0] for ranked in per_cnn]
+    for combo in combos:
+        assert all(tuple(x) in ranked[:2] for x, ranked in zip(problem.split(combo), per_cnn))
