@@ -25,8 +25,8 @@ or with concurrent partitions the placed arena, plus the largest step's kernel t
 the parameters with `with_params`) and the predicted seconds of every CNN (cost model).
 Evaluations are memoised per genome and per CNN. The front is the Pareto set of every plan
 evaluated, seeds included (reuse only, parts everywhere, the first groups by parts, every
-source's candidates), so it is never worse than any of them; NSGA-II is followed by a local
-search around the front.
+source's candidates, and the combinations of each CNN's two smallest seeds), so it is never
+worse than any of them; NSGA-II is followed by a local search around the front.
 """
 from __future__ import annotations
 
