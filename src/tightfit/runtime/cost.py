@@ -101,10 +101,7 @@ class CostModel:
     @property
     def loop_seconds(self) -> float:
         """The executor's loop overhead per step (a call of a bound step that does nothing)."""
-        if "loop" not in self.seconds:
-            self.seconds["loop"] = _loop_overhead()
-            self._measured += 1
-        return self.seconds["loop"]
+        return self._once("loop", _loop_overhead)
 
     def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
         """Predicted seconds of one run of the plan (one frame of every partition)."""
@@ -118,10 +115,13 @@ class CostModel:
     @property
     def cold_byte_seconds(self) -> float:
         """Seconds per weight byte a convolution takes longer when its weights are not in cache."""
-        if "cold_byte" not in self.seconds:
-            self.seconds["cold_byte"] = _cold_byte_seconds()
-            self._measured += 1
-        return self.seconds["cold_byte"]
+        return self._once("cold_byte", _cold_byte_seconds)
+
+    def _once(self, key: str, measure: Callable[[], float]) -> float:
+        """A profile constant, measured on first need."""
+        if key not in self.seconds:
+            self.record(key, measure())
+        return self.seconds[key]
 
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
         cold = sum(cold_weight_bytes(plan, graphs, steps)) * self.cold_byte_seconds
