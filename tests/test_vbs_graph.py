@@ -350,3 +350,18 @@ def test_latency_bound_and_lookup_table():
     assert all(problem.seconds[l][b] <= one * 1.01 for l, b in bounded.steps)
     tiny = min(min(s[1:]) for s in problem.seconds.values()) / 2
     assert not search_vbs(model, None, budget, cost, 256, latency=tiny, problem=problem, lookup=False).fits
+
+
+def test_time_rounds_runs_each_distinct_plan_in_a_worker():
+    """Interleaved timing: one worker process per distinct plan; a plan given twice shares its
+    times; times are per sample."""
+    from tightfit.runtime.vbs_runs import time_rounds
+
+    g = tightfit.load("minakova5")
+    model = PlannedModel(g, "minakova5", 2)
+    problem = Problem(model, main_path(g), profile_seconds(model, TableCost(2), 2))
+    one, two = (plan_schedule(model, fbs_steps(problem, b)) for b in (1, 2))
+    rounds = time_rounds([one, two, two], g, repeats=3)
+    assert [len(r) for r in rounds] == [3, 3, 3]
+    assert rounds[1] == rounds[2] and rounds[0] != rounds[1]
+    assert all(0 < t < 1 for r in rounds for t in r)

@@ -96,6 +96,11 @@ class Graph:
         object.__setattr__(self, "_producer", producer)
         object.__setattr__(self, "_consumers", {k: tuple(v) for k, v in consumers.items()})
 
+    def __reduce__(self):
+        """Pickled by its fields (a worker process gets the graph itself, not a model name)."""
+        return Graph, (self.name, self.layers, dict(self.tensors), self.inputs, self.outputs, dict(self.params),
+                       self.original_tensors, self.original_param_count)
+
     def layer(self, key: int | str) -> Layer:
         if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
             idx = int(key)

@@ -17,9 +17,17 @@ MIXED_SCHEDULE_ERROR = 0.10
 # How far apart paired runs of one plan are on a quiet machine here, and so the least error of a
 # calibrated prediction: a schedule is preferred to FBS's only when predicted faster by more.
 UNIFORM_SCHEDULE_ERROR = 0.03
+# Names how `time_rounds` measures, in the keys of the runs kept in the cost profile: a new way
+# of timing, new runs.
+RUNS_VERSION = 2
 
+import json
+import os
+import pickle
 import statistics
-import time as _time
+import subprocess
+import sys
+import tempfile
 from dataclasses import replace
 from typing import Sequence
 
@@ -39,29 +47,64 @@ def time_plans(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int 
 def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int = 0) -> list[list[float]]:
     """Seconds per sample of each plan in each of `repeats` rounds (a round runs every plan
     once, in reverse order every other round so that no plan always follows the same one;
-    after one warm-up run each). Plans that are the same are run once and share their times."""
-    import torch
+    after one warm-up run each). Plans that are the same are run once and share their times.
 
-    from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import load_params, random_input
-
-    params = load_params(graph)
+    Each plan runs in a process of its own (`PlanTimer`), one process at a time: timed in one
+    process beside other executors, the same pair of plans measured 2.7-7.0% apart depending
+    on which other plans shared the process (mobilenet_v1, batch 4 vs 12), which made a
+    calibration and a later comparison disagree."""
     texts = [dumps(replace(p, knobs={})) for p in plans]  # the same steps and buffers
     distinct = list(dict.fromkeys(texts))
-    runners = [ArenaExecutor(plans[texts.index(t)], [graph], [params]) for t in distinct]
-    xs = [random_input(graph, plans[texts.index(t)].models[0].batch, seed) for t in distinct]
-    measured: list[list[float]] = [[] for _ in distinct]
-    with torch.no_grad():
-        for ex, x in zip(runners, xs):
-            ex.run(x)  # warm-up
+    timers = [PlanTimer(plans[texts.index(t)], graph, seed) for t in distinct]
+    try:
+        measured: list[list[float]] = [[] for _ in distinct]
         for r in range(repeats):
             order = range(len(distinct)) if r % 2 == 0 else reversed(range(len(distinct)))
             for k in order:
-                t0 = _time.perf_counter()
-                runners[k].run(xs[k])
-                measured[k].append(_time.perf_counter() - t0)
+                measured[k] += timers[k].run(1)
+    finally:
+        for t in timers:
+            t.close()
     times = [measured[distinct.index(t)] for t in texts]
     return [[x / p.models[0].batch for x in t] for t, p in zip(times, plans)]
+
+
+class PlanTimer:
+    """One plan loaded and warmed up in a worker process (`runtime/_timer.py`) with this
+    process's torch thread count; `run(n)` times n runs there."""
+
+    def __init__(self, plan: Plan, graph: Graph, seed: int = 0):
+        import torch
+
+        with tempfile.NamedTemporaryFile("wb", suffix=".pickle", delete=False) as f:
+            pickle.dump({"plan": plan, "graph": graph, "seed": seed, "threads": torch.get_num_threads()}, f)
+        self._job = f.name
+        env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._timer", self._job], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._ready = False
+
+    def run(self, n: int) -> list[float]:
+        if not self._ready:
+            self._expect("ready")
+            self._ready = True
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect(None))
+
+    def _expect(self, word: str | None) -> str:
+        line = self.proc.stdout.readline()
+        if not line or (word is not None and line.strip() != word):
+            self.close()
+            raise RuntimeError(f"timing worker failed: {self.proc.stderr.read().strip()[-2000:]}")
+        return line
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        if os.path.exists(self._job):
+            os.remove(self._job)
 
 
 def paired_medians(rounds: list[list[float]]) -> list[float]:
@@ -103,7 +146,7 @@ def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str =
     of `repeats`), so that the load of a shared machine falls on all of them alike; the times
     are kept in the cost profile. The prediction is from the smoothed profile, as the DP uses it."""
     base = make_problem(model, cost, layout)
-    keys = [f'["vbs uniform runs", "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}", "{planner}"]'
+    keys = [f'["vbs uniform runs", {RUNS_VERSION}, "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}", "{planner}"]'
             for b in range(1, model.batch + 1)]
     if any(k not in cost.seconds for k in keys):
         plans = [plan_schedule(model, fbs_steps(base, b), planner, layout) for b in range(1, model.batch + 1)]

@@ -1,0 +1,46 @@
+"""A timing worker: `python -m tightfit.runtime._timer JOB_PICKLE` times one plan in a process of
+its own (see `PlanTimer`).
+
+job = {"plan": Plan, "graph": Graph, "seed": int, "threads": int}. The worker loads the
+parameters, builds the executor, runs once to warm up and prints "ready"; then for each line
+"N" on stdin it runs the plan N times and prints the seconds of each run as one JSON list.
+Each run starts after twice the last-level cache has been written, so that a run's time does
+not depend on which plan ran before it (in this worker or in another).
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import time
+
+
+def main() -> None:
+    import torch
+
+    from tightfit.runtime.cost import CACHE_BYTES
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import load_params, random_input
+
+    with open(sys.argv[1], "rb") as f:
+        job = pickle.load(f)
+    torch.set_num_threads(job["threads"])
+    torch.set_grad_enabled(False)
+    plan, graph = job["plan"], job["graph"]
+    executor = ArenaExecutor(plan, [graph], [load_params(graph)])
+    x = random_input(graph, plan.models[0].batch, job["seed"])
+    stir = torch.empty(4 * CACHE_BYTES // 4)  # CACHE_BYTES is half the last-level cache
+    executor.run(x)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        seconds = []
+        for _ in range(int(line)):
+            stir.fill_(1.0)
+            t0 = time.perf_counter()
+            executor.run(x)
+            seconds.append(time.perf_counter() - t0)
+        print(json.dumps(seconds), flush=True)
+
+
+if __name__ == "__main__":
+    main()
