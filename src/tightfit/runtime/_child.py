@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 
-def _reference_job(job: dict):
+@dataclass(frozen=True)
+class Job:
+    run: Callable[[], object]
+    settle: Callable[[], None] | None = None  # before the baseline is read
+    held_bytes: int = 0  # mapped before the measured run but counted by it (a plan's arena)
+
+
+def _reference_job(job: dict) -> Job:
     import tightfit
     from tightfit.runtime.reference import load_params, random_input, run_reference
 
@@ -22,10 +31,10 @@ def _reference_job(job: dict):
         out = run_reference(graph, x, params=params)
         out.clear()
 
-    return run
+    return Job(run)
 
 
-def _alloc_job(job: dict):
+def _alloc_job(job: dict) -> Job:
     """Calibration: a run that touches exactly `bytes` bytes of fresh memory."""
     n = int(job["bytes"])
 
@@ -34,16 +43,16 @@ def _alloc_job(job: dict):
         t.fill_(1.0)
         del t
 
-    return run
+    return Job(run)
 
 
-def _plan_job(job: dict):
-    """A plan run: the executor (and so its arena) is made inside the measured run."""
+def _plan_job(job: dict) -> Job:
+    """A plan run. The executor is built before the measured run, and its arena's pages are
+    given back before the baseline is read (see runtime/measure.py)."""
     import tightfit
-    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.executor import ArenaExecutor, RowSource
+    from tightfit.runtime.measure import release_pages
     from tightfit.runtime.reference import load_params
-
-    from tightfit.runtime.executor import RowSource
 
     plan, graphs = tightfit.api.load_plan(job["plan"])
     params = [load_params(g) for g in graphs]
@@ -53,13 +62,8 @@ def _plan_job(job: dict):
     windowed = {s.model for s in plan.steps() if s.kind == "input" and s.out.region.h < graphs[s.model].shape(graphs[s.model].inputs[0])[2]}
     xs = [RowSource.seeded((ref.batch,) + g.shape(g.inputs[0])[1:], i) if i in windowed else x
           for i, (g, ref, x) in enumerate(zip(graphs, plan.models, tightfit.api.plan_inputs(graphs, plan)))]
-
-    def run():
-        ex = ArenaExecutor(plan, graphs, params)
-        ex.run(xs)
-        del ex
-
-    return run
+    executor = ArenaExecutor(plan, graphs, params)
+    return Job(lambda: executor.run(xs), lambda: release_pages(executor.arena), executor.arena.untyped_storage().nbytes())
 
 
 JOBS = {"reference": _reference_job, "alloc": _alloc_job, "plan": _plan_job}
@@ -73,19 +77,21 @@ def main() -> None:
 
     job = json.loads(sys.argv[1])
     torch.set_grad_enabled(False)
-    run = JOBS[job["kind"]](job)
+    j = JOBS[job["kind"]](job)
     if job.get("enforce_bytes") is not None:
         from tightfit.runtime.enforce import enforce_limit
 
-        run()  # warm-up first: weights are prepacked on the first run and stay loaded
-        enforce_limit(None, int(job["enforce_bytes"]))
+        j.run()  # warm-up first: weights are prepacked on the first run and stay loaded
         try:
-            m = measure_in_this_process(run, warmup=0)
+            if j.held_bytes > int(job["enforce_bytes"]):
+                raise MemoryError(f"the arena alone is {j.held_bytes} bytes")
+            enforce_limit(None, int(job["enforce_bytes"]) - j.held_bytes)
+            m = measure_in_this_process(j.run, warmup=0, settle=j.settle)
         except (MemoryError, RuntimeError) as e:
             print(json.dumps({"out_of_memory": str(e).splitlines()[0][:300]}))
             sys.exit(OUT_OF_MEMORY)
     else:
-        m = measure_in_this_process(run, warmup=job.get("warmup", 1))
+        m = measure_in_this_process(j.run, warmup=job.get("warmup", 1), settle=j.settle)
     print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds}))
 
 

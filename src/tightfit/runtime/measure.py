@@ -1,7 +1,12 @@
 """Peak memory of a real run, measured the one way DEVELOPERS.md prescribes: a fresh process with
 MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0 (so freed buffers go back to the OS),
 the high-water mark reset (write 5 to /proc/self/clear_refs) after loading and one warm-up run,
-then VmHWM read after the measured run. Reported: the peak above the loaded baseline."""
+then VmHWM read after the measured run. Reported: the peak above the loaded baseline.
+
+For a plan, loading includes building the executor (its compiled steps are Python objects that
+a deployed runtime keeps as code, ~100-200 B a step); its arena's pages are then given back
+(`release_pages`), so the run counts the arena pages it touches and its kernels' temporaries,
+which is what the analyser counts."""
 from __future__ import annotations
 
 import json
@@ -34,25 +39,49 @@ def _status_kib(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def _release_free_heap() -> None:
     """Give the pages of free heap chunks back to the OS. glibc serves even a request above the
     mmap threshold from a free chunk when one is big enough, and a chunk freed inside the heap
     (not at its top) stays resident, so without this the run's arena could land on pages that
     were already counted in the baseline and the measured peak would fall below the plan's."""
+    _libc().malloc_trim(0)
+
+
+MADV_DONTNEED = 4
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def release_pages(t: "torch.Tensor") -> None:
+    """Give the whole pages under a tensor back to the OS while keeping its address, so every
+    view of it stays valid: they read as zeros and count again once a run touches them. (At
+    most two partial pages at its ends stay resident.)"""
     import ctypes
-    import ctypes.util
 
-    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    start = -(-t.data_ptr() // PAGE_BYTES) * PAGE_BYTES
+    end = (t.data_ptr() + t.untyped_storage().nbytes()) // PAGE_BYTES * PAGE_BYTES
+    if end > start and _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
 
 
-def measure_in_this_process(run: Callable[[], Any], warmup: int = 1) -> Measured:
-    """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess)."""
+def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None) -> Measured:
+    """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess).
+    `settle` runs after the warm-up, before the baseline is read (a plan job releases its
+    arena's pages there)."""
     import gc
     import time
 
     for _ in range(warmup):
         run()
     gc.collect()
+    if settle is not None:
+        settle()
     _release_free_heap()
     baseline = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
