@@ -214,21 +214,39 @@ def _spans(size: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int) -> dict[str, Region]:
+def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int,
+                 done: dict[str, int] | None = None) -> dict[str, Region]:
     """Every tensor's region one output tile needs (the group input's included): receptive
-    fields walked backwards, the bounding box over a tensor's consumers in the group."""
+    fields walked backwards, the bounding box over a tensor's consumers in the group.
+
+    With `done` (reused overlap; tensor -> end of the rows the tiles above in this column have
+    computed, updated here): a layer computes only the rows below those, so its inputs are
+    needed only for these rows plus their halo; the rows above come from the tile above. A
+    tensor no layer of this tile needs (a consumer with nothing left to compute) has no region."""
     out_h, out_w = spatial(graph.shape(graph.layers[group.last].output))
     need: dict[str, Region] = {graph.layers[group.last].output: out}
     for lid in reversed(group.layers):
         layer = graph.layers[lid]
+        if layer.output not in need:
+            continue
         # Tiles at the border take the rows and columns there that no consumer reads (a
         # stride that skips the last row): every tensor is then computed in full.
         h, w = spatial(graph.shape(layer.output))
         r = need[layer.output]
-        region = need[layer.output] = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
-                                             0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
+        region = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
+                        0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
+        computed = region
+        if done is not None:
+            end = done.get(layer.output, 0)
+            if region.h0 < end:  # overlaps rows computed above: hold them all (later tiles may need them)
+                region = replace(region, h1=max(region.h1, end))
+                computed = replace(region, h0=end)
+            done[layer.output] = region.h1
+        need[layer.output] = region
+        if computed.is_empty():
+            continue
         shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
-        for t, win in zip(layer.inputs, get_op(layer.op).input_windows(layer, region, shapes)):
+        for t, win in zip(layer.inputs, get_op(layer.op).input_windows(layer, computed, shapes)):
             need[t] = _union(need.get(t), win.region)
     return need
 
@@ -289,14 +307,18 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
     (in_t,) = {t for l in group.layers for t in g.layers[l].inputs if t not in inside}
     whole_at = {t: (whole[t], Region.whole((batch,) + g.shape(t)[1:])) for t in (in_t, out_t) if t in whole}
     rows, cols = _tile_spans(g, group)
+    reuse = group.overlap == "reuse"
     for c0, c1 in cols:
-        needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch) for r0, r1 in rows]
-        strips: dict[str, tuple[int, Region]] = {}  # rows kept for the tile below (reuse)
+        done: dict[str, int] | None = {} if reuse else None  # rows computed so far in this column
+        needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch, done) for r0, r1 in rows]
+        strips: dict[str, tuple[int, Region]] = {}  # rows kept for a tile below (reuse)
         for i, need in enumerate(needs):
-            home = {in_t: _tile_input(b, in_t, need[in_t], whole_at.get(in_t))}
+            home = {in_t: _tile_input(b, in_t, need[in_t], whole_at.get(in_t))} if in_t in need else {}
             for lid in group.layers:
                 t = g.layers[lid].output
-                below = needs[i + 1][t] if group.overlap == "reuse" and t != out_t and i + 1 < len(needs) else None
+                if t not in need:  # nothing of it needed by this tile: its strip waits for a tile below
+                    continue
+                below = next((n[t] for n in needs[i + 1:] if t in n), None) if reuse and t != out_t else None
                 home[t] = _tile_layer(b, lid, need[t], home, whole_at[out_t] if t == out_t else None, strips, below)
 
 
@@ -310,9 +332,13 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         b.copy(tensor, region, whole, home)
     else:
         # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
-        # its rows and their concatenation, is this step's scratch.
-        band = 2 * region.n * b.graph.shape(tensor)[1] * region.h * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
-        b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), band))
+        # its rows and their concatenation, is the step's scratch. Bands are taken a few rows at
+        # a time so that one is no larger than the tile buffer it fills.
+        row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
+        rows = max(1, b.buffers[home[0]].nbytes // row_band)
+        for h0 in range(region.h0, region.h1, rows):
+            band = replace(region, h0=h0, h1=min(h0 + rows, region.h1))
+            b.steps.append(Step("input", 0, -1, _access(tensor, home, band), (), row_band * band.h))
     return home
 
 
