@@ -215,33 +215,40 @@ def _spans(size: int, parts: int) -> list[tuple[int, int]]:
 
 
 def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int,
-                 done: dict[str, int] | None = None) -> dict[str, Region]:
+                 done: dict[str, tuple[int, int, int]] | None = None) -> dict[str, Region]:
     """Every tensor's region one output tile needs (the group input's included): receptive
     fields walked backwards, the bounding box over a tensor's consumers in the group.
 
     With `done` (reused overlap; tensor -> end of the rows the tiles above in this column have
-    computed, updated here): a layer computes only the rows below those, so its inputs are
+    computed and their columns, updated here): a layer computes only the rows below those, so its inputs are
     needed only for these rows plus their halo; the rows above come from the tile above. A
     tensor no layer of this tile needs (a consumer with nothing left to compute) has no region."""
     out_h, out_w = spatial(graph.shape(graph.layers[group.last].output))
     need: dict[str, Region] = {graph.layers[group.last].output: out}
     for lid in reversed(group.layers):
         layer = graph.layers[lid]
+        h, w = spatial(graph.shape(layer.output))
         if layer.output not in need:
-            continue
+            # The bottom tile still computes rows no consumer reads (a stride that skips the last row).
+            if done is None or out.h1 != out_h or done.get(layer.output, (h,))[0] >= h:
+                continue
+            end, w0, w1 = done[layer.output]
+            need[layer.output] = Region(out.n0, out.n1, end, h, w0, w1)
         # Tiles at the border take the rows and columns there that no consumer reads (a
         # stride that skips the last row): every tensor is then computed in full.
-        h, w = spatial(graph.shape(layer.output))
         r = need[layer.output]
         region = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
                         0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
         computed = region
         if done is not None:
-            end = done.get(layer.output, 0)
+            end, w0, w1 = done.get(layer.output, (0, region.w0, region.w1))
+            # Columns stay those of the column's first tile (a branch with nothing left to
+            # compute would narrow them), so kept rows and new rows share one width.
+            region = replace(region, w0=min(w0, region.w0), w1=max(w1, region.w1))
             if region.h0 < end:  # overlaps rows computed above: hold them all (later tiles may need them)
                 region = replace(region, h1=max(region.h1, end))
                 computed = replace(region, h0=end)
-            done[layer.output] = region.h1
+            done[layer.output] = (region.h1, region.w0, region.w1)
         need[layer.output] = region
         if computed.is_empty():
             continue
@@ -309,7 +316,7 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
     rows, cols = _tile_spans(g, group)
     reuse = group.overlap == "reuse"
     for c0, c1 in cols:
-        done: dict[str, int] | None = {} if reuse else None  # rows computed so far in this column
+        done: dict[str, tuple[int, int, int]] | None = {} if reuse else None  # rows computed so far in this column
         needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch, done) for r0, r1 in rows]
         strips: dict[str, tuple[int, Region]] = {}  # rows kept for a tile below (reuse)
         for i, need in enumerate(needs):
