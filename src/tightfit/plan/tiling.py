@@ -52,12 +52,17 @@ class TilingError(OptionError):
 @dataclass(frozen=True)
 class TileGroup:
     """Layers first..last (ids, inclusive) run tile by tile over a grid = (rows, columns) of the
-    group's output; overlap between tiles "recompute"d or "reuse"d (kept in strip buffers)."""
+    group's output; overlap between tiles "recompute"d or "reuse"d (kept in strip buffers).
+    `edge` > 0: the first and last grid columns are `edge` output columns wide and the others
+    share the rest evenly (0: all columns equally wide). A tile at the left or right border
+    pads on that side only, and a kernel then copies its whole input window with the padding
+    (step scratch); narrow border columns keep these copies small (see `clear_edge`)."""
 
     first: int
     last: int
     grid: tuple[int, int] = (1, 1)
     overlap: str = "recompute"
+    edge: int = 0
 
     @property
     def layers(self) -> range:
@@ -68,7 +73,8 @@ class TileGroup:
         return self.grid[0] * self.grid[1]
 
     def spec(self) -> str:
-        return f"{self.first}-{self.last}:{self.grid[0]}x{self.grid[1]}" + (":reuse" if self.overlap == "reuse" else "")
+        return (f"{self.first}-{self.last}:{self.grid[0]}x{self.grid[1]}" + (":reuse" if self.overlap == "reuse" else "")
+                + (f":edge{self.edge}" if self.edge else ""))
 
 
 def format_tiling(groups: Iterable[TileGroup]) -> str:
@@ -153,6 +159,8 @@ def group_problem(graph: Graph, group: TileGroup) -> str | None:
     h, w = spatial(graph.shape(graph.layers[group.last].output))
     if rows < 1 or cols < 1 or rows > h or cols > w:
         return f"grid {rows}x{cols} does not fit the {h}x{w} output of layer {group.last}"
+    if group.edge and (group.edge < 0 or cols < 3 or w - 2 * group.edge < cols - 2):
+        return f"border columns {group.edge} wide need a grid of at least 3 columns that fits the {w} columns of layer {group.last}"
     for lid in group.layers:
         if not tileable(graph, lid):
             layer = graph.layers[lid]
@@ -180,20 +188,21 @@ def check_groups(graph: Graph, groups: Sequence[TileGroup]) -> None:
             raise TilingError(f"tiling groups {a.spec()} and {b.spec()} overlap")
 
 
-_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(\w+))?\s*$")
+_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(?!edge)(\w+))?\s*(?::\s*edge(\d+))?\s*$")
 
 
 def parse_tiling(text: str, graph: Graph) -> tuple[TileGroup, ...]:
-    """'0-7:5x5,8-15:2x2:reuse' -> groups (layer ids, inclusive; grid rows x columns; optional
-    overlap policy, default recompute), checked against the graph."""
+    """'0-7:5x5,8-15:2x2:reuse,16-20:9x4:reuse:edge2' -> groups (layer ids, inclusive; grid rows x
+    columns; optional overlap policy, default recompute; optional border column width), checked
+    against the graph."""
     groups = []
     for item in text.split(","):
         m = _GROUP.match(item)
         if m is None:
-            raise TilingError(f"cannot read tiling group {item.strip()!r}: write FIRST-LAST:NxM[:reuse|:recompute], "
+            raise TilingError(f"cannot read tiling group {item.strip()!r}: write FIRST-LAST:NxM[:reuse|:recompute][:edgeK], "
                               f"e.g. 0-7:5x5,8-15:2x2")
         a, b, n, k = (int(x) for x in m.groups()[:4])
-        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute"))
+        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute", int(m.group(6) or 0)))
     check_groups(graph, groups)
     return tuple(groups)
 
@@ -340,9 +349,10 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
     else:
         # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
         # its rows and their concatenation, is the step's scratch. Bands are taken a few rows at
-        # a time so that one is no larger than the tile buffer it fills.
+        # a time, each at most half the tile buffer they fill, so that input steps seldom set
+        # the plan's largest scratch (a whole tile's band can be a few times its buffer).
         row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
-        rows = max(1, b.buffers[home[0]].nbytes // row_band)
+        rows = max(1, b.buffers[home[0]].nbytes // (2 * row_band))
         for h0 in range(region.h0, region.h1, rows):
             band = replace(region, h0=h0, h1=min(h0 + rows, region.h1))
             b.steps.append(Step("input", 0, -1, _access(tensor, home, band), (), row_band * band.h))
@@ -380,7 +390,24 @@ def _tile_layer(b: _Builder, lid: int, region: Region, home: dict[str, tuple[int
 def _tile_spans(g: Graph, group: TileGroup) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The grid's row and column spans of the group's output."""
     h, w = spatial(g.shape(g.layers[group.last].output))
-    return _spans(h, group.grid[0]), _spans(w, group.grid[1])
+    e, cols = group.edge, group.grid[1]
+    if not e:
+        return _spans(h, group.grid[0]), _spans(w, cols)
+    inner = [(a + e, b + e) for a, b in _spans(w - 2 * e, cols - 2)]
+    return _spans(h, group.grid[0]), [(0, e)] + inner + [(w - e, w)]
+
+
+def clear_edge(g: Graph, group: TileGroup, batch: int = 1) -> int:
+    """The narrowest border column (output columns) whose neighbour's receptive field stays clear
+    of that border at every tensor of the group: then only border tiles pad a side."""
+    h, w = spatial(g.shape(g.layers[group.last].output))
+    for e in range(1, w // 2):
+        left = tile_regions(g, group, Region(0, batch, 0, 1, e, e + 1), batch)
+        right = tile_regions(g, group, Region(0, batch, 0, 1, w - e - 1, w - e), batch)
+        if all(r.w0 > 0 for r in left.values()) and all(
+                r.w1 < spatial(g.shape(t))[1] for t, r in right.items()):
+            return e
+    return 0
 
 
 def _tiles_cover_input(g: Graph, group: TileGroup, batch: int) -> bool:
@@ -447,7 +474,7 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
         elif lid not in in_group:
             b.steps.append(by_layer[lid])
     knobs = {"method": "tiling", "order": "imported", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
-             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap} for x in groups]}
+             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap, "edge": x.edge} for x in groups]}
     return Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
 
 
