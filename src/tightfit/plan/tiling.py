@@ -517,7 +517,8 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
 
 GRID_LIMIT = 8
 MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
-PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's peak by < PLATEAU_GAIN
+MAX_FINE_CUTS = 24  # the fine space (asked budgets below the space above) cuts at every cut point if at most this many
+PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's live bytes and scratch by < PLATEAU_GAIN
 PLATEAU_GAIN = 0.01
 
 StepSeconds = Callable[[Plan, Sequence[Step]], float]
@@ -562,6 +563,35 @@ def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
     if len(cuts) > limit:
         cuts = tuple(cuts[round(k * (len(cuts) - 1) / (limit - 1))] for k in range(limit))
     return tuple(sorted({0, len(graph.layers)} | set(cuts)))
+
+
+def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> list[list[TileGroup]]:
+    """The small-memory space of one group, in families of grids by column count: overlap
+    reused, tiles one or two output rows high (reuse makes the row overlap free, so rows cost
+    little), 1..limit columns, each family also with border columns as narrow as `clear_edge`."""
+    h, w = spatial(g.shape(g.layers[last].output))
+    edge = clear_edge(g, TileGroup(first, last, (1, min(3, w)), "reuse"))
+    families = []
+    for n in sorted({h, -(-h // 2)} - {1}):
+        families.append([TileGroup(first, last, (n, m), "reuse") for m in range(1, min(limit, w) + 1)])
+        if edge:
+            families.append([TileGroup(first, last, (n, m), "reuse", edge) for m in range(3, min(limit, w) + 1)
+                             if w - 2 * edge >= m - 2])
+    return [f for f in families if f]
+
+
+def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str) -> int:
+    """A lower bound of the memory of layers a..b-1 as one group: its whole input (unless it is
+    the model input, which may arrive tile by tile) and its whole output, live together."""
+    g = model.graph
+    tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
+    total = 0
+    for t in tensors:
+        n = model.batch
+        for d in g.shape(t)[1:]:
+            n *= d
+        total += n * itemsize(dtype)
+    return total
 
 
 def cost_seconds(cost, graph: Graph) -> StepSeconds:
@@ -613,35 +643,47 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     options: dict[tuple[int, int], list[list[_Option]]] = {}  # segment -> per overlap: memory-Pareto grids by tiles
     plain: dict[tuple[int, int], _Option] = {}
     evaluated = 0
-    for i, a in enumerate(cuts):
-        for b in cuts[i + 1:]:
-            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
-            plain[(a, b)] = _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi))
-            if a not in real or b not in real or not all(tileable(g, l) for l in range(a, b)):
-                continue
-            h, w = spatial(g.shape(g.layers[b - 1].output))
-            per_overlap = []
-            for ov in overlaps:
-                kept: list[_Option] = []
-                stale = 0
-                for n, m in grids:
-                    if n * m == 1 or n > h or m > w or (ov == "reuse" and n == 1):
-                        continue
-                    if stale >= PLATEAU_GRIDS:
-                        break
-                    grp = TileGroup(a, b - 1, (n, m), ov)
-                    draft = draft_tiling(model, [grp], layout, dtype)
-                    evaluated += 1
-                    live, scratch = step_memory(draft, g)
-                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
-                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
-                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
-                    smallest = min((k.peak for k in kept), default=None)
-                    stale = 0 if smallest is None or opt.peak < smallest * (1 - PLATEAU_GAIN) else stale + 1
-                    if smallest is None or opt.peak < smallest:  # else dominated: more tiles, no less memory
-                        kept.append(opt)
-                per_overlap.append(kept)
-            options[(a, b)] = per_overlap
+
+    def groupable(a: int, b: int) -> bool:
+        return a in real and b in real and all(tileable(g, l) for l in range(a, b))
+
+    def add_segments(points: Sequence[int], keep: Callable[[int, int], bool], groups_of) -> None:
+        """Plan the options of every segment between `points` that `keep` admits: layer by layer,
+        and each list of groups `groups_of(a, b)` gives (finer grids last), memory only."""
+        nonlocal evaluated
+        for i, a in enumerate(points):
+            for b in points[i + 1:]:
+                lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+                plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
+                if not groupable(a, b) or not keep(a, b):
+                    continue
+                for candidates in groups_of(a, b):
+                    kept: list[_Option] = []
+                    stale = 0
+                    for grp in candidates:
+                        if stale >= PLATEAU_GRIDS:
+                            break
+                        draft = draft_tiling(model, [grp], layout, dtype)
+                        evaluated += 1
+                        live, scratch = step_memory(draft, g)
+                        lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
+                        # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
+                        opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
+                        gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
+                                                for f in ("live", "scratch"))
+                        stale = 0 if gains else stale + 1
+                        # Dominated: more tiles, no less live memory and no less scratch. (Scratch
+                        # counts once per configuration, live bytes per segment: both matter.)
+                        if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
+                            kept.append(opt)
+                    options.setdefault((a, b), []).append(kept)
+
+    def coarse_groups(a: int, b: int) -> list[list[TileGroup]]:
+        h, w = spatial(g.shape(g.layers[b - 1].output))
+        return [[TileGroup(a, b - 1, (n, m), ov) for n, m in grids
+                 if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in overlaps]
+
+    add_segments(cuts, lambda a, b: True, coarse_groups)
 
     def timed(opt: _Option) -> float:
         if opt.seconds is None:
@@ -679,8 +721,11 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         return TilingPoint(tuple(o.group for o in opts if o.group is not None),
                            max(o.live for o in opts) + max(o.scratch for o in opts), sum(timed(o) for o in opts))
 
-    every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
-    scratch_caps = sorted({o.scratch for o in every})
+    def caps() -> list[int]:
+        every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
+        return sorted({o.scratch for o in every})
+
+    scratch_caps = caps()
 
     def fastest(budget: int) -> TilingPoint | None:
         found = []
@@ -692,12 +737,25 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                 found.append(point(c[1]))
         return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
 
-    best_small = None
-    for s in scratch_caps:
-        c = chain(1 << 62, s, lambda o: o.live, max, None)
-        if c is not None and (best_small is None or c[0] + s < best_small[0]):
-            best_small = (c[0] + s, c[1])
-    smallest = point(best_small[1])
+    def smallest_point() -> TilingPoint:
+        best_small = None
+        for s in scratch_caps:
+            c = chain(1 << 62, s, lambda o: o.live, max, None)
+            if c is not None and (best_small is None or c[0] + s < best_small[0]):
+                best_small = (c[0] + s, c[1])
+        return point(best_small[1])
+
+    smallest = smallest_point()
+    asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    if asked and min(asked) < smallest.peak_bytes and "reuse" in overlaps:
+        # Below the space above: the fine space, for the segments that can still fit.
+        target = min(asked)
+        every_cut = cut_points(g)
+        cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
+        add_segments(cuts, lambda a, b: _whole_bytes(model, a, b, dtype) <= target,
+                     lambda a, b: fine_groups(g, a, b - 1))
+        scratch_caps = caps()
+        smallest = smallest_point()
     top = fastest(1 << 62)
     seen = [smallest, top]
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
