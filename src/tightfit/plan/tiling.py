@@ -520,6 +520,7 @@ MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
 MAX_FINE_CUTS = 24  # the fine space (asked budgets below the space above) cuts at every cut point if at most this many
 PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's live bytes and scratch by < PLATEAU_GAIN
 PLATEAU_GAIN = 0.01
+TIME_CAPS = 12  # scratch caps tried per budget when looking for the fastest configuration
 
 StepSeconds = Callable[[Plan, Sequence[Step]], float]
 
@@ -729,9 +730,12 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     def fastest(budget: int) -> TilingPoint | None:
         found = []
-        for s in scratch_caps:
-            if s > budget:
-                break
+        fitting = [s for s in scratch_caps if s <= budget]
+        # At most TIME_CAPS scratch caps (evenly over the sorted distinct ones, the largest kept):
+        # each cap may time other options, and the fine space has hundreds of distinct scratches.
+        # The smallest configuration is found over every cap (untimed) and competes anyway.
+        stride = max(1, -(-len(fitting) // TIME_CAPS))
+        for s in fitting[::-1][::stride][::-1]:
             c = chain(budget - s, s, timed, lambda x, y: x + y)
             if c is not None:
                 found.append(point(c[1]))
