@@ -21,11 +21,13 @@ writes into the whole output (a model output is written in place: the caller rea
 from one buffer, so its steps pay the strided kernel's temporaries, counted as scratch).
 
 Overlap: with "recompute" every tile computes its whole regions (MAFAT). With "reuse" tiles run
-column by column (top to bottom), and the rows of each intermediate region that the tile below
-also needs are copied into a small strip buffer; the tile below copies them back into the top of
-its own tile buffer and computes only the rows below them. The computed rows are a full-width
-band of the tile buffer, so kernels still write dense views. Column overlap is recomputed (a
-reused column strip would make the computed part a strided view).
+column by column (top to bottom), and every layer computes only the rows below those the tiles
+above computed, so each row is computed once per column and a layer needs its input only for
+its new rows plus their halo (a tile of a deep group then holds a band, not the whole cone of
+its receptive field). The rows a tile below needs again are copied into a small strip buffer;
+that tile copies them back into the top of its own tile buffer. The computed rows are a
+full-width band of the tile buffer, so kernels still write dense views. Column overlap is
+recomputed (a reused column strip would make the computed part a strided view).
 """
 from __future__ import annotations
 
@@ -229,9 +231,10 @@ def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int,
     fields walked backwards, the bounding box over a tensor's consumers in the group.
 
     With `done` (reused overlap; tensor -> end of the rows the tiles above in this column have
-    computed and their columns, updated here): a layer computes only the rows below those, so its inputs are
-    needed only for these rows plus their halo; the rows above come from the tile above. A
-    tensor no layer of this tile needs (a consumer with nothing left to compute) has no region."""
+    computed, and their columns; updated here): a layer computes only the rows below those, so
+    its inputs are needed only for these rows plus their halo; the rows above come from the tile
+    above. A tensor no layer of this tile needs (its consumers have nothing left to compute) has
+    no region, except in the bottom tile, which computes every row left."""
     out_h, out_w = spatial(graph.shape(graph.layers[group.last].output))
     need: dict[str, Region] = {graph.layers[group.last].output: out}
     for lid in reversed(group.layers):
@@ -512,8 +515,17 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
 # budget still wins when it is faster), and never a grid whose memory is no lower than a coarser
 # grid's (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
 # distinct step scratches), the fastest chain whose live bytes fit budget - S. Finer grids of a
-# group stop once PLATEAU_GRIDS of them in a row lower its peak by less than PLATEAU_GAIN: the
-# group's whole input and output buffers, which no grid shrinks, then dominate its memory.
+# group stop once PLATEAU_GRIDS of them in a row lower neither its live bytes nor its scratch by
+# PLATEAU_GAIN: the group's whole input and output buffers, which no grid shrinks, then dominate.
+#
+# The fine space. When an asked budget (budget_bytes or one of extra_budgets) lies below every
+# configuration of the space above, the search adds: cuts at every cut point (not only after
+# downsampling; if there are at most MAX_FINE_CUTS), and per segment the families of
+# `fine_groups` (reused overlap, tiles one or two rows high, up to GRID_LIMIT columns, with and
+# without narrow border columns), each family stopped by the same plateau rule. A segment is
+# skipped when its whole input and output alone (live together in any tiling of it) exceed the
+# smallest asked budget, so the fine space costs only where it can help. Looking for the fastest
+# configuration tries at most TIME_CAPS scratch caps per budget.
 
 GRID_LIMIT = 8
 MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
@@ -632,8 +644,9 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
     front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
     to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
-    answers several budgets: the fastest front point within each). `seconds(plan, steps)` predicts the time of some of a plan's
-    steps (`cost_seconds(CostModel.default(), graph)`)."""
+    answers several budgets: the fastest front point within each). A budget below the space of
+    `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
+    of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`)."""
     g = model.graph
     L = len(g.layers)
     cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
