@@ -222,3 +222,23 @@ def test_bad_border_columns():
     g = tightfit.load("tiny-yolov2")
     with pytest.raises(TilingError, match="border columns"):
         parse_tiling("0-9:4x2:edge2", g)
+
+
+def test_fine_space_below_the_coarse_space():
+    """A budget below every configuration of the coarse space (cuts after downsampling, grids up
+    to 3x3) opens the fine space (every cut point, one- or two-row tiles with reuse, narrow border
+    columns), which fits it; the prediction equals the chosen plan's analysed figures."""
+    name = "minakova5"
+    g = GRAPHS.setdefault(name, tightfit.load(name))
+    model = PlannedModel(g, name)
+    coarse = search_tiling(model, _fake_seconds, None, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
+                           front_points=0)
+    budget = coarse.smallest_bytes - 1
+    found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
+                          front_points=0)
+    assert found.fits and found.chosen.peak_bytes <= budget
+    p = plan_tiling(model, found.chosen.groups)
+    rep = check_plan(p, [g])
+    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, p, x, run_reference(g, x))

@@ -524,7 +524,8 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
 # `fine_groups` (reused overlap, tiles one or two rows high, up to GRID_LIMIT columns, with and
 # without narrow border columns), each family stopped by the same plateau rule. A segment is
 # skipped when its whole input and output alone (live together in any tiling of it) exceed the
-# smallest asked budget, so the fine space costs only where it can help. Looking for the fastest
+# smallest asked budget, or when an option already planned for it fits that budget, so the fine
+# space costs only where it can help. Looking for the fastest
 # configuration tries at most TIME_CAPS scratch caps per budget.
 
 GRID_LIMIT = 8
@@ -769,8 +770,12 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         target = min(asked)
         every_cut = cut_points(g)
         cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
-        add_segments(cuts, lambda a, b: _whole_bytes(model, a, b, dtype) <= target,
-                     lambda a, b: fine_groups(g, a, b - 1))
+
+        def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
+            known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
+            return _whole_bytes(model, a, b, dtype) <= target and min(o.peak for o in known) > target
+
+        add_segments(cuts, worth, lambda a, b: fine_groups(g, a, b - 1))
         scratch_caps = caps()
         smallest = smallest_point()
     top = fastest(1 << 62)
