@@ -193,8 +193,7 @@ def test_reuse_computes_every_row_once(name):
 def test_narrow_border_columns_and_streamed_bands():
     """Border columns `clear_edge` wide: the other columns' tiles never reach the left or right
     border (so they pad no side); the input arrives in bands no larger than half the tile buffer
-    they fill or the largest compute scratch; outputs equal the reference, from a whole input and
-    from a row-band source."""
+    they fill; outputs equal the reference, from a whole input and from a row-band source."""
     from tightfit.plan.tiling import clear_edge, tile_regions
     from tightfit.ops.base import Region
     from tightfit.runtime.executor import RowSource
@@ -210,8 +209,7 @@ def test_narrow_border_columns_and_streamed_bands():
         assert all(r.w0 > 0 and r.w1 < spatial(g.shape(t))[1] for t, r in need.items())
     p = plan_tiling(PlannedModel(g, "tiny-yolov2"), [group])
     inputs = [s for s in p.steps() if s.kind == "input"]
-    cap = max(s.scratch for s in p.steps() if s.kind == "compute")
-    assert inputs and all(s.scratch <= max(cap, p.buffers[s.out.buffer].nbytes // 2) or s.out.region.h == 1 for s in inputs)
+    assert inputs and all(2 * s.scratch <= p.buffers[s.out.buffer].nbytes or s.out.region.h == 1 for s in inputs)
     x = torch.randn(g.shape(g.inputs[0]))
     _run_equal(g, p, x, run_reference(g, x))
     source = RowSource.seeded(g.shape(g.inputs[0]))

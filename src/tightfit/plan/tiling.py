@@ -327,7 +327,6 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
     whole_at = {t: (whole[t], Region.whole((batch,) + g.shape(t)[1:])) for t in (in_t, out_t) if t in whole}
     rows, cols = _tile_spans(g, group)
     reuse = group.overlap == "reuse"
-    start = len(b.steps)
     for c0, c1 in cols:
         done: dict[str, tuple[int, int, int]] | None = {} if reuse else None  # rows computed so far in this column
         needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch, done) for r0, r1 in rows]
@@ -340,7 +339,6 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
                     continue
                 below = next((n[t] for n in needs[i + 1:] if t in n), None) if reuse and t != out_t else None
                 home[t] = _tile_layer(b, lid, need[t], home, whole_at[out_t] if t == out_t else None, strips, below)
-    _split_bands(b, start)
 
 
 def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Region] | None) -> tuple[int, Region]:
@@ -353,31 +351,15 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         b.copy(tensor, region, whole, home)
     else:
         # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
-        # its rows and their concatenation, is the step's scratch (split by _split_bands).
+        # its rows and their concatenation, is the step's scratch. Bands are taken a few rows at
+        # a time, each at most half the tile buffer they fill, so that input steps seldom set
+        # the plan's largest scratch (a whole tile's band can be a few times its buffer).
         row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
-        b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), row_band * region.h))
-    return home
-
-
-def _split_bands(b: _Builder, start: int) -> None:
-    """Split the input steps among steps[start:] (one group's) into bands of a few rows, each
-    no larger than the group's largest compute scratch or half the tile buffer it fills,
-    whichever is larger: a whole tile's band can be a few times its buffer, and input steps
-    then do not set the plan's largest scratch."""
-    steps = b.steps[start:]
-    cap = max((s.scratch for s in steps if s.kind == "compute"), default=0)
-    out = []
-    for s in steps:
-        if s.kind != "input":
-            out.append(s)
-            continue
-        region, row_band = s.out.region, s.scratch // s.out.region.h
-        rows = max(1, max(cap, b.buffers[s.out.buffer].nbytes // 2) // row_band)
+        rows = max(1, b.buffers[home[0]].nbytes // (2 * row_band))
         for h0 in range(region.h0, region.h1, rows):
             band = replace(region, h0=h0, h1=min(h0 + rows, region.h1))
-            at = (s.out.at[0], s.out.at[1] + h0 - region.h0, s.out.at[2])
-            out.append(replace(s, out=replace(s.out, region=band, at=at), scratch=row_band * band.h))
-    b.steps[start:] = out
+            b.steps.append(Step("input", 0, -1, _access(tensor, home, band), (), row_band * band.h))
+    return home
 
 
 def _tile_layer(b: _Builder, lid: int, region: Region, home: dict[str, tuple[int, Region]],
