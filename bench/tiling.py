@@ -10,8 +10,10 @@ norms folded: `tightfit.inspect(g).param_bytes`) plus the run memory (arena + la
 kernel temporaries), so run budget = budget - parameters. We do not swap: a configuration fits
 or it does not. Per budget:
 - ours: the tiling search's pick (cut points after downsampling, grids up to 8x8, up to three
-  groups, overlap recomputed or reused), its predicted run memory (from the placed plan) and the
-  measured one (fresh process), and its measured latency (median of --runs runs);
+  groups, overlap recomputed or reused; below that space, as at 16 MiB, the fine space: every cut
+  point, tiles one or two rows high with reuse, narrow border columns), its predicted run memory
+  (from the placed plan) and the measured one (fresh process), and its measured latency (median
+  of --runs runs); the 16 MiB row also prints the latency ratio to our unconstrained latency;
 - MAFAT's own space, enumerated exhaustively: no cut, or a cut at 4, 8 or 12 (groups 0..c-1 and
   c..15); top grids 1x1..5x5; bottom 2x2 or 3x3 (35 configurations). Each one's run memory is
   the analyser's (exact: plan lifetimes + step scratch; measured memory agrees, see the check
