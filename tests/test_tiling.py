@@ -173,3 +173,72 @@ def test_cli_tiling_and_errors(tmp_path, capsys):
 def test_budget_below_every_configuration_is_one_line():
     with pytest.raises(BudgetError, match="smallest reachable needs"):
         tightfit.api.plan("minakova5", "tiling", budget=100)
+
+
+@pytest.mark.parametrize("name", ["tiny-yolov2", "resnet18"])
+def test_reuse_computes_every_row_once(name):
+    """Tiles one row band high with reused overlap (each tile computes only the rows below
+    those computed above, and needs its inputs only for them): no row of any tensor is computed
+    twice, so the executed MACs equal the layer-by-layer plan's; outputs equal the reference."""
+    g = tightfit.load(name)
+    model = PlannedModel(g, name)
+    a, b = long_group(g)
+    group = TileGroup(a, b, (_out_hw(g, b)[0], 1), "reuse")
+    p = plan_tiling(model, [group])
+    assert executed_macs(p, [g]) == executed_macs(plan_reuse(model), [g])
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, p, x, run_reference(g, x))
+
+
+def test_narrow_border_columns_and_streamed_bands():
+    """Border columns `clear_edge` wide: the other columns' tiles never reach the left or right
+    border (so they pad no side); the input arrives in bands no larger than half the tile buffer
+    they fill; outputs equal the reference, from a whole input and from a row-band source."""
+    from tightfit.plan.tiling import clear_edge, tile_regions
+    from tightfit.ops.base import Region
+    from tightfit.runtime.executor import RowSource
+
+    g = tightfit.load("tiny-yolov2")
+    h, w = _out_hw(g, 9)
+    edge = clear_edge(g, TileGroup(0, 9, (h, 5), "reuse"))
+    assert edge > 0
+    group = parse_tiling(f"0-9:{h}x5:reuse:edge{edge}", g)[0]
+    assert group.edge == edge and group.spec() == f"0-9:{h}x5:reuse:edge{edge}"
+    for c0 in range(edge, w - edge):  # every column of the inner grid columns
+        need = tile_regions(g, group, Region(0, 1, 0, 1, c0, c0 + 1), 1)
+        assert all(r.w0 > 0 and r.w1 < spatial(g.shape(t))[1] for t, r in need.items())
+    p = plan_tiling(PlannedModel(g, "tiny-yolov2"), [group])
+    inputs = [s for s in p.steps() if s.kind == "input"]
+    assert inputs and all(2 * s.scratch <= p.buffers[s.out.buffer].nbytes or s.out.region.h == 1 for s in inputs)
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, p, x, run_reference(g, x))
+    source = RowSource.seeded(g.shape(g.inputs[0]))
+    outs = ArenaExecutor(p, [g], fill_nan=True).run(source)[0]
+    ref = run_reference(g, source.whole())
+    assert all(compare(outs[t], ref[t]).ok for t in g.outputs)
+
+
+def test_bad_border_columns():
+    g = tightfit.load("tiny-yolov2")
+    with pytest.raises(TilingError, match="border columns"):
+        parse_tiling("0-9:4x2:edge2", g)
+
+
+def test_fine_space_below_the_coarse_space():
+    """A budget below every configuration of the coarse space (cuts after downsampling, grids up
+    to 3x3) opens the fine space (every cut point, one- or two-row tiles with reuse, narrow border
+    columns), which fits it; the prediction equals the chosen plan's analysed figures."""
+    name = "minakova5"
+    g = GRAPHS.setdefault(name, tightfit.load(name))
+    model = PlannedModel(g, name)
+    coarse = search_tiling(model, _fake_seconds, None, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
+                           front_points=0)
+    budget = coarse.smallest_bytes - 1
+    found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
+                          front_points=0)
+    assert found.fits and found.chosen.peak_bytes <= budget
+    p = plan_tiling(model, found.chosen.groups)
+    rep = check_plan(p, [g])
+    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, p, x, run_reference(g, x))

@@ -220,7 +220,9 @@ def pad_copy(x: torch.Tensor, pad: tuple[int, int, int, int], value: float = 0.0
     pt, pb, pl, pr = pad
     n, c, h, w = x.shape
     fmt = torch.channels_last if _dense_nhwc(x) or not x.is_contiguous() else torch.contiguous_format
-    out = torch.full((n, c, h + pt + pb, w + pl + pr), value, dtype=x.dtype).contiguous(memory_format=fmt)
+    # Made in its format at once: torch.full(...).contiguous(memory_format=...) would hold two
+    # padded copies for a moment, twice the counted scratch.
+    out = torch.empty((n, c, h + pt + pb, w + pl + pr), dtype=x.dtype, memory_format=fmt).fill_(value)
     out[:, :, pt : pt + h, pl : pl + w].copy_(x)
     return out
 

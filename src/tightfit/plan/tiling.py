@@ -21,11 +21,13 @@ writes into the whole output (a model output is written in place: the caller rea
 from one buffer, so its steps pay the strided kernel's temporaries, counted as scratch).
 
 Overlap: with "recompute" every tile computes its whole regions (MAFAT). With "reuse" tiles run
-column by column (top to bottom), and the rows of each intermediate region that the tile below
-also needs are copied into a small strip buffer; the tile below copies them back into the top of
-its own tile buffer and computes only the rows below them. The computed rows are a full-width
-band of the tile buffer, so kernels still write dense views. Column overlap is recomputed (a
-reused column strip would make the computed part a strided view).
+column by column (top to bottom), and every layer computes only the rows below those the tiles
+above computed, so each row is computed once per column and a layer needs its input only for
+its new rows plus their halo (a tile of a deep group then holds a band, not the whole cone of
+its receptive field). The rows a tile below needs again are copied into a small strip buffer;
+that tile copies them back into the top of its own tile buffer. The computed rows are a
+full-width band of the tile buffer, so kernels still write dense views. Column overlap is
+recomputed (a reused column strip would make the computed part a strided view).
 """
 from __future__ import annotations
 
@@ -53,12 +55,17 @@ class TilingError(OptionError):
 @dataclass(frozen=True)
 class TileGroup:
     """Layers first..last (ids, inclusive) run tile by tile over a grid = (rows, columns) of the
-    group's output; overlap between tiles "recompute"d or "reuse"d (kept in strip buffers)."""
+    group's output; overlap between tiles "recompute"d or "reuse"d (kept in strip buffers).
+    `edge` > 0: the first and last grid columns are `edge` output columns wide and the others
+    share the rest evenly (0: all columns equally wide). A tile at the left or right border
+    pads on that side only, and a kernel then copies its whole input window with the padding
+    (step scratch); narrow border columns keep these copies small (see `clear_edge`)."""
 
     first: int
     last: int
     grid: tuple[int, int] = (1, 1)
     overlap: str = "recompute"
+    edge: int = 0
 
     @property
     def layers(self) -> range:
@@ -69,7 +76,8 @@ class TileGroup:
         return self.grid[0] * self.grid[1]
 
     def spec(self) -> str:
-        return f"{self.first}-{self.last}:{self.grid[0]}x{self.grid[1]}" + (":reuse" if self.overlap == "reuse" else "")
+        return (f"{self.first}-{self.last}:{self.grid[0]}x{self.grid[1]}" + (":reuse" if self.overlap == "reuse" else "")
+                + (f":edge{self.edge}" if self.edge else ""))
 
 
 def format_tiling(groups: Iterable[TileGroup]) -> str:
@@ -154,6 +162,8 @@ def group_problem(graph: Graph, group: TileGroup) -> str | None:
     h, w = spatial(graph.shape(graph.layers[group.last].output))
     if rows < 1 or cols < 1 or rows > h or cols > w:
         return f"grid {rows}x{cols} does not fit the {h}x{w} output of layer {group.last}"
+    if group.edge and (group.edge < 0 or cols < 3 or w - 2 * group.edge < cols - 2):
+        return f"border columns {group.edge} wide need a grid of at least 3 columns that fits the {w} columns of layer {group.last}"
     for lid in group.layers:
         if not tileable(graph, lid):
             layer = graph.layers[lid]
@@ -181,20 +191,21 @@ def check_groups(graph: Graph, groups: Sequence[TileGroup]) -> None:
             raise TilingError(f"tiling groups {a.spec()} and {b.spec()} overlap")
 
 
-_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(\w+))?\s*$")
+_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(?!edge)(\w+))?\s*(?::\s*edge(\d+))?\s*$")
 
 
 def parse_tiling(text: str, graph: Graph) -> tuple[TileGroup, ...]:
-    """'0-7:5x5,8-15:2x2:reuse' -> groups (layer ids, inclusive; grid rows x columns; optional
-    overlap policy, default recompute), checked against the graph."""
+    """'0-7:5x5,8-15:2x2:reuse,16-20:9x4:reuse:edge2' -> groups (layer ids, inclusive; grid rows x
+    columns; optional overlap policy, default recompute; optional border column width), checked
+    against the graph."""
     groups = []
     for item in text.split(","):
         m = _GROUP.match(item)
         if m is None:
-            raise TilingError(f"cannot read tiling group {item.strip()!r}: write FIRST-LAST:NxM[:reuse|:recompute], "
+            raise TilingError(f"cannot read tiling group {item.strip()!r}: write FIRST-LAST:NxM[:reuse|:recompute][:edgeK], "
                               f"e.g. 0-7:5x5,8-15:2x2")
         a, b, n, k = (int(x) for x in m.groups()[:4])
-        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute"))
+        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute", int(m.group(6) or 0)))
     check_groups(graph, groups)
     return tuple(groups)
 
@@ -215,21 +226,47 @@ def _spans(size: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int) -> dict[str, Region]:
+def tile_regions(graph: Graph, group: TileGroup, out: Region, batch: int,
+                 done: dict[str, tuple[int, int, int]] | None = None) -> dict[str, Region]:
     """Every tensor's region one output tile needs (the group input's included): receptive
-    fields walked backwards, the bounding box over a tensor's consumers in the group."""
+    fields walked backwards, the bounding box over a tensor's consumers in the group.
+
+    With `done` (reused overlap; tensor -> end of the rows the tiles above in this column have
+    computed, and their columns; updated here): a layer computes only the rows below those, so
+    its inputs are needed only for these rows plus their halo; the rows above come from the tile
+    above. A tensor no layer of this tile needs (its consumers have nothing left to compute) has
+    no region, except in the bottom tile, which computes every row left."""
     out_h, out_w = spatial(graph.shape(graph.layers[group.last].output))
     need: dict[str, Region] = {graph.layers[group.last].output: out}
     for lid in reversed(group.layers):
         layer = graph.layers[lid]
+        h, w = spatial(graph.shape(layer.output))
+        if layer.output not in need:
+            # The bottom tile still computes rows no consumer reads (a stride that skips the last row).
+            if done is None or out.h1 != out_h or done.get(layer.output, (h,))[0] >= h:
+                continue
+            end, w0, w1 = done[layer.output]
+            need[layer.output] = Region(out.n0, out.n1, end, h, w0, w1)
         # Tiles at the border take the rows and columns there that no consumer reads (a
         # stride that skips the last row): every tensor is then computed in full.
-        h, w = spatial(graph.shape(layer.output))
         r = need[layer.output]
-        region = need[layer.output] = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
-                                             0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
+        region = Region(r.n0, r.n1, 0 if out.h0 == 0 else r.h0, h if out.h1 == out_h else r.h1,
+                        0 if out.w0 == 0 else r.w0, w if out.w1 == out_w else r.w1)
+        computed = region
+        if done is not None:
+            end, w0, w1 = done.get(layer.output, (0, region.w0, region.w1))
+            # Columns stay those of the column's first tile (a branch with nothing left to
+            # compute would narrow them), so kept rows and new rows share one width.
+            region = replace(region, w0=min(w0, region.w0), w1=max(w1, region.w1))
+            if region.h0 < end:  # overlaps rows computed above: hold them all (later tiles may need them)
+                region = replace(region, h1=max(region.h1, end))
+                computed = replace(region, h0=end)
+            done[layer.output] = (region.h1, region.w0, region.w1)
+        need[layer.output] = region
+        if computed.is_empty():
+            continue
         shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
-        for t, win in zip(layer.inputs, memo.input_windows(graph, layer, region, shapes)):
+        for t, win in zip(layer.inputs, memo.input_windows(graph, layer, computed, shapes)):
             need[t] = _union(need.get(t), win.region)
     return need
 
@@ -289,14 +326,18 @@ def _group_steps(b: _Builder, group: TileGroup, whole: dict[str, int]) -> None:
     (in_t,) = {t for l in group.layers for t in g.layers[l].inputs if t not in inside}
     whole_at = {t: (whole[t], Region.whole((batch,) + g.shape(t)[1:])) for t in (in_t, out_t) if t in whole}
     rows, cols = _tile_spans(g, group)
+    reuse = group.overlap == "reuse"
     for c0, c1 in cols:
-        needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch) for r0, r1 in rows]
-        strips: dict[str, tuple[int, Region]] = {}  # rows kept for the tile below (reuse)
+        done: dict[str, tuple[int, int, int]] | None = {} if reuse else None  # rows computed so far in this column
+        needs = [tile_regions(g, group, Region(0, batch, r0, r1, c0, c1), batch, done) for r0, r1 in rows]
+        strips: dict[str, tuple[int, Region]] = {}  # rows kept for a tile below (reuse)
         for i, need in enumerate(needs):
-            home = {in_t: _tile_input(b, in_t, need[in_t], whole_at.get(in_t))}
+            home = {in_t: _tile_input(b, in_t, need[in_t], whole_at.get(in_t))} if in_t in need else {}
             for lid in group.layers:
                 t = g.layers[lid].output
-                below = needs[i + 1][t] if group.overlap == "reuse" and t != out_t and i + 1 < len(needs) else None
+                if t not in need:  # nothing of it needed by this tile: its strip waits for a tile below
+                    continue
+                below = next((n[t] for n in needs[i + 1:] if t in n), None) if reuse and t != out_t else None
                 home[t] = _tile_layer(b, lid, need[t], home, whole_at[out_t] if t == out_t else None, strips, below)
 
 
@@ -310,9 +351,14 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         b.copy(tensor, region, whole, home)
     else:
         # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
-        # its rows and their concatenation, is this step's scratch.
-        band = 2 * region.n * b.graph.shape(tensor)[1] * region.h * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
-        b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), band))
+        # its rows and their concatenation, is the step's scratch. Bands are taken a few rows at
+        # a time, each at most half the tile buffer they fill, so that input steps seldom set
+        # the plan's largest scratch (a whole tile's band can be a few times its buffer).
+        row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
+        rows = max(1, b.buffers[home[0]].nbytes // (2 * row_band))
+        for h0 in range(region.h0, region.h1, rows):
+            band = replace(region, h0=h0, h1=min(h0 + rows, region.h1))
+            b.steps.append(Step("input", 0, -1, _access(tensor, home, band), (), row_band * band.h))
     return home
 
 
@@ -347,7 +393,24 @@ def _tile_layer(b: _Builder, lid: int, region: Region, home: dict[str, tuple[int
 def _tile_spans(g: Graph, group: TileGroup) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The grid's row and column spans of the group's output."""
     h, w = spatial(g.shape(g.layers[group.last].output))
-    return _spans(h, group.grid[0]), _spans(w, group.grid[1])
+    e, cols = group.edge, group.grid[1]
+    if not e:
+        return _spans(h, group.grid[0]), _spans(w, cols)
+    inner = [(a + e, b + e) for a, b in _spans(w - 2 * e, cols - 2)]
+    return _spans(h, group.grid[0]), [(0, e)] + inner + [(w - e, w)]
+
+
+def clear_edge(g: Graph, group: TileGroup, batch: int = 1) -> int:
+    """The narrowest border column (output columns) whose neighbour's receptive field stays clear
+    of that border at every tensor of the group: then only border tiles pad a side."""
+    h, w = spatial(g.shape(g.layers[group.last].output))
+    for e in range(1, w // 2):
+        left = tile_regions(g, group, Region(0, batch, 0, 1, e, e + 1), batch)
+        right = tile_regions(g, group, Region(0, batch, 0, 1, w - e - 1, w - e), batch)
+        if all(r.w0 > 0 for r in left.values()) and all(
+                r.w1 < spatial(g.shape(t))[1] for t, r in right.items()):
+            return e
+    return 0
 
 
 def _tiles_cover_input(g: Graph, group: TileGroup, batch: int) -> bool:
@@ -414,7 +477,7 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
         elif lid not in in_group:
             b.steps.append(by_layer[lid])
     knobs = {"method": "tiling", "order": "imported", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
-             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap} for x in groups]}
+             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap, "edge": x.edge} for x in groups]}
     return Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
 
 
@@ -452,13 +515,25 @@ def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
 # budget still wins when it is faster), and never a grid whose memory is no lower than a coarser
 # grid's (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
 # distinct step scratches), the fastest chain whose live bytes fit budget - S. Finer grids of a
-# group stop once PLATEAU_GRIDS of them in a row lower its peak by less than PLATEAU_GAIN: the
-# group's whole input and output buffers, which no grid shrinks, then dominate its memory.
+# group stop once PLATEAU_GRIDS of them in a row lower neither its live bytes nor its scratch by
+# PLATEAU_GAIN: the group's whole input and output buffers, which no grid shrinks, then dominate.
+#
+# The fine space. When an asked budget (budget_bytes or one of extra_budgets) lies below every
+# configuration of the space above, the search adds: cuts at every cut point (not only after
+# downsampling; if there are at most MAX_FINE_CUTS), and per segment the families of
+# `fine_groups` (reused overlap, tiles one or two rows high, up to GRID_LIMIT columns, with and
+# without narrow border columns), each family stopped by the same plateau rule. A segment is
+# skipped when its whole input and output alone (live together in any tiling of it) exceed the
+# smallest asked budget, or when an option already planned for it fits that budget, so the fine
+# space costs only where it can help. Looking for the fastest
+# configuration tries at most TIME_CAPS scratch caps per budget.
 
 GRID_LIMIT = 8
 MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
-PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's peak by < PLATEAU_GAIN
+MAX_FINE_CUTS = 24  # the fine space (asked budgets below the space above) cuts at every cut point if at most this many
+PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's live bytes and scratch by < PLATEAU_GAIN
 PLATEAU_GAIN = 0.01
+TIME_CAPS = 12  # scratch caps tried per budget when looking for the fastest configuration
 
 StepSeconds = Callable[[Plan, Sequence[Step]], float]
 
@@ -504,6 +579,35 @@ def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
     return tuple(sorted({0, len(graph.layers)} | set(cuts)))
 
 
+def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> list[list[TileGroup]]:
+    """The small-memory space of one group, in families of grids by column count: overlap
+    reused, tiles one or two output rows high (reuse makes the row overlap free, so rows cost
+    little), 1..limit columns, each family also with border columns as narrow as `clear_edge`."""
+    h, w = spatial(g.shape(g.layers[last].output))
+    edge = clear_edge(g, TileGroup(first, last, (1, min(3, w)), "reuse"))
+    families = []
+    for n in sorted({h, -(-h // 2)} - {1}):
+        families.append([TileGroup(first, last, (n, m), "reuse") for m in range(1, min(limit, w) + 1)])
+        if edge:
+            families.append([TileGroup(first, last, (n, m), "reuse", edge) for m in range(3, min(limit, w) + 1)
+                             if w - 2 * edge >= m - 2])
+    return [f for f in families if f]
+
+
+def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str) -> int:
+    """A lower bound of the memory of layers a..b-1 as one group: its whole input (unless it is
+    the model input, which may arrive tile by tile) and its whole output, live together."""
+    g = model.graph
+    tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
+    total = 0
+    for t in tensors:
+        n = model.batch
+        for d in g.shape(t)[1:]:
+            n *= d
+        total += n * itemsize(dtype)
+    return total
+
+
 def cost_seconds(cost, graph: Graph) -> StepSeconds:
     """The cost model's predicted seconds of some steps of a plan."""
     return lambda plan, steps: cost.steps_seconds(plan, [graph], steps)
@@ -541,8 +645,9 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
     front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
     to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
-    answers several budgets: the fastest front point within each). `seconds(plan, steps)` predicts the time of some of a plan's
-    steps (`cost_seconds(CostModel.default(), graph)`)."""
+    answers several budgets: the fastest front point within each). A budget below the space of
+    `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
+    of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`)."""
     g = model.graph
     L = len(g.layers)
     cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
@@ -553,35 +658,47 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     options: dict[tuple[int, int], list[list[_Option]]] = {}  # segment -> per overlap: memory-Pareto grids by tiles
     plain: dict[tuple[int, int], _Option] = {}
     evaluated = 0
-    for i, a in enumerate(cuts):
-        for b in cuts[i + 1:]:
-            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
-            plain[(a, b)] = _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi))
-            if a not in real or b not in real or not all(tileable(g, l) for l in range(a, b)):
-                continue
-            h, w = spatial(g.shape(g.layers[b - 1].output))
-            per_overlap = []
-            for ov in overlaps:
-                kept: list[_Option] = []
-                stale = 0
-                for n, m in grids:
-                    if n * m == 1 or n > h or m > w or (ov == "reuse" and n == 1):
-                        continue
-                    if stale >= PLATEAU_GRIDS:
-                        break
-                    grp = TileGroup(a, b - 1, (n, m), ov)
-                    draft = draft_tiling(model, [grp], layout, dtype)
-                    evaluated += 1
-                    live, scratch = step_memory(draft, g)
-                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
-                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
-                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
-                    smallest = min((k.peak for k in kept), default=None)
-                    stale = 0 if smallest is None or opt.peak < smallest * (1 - PLATEAU_GAIN) else stale + 1
-                    if smallest is None or opt.peak < smallest:  # else dominated: more tiles, no less memory
-                        kept.append(opt)
-                per_overlap.append(kept)
-            options[(a, b)] = per_overlap
+
+    def groupable(a: int, b: int) -> bool:
+        return a in real and b in real and all(tileable(g, l) for l in range(a, b))
+
+    def add_segments(points: Sequence[int], keep: Callable[[int, int], bool], groups_of) -> None:
+        """Plan the options of every segment between `points` that `keep` admits: layer by layer,
+        and each list of groups `groups_of(a, b)` gives (finer grids last), memory only."""
+        nonlocal evaluated
+        for i, a in enumerate(points):
+            for b in points[i + 1:]:
+                lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+                plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
+                if not groupable(a, b) or not keep(a, b):
+                    continue
+                for candidates in groups_of(a, b):
+                    kept: list[_Option] = []
+                    stale = 0
+                    for grp in candidates:
+                        if stale >= PLATEAU_GRIDS:
+                            break
+                        draft = draft_tiling(model, [grp], layout, dtype)
+                        evaluated += 1
+                        live, scratch = step_memory(draft, g)
+                        lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
+                        # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
+                        opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
+                        gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
+                                                for f in ("live", "scratch"))
+                        stale = 0 if gains else stale + 1
+                        # Dominated: more tiles, no less live memory and no less scratch. (Scratch
+                        # counts once per configuration, live bytes per segment: both matter.)
+                        if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
+                            kept.append(opt)
+                    options.setdefault((a, b), []).append(kept)
+
+    def coarse_groups(a: int, b: int) -> list[list[TileGroup]]:
+        h, w = spatial(g.shape(g.layers[b - 1].output))
+        return [[TileGroup(a, b - 1, (n, m), ov) for n, m in grids
+                 if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in overlaps]
+
+    add_segments(cuts, lambda a, b: True, coarse_groups)
 
     def timed(opt: _Option) -> float:
         if opt.seconds is None:
@@ -619,25 +736,48 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         return TilingPoint(tuple(o.group for o in opts if o.group is not None),
                            max(o.live for o in opts) + max(o.scratch for o in opts), sum(timed(o) for o in opts))
 
-    every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
-    scratch_caps = sorted({o.scratch for o in every})
+    def caps() -> list[int]:
+        every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
+        return sorted({o.scratch for o in every})
+
+    scratch_caps = caps()
 
     def fastest(budget: int) -> TilingPoint | None:
         found = []
-        for s in scratch_caps:
-            if s > budget:
-                break
+        fitting = [s for s in scratch_caps if s <= budget]
+        # At most TIME_CAPS scratch caps (evenly over the sorted distinct ones, the largest kept):
+        # each cap may time other options, and the fine space has hundreds of distinct scratches.
+        # The smallest configuration is found over every cap (untimed) and competes anyway.
+        stride = max(1, -(-len(fitting) // TIME_CAPS))
+        for s in fitting[::-1][::stride][::-1]:
             c = chain(budget - s, s, timed, lambda x, y: x + y)
             if c is not None:
                 found.append(point(c[1]))
         return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
 
-    best_small = None
-    for s in scratch_caps:
-        c = chain(1 << 62, s, lambda o: o.live, max, None)
-        if c is not None and (best_small is None or c[0] + s < best_small[0]):
-            best_small = (c[0] + s, c[1])
-    smallest = point(best_small[1])
+    def smallest_point() -> TilingPoint:
+        best_small = None
+        for s in scratch_caps:
+            c = chain(1 << 62, s, lambda o: o.live, max, None)
+            if c is not None and (best_small is None or c[0] + s < best_small[0]):
+                best_small = (c[0] + s, c[1])
+        return point(best_small[1])
+
+    smallest = smallest_point()
+    asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    if asked and min(asked) < smallest.peak_bytes and "reuse" in overlaps:
+        # Below the space above: the fine space, for the segments that can still fit.
+        target = min(asked)
+        every_cut = cut_points(g)
+        cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
+
+        def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
+            known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
+            return _whole_bytes(model, a, b, dtype) <= target and min(o.peak for o in known) > target
+
+        add_segments(cuts, worth, lambda a, b: fine_groups(g, a, b - 1))
+        scratch_caps = caps()
+        smallest = smallest_point()
     top = fastest(1 << 62)
     seen = [smallest, top]
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
