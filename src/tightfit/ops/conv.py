@@ -171,8 +171,10 @@ class KernelCall:
 def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> tuple[KernelCall, ...]:
     """How a conv step runs: one call when the kernel can apply the window's padding itself;
     else, for a band at the top or bottom border, the output rows whose receptive field reaches
-    into the padding are split off, so only their few input rows are copied with padding
-    (a whole band copied would be a temporary as large as the band)."""
+    into the padding are split off. With stride 1 such a border part is one call with symmetric
+    padding that also writes a few wrong rows inside the middle part, which runs last and
+    overwrites them: no copy. Otherwise only its few input rows are copied with padding (a
+    whole band copied would be a temporary as large as the band)."""
     direct = direct_padding(win, out, kernel, stride, dilation)
     real, (pt, pb, pl, pr) = win.region.h, win.pad
     whole_copy = (KernelCall((0, out.h), (0, real), win.pad, True),)
@@ -185,18 +187,22 @@ def kernel_calls(win: InputWindow, out: Region, kernel, stride, dilation) -> tup
     bottom = max(top, (pt + real - ext) // s + 1) if pt + real >= ext else out.h  # first row reading the bottom padding
     if bottom <= top or (bottom - top) * s + ext - s > real:
         return whole_copy
-    calls = []
+    borders, middle = [], None
     for a, b in ((0, top), (top, bottom), (bottom, out.h)):
         if b <= a:
             continue
         v0, v1 = a * s, (b - 1) * s + ext  # rows of the padded window
         r0, r1 = max(v0 - pt, 0), min(v1 - pt, real)
         pad_top, pad_bottom = max(pt - v0, 0), max(v1 - pt - real, 0)
-        if pad_top or pad_bottom:
-            calls.append(KernelCall((a, b), (r0, r1), (pad_top, pad_bottom, pl, pr), True))
+        if not (pad_top or pad_bottom):
+            middle = KernelCall((a, b), (r0, r1), (0, pl), False)
+        elif s == 1 and r1 > r0 and pad_top and not pad_bottom and b + pad_top <= bottom:
+            borders.append(KernelCall((a, b + pad_top), (r0, r1), (pad_top, pl), False))
+        elif s == 1 and r1 > r0 and pad_bottom and not pad_top and a - pad_bottom >= top:
+            borders.append(KernelCall((a - pad_bottom, b), (r0, r1), (pad_bottom, pl), False))
         else:
-            calls.append(KernelCall((a, b), (r0, r1), (0, pl), False))
-    return tuple(calls)
+            borders.append(KernelCall((a, b), (r0, r1), (pad_top, pad_bottom, pl, pr), True))
+    return tuple(borders) + (middle,)
 
 
 def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> list[int] | None:
