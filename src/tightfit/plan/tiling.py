@@ -599,13 +599,7 @@ def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str) -> int:
     the model input, which may arrive tile by tile) and its whole output, live together."""
     g = model.graph
     tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
-    total = 0
-    for t in tensors:
-        n = model.batch
-        for d in g.shape(t)[1:]:
-            n *= d
-        total += n * itemsize(dtype)
-    return total
+    return sum(g.tensors[t].nbytes(dtype, model.batch) for t in tensors)
 
 
 def cost_seconds(cost, graph: Graph) -> StepSeconds:
