@@ -819,3 +819,17 @@ def test_constant_pad_region_wholly_in_padding():
     torch.testing.assert_close(whole, torch.from_numpy(case.reference()))
     for region in (Region(0, 1, 0, 3, 0, 8), Region(0, 1, 5, 7, 0, 1), Region(0, 1, 0, 1, 4, 8)):
         _compute_region(case, region, whole, "contiguous", "channels_last")
+
+
+def test_identity_average_pool_is_a_copy_with_no_scratch():
+    """torchvision's VGG exports its adaptive pool at the input size: a 1x1 AveragePool, stride 1,
+    which runs as a copy into the output view (no temporary: workspace 0)."""
+    rng = np.random.default_rng(2)
+    node = helper.make_node("AveragePool", ["x"], ["y0"], kernel_shape=[1, 1], strides=[1, 1])
+    case = onnx_case("avgpool", [node], 0, {"x": _randn(rng, (2, 3, 5, 4))}, {})
+    whole = case.whole()
+    torch.testing.assert_close(whole, torch.from_numpy(case.reference()))
+    out_shape = case.out_shape()
+    for region in (Region.whole(out_shape), Region(0, 2, 1, 3, 0, 4)):
+        assert case.op.workspace_bytes(case.layer, region, case.in_shapes, out_shape, 4) == 0
+        _compute_region(case, region, whole, "channels_last", "channels_last")

@@ -150,14 +150,13 @@ def test_graph_with_branches_is_refused():
         linear_profile(g, 2, 2**20, lambda lid, b: 1.0)
 
 
-def test_vbs_plan_runs_the_planned_sub_batches(monkeypatch):
+def test_vbs_plan_runs_the_planned_sub_batches(kernel_runs):
     """A DP schedule for 4 samples of mobilenet_v1_025 becomes a plan: it passes the checker, its
     kernels run exactly the planned sub-batch sizes, and every sample's output equals the
     reference executor's on that sample alone."""
     import torch
 
     import tightfit
-    from tightfit.ops import get_op
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel
     from tightfit.plan.vbs import linear_chain, linear_profile
@@ -175,16 +174,7 @@ def test_vbs_plan_runs_the_planned_sub_batches(monkeypatch):
     chain = linear_chain(g)
     plan = plan_schedule(PlannedModel(g, "mobilenet_v1_025", 4), [(chain[s.layer], s.batch) for s in steps])
     check_plan(plan, [g])
-    ran = []
-    for op_name in {l.op for l in g.layers}:
-        op = type(get_op(op_name))
-        original = op.compute
-
-        def spy(self, layer, inputs, windows, out, out_region, params, _original=original):
-            ran.append((layer.id, out.shape[0]))
-            return _original(self, layer, inputs, windows, out, out_region, params)
-
-        monkeypatch.setattr(op, "compute", spy)
+    ran = kernel_runs(g)
     x = torch.randn((4,) + g.shape(g.inputs[0])[1:])
     out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
     assert ran == [(s.layer, s.batch) for s in steps]

@@ -259,12 +259,11 @@ def _squeezenet():
     return tightfit.load("squeezenet1_0")
 
 
-def test_executed_vbs_plan_on_a_branched_zoo_model(monkeypatch, tmp_path):
+def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp_path):
     """squeezenet1_0 (fire modules: special layers) for a request of 3 within a budget between
     the least feasible one and what batch 3 needs: the plan passes the checker and fits the
     budget, its kernels run exactly the planned sub-batches, every sample's output equals the
     reference executor's on that sample alone, and a fresh process measures what was analysed."""
-    from tightfit.ops import get_op
     from tightfit.plan import schema
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.measure import measure_subprocess
@@ -282,15 +281,7 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(monkeypatch, tmp_path):
     assert found.fits and len({b for _, b in found.steps}) > 1
     report = check_plan(found.plan, [g])
     assert report.peak_bytes <= budget
-    ran = []
-    for op_name in {l.op for l in g.layers}:
-        op = type(get_op(op_name))
-
-        def spy(self, layer, inputs, windows, out, out_region, params, _original=op.compute):
-            ran.append((layer.id, out.shape[0]))
-            return _original(self, layer, inputs, windows, out, out_region, params)
-
-        monkeypatch.setattr(op, "compute", spy)
+    ran = kernel_runs(g)
     x = torch.randn((3,) + g.shape(g.inputs[0])[1:])
     out = ArenaExecutor(found.plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
     assert ran == list(found.steps)

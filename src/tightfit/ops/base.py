@@ -5,6 +5,7 @@ input windows it asked for. It never knows who split the work.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
@@ -198,6 +199,15 @@ class Op:
         """Write the output `out_region` into the view `out`, reading `inputs[i]`, which are views
         of `windows[i].region` of each input."""
         raise NotImplementedError
+
+    def bind(
+        self, layer: Layer, inputs: Sequence[torch.Tensor], windows: Sequence[InputWindow],
+        out: torch.Tensor, out_region: Region, params: Sequence[torch.Tensor],
+    ) -> Callable[[], None]:
+        """`compute` with its arguments fixed, as the executor calls it on every run. An op whose
+        per-call setup (cutting views, choosing calls) costs about as much as its kernel on
+        small bands overrides this to do that setup once."""
+        return functools.partial(self.compute, layer, inputs, windows, out, out_region, params)
 
 
 def param_tensor(a: np.ndarray) -> torch.Tensor:

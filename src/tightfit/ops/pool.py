@@ -2,6 +2,8 @@
 global pooling over H and W (GlobalAveragePool, GlobalMaxPool, ReduceMean/ReduceMax over H, W)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -65,11 +67,15 @@ class MaxPool(_WindowPool):
     onnx_types = ("MaxPool",)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        self.bind(layer, inputs, windows, out, out_region, params)()
+
+    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
         """Max over the k x k taps as in-place maxima of strided views into `out`: torch's own
         max pooling always builds int64 indices (twice the output) even without autograd.
         Each tap touches the outputs whose tap lands inside the window; padding and ceil-mode
         overhang are simply never read (they would be -inf). The first two taps that cover
-        every output start it off in one call (on small bands the calls, not the data, cost)."""
+        every output start it off in one call. The views are cut here, once: on a one-row band
+        cutting them costs five times the maxima themselves."""
         a = layer.attrs
         x = inputs[0]
         pt, _, pl, _ = windows[0].pad
@@ -83,18 +89,30 @@ class MaxPool(_WindowPool):
                 if r1 > r0 and c1 > c0:
                     src = x[:, :, rin : rin + (r1 - r0 - 1) * sh + 1 : sh, cin : cin + (c1 - c0 - 1) * sw + 1 : sw]
                     (full if (r0, r1, c0, c1) == (0, oh, 0, ow) else taps).append((out[:, :, r0:r1, c0:c1], src))
-        if len(full) >= 2:
-            torch.maximum(full[0][1], full[1][1], out=out)
-        elif full:
-            out.copy_(full[0][1])
-        else:
-            out.fill_(float("-inf"))
-        for dst, src in full[2:] + taps:
-            torch.maximum(dst, src, out=dst)
-        apply_activations(out, a["act"])
+        rest = full[2:] + taps
+        act = a["act"]
+
+        def run() -> None:
+            if len(full) >= 2:
+                torch.maximum(full[0][1], full[1][1], out=out)
+            elif full:
+                out.copy_(full[0][1])
+            else:
+                out.fill_(float("-inf"))
+            for dst, src in rest:
+                torch.maximum(dst, src, out=dst)
+            apply_activations(out, act)
+
+        return run
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
         return 0
+
+
+def _is_identity(attrs: dict) -> bool:
+    """A 1x1 window with stride 1 and no padding (an adaptive pool exported at its input size,
+    as torchvision's VGG and AlexNet do): a copy."""
+    return tuple(attrs["kernel"]) == (1, 1) and tuple(attrs["stride"]) == (1, 1) and not any(attrs["pads"])
 
 
 def _tap_span(n_out: int, stride: int, offset: int, size: int) -> tuple[int, int, int]:
@@ -116,9 +134,18 @@ class AveragePool(_WindowPool):
     name = "avgpool"
     onnx_types = ("AveragePool",)
 
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+        if _is_identity(layer.attrs):
+            return 0
+        return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out)
+
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         a = layer.attrs
         x = inputs[0]
+        if _is_identity(a):
+            out.copy_(x)
+            apply_activations(out, a["act"])
+            return
         pt, pb, pl, pr = windows[0].pad
         if pt or pb or pl or pr:
             x = F.pad(x, (pl, pr, pt, pb))

@@ -21,10 +21,15 @@ phase and equal parts:
    fits and gets faster, until a sweep changes nothing (the first stages split every layer up to
    the cut, but a late layer between splits may fit whole, and halving its phases one step at a
    time can pass through counts that fit worse than one phase).
+With a time limit instead of a budget, stages 1 and 2 run under the limit, then stages 1-3 are
+asked for the fastest plan below the smallest found within the limit (and, after a miss, a
+step further below): refinement follows one path, and the budget stages, whose prefixes and
+refinement depend on the budget, reach cheaper splits it passes by.
 Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
 P; a greedy round plans at most SINGLE_MOVES + 3 candidates, for at most `max_rounds` rounds,
 and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep plans at most
-3 + 2 x (split layers) candidates, and each sweep but the last lowers the predicted time.
+3 + 2 x (split layers) candidates, and each sweep but the last lowers the predicted time; a
+time limit adds at most TIGHTEN_ROUNDS budget searches.
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
 SINGLE_MOVES = 4  # single-tensor candidates per round (the largest tensors at the peaks)
 PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
 EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched exhaustively
+TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for a smaller point
+TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
 
 
 @dataclass(frozen=True)
@@ -109,20 +116,32 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     if settings.count <= exhaustive_limit:
         for phases, source in settings:
             evaluate(phases, source)
-    if budget_bytes is not None:
-        fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
+
+    def fastest_within(budget: int) -> PartsPoint | None:
+        """Stages 1-3 for a memory budget: the fastest point found that fits it."""
+        fits = lambda p: p.peak_bytes <= budget  # noqa: E731
         if not fits(base) and not _prefixes(g, fits, True, evaluate):
             start = min(seen.values(), key=lambda p: (p.peak_bytes, p.seconds))
             _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, build)
         ok = [p for p in seen.values() if fits(p)]
-        if ok:
-            _coarsen(min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate)
+        return _coarsen(min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
+
+    if budget_bytes is not None:
+        fastest_within(budget_bytes)
+        fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         pick = lambda ps: min(ps, key=lambda p: (p.seconds, p.peak_bytes))  # noqa: E731
     else:
         fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
         _prefixes(g, fits, False, evaluate)
         start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
-        _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
+        best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
+        # Refining from one point follows one path; the budget stages, asked for anything
+        # smaller, reach settings it passes by (a cheaper split elsewhere).
+        below = 0.0  # how far below the smallest so far to ask; widened after each miss
+        for _ in range(TIGHTEN_ROUNDS):
+            best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
+            smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
+            below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
         pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
     points = list(seen.values())
     ok = [p for p in points if fits(p)]

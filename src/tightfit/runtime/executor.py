@@ -134,7 +134,7 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
     in_shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
     windows = op.input_windows(layer, s.out.region, in_shapes)
     ins = [access_view(views[a.buffer], a) for a in s.inputs]
-    return _Compiled(op.compute, (layer, ins, windows, out_view, s.out.region, params[layer.id]))
+    return _Compiled(op.bind(layer, ins, windows, out_view, s.out.region, params[layer.id]), ())
 
 
 def _overlap(a: Access, b: Access) -> bool:
