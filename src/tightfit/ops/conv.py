@@ -2,9 +2,10 @@
 activations."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -128,31 +129,61 @@ class Conv(Op):
         return out.numel(out_shape) * (in_shapes[0][1] // layer.attrs["groups"]) * kh * kw
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        self.bind(layer, inputs, windows, out, out_region, params)()
+
+    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
+        """The step's kernel calls with their views cut, their padding chosen and, where oneDNN
+        takes both views directly, the weight packed for the input's shape, once: on a band of
+        a few rows this setup costs as much as a tenth of the convolution."""
         a = layer.attrs
         calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
+        kernels = []
         for call in calls:
             x, y = (inputs[0], out) if len(calls) == 1 else (  # one call: no view to cut
                 inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])
-            if call.copy:
-                _convolve(pad_copy(x, call.pad), y, [0, 0], a, params)
-            else:
-                _convolve(x, y, list(call.pad), a, params)
-        apply_activations(out, a["act"])
+            kernels.append(_bind_call(x, y, call, a, params))
+        act = a["act"]
+
+        def run() -> None:
+            for kernel in kernels:
+                kernel()
+            apply_activations(out, act)
+
+        return run
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
+
+
+def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
+    if call.copy:
+        return functools.partial(_convolve_padded, x, y, call.pad, a, params)
+    pad = list(call.pad)
+    _, b, packs = params
+    packed = packs.get(x.shape, pad) if packs is not None and _dense_nhwc(y) and _dense_nhwc(x) else None
+    if packed is None:
+        return functools.partial(_convolve, x, y, pad, a, params)
+    return functools.partial(_accumulate, y, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"])
+
+
+def _convolve_padded(x: torch.Tensor, y: torch.Tensor, pad: tuple[int, int, int, int], a: dict, params) -> None:
+    _convolve(pad_copy(x, pad), y, [0, 0], a, params)
 
 
 def _convolve(x: torch.Tensor, out: torch.Tensor, pad: list[int], a: dict, params) -> None:
     w, b, packs = params
     packed = packs.get(x.shape, pad) if packs is not None else None
     if packed is not None and _dense_nhwc(out) and _dense_nhwc(x):
-        # oneDNN accumulates the convolution into `out` in place: no result temporary.
-        out.zero_()
-        torch.ops.mkldnn._convolution_pointwise_.binary(
-            out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"], "add", 1.0, None, [], None)
+        _accumulate(out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"])
     else:
         out.copy_(F.conv2d(x, w, b, a["stride"], pad, a["dilation"], a["groups"]))
+
+
+def _accumulate(y: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor, pad: list[int],
+                stride: list[int], dilation: list[int], groups: int) -> None:
+    """oneDNN accumulates the convolution into `y` in place: no result temporary."""
+    y.zero_()
+    torch.ops.mkldnn._convolution_pointwise_.binary(y, x, packed, b, pad, stride, dilation, groups, "add", 1.0, None, [], None)
 
 
 @dataclass(frozen=True)
