@@ -181,7 +181,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             from tightfit.plan.offsets import format_layout
 
             life = lifetimes(p, graphs)
-            print(format_layout(life.reqs, [p.buffers[b].offsets[c] for b, c in life.keys]))
+            print(format_layout(life.reqs, life.arena_offsets(p)))
     return 0
 
 

@@ -9,7 +9,9 @@ It derives everything from the steps themselves:
   by one, a buffer that is too small for its index map);
 - placement: lifetimes (first to last access, model outputs to the end) plus buffers of
   partitions that run at the same time give the conflict relation; no two conflicting buffers
-  may overlap in the arena, and the arena must hold them all.
+  may overlap in the arena, and the arena must hold them all. Buffers linked by overlays
+  (plan/overlay.py) are one request, and the simulation tags their shared cells once, so an
+  overlay is accepted exactly when no element in it is overwritten before it is read.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tightfit.graph.ir import Graph, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.offsets import BufferReq, OverlapError, check_offsets, lower_bound
+from tightfit.plan.overlay import block_positions, cell_bytes, eligible
 from tightfit.plan.schema import Access, Partition, Plan, PlanError, Step
 
 
@@ -33,6 +36,14 @@ class Lifetimes:
     reqs: tuple[BufferReq, ...]
     extra: tuple[tuple[int, int], ...]
     step_scratch: tuple[int, ...]
+    # Per key: where its request starts, in bytes from the buffer's offset (an overlay block's
+    # request, keyed by its root, may start below the root: plan/overlay.py).
+    starts: tuple[int, ...] = ()
+
+    def arena_offsets(self, plan: Plan) -> list[int]:
+        """Each request's offset in the arena, as the plan places it."""
+        starts = self.starts or (0,) * len(self.keys)
+        return [plan.buffers[b].offsets[c] + s for (b, c), s in zip(self.keys, starts)]
 
     def live_bytes(self) -> list[int]:
         """Bytes of the buffer copies live at each step (first to last use), scratch excluded."""
@@ -105,15 +116,37 @@ def lifetimes(plan: Plan, graphs: Sequence[Graph], conflicts: bool = True) -> Li
     end = max(len(steps) - 1, 0)
     for _, a in output_accesses(plan, graphs):
         last[a.buffer] = end
-    keys, reqs = [], []
+    positions = block_positions(plan.buffers)
+    blocks = _blocks(plan, positions, first, last)
+    keys, reqs, starts = [], [], []
     for b in plan.buffers:
-        if b.id not in first:
+        if b.id in blocks:
+            lo, hi, f, l = blocks[b.id]
+            keys.append((b.id, 0))
+            reqs.append(BufferReq(hi - lo, f, l))
+            starts.append(lo)
+            continue
+        if b.id not in first or b.id in positions:
             continue
         for c in range(b.copies):
             keys.append((b.id, c))
             reqs.append(BufferReq(b.nbytes, first[b.id], last[b.id]))
+            starts.append(0)
     extra = _concurrency_conflicts(plan, keys) if conflicts else ()
-    return Lifetimes(tuple(keys), tuple(reqs), extra, tuple(s.scratch for s in steps))
+    return Lifetimes(tuple(keys), tuple(reqs), extra, tuple(s.scratch for s in steps), tuple(starts))
+
+
+def _blocks(plan: Plan, positions: dict[int, tuple[int, int]], first: dict[int, int],
+            last: dict[int, int]) -> dict[int, tuple[int, int, int, int]]:
+    """Per overlay block root: (lowest byte, highest byte, first use, last use) of its used
+    members, positions from the root's offset."""
+    out: dict[int, tuple[int, int, int, int]] = {}
+    for b, (root, pos) in positions.items():
+        if b not in first:
+            continue
+        lo, hi, f, l = out.get(root, (pos, pos, first[b], last[b]))
+        out[root] = (min(lo, pos), max(hi, pos + plan.buffers[b].nbytes), min(f, first[b]), max(l, last[b]))
+    return out
 
 
 def buffer_users(partitions: Sequence[Partition]) -> dict[int, set[int]]:
@@ -185,7 +218,7 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     _simulate(plan, graphs)
     _check_partitions(plan, graphs)
     life = lifetimes(plan, graphs)
-    offsets = [plan.buffers[b].offsets[c] for b, c in life.keys]
+    offsets = life.arena_offsets(plan)
     try:
         check_offsets(life.reqs, offsets, life.extra)
     except OverlapError as e:
@@ -225,8 +258,35 @@ def _check_sanity(plan: Plan, graphs: Sequence[Graph]) -> None:
         if not b.shape or any(d < 1 for d in b.shape) or b.nbytes > largest:
             raise PlanError(f"buffer {i} has shape {b.shape}, larger than all the models' tensors together")
         total += b.nbytes * b.copies
+    _check_overlays(plan)
     if plan.arena_bytes < 0 or plan.arena_bytes > total + 64 * (len(plan.buffers) + 1) + max((o for b in plan.buffers for o in b.offsets), default=0):
         raise PlanError(f"arena of {plan.arena_bytes} bytes does not fit its buffers")
+
+
+def _check_overlays(plan: Plan) -> None:
+    """An overlay names another buffer, lies where it says, and keeps to what the simulation
+    tags cell by cell (plan/overlay.py); links form no cycle."""
+    n = len(plan.buffers)
+    for b in plan.buffers:
+        if b.overlay is None:
+            continue
+        if plan.concurrent:
+            raise PlanError(f"buffer {b.id} overlays another, but overlays need partitions that run one after another")
+        host, shift = b.overlay
+        if not 0 <= host < n or host == b.id:
+            raise PlanError(f"buffer {b.id} overlays unknown buffer {host}")
+        h = plan.buffers[host]
+        hops, root = 0, h
+        while root.overlay is not None:
+            hops += 1
+            if hops > n:
+                raise PlanError(f"buffer {b.id}: its overlays form a cycle")
+            root = plan.buffers[root.overlay[0]]
+        if not (eligible(b) and eligible(h)) or b.shape[1] != h.shape[1] or shift % cell_bytes(b):
+            raise PlanError(f"buffer {b.id} overlays buffer {host}: both must be whole, one sample, channels-last, with "
+                            f"equal channels, {shift} bytes apart in whole cells")
+        if b.offsets[0] != h.offsets[0] + shift:
+            raise PlanError(f"buffer {b.id} overlays buffer {host} at {shift} bytes but lies at {b.offsets[0] - h.offsets[0]}")
 
 
 def _check_partitions(plan: Plan, graphs: Sequence[Graph]) -> None:
@@ -315,14 +375,29 @@ class _Cells:
 
     def __init__(self, plan: Plan):
         self.tags = {}
+        positions = block_positions(plan.buffers)
+        blocks: dict[int, np.ndarray] = {}
+        low = {root: min(p for r, p in positions.values() if r == root) for root, _ in positions.values()}
         for b in plan.buffers:
             h, w = spatial(b.shape)
-            self.tags[b.id] = np.full((4, b.shape[0], h, w), -1, dtype=np.int64)
+            if b.id in positions:
+                # Members of an overlay block view one array of cells, as they share the arena.
+                root, pos = positions[b.id]
+                cells = blocks.setdefault(root, np.full((4, _block_cells(plan, positions, root, low[root])), -1, dtype=np.int64))
+                start = (pos - low[root]) // cell_bytes(b)
+                self.tags[b.id] = cells[:, start : start + h * w].reshape(4, 1, h, w)
+            else:
+                self.tags[b.id] = np.full((4, b.shape[0], h, w), -1, dtype=np.int64)
 
     def view(self, a: Access) -> np.ndarray:
         n, h, w = a.at
         r = a.region
         return self.tags[a.buffer][:, n : n + r.n, h : h + r.h, w : w + r.w]
+
+
+def _block_cells(plan: Plan, positions: dict[int, tuple[int, int]], root: int, low: int) -> int:
+    top = max(p + plan.buffers[b].nbytes for b, (r, p) in positions.items() if r == root)
+    return (top - low) // cell_bytes(plan.buffers[root])
 
 
 def _expected(tid: int, r: Region) -> np.ndarray:

@@ -465,7 +465,8 @@ def merge(app: FitApp, plans: Sequence[Plan]) -> Plan:
     knobs = []
     for m, plan in enumerate(plans):
         base = len(buffers)
-        buffers.extend(replace(b, id=b.id + base, offsets=(0,)) for b in plan.buffers)
+        buffers.extend(replace(b, id=b.id + base, offsets=(0,), overlay=None if b.overlay is None else
+                               (b.overlay[0] + base, b.overlay[1])) for b in plan.buffers)
         pids = [i for i, (mm, _) in enumerate(app.partitions) if mm == m]
         for pid, p in zip(pids, plan.partitions):
             steps = p.steps if base == 0 and all(s.model == m for s in p.steps) else tuple(
@@ -475,7 +476,9 @@ def merge(app: FitApp, plans: Sequence[Plan]) -> Plan:
         knobs.append(dict(plan.knobs))
     parts = tuple(p for _, p in sorted(slots, key=lambda s: s[0]))
     copies = _fifo_copies(parts, app.concurrent, len(buffers))
-    buffers = [replace(b, offsets=(0,) * c) for b, c in zip(buffers, copies)]
+    # Overlays are for plans whose steps run one after another (the checker's simulation is
+    # sequential): with concurrent partitions they are dropped (more memory, still correct).
+    buffers = [replace(b, offsets=(0,) * c, overlay=b.overlay if not app.concurrent else None) for b, c in zip(buffers, copies)]
     dtype = plans[0].dtype
     return Plan(tuple(m.ref() for m in app.models), dtype, tuple(buffers), parts,
                 tuple(tuple(c) for c in app.concurrent), 0, {"method": "fit", "cnns": knobs})

@@ -17,6 +17,7 @@ from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.plan import windows as memo
 from tightfit.ops.base import Region
+from tightfit.plan.overlay import overlay_buffers
 from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
@@ -85,20 +86,23 @@ def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) 
 
 def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
                planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0,
-               align: bool = False) -> Plan:
+               align: bool = False, overlay: bool = True) -> Plan:
     """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf).
 
     With `align`, phase counts (layer ids as keys) become rows per phase that end where the
     producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
-    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align)
+    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align, overlay)
     return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
 
 
 def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
-                layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False) -> Plan:
-    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets)."""
+                layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False,
+                overlay: bool = True) -> Plan:
+    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets).
+    With `overlay`, a whole tensor written while another is read top to bottom may take its dead
+    rows (plan/overlay.py)."""
     g, batch = model.graph, model.batch
     if align:
         phases, source_rows = aligned_rows(g, phases, source_rows or 1)
@@ -135,7 +139,8 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase)}
-    return Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
+    plan = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
+    return overlay_buffers(plan, [g]) if overlay else plan
 
 
 def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:

@@ -8,6 +8,7 @@ from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph
 from tightfit.plan.check import lifetimes
 from tightfit.plan.offsets import PLANNERS, arena_bytes
+from tightfit.plan.overlay import block_positions
 from tightfit.plan.schema import Plan
 
 
@@ -31,7 +32,9 @@ def place(draft: Plan, graphs: Sequence[Graph], planner: str = "improve") -> Pla
     life = lifetimes(draft, graphs)
     offsets = (_naive if planner == "naive" else PLANNERS[planner])(life.reqs, life.extra)
     per_buffer: dict[int, list[int]] = {}
-    for (b, _), off in zip(life.keys, offsets):
-        per_buffer.setdefault(b, []).append(off)
+    for (b, _), off, start in zip(life.keys, offsets, life.starts):
+        per_buffer.setdefault(b, []).append(off - start)
+    for b, (root, pos) in block_positions(draft.buffers).items():  # an overlay lies where its block says
+        per_buffer[b] = [per_buffer.get(root, [0])[0] + pos]
     buffers = tuple(replace(b, offsets=tuple(per_buffer.get(b.id, [0] * b.copies))) for b in draft.buffers)
     return replace(draft, buffers=buffers, arena_bytes=arena_bytes(life.reqs, offsets))

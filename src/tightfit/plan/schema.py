@@ -73,6 +73,10 @@ class Buffer:
     offsets: tuple[int, ...]
     itemsize: int = 4
     mode: str = ""  # for windows: "ring" or "shift"
+    # (host buffer id, bytes from the host's offset): this buffer lies there and may share the
+    # host's bytes while both are live, row by row as rows fall dead (plan/overlay.py); the
+    # checker's simulation proves no element is overwritten before it is read.
+    overlay: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -165,7 +169,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "models": [{"spec": m.spec, "input_shape": list(m.input_shape), "fingerprint": m.fingerprint, "batch": m.batch}
                    for m in plan.models],
         "buffers": [{"id": b.id, "kind": b.kind, "shape": list(b.shape), "layout": b.layout, "offsets": list(b.offsets),
-                     "itemsize": b.itemsize, "mode": b.mode} for b in plan.buffers],
+                     "itemsize": b.itemsize, "mode": b.mode, "overlay": None if b.overlay is None else list(b.overlay)}
+                    for b in plan.buffers],
         "partitions": [{"id": p.id, "model": p.model, "layers": list(p.layers), "steps": [
             {"kind": s.kind, "model": s.model, "layer": s.layer, "out": _access_json(s.out),
              "inputs": [_access_json(a) for a in s.inputs], "scratch": s.scratch} for s in p.steps]}
@@ -217,9 +222,10 @@ def plan_from_json(d: Any) -> Plan:
         kind, layout = _need(b, "kind", str, where), _need(b, "layout", str, where)
         if kind not in BUFFER_KINDS or layout not in LAYOUTS + ("flat",):
             raise PlanError(f"plan {where}: unknown kind {kind!r} or layout {layout!r}")
+        overlay = b.get("overlay")
         buffers.append(Buffer(_need(b, "id", int, where), kind, _ints(_need(b, "shape", list, where), None, where), layout,
                               _ints(_need(b, "offsets", list, where), None, where), _need(b, "itemsize", int, where),
-                              _need(b, "mode", str, where)))
+                              _need(b, "mode", str, where), None if overlay is None else _ints(overlay, 2, where)))  # type: ignore[arg-type]
     partitions = []
     for p in _need(d, "partitions", list, "top"):
         steps = []

@@ -1,0 +1,158 @@
+"""Overlays: a whole tensor written while another is still being read, in the same bytes.
+
+A tiled group or a chain of layers by parts reads its whole input top to bottom and writes its
+whole output top to bottom. Rows of the input that every reader is done with are dead, so the
+output's rows can go there, a few rows behind: the two buffers share memory though both are live
+(MCUNetV2 and TinyEngine do this for one layer in place; here across a group). Buffer reuse alone
+cannot: it only shares memory between buffers whose lifetimes do not overlap.
+
+A buffer with `overlay = (host, shift)` lies `shift` bytes from its host's offset. Buffers linked
+by overlays form a block, placed as one request (its extent, its members' lifetimes together).
+`overlay_buffers` is a pure pass over a draft plan: for each whole buffer, the block position
+with the least extent at which every pair of overlapping rows has disjoint lifetimes (first
+write to last read, per row, from the steps). The plan checker proves the result by simulating
+the shared cells, so the pass's reasoning is never trusted alone.
+
+Overlays are kept to what the simulation can tag cell by cell: one sample, channels-last, the
+same channel count in the whole block, positions in whole cells (a cell: one (h, w) position's
+channels).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from tightfit.graph.ir import Graph
+from tightfit.plan.schema import Buffer, Plan
+
+ALIGN = 64  # block positions are multiples of this and of the cell size, as offsets are
+
+
+def block_positions(buffers: Sequence[Buffer]) -> dict[int, tuple[int, int]]:
+    """Buffer id -> (block root id, bytes from the root's offset), for buffers in overlays."""
+    out: dict[int, tuple[int, int]] = {}
+    for b in buffers:
+        if b.overlay is None:
+            continue
+        root, pos, seen = b.id, 0, set()
+        while buffers[root].overlay is not None and root not in seen:
+            seen.add(root)
+            host, shift = buffers[root].overlay
+            root, pos = host, pos + shift
+        out[b.id] = (root, pos)
+        out.setdefault(root, (root, 0))
+    return out
+
+
+def cell_bytes(b: Buffer) -> int:
+    return b.shape[1] * b.itemsize
+
+
+def eligible(b: Buffer) -> bool:
+    return b.kind == "whole" and b.copies == 1 and len(b.shape) == 4 and b.shape[0] == 1 and b.layout == "nhwc"
+
+
+def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
+    """The draft with overlays where they save memory (offsets are placed afterwards)."""
+    rows = _row_lifetimes(plan, graphs)
+    buffers = list(plan.buffers)
+    members: dict[int, list[tuple[int, int]]] = {}  # block root -> [(buffer id, position)]
+    for b in plan.buffers:
+        if not eligible(b) or b.id not in rows:
+            continue
+        best = None
+        for root, group in members.items():
+            # A block only for buffers live at the same time: sharing bytes between buffers
+            # live apart is buffer reuse, which the offset planner does without tying them.
+            if buffers[root].shape[1] != b.shape[1] or not any(_live_together(rows[b.id], rows[m]) for m, _ in group):
+                continue
+            found = _best_position(b, rows, group, buffers)
+            if found is not None and (best is None or found[1] > best[2]):
+                best = (root, found[0], found[1])
+        if best is None:
+            members[b.id] = [(b.id, 0)]
+            continue
+        root, pos, _ = best
+        members[root].append((b.id, pos))
+        buffers[b.id] = replace(b, overlay=(root, pos))
+    return replace(plan, buffers=tuple(buffers))
+
+
+def _best_position(b: Buffer, rows: dict, group: list[tuple[int, int]], buffers: list[Buffer]) -> tuple[int, int] | None:
+    """(position, bytes saved) of `b` in a block of `group`'s members, the most saved first; None
+    if no overlapping position is safe."""
+    lo = min(p for _, p in group)
+    hi = max(p + buffers[m].nbytes for m, p in group)
+    step = _lcm(ALIGN, cell_bytes(b))
+
+    def safe(pos: int) -> bool:
+        return all(_disjoint(b, pos, buffers[m], p, rows) for m, p in group)
+
+    # Positions below the block overlap it less the lower they go; the first safe one from the
+    # top saves the most. Above `lo`, b lies inside the block (nothing more to save) if safe.
+    if safe(lo) and b.nbytes <= hi - lo:
+        return lo, b.nbytes
+    low, high = (lo - b.nbytes) // step * step, lo // step * step  # low: disjoint, always safe
+    while high - low > step:
+        mid = (low + high) // 2 // step * step
+        low, high = (mid, high) if safe(mid) else (low, mid)
+    saved = b.nbytes - (lo - low)
+    return (low, saved) if saved > 0 else None
+
+
+def _live_together(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    used_a, used_b = [r for r in a if r[1] >= 0], [r for r in b if r[1] >= 0]
+    if not used_a or not used_b:
+        return False
+    return min(w for w, _ in used_a) <= max(l for _, l in used_b) and min(w for w, _ in used_b) <= max(l for _, l in used_a)
+
+
+def _disjoint(a: Buffer, pa: int, b: Buffer, pb: int, rows: dict) -> bool:
+    """Whether every pair of a row of `a` (at pa) and a row of `b` (at pb) sharing bytes has
+    disjoint lifetimes."""
+    ra, rb = a.shape[3] * cell_bytes(a), b.shape[3] * cell_bytes(b)
+    life_a, life_b = rows[a.id], rows[b.id]
+    for i, (wa, la) in enumerate(life_a):
+        start, end = pa + i * ra, pa + (i + 1) * ra
+        j0, j1 = max((start - pb) // rb, 0), min((end - 1 - pb) // rb, len(life_b) - 1)
+        for j in range(j0, j1 + 1):
+            wb, lb = life_b[j]
+            if not (la < wb or lb < wa):
+                return False
+    return True
+
+
+def _row_lifetimes(plan: Plan, graphs: Sequence[Graph]) -> dict[int, list[tuple[int, int]]]:
+    """Per eligible buffer used by the steps: per row, (first step writing it, last step touching
+    it); rows never used get an empty lifetime. Model outputs are read at the end."""
+    from tightfit.plan.check import output_accesses
+
+    steps = plan.steps()
+    out: dict[int, list[list[int]]] = {}
+    end = len(steps)
+
+    def touch(a, i: int, write: bool) -> None:
+        b = plan.buffers[a.buffer]
+        if not eligible(b):
+            return
+        life = out.setdefault(a.buffer, [[end, -1] for _ in range(b.shape[2])])
+        for h in range(a.at[1], a.at[1] + a.region.h):
+            if write:
+                life[h][0] = min(life[h][0], i)
+            life[h][1] = max(life[h][1], i)
+            if not write:
+                life[h][0] = min(life[h][0], i)  # a read before any write: keep the row alive from here
+
+    for i, s in enumerate(steps):
+        for a in s.inputs:
+            touch(a, i, False)
+        touch(s.out, i, True)
+    for _, a in output_accesses(plan, graphs):
+        touch(a, end, False)
+    return {b: [(w, l) for w, l in life] for b, life in out.items()}
+
+
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+
+    return a * b // gcd(a, b)

@@ -1,0 +1,112 @@
+"""Overlays (plan/overlay.py): a whole tensor written into the dead rows of one still being read.
+The checker's cell simulation is the proof; these tests check that it accepts what the pass
+builds, rejects an overlay moved onto live rows, and that overlaid plans compute the reference."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+import tightfit
+from tightfit.plan import schema
+from tightfit.plan.check import check_plan
+from tightfit.plan.overlay import block_positions
+from tightfit.plan.parts import plan_parts
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import PlanError
+from tightfit.runtime.executor import ArenaExecutor
+from tightfit.runtime.reference import run_reference
+from tightfit.verify import compare
+
+
+class _Stage(nn.Module):
+    """A VGG stage in miniature: a whole conv, a conv and a pool by parts, a whole conv. The
+    pool's output (8 channels, like the first conv's) is written while the first conv's output
+    is still read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+PHASES = {1: 16, 2: 8}  # the second conv one row at a time, the pool likewise
+
+
+@pytest.fixture(scope="module")
+def stage():
+    g = tightfit.load(_Stage(), (1, 1, 16, 16))
+    return g, PlannedModel(g, "stage")
+
+
+def _guest(plan) -> schema.Buffer:
+    return next(b for b in plan.buffers if b.overlay is not None)
+
+
+def test_overlay_takes_dead_rows_and_computes_the_reference(stage):
+    g, model = stage
+    with_overlay, without = plan_parts(model, PHASES), plan_parts(model, PHASES, overlay=False)
+    guest = _guest(with_overlay)
+    host = with_overlay.buffers[guest.overlay[0]]
+    assert guest.shape[1:] == (8, 8, 8) and host.shape[1:] == (8, 16, 16)  # the pool's output in the first conv's
+    assert block_positions(with_overlay.buffers)[guest.id] == (host.id, guest.overlay[1])
+    assert check_plan(with_overlay, [g]).peak_bytes < check_plan(without, [g]).peak_bytes
+    x = torch.randn(g.shape(g.inputs[0]))
+    out = ArenaExecutor(with_overlay, [g], fill_nan=True).run(x)[0][g.outputs[0]]
+    assert compare(out, run_reference(g, x)[g.outputs[0]]).ok
+
+
+def _moved(plan, guest, shift: int):
+    host = plan.buffers[guest.overlay[0]]
+    moved = replace(guest, overlay=(host.id, shift), offsets=(host.offsets[0] + shift,))
+    return replace(plan, buffers=tuple(moved if b.id == guest.id else b for b in plan.buffers))
+
+
+def test_checker_rejects_an_overlay_on_rows_still_read(stage):
+    g, model = stage
+    plan = plan_parts(model, PHASES)
+    guest = _guest(plan)
+    host = plan.buffers[guest.overlay[0]]
+    # The pool's output moved to the host's last rows: its first rows land on rows the second
+    # conv has not read yet.
+    late = _moved(plan, guest, host.nbytes - guest.nbytes)
+    with pytest.raises(PlanError, match="do not hold it"):
+        check_plan(late, [g])
+
+
+def test_checker_rejects_an_overlay_that_lies_elsewhere(stage):
+    g, model = stage
+    plan = plan_parts(model, PHASES)
+    guest = _guest(plan)
+    stray = replace(plan, buffers=tuple(replace(b, offsets=(b.offsets[0] + 64,)) if b.id == guest.id else b
+                                        for b in plan.buffers))
+    with pytest.raises(PlanError, match="lies at"):
+        check_plan(stray, [g])
+    cells = _moved(plan, guest, guest.overlay[1] + 4)  # not a whole cell (8 channels x 4 bytes)
+    with pytest.raises(PlanError, match="whole cells"):
+        check_plan(cells, [g])
+
+
+def test_overlay_survives_json(stage):
+    g, model = stage
+    plan = plan_parts(model, PHASES)
+    again = schema.loads(schema.dumps(plan))
+    assert again.buffers == plan.buffers
+    check_plan(again, [g])
+
+
+def test_overlays_need_steps_that_run_one_after_another(stage):
+    g, model = stage
+    plan = plan_parts(model, PHASES)
+    steps = plan.partitions[0].steps
+    half = len(steps) // 2
+    split = replace(plan, partitions=(replace(plan.partitions[0], steps=steps[:half]),
+                                      replace(plan.partitions[0], id=1, steps=steps[half:])), concurrent=((0, 1),))
+    with pytest.raises(PlanError, match="one after another"):
+        check_plan(split, [g])
