@@ -13,7 +13,7 @@ from tightfit.errors import BudgetError
 from tightfit.graph import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema
-from tightfit.plan.check import check_plan
+from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_tiling, search_tiling)
@@ -242,3 +242,35 @@ def test_fine_space_below_the_coarse_space():
     assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
     x = torch.randn(g.shape(g.inputs[0]))
     _run_equal(g, p, x, run_reference(g, x))
+
+
+def test_overlay_group_shares_its_input_rows():
+    """yolov2-16's last four layers read a 38x38x256 tensor and write one: overlaid, the group's
+    output lies at most a few rows below its input, on the rows the tiles are done with (with
+    reused overlap, the rows a tile needs again are in strips: no lag at all)."""
+    g = tightfit.load("yolov2-16")
+    model = PlannedModel(g, "yolov2-16")
+    plain = plan_tiling(model, parse_tiling("12-15:19x1:reuse", g))
+    over = plan_tiling(model, parse_tiling("12-15:19x1:reuse:overlay", g))
+    guest = next(b for b in over.buffers if b.overlay is not None)
+    host = over.buffers[guest.overlay[0]]
+    assert guest.shape == host.shape == (1, 256, 38, 38) and -guest.nbytes // 8 < guest.overlay[1] <= 0
+
+    def group_peak(plan) -> int:
+        live = lifetimes(plan, [g]).live_bytes()
+        return max(v for s, v in zip(plan.steps(), live) if s.layer >= 12)
+
+    assert check_plan(over, [g]) and group_peak(over) < group_peak(plain) - host.nbytes * 3 // 4
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, over, x, run_reference(g, x))
+
+
+@pytest.mark.parametrize("text,message", [
+    ("0-11:19x2:reuse:overlay", "input and output whole"),  # the model input arrives by tiles
+    ("12-13:19x1:reuse:overlay,14-15:19x1:reuse:overlay", "group before it not overlaid"),
+    ("8-11:19x1:reuse:overlay", "cannot share"),  # 128 channels in, 256 out
+])
+def test_bad_overlays(text, message):
+    g = tightfit.load("yolov2-16")
+    with pytest.raises(TilingError, match=message):
+        plan_tiling(PlannedModel(g, "yolov2-16"), parse_tiling(text, g))

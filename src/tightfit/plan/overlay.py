@@ -55,16 +55,19 @@ def eligible(b: Buffer) -> bool:
 def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     """The draft with overlays where they save memory (offsets are placed afterwards)."""
     rows = _row_lifetimes(plan, graphs)
+    span = {b: _span(life) for b, life in rows.items()}
     buffers = list(plan.buffers)
     members: dict[int, list[tuple[int, int]]] = {}  # block root -> [(buffer id, position)]
     for b in plan.buffers:
-        if not eligible(b) or b.id not in rows:
+        if not eligible(b) or span.get(b.id) is None:
             continue
+        first, last = span[b.id]
         best = None
         for root, group in members.items():
             # A block only for buffers live at the same time: sharing bytes between buffers
             # live apart is buffer reuse, which the offset planner does without tying them.
-            if buffers[root].shape[1] != b.shape[1] or not any(_live_together(rows[b.id], rows[m]) for m, _ in group):
+            if buffers[root].shape[1] != b.shape[1] or not any(
+                    span[m][0] <= last and first <= span[m][1] for m, _ in group):
                 continue
             found = _best_position(b, rows, group, buffers)
             if found is not None and (best is None or found[1] > best[2]):
@@ -76,6 +79,29 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
         members[root].append((b.id, pos))
         buffers[b.id] = replace(b, overlay=(root, pos))
     return replace(plan, buffers=tuple(buffers))
+
+
+def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> Plan:
+    """The draft with buffer `guest` overlaying buffer `host` (neither in an overlay yet) where
+    that saves the most; unchanged if both are not eligible or no overlapping position is safe."""
+    h, b = plan.buffers[host], plan.buffers[guest]
+    if not (eligible(h) and eligible(b)) or h.shape[1] != b.shape[1] or h.overlay or b.overlay:
+        return plan
+    rows = _row_lifetimes(plan, graphs)
+    if host not in rows or guest not in rows:
+        return plan
+    found = _best_position(b, rows, [(host, 0)], list(plan.buffers))
+    if found is None:
+        return plan
+    return replace(plan, buffers=tuple(replace(x, overlay=(host, found[0])) if x.id == guest else x for x in plan.buffers))
+
+
+def block_growth(plan: Plan, guest: int) -> tuple[int, int]:
+    """(bytes the block holds beyond its host, beyond its guest) for a guest and its host."""
+    b = plan.buffers[guest]
+    host, pos = b.overlay
+    extent = max(plan.buffers[host].nbytes, pos + b.nbytes) - min(0, pos)
+    return extent - plan.buffers[host].nbytes, extent - b.nbytes
 
 
 def _best_position(b: Buffer, rows: dict, group: list[tuple[int, int]], buffers: list[Buffer]) -> tuple[int, int] | None:
@@ -100,11 +126,10 @@ def _best_position(b: Buffer, rows: dict, group: list[tuple[int, int]], buffers:
     return (low, saved) if saved > 0 else None
 
 
-def _live_together(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
-    used_a, used_b = [r for r in a if r[1] >= 0], [r for r in b if r[1] >= 0]
-    if not used_a or not used_b:
-        return False
-    return min(w for w, _ in used_a) <= max(l for _, l in used_b) and min(w for w, _ in used_b) <= max(l for _, l in used_a)
+def _span(life: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """A buffer's first and last step over its used rows (None: no row used)."""
+    used = [r for r in life if r[1] >= 0]
+    return (min(w for w, _ in used), max(l for _, l in used)) if used else None
 
 
 def _disjoint(a: Buffer, pa: int, b: Buffer, pb: int, rows: dict) -> bool:

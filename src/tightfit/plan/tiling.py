@@ -59,13 +59,17 @@ class TileGroup:
     `edge` > 0: the first and last grid columns are `edge` output columns wide and the others
     share the rest evenly (0: all columns equally wide). A tile at the left or right border
     pads on that side only, and a kernel then copies its whole input window with the padding
-    (step scratch); narrow border columns keep these copies small (see `clear_edge`)."""
+    (step scratch); narrow border columns keep these copies small (see `clear_edge`).
+    `overlay`: the group's whole output lies over its whole input's rows as the tiles finish
+    reading them (needs both whole in the arena, equal channels, and the group before it not
+    overlaid)."""
 
     first: int
     last: int
     grid: tuple[int, int] = (1, 1)
     overlap: str = "recompute"
     edge: int = 0
+    overlay: bool = False  # the group's whole output takes its whole input's dead rows (plan/overlay.py)
 
     @property
     def layers(self) -> range:
@@ -77,7 +81,7 @@ class TileGroup:
 
     def spec(self) -> str:
         return (f"{self.first}-{self.last}:{self.grid[0]}x{self.grid[1]}" + (":reuse" if self.overlap == "reuse" else "")
-                + (f":edge{self.edge}" if self.edge else ""))
+                + (f":edge{self.edge}" if self.edge else "") + (":overlay" if self.overlay else ""))
 
 
 def format_tiling(groups: Iterable[TileGroup]) -> str:
@@ -191,7 +195,8 @@ def check_groups(graph: Graph, groups: Sequence[TileGroup]) -> None:
             raise TilingError(f"tiling groups {a.spec()} and {b.spec()} overlap")
 
 
-_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(?!edge)(\w+))?\s*(?::\s*edge(\d+))?\s*$")
+_GROUP = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*(?!edge|overlay)(\w+))?\s*(?::\s*edge(\d+))?"
+                    r"\s*(?::\s*(overlay))?\s*$")
 
 
 def parse_tiling(text: str, graph: Graph) -> tuple[TileGroup, ...]:
@@ -205,7 +210,7 @@ def parse_tiling(text: str, graph: Graph) -> tuple[TileGroup, ...]:
             raise TilingError(f"cannot read tiling group {item.strip()!r}: write FIRST-LAST:NxM[:reuse|:recompute][:edgeK], "
                               f"e.g. 0-7:5x5,8-15:2x2")
         a, b, n, k = (int(x) for x in m.groups()[:4])
-        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute", int(m.group(6) or 0)))
+        groups.append(TileGroup(a, b, (n, k), m.group(5) or "recompute", int(m.group(6) or 0), m.group(7) is not None))
     check_groups(graph, groups)
     return tuple(groups)
 
@@ -477,8 +482,29 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
         elif lid not in in_group:
             b.steps.append(by_layer[lid])
     knobs = {"method": "tiling", "order": "imported", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
-             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap, "edge": x.edge} for x in groups]}
-    return Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
+             "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap, "edge": x.edge,
+                         "overlay": x.overlay} for x in groups]}
+    plan = Plan((model.ref(),), dtype, tuple(b.buffers), (Partition(0, 0, order, tuple(b.steps)),), (), 0, knobs)
+    for grp in tiled:
+        if grp.overlay:
+            plan = _overlay_group(plan, g, grp, buffer_of)
+    return plan
+
+
+def _overlay_group(plan: Plan, g: Graph, grp: TileGroup, buffer_of: dict[str, int]) -> Plan:
+    from tightfit.plan.overlay import overlay_pair
+
+    inp = g.layers[grp.first].inputs[0]
+    out = g.layers[grp.last].output
+    host, guest = buffer_of.get(inp), buffer_of.get(out)
+    if host is None or guest is None or plan.buffers[host].overlay is not None:
+        raise TilingError(f"group {grp.spec()}: an overlay needs the group's input and output whole in the arena "
+                          f"(not the model input arriving by tiles) and the group before it not overlaid")
+    placed = overlay_pair(plan, [g], host, guest)
+    if placed.buffers[guest].overlay is None:
+        raise TilingError(f"group {grp.spec()}: its output cannot share its input's memory (different channels, "
+                          f"or no input row is dead before an output row is written)")
+    return placed
 
 
 def executed_macs(plan: Plan, graphs: Sequence[Graph]) -> int:
@@ -594,12 +620,42 @@ def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> lis
     return [f for f in families if f]
 
 
-def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str) -> int:
+def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str, overlay: bool = False) -> int:
     """A lower bound of the memory of layers a..b-1 as one group: its whole input (unless it is
-    the model input, which may arrive tile by tile) and its whole output, live together."""
+    the model input, which may arrive tile by tile) and its whole output, live together; with
+    `overlay`, the larger of the two where they have equal channels (the output may share the
+    input's bytes)."""
     g = model.graph
     tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
-    return sum(g.tensors[t].nbytes(dtype, model.batch) for t in tensors)
+    sizes = [g.tensors[t].nbytes(dtype, model.batch) for t in tensors]
+    if overlay and len(tensors) == 2 and g.shape(tensors[0])[1] == g.shape(tensors[1])[1]:
+        return max(sizes)
+    return sum(sizes)
+
+
+def _lags(draft: Plan, grp: TileGroup) -> tuple[int, int]:
+    """An overlaid group's block growth beyond its input and beyond its output (0, 0 if none)."""
+    from tightfit.plan.overlay import block_growth
+
+    if not grp.overlay:
+        return 0, 0
+    guest = next(b.id for b in draft.buffers if b.overlay is not None)
+    return block_growth(draft, guest)
+
+
+def _joins(prev: "_Option | None", opt: "_Option", live_cap: int) -> bool:
+    """Whether `opt` may follow `prev` within `live_cap`: an overlaid group's block also holds
+    bytes in the segments beside it, and a group's input may not be an overlay already."""
+    if prev is None:
+        return not opt.overlaid
+    if prev.overlaid and opt.overlaid:
+        return False
+    return prev.live + opt.lag_prev <= live_cap and opt.live + prev.lag_next <= live_cap
+
+
+def _live(opt: "_Option", prev: "_Option | None" = None) -> int:
+    """A segment's live bytes, bounded with its neighbours' overlay blocks (the DP's memory)."""
+    return max(opt.live + (prev.lag_next if prev is not None else 0), (prev.live + opt.lag_prev) if prev is not None else 0)
 
 
 def cost_seconds(cost, graph: Graph) -> StepSeconds:
@@ -625,6 +681,14 @@ class _Option:
     plan: Plan | None = None
     steps: tuple[int, int] = (0, 0)
     seconds: float | None = None
+    # An overlaid group's block: bytes beyond its input, live in the segment before it (from that
+    # input's first write), and beyond its output, live in the segment after it.
+    lag_prev: int = 0
+    lag_next: int = 0
+
+    @property
+    def overlaid(self) -> bool:
+        return self.group is not None and self.group.overlay
 
     @property
     def peak(self) -> int:
@@ -672,12 +736,16 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                     for grp in candidates:
                         if stale >= PLATEAU_GRIDS:
                             break
-                        draft = draft_tiling(model, [grp], layout, dtype)
+                        try:
+                            draft = draft_tiling(model, [grp], layout, dtype)
+                        except TilingError:  # an overlay variant whose output cannot share its input
+                            break
                         evaluated += 1
                         live, scratch = step_memory(draft, g)
                         lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
                         # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
-                        opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi))
+                        opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None,
+                                      *_lags(draft, grp))
                         gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
                                                 for f in ("live", "scratch"))
                         stale = 0 if gains else stale + 1
@@ -706,7 +774,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
             out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:first]
         return out
 
-    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option], float], combine,
+    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option, "_Option | None"], float], combine,
               first: int | None = timed_per_segment) -> tuple[float, list[_Option]] | None:
         """The best chain of options over the cut points (at most max_groups groups), each
         segment choosing among its `first` coarsest fitting grids per overlap (None: all)."""
@@ -718,17 +786,24 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                         if (a, k) not in best:
                             continue
                         k2 = k + (opt.group is not None)
-                        if k2 > max_groups:
+                        prev = best[(a, k)][1][-1] if best[(a, k)][1] else None
+                        if k2 > max_groups or not _joins(prev, opt, live_cap):
                             continue
-                        value = combine(best[(a, k)][0], cost(opt))
+                        value = combine(best[(a, k)][0], cost(opt, prev))
                         if (b, k2) not in best or value < best[(b, k2)][0]:
                             best[(b, k2)] = (value, best[(a, k)][1] + [opt])
         ends = [best[(L, k)] for k in range(max_groups + 1) if (L, k) in best]
         return min(ends, key=lambda e: e[0], default=None)
 
     def point(opts: list[_Option]) -> TilingPoint:
-        return TilingPoint(tuple(o.group for o in opts if o.group is not None),
-                           max(o.live for o in opts) + max(o.scratch for o in opts), sum(timed(o) for o in opts))
+        groups = tuple(o.group for o in opts if o.group is not None)
+        if any(o.overlaid for o in opts):
+            # A block spans segments, so per-segment figures only bound it: the plan is read.
+            live, scratch = step_memory(draft_tiling(model, groups, layout, dtype), g)
+            peak = max(live) + max(scratch)
+        else:
+            peak = max(o.live for o in opts) + max(o.scratch for o in opts)
+        return TilingPoint(groups, peak, sum(timed(o) for o in opts))
 
     def caps() -> list[int]:
         every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
@@ -744,7 +819,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         # The smallest configuration is found over every cap (untimed) and competes anyway.
         stride = max(1, -(-len(fitting) // TIME_CAPS))
         for s in fitting[::-1][::stride][::-1]:
-            c = chain(budget - s, s, timed, lambda x, y: x + y)
+            c = chain(budget - s, s, lambda o, _: timed(o), lambda x, y: x + y)
             if c is not None:
                 found.append(point(c[1]))
         return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
@@ -752,7 +827,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     def smallest_point() -> TilingPoint:
         best_small = None
         for s in scratch_caps:
-            c = chain(1 << 62, s, lambda o: o.live, max, None)
+            c = chain(1 << 62, s, _live, max, None)
             if c is not None and (best_small is None or c[0] + s < best_small[0]):
                 best_small = (c[0] + s, c[1])
         return point(best_small[1])
@@ -767,9 +842,15 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
         def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
             known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
-            return _whole_bytes(model, a, b, dtype) <= target and min(o.peak for o in known) > target
+            return _whole_bytes(model, a, b, dtype, overlay=True) <= target and min(o.peak for o in known) > target
 
-        add_segments(cuts, worth, lambda a, b: fine_groups(g, a, b - 1))
+        def fine_and_overlaid(a: int, b: int) -> list[list[TileGroup]]:
+            families = fine_groups(g, a, b - 1)
+            if a == 0:  # the model input arrives by tiles: nothing whole to overlay
+                return families
+            return families + [[replace(grp, overlay=True) for grp in f] for f in families]
+
+        add_segments(cuts, worth, fine_and_overlaid)
         scratch_caps = caps()
         smallest = smallest_point()
     top = fastest(1 << 62)
