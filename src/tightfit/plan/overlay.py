@@ -19,6 +19,7 @@ channels).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Sequence
 
@@ -109,7 +110,7 @@ def _best_position(b: Buffer, rows: dict, group: list[tuple[int, int]], buffers:
     if no overlapping position is safe."""
     lo = min(p for _, p in group)
     hi = max(p + buffers[m].nbytes for m, p in group)
-    step = _lcm(ALIGN, cell_bytes(b))
+    step = math.lcm(ALIGN, cell_bytes(b))
 
     def safe(pos: int) -> bool:
         return all(_disjoint(b, pos, buffers[m], p, rows) for m, p in group)
@@ -148,36 +149,27 @@ def _disjoint(a: Buffer, pa: int, b: Buffer, pb: int, rows: dict) -> bool:
 
 
 def _row_lifetimes(plan: Plan, graphs: Sequence[Graph]) -> dict[int, list[tuple[int, int]]]:
-    """Per eligible buffer used by the steps: per row, (first step writing it, last step touching
-    it); rows never used get an empty lifetime. Model outputs are read at the end."""
+    """Per eligible buffer used by the steps: per row, (first step, last step) touching it (a
+    partial row counts whole); rows never used get an empty lifetime. Model outputs are read at
+    the end."""
     from tightfit.plan.check import output_accesses
 
     steps = plan.steps()
     out: dict[int, list[list[int]]] = {}
     end = len(steps)
 
-    def touch(a, i: int, write: bool) -> None:
+    def touch(a, i: int) -> None:
         b = plan.buffers[a.buffer]
         if not eligible(b):
             return
         life = out.setdefault(a.buffer, [[end, -1] for _ in range(b.shape[2])])
         for h in range(a.at[1], a.at[1] + a.region.h):
-            if write:
-                life[h][0] = min(life[h][0], i)
+            life[h][0] = min(life[h][0], i)
             life[h][1] = max(life[h][1], i)
-            if not write:
-                life[h][0] = min(life[h][0], i)  # a read before any write: keep the row alive from here
 
     for i, s in enumerate(steps):
-        for a in s.inputs:
-            touch(a, i, False)
-        touch(s.out, i, True)
+        for a in (*s.inputs, s.out):
+            touch(a, i)
     for _, a in output_accesses(plan, graphs):
-        touch(a, end, False)
+        touch(a, end)
     return {b: [(w, l) for w, l in life] for b, life in out.items()}
-
-
-def _lcm(a: int, b: int) -> int:
-    from math import gcd
-
-    return a * b // gcd(a, b)

@@ -497,7 +497,7 @@ def _overlay_group(plan: Plan, g: Graph, grp: TileGroup, buffer_of: dict[str, in
     inp = g.layers[grp.first].inputs[0]
     out = g.layers[grp.last].output
     host, guest = buffer_of.get(inp), buffer_of.get(out)
-    if host is None or guest is None or plan.buffers[host].overlay is not None:
+    if host is None or guest is None or host == guest or plan.buffers[host].overlay is not None:
         raise TilingError(f"group {grp.spec()}: an overlay needs the group's input and output whole in the arena "
                           f"(not the model input arriving by tiles) and the group before it not overlaid")
     placed = overlay_pair(plan, [g], host, guest)
