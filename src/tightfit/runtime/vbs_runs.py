@@ -140,13 +140,16 @@ def compare_methods(plan: Plan, graph: Graph, cost, planner: str = "improve", la
 
 
 def calibrate(model: PlannedModel, cost, planner: str = "improve", layout: str = "nhwc",
-              repeats: int = 7) -> list[float]:
+              repeats: int = 7, sample: int = 0) -> list[float]:
     """Per batch b (index b; 0 unused): measured / predicted seconds of the uniform plan of
     batch b over the request. The plans of every b are timed in interleaved rounds (the median
     of `repeats`), so that the load of a shared machine falls on all of them alike; the times
-    are kept in the cost profile. The prediction is from the smoothed profile, as the DP uses it."""
+    are kept in the cost profile. The prediction is from the smoothed profile, as the DP uses it.
+    `sample` k > 0 is another, independent calibration (its own rounds, kept apart): a plan
+    chosen because one calibration favours it is judged by another, free of that choice's bias."""
     base = make_problem(model, cost, layout)
-    keys = [f'["vbs uniform runs", {RUNS_VERSION}, "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}", "{planner}"]'
+    apart = f", {sample}" if sample else ""
+    keys = [f'["vbs uniform runs", {RUNS_VERSION}, "{fingerprint(model.graph)}", {model.batch}, {b}, "{layout}", "{planner}"{apart}]'
             for b in range(1, model.batch + 1)]
     if any(k not in cost.seconds for k in keys):
         plans = [plan_schedule(model, fbs_steps(base, b), planner, layout) for b in range(1, model.batch + 1)]
