@@ -466,7 +466,8 @@ def improve(
        ``exact_nodes`` search nodes. If it finishes, its plan is optimal and is returned.
     4. Otherwise: seeded local search over placement orders, at most ``max_evals`` placements
        (default scales with instance size, see ``_default_evals``), ending early when a
-       third of the budget passes without a new best.
+       third of the budget passes without a new best; ``RESTARTS`` such walks (seeds
+       ``seed``, ``seed + 1``, ...) from the same start, the best kept.
 
     Every phase stops once the arena equals a proven lower bound. Work is bounded by counts,
     never by wall time, so the result is reproducible; ``seed`` only picks the walk.
@@ -485,7 +486,15 @@ def improve(
         if complete:
             return best.offsets
     evals = _default_evals(prob) if max_evals is None else max_evals
-    return _local_search(prob, best, evals, random.Random(seed)).offsets
+    start = best
+    for walk in range(RESTARTS):
+        best = min(best, _local_search(prob, start, evals, random.Random(seed + walk)), key=lambda s: s.arena)
+        if best.arena <= prob.target:
+            break
+    return best.offsets
+
+
+RESTARTS = 3  # local-search walks from the same start, the best kept: one walk can stall on a plateau
 
 
 _EXACT_MAX_N = 10  # beyond this even a pruned search over orders rarely finishes in budget

@@ -839,6 +839,10 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         target = min(asked)
         every_cut = cut_points(g)
         cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
+        if not any(_whole_bytes(model, a, b, dtype, overlay=True) <= target for i, a in enumerate(cuts) for b in cuts[i + 1:]):
+            # Nothing can fit (`fit` asks for its smallest plan with a budget of 0): look for the
+            # smallest reachable instead, in every segment that could lower it.
+            target = smallest.peak_bytes
 
         def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
             known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
