@@ -376,16 +376,19 @@ class _Cells:
     def __init__(self, plan: Plan):
         self.tags = {}
         positions = block_positions(plan.buffers)
-        blocks: dict[int, np.ndarray] = {}
-        low = {root: min(p for r, p in positions.values() if r == root) for root, _ in positions.values()}
+        extent: dict[int, tuple[int, int]] = {}  # block root -> lowest, highest byte
+        for b, (root, pos) in positions.items():
+            lo, hi = extent.get(root, (pos, pos))
+            extent[root] = (min(lo, pos), max(hi, pos + plan.buffers[b].nbytes))
+        blocks = {root: np.full((4, (hi - lo) // cell_bytes(plan.buffers[root])), -1, dtype=np.int64)
+                  for root, (lo, hi) in extent.items()}
         for b in plan.buffers:
             h, w = spatial(b.shape)
             if b.id in positions:
                 # Members of an overlay block view one array of cells, as they share the arena.
                 root, pos = positions[b.id]
-                cells = blocks.setdefault(root, np.full((4, _block_cells(plan, positions, root, low[root])), -1, dtype=np.int64))
-                start = (pos - low[root]) // cell_bytes(b)
-                self.tags[b.id] = cells[:, start : start + h * w].reshape(4, 1, h, w)
+                start = (pos - extent[root][0]) // cell_bytes(b)
+                self.tags[b.id] = blocks[root][:, start : start + h * w].reshape(4, 1, h, w)
             else:
                 self.tags[b.id] = np.full((4, b.shape[0], h, w), -1, dtype=np.int64)
 
@@ -393,11 +396,6 @@ class _Cells:
         n, h, w = a.at
         r = a.region
         return self.tags[a.buffer][:, n : n + r.n, h : h + r.h, w : w + r.w]
-
-
-def _block_cells(plan: Plan, positions: dict[int, tuple[int, int]], root: int, low: int) -> int:
-    top = max(p + plan.buffers[b].nbytes for b, (r, p) in positions.items() if r == root)
-    return (top - low) // cell_bytes(plan.buffers[root])
 
 
 def _expected(tid: int, r: Region) -> np.ndarray:

@@ -655,7 +655,9 @@ def _joins(prev: "_Option | None", opt: "_Option", live_cap: int) -> bool:
 
 def _live(opt: "_Option", prev: "_Option | None" = None) -> int:
     """A segment's live bytes, bounded with its neighbours' overlay blocks (the DP's memory)."""
-    return max(opt.live + (prev.lag_next if prev is not None else 0), (prev.live + opt.lag_prev) if prev is not None else 0)
+    if prev is None:
+        return opt.live
+    return max(opt.live + prev.lag_next, prev.live + opt.lag_prev)
 
 
 def cost_seconds(cost, graph: Graph) -> StepSeconds:
