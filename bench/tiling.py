@@ -247,8 +247,7 @@ def peak_without_input(plan, g) -> int:
 
 
 def part_mcunet(runs: int) -> None:
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.parts_search import search_parts
+    from tightfit.plan.parts_search import plan_point, search_parts
 
     g = tightfit.load("mobilenet_v2")
     model = PlannedModel(g, "mobilenet_v2")
@@ -262,11 +261,9 @@ def part_mcunet(runs: int) -> None:
     plans8 = {
         "layer by layer + reuse": plan_reuse(model, dtype="int8"),
         f"tiled {format_tiling(tiled.groups)}": plan_tiling(model, tiled.groups, dtype="int8"),
-        f"parts ({len(parts.phases)} layers split)": plan_parts(model, parts.phases_dict(), parts.source_phases,
-                                                                  dtype="int8", align=parts.align),
+        f"parts ({len(parts.phases)} layers split)": plan_point(model, parts, dtype="int8"),
     }
-    plans32 = dict(zip(plans8, [plan_reuse(model), plan_tiling(model, tiled.groups),
-                               plan_parts(model, parts.phases_dict(), parts.source_phases, align=parts.align)]))
+    plans32 = dict(zip(plans8, [plan_reuse(model), plan_tiling(model, tiled.groups), plan_point(model, parts)]))
     for p in list(plans8.values()) + list(plans32.values()):
         check_plan(p, [g])
     lat = latencies(plans32, g, runs)

@@ -110,3 +110,73 @@ def test_overlays_need_steps_that_run_one_after_another(stage):
                                       replace(plan.partitions[0], id=1, steps=steps[half:])), concurrent=((0, 1),))
     with pytest.raises(PlanError, match="one after another"):
         check_plan(split, [g])
+
+
+class _Doubling(nn.Module):
+    """VGG's stage boundary in miniature: a pooled 4-channel tensor held whole, then two convs by
+    parts doubling the channels and a pool, whose 8-channel output at half the width has the
+    bytes per row of the 4-channel tensor (VGG 19: pool2 128 x 56 and pool3 256 x 28)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+DOUBLING_PHASES, HELD = {0: 32, 1: 16, 2: 16, 3: 16, 4: 8}, (1,)
+
+
+@pytest.fixture(scope="module")
+def doubling():
+    g = tightfit.load(_Doubling(), (1, 1, 32, 32))
+    return g, PlannedModel(g, "doubling")
+
+
+def test_overlay_across_channel_counts_computes_the_reference(doubling):
+    g, model = doubling
+    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD)
+    guest = _guest(plan)
+    host = plan.buffers[guest.overlay[0]]
+    assert (guest.shape[1], host.shape[1]) == (8, 4)  # the second pool's output in the first pool's
+    assert check_plan(plan, [g]).peak_bytes < check_plan(plan_parts(model, DOUBLING_PHASES, 32, held=HELD, overlay=False),
+                                                         [g]).peak_bytes
+    x = torch.randn(g.shape(g.inputs[0]))
+    out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
+    assert compare(out, run_reference(g, x)[g.outputs[0]]).ok
+
+
+def test_checker_tags_overlays_across_channel_counts_by_their_common_cell(doubling):
+    g, model = doubling
+    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD)
+    guest = _guest(plan)
+    host = plan.buffers[guest.overlay[0]]
+    # Half a guest position (4 channels, the common cell) later than the host's last rows: its
+    # last cells land on host rows still to be read.
+    late = _moved(plan, guest, host.nbytes - guest.nbytes + 16)
+    with pytest.raises(PlanError, match="do not hold it"):
+        check_plan(late, [g])
+    with pytest.raises(PlanError, match="whole cells"):
+        check_plan(_moved(plan, guest, guest.overlay[1] + 4), [g])  # one channel: not a common cell
+
+
+def test_a_held_tensor_is_whole_and_complete_before_it_is_read(doubling):
+    g, model = doubling
+    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD, overlay=False)
+    streamed = plan_parts(model, DOUBLING_PHASES, 32, overlay=False)
+    tensor = g.layers[HELD[0]].output
+    steps = plan.steps()
+    writes = [i for i, s in enumerate(steps) if s.out.tensor == tensor]
+    reads = [i for i, s in enumerate(steps) if any(a.tensor == tensor for a in s.inputs)]
+    assert len(writes) == DOUBLING_PHASES[HELD[0]] and max(writes) < min(reads)
+    assert plan.buffers[steps[writes[0]].out.buffer].kind == "whole"
+    assert streamed.buffers[next(s.out.buffer for s in streamed.steps() if s.out.tensor == tensor)].kind == "window"
+    assert plan.knobs["held"] == list(HELD)
+    check_plan(plan, [g])
+    x = torch.randn(g.shape(g.inputs[0]))
+    out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
+    assert compare(out, run_reference(g, x)[g.outputs[0]]).ok

@@ -2,6 +2,8 @@
 reference, pass the checker, and hold only the rows still needed."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -73,14 +75,17 @@ def test_cli_parts_and_bad_phases(tmp_path, capsys):
     assert main(["plan", "minakova5", "--method", "parts", "--phases", "0=16,1=4", "--out", str(out)]) == 0
     assert main(["run", str(out), "--verify"]) == 0
     assert "OK" in capsys.readouterr().out
+    assert main(["plan", "minakova5", "--method", "parts", "--phases", "0=16,1=4", "--hold", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["knobs"]["held"] == [0]
     # No phases given: one row per phase everywhere, the paper's setting.
     assert main(["plan", "minakova5", "--method", "parts", "--json"]) == 0
-    import json
-
     assert json.loads(capsys.readouterr().out)["knobs"]["phases"] == {str(k): v for k, v in max_phases(tightfit.load("minakova5")).items()}
     for argv in (["plan", "minakova5", "--method", "parts", "--phases", "2=4"],
                  ["plan", "minakova5", "--method", "parts", "--phases", "nosuch=2"],
                  ["plan", "minakova5", "--rows", "2"],
+                 ["plan", "minakova5", "--method", "parts", "--phases", "0=16", "--hold", "nosuch"],
+                 ["plan", "minakova5", "--hold", "1"],
+                 ["plan", "minakova5", "--method", "parts", "--budget", "5kB", "--hold", "1"],
                  ["csdf", "minakova5", "--phases", "0=99"]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 import tightfit
 from tightfit.analysis.csdf import needs_whole_input
@@ -14,7 +15,7 @@ from tightfit.ops import get_op
 from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import plan_parts
-from tightfit.plan.parts_search import _peak_tensors, search_parts
+from tightfit.plan.parts_search import _peak_tensors, plan_point, search_parts
 from tightfit.plan.reuse import PlannedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -112,7 +113,7 @@ def test_search_on_a_zoo_model_fits_and_runs(tmp_path):
     unsplit = peak(plan_parts(model, {}, 1), g)
     first = search_parts(model, seconds, unsplit // 2)
     assert first.fits and first.chosen.phases
-    plan = plan_parts(model, first.chosen.phases_dict(), first.chosen.source_phases, align=first.chosen.align)
+    plan = plan_point(model, first.chosen)
     assert check_plan(plan, [g]).peak_bytes <= unsplit // 2
     assert search_parts(model, seconds, unsplit // 2) == first  # pure: same inputs, same answer
 
@@ -176,5 +177,28 @@ def test_coarsening_unsplits_layers_the_budget_does_not_need(yolo):
     phases = found.chosen.phases_dict()
     assert all(phases.get(lid, 1) > 1 for lid in (0, 1, 2, 3)), phases
     assert all(phases.get(lid, 1) == 1 for lid in range(8, 14)), phases
-    plan = plan_parts(model, phases, found.chosen.source_phases, align=found.chosen.align)
+    plan = plan_point(model, found.chosen)
     assert check_plan(plan, [g]).peak_bytes <= budget
+
+
+def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
+    """A stream of windows through two stages keeps both stages' windows live; holding the
+    tensor between them whole (VGG's pooled outputs) lets the first stage's windows die first.
+    The smallest plan found on such a network holds one, and is smaller than its phases
+    streamed."""
+    from test_overlay import _Doubling
+
+    from tightfit.plan.parts import draft_parts
+    from tightfit.runtime.executor import ArenaExecutor
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    g = tightfit.load(_Doubling(), (1, 1, 32, 32))
+    model = PlannedModel(g, "doubling")
+    chosen = search_parts(model, step_cost([g]), None).chosen
+    assert chosen.held
+    streamed = draft_parts(model, chosen.phases_dict(), chosen.source_phases, align=chosen.align)
+    plan = plan_point(model, chosen)
+    assert check_plan(plan, [g]).peak_bytes == chosen.peak_bytes < peak(streamed, g)
+    x = torch.randn(g.shape(g.inputs[0]))
+    assert compare(ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]], run_reference(g, x)[g.outputs[0]]).ok

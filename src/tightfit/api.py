@@ -81,7 +81,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
          cost: CostModel | None = None, tiling: str | None = None, unit_bytes: int | None = None,
-         latency: float | None = None):
+         latency: float | None = None, held: Sequence[int | str] = ()):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
@@ -107,6 +107,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         raise OptionError("--batch must be at least 1")
     if tiling and method != "tiling":
         raise OptionError("--tiling goes with --method tiling")
+    if held and method != "parts":
+        raise OptionError("--hold goes with --method parts")
     if is_app_file(model):
         app, graphs = load_app(model)
         models = [PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)]
@@ -122,8 +124,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
         g = graphs[0]
         if budget is not None:
-            if phases or rows is not None:
-                raise OptionError("give --budget, --rows or --phases, not several")
+            if phases or rows is not None or held:
+                raise OptionError("give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)")
             p = _parts_for_budget(models[0], budget, planner, layout, cost)
         else:
             source = None
@@ -133,7 +135,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
                 from tightfit.analysis.csdf import max_phases
 
                 phases, source = max_phases(g), g.shape(g.inputs[0])[2]
-            p = plan_parts(models[0], phases, source, planner, layout)
+            p = plan_parts(models[0], phases, source, planner, layout, held=held)
         check_plan(p, graphs)
         return p, graphs
     if method == "vbs":
@@ -161,8 +163,7 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
     from dataclasses import replace
 
     from tightfit.errors import BudgetError
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.parts_search import search_parts
+    from tightfit.plan.parts_search import plan_point, search_parts
     from tightfit.runtime.cost import CostModel
     from tightfit.units import human
 
@@ -170,7 +171,7 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
     g = model.graph
     found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout)
     best = found.chosen
-    p = plan_parts(model, best.phases_dict(), best.source_phases, planner, layout, align=best.align)
+    p = plan_point(model, best, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
     if needs > budget:  # also when nothing fits: the pick is then the smallest found
         raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "

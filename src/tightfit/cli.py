@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "tiling (groups of layers by tiles), vbs (variable batch size across layers for a request of --batch samples)")
     p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
+    p.add_argument("--hold", default="", help="with --method parts: layers (ID or NAME,...) whose outputs are held whole, "
+                   "computed before their readers start (cuts the stream of windows in two)")
     p.add_argument("--budget", help="with --method parts, tiling or vbs: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
     p.add_argument("--tiling", help="with --method tiling: groups FIRST-LAST:NxM[:reuse|:recompute],... (layer ids), e.g. 0-7:5x5,8-15:2x2")
     p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
@@ -157,7 +159,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
-                                  budget, cost, args.tiling, unit, args.latency)
+                                  budget, cost, args.tiling, unit, args.latency,
+                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h])
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":

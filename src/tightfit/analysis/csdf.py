@@ -39,7 +39,7 @@ import operator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd, prod
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 from xml.sax.saxutils import quoteattr
 
 from tightfit.errors import OptionError
@@ -453,13 +453,18 @@ def check_balance(csdf: CSDFGraph) -> dict[str, int]:
 
 # --- firing order and buffer sizes ------------------------------------------------------------
 
-def firing_order(csdf: CSDFGraph) -> list[tuple[str, int]]:
+def firing_order(csdf: CSDFGraph, held: Collection[int] = ()) -> list[tuple[str, int]]:
     """A data-driven schedule of one iteration, as (actor, phase) with phases from 1.
 
     At every step it fires the most downstream actor (the last in actor order: sinks, then
     layers by decreasing id, then sources) whose next phase has all its input tokens; so an
     actor runs as soon as its input window is complete and the producers upstream run only as
-    much as needed, keeping each buffer at its window. On Fig. 1 this gives Table II, Column 7."""
+    much as needed, keeping each buffer at its window. On Fig. 1 this gives Table II, Column 7.
+
+    The outputs of the layers in `held` are held whole: their readers wait until every phase
+    of the layer has fired. A held tensor cuts the stream in two, so the windows upstream of it
+    are dead before those downstream are allocated (a stream through a whole network keeps
+    every window live from the first row to the last)."""
     q = check_balance(csdf)
     index = {a.name: i for i, a in enumerate(csdf.actors)}
     total = {a.name: q[a.name] * a.phases for a in csdf.actors}
@@ -475,8 +480,10 @@ def firing_order(csdf: CSDFGraph) -> list[tuple[str, int]]:
         if fired[a] >= total[a]:
             return False
         p = fired[a] % csdf.actor(a).phases
-        return all(tokens[c.name] >= c.consumption[p] for c in inputs[a])
+        return all(tokens[c.name] >= c.consumption[p] for c in inputs[a]) and all(fired[b] >= total[b] for b in waits[a])
 
+    held_actors = {a.name for a in csdf.actors if a.kind == "layer" and a.layer_id in held}
+    waits = {a: [c.src for c in inputs[a] if c.src in held_actors and c.src != a] for a in inputs}
     heap = [(-index[a], a) for a in index if enabled(a)]
     heapq.heapify(heap)
     queued = {a for _, a in heap}

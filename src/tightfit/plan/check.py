@@ -24,8 +24,8 @@ from tightfit.graph.ir import Graph, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.offsets import BufferReq, OverlapError, check_offsets, lower_bound
-from tightfit.plan.overlay import block_positions, cell_bytes, eligible
-from tightfit.plan.schema import Access, Partition, Plan, PlanError, Step
+from tightfit.plan.overlay import block_positions, eligible, shared_cell_bytes
+from tightfit.plan.schema import Access, Buffer, Partition, Plan, PlanError, Step
 
 
 @dataclass(frozen=True)
@@ -282,9 +282,9 @@ def _check_overlays(plan: Plan) -> None:
             if hops > n:
                 raise PlanError(f"buffer {b.id}: its overlays form a cycle")
             root = plan.buffers[root.overlay[0]]
-        if not (eligible(b) and eligible(h)) or b.shape[1] != h.shape[1] or shift % cell_bytes(b):
-            raise PlanError(f"buffer {b.id} overlays buffer {host}: both must be whole, one sample, channels-last, with "
-                            f"equal channels, {shift} bytes apart in whole cells")
+        if not (eligible(b) and eligible(h)) or b.itemsize != h.itemsize or shift % shared_cell_bytes((b, h)):
+            raise PlanError(f"buffer {b.id} overlays buffer {host}: both must be whole, one sample, channels-last, of one "
+                            f"element size, {shift} bytes apart in whole cells of their channels' common divisor")
         if b.offsets[0] != h.offsets[0] + shift:
             raise PlanError(f"buffer {b.id} overlays buffer {host} at {shift} bytes but lies at {b.offsets[0] - h.offsets[0]}")
 
@@ -371,26 +371,30 @@ def _check_compute(g: Graph, s: Step, where: str) -> None:
 
 
 class _Cells:
-    """Per buffer copy 0: which tensor element each (n, h, w) cell holds (-1: nothing valid)."""
+    """Per buffer copy 0: which tensor element (n, h, w) each cell holds (-1: nothing valid). A
+    cell is one position's channels, or in an overlay block the common divisor of its members'
+    channel counts (a position of a member then spans several cells, all tagged alike)."""
 
     def __init__(self, plan: Plan):
         self.tags = {}
         positions = block_positions(plan.buffers)
         extent: dict[int, tuple[int, int]] = {}  # block root -> lowest, highest byte
+        members: dict[int, list[Buffer]] = {}
         for b, (root, pos) in positions.items():
             lo, hi = extent.get(root, (pos, pos))
             extent[root] = (min(lo, pos), max(hi, pos + plan.buffers[b].nbytes))
-        blocks = {root: np.full((4, (hi - lo) // cell_bytes(plan.buffers[root])), -1, dtype=np.int64)
-                  for root, (lo, hi) in extent.items()}
+            members.setdefault(root, []).append(plan.buffers[b])
+        cell = {root: shared_cell_bytes(bs) for root, bs in members.items()}
+        blocks = {root: np.full((4, (hi - lo) // cell[root]), -1, dtype=np.int64) for root, (lo, hi) in extent.items()}
         for b in plan.buffers:
             h, w = spatial(b.shape)
             if b.id in positions:
                 # Members of an overlay block view one array of cells, as they share the arena.
                 root, pos = positions[b.id]
-                start = (pos - extent[root][0]) // cell_bytes(b)
-                self.tags[b.id] = blocks[root][:, start : start + h * w].reshape(4, 1, h, w)
+                start, per_position = (pos - extent[root][0]) // cell[root], b.shape[1] * b.itemsize // cell[root]
+                self.tags[b.id] = blocks[root][:, start : start + h * w * per_position].reshape(4, 1, h, w, per_position)
             else:
-                self.tags[b.id] = np.full((4, b.shape[0], h, w), -1, dtype=np.int64)
+                self.tags[b.id] = np.full((4, b.shape[0], h, w, 1), -1, dtype=np.int64)
 
     def view(self, a: Access) -> np.ndarray:
         n, h, w = a.at
@@ -399,8 +403,9 @@ class _Cells:
 
 
 def _expected(tid: int, r: Region) -> np.ndarray:
+    """The tags of region r of tensor tid, with a trailing axis of one that spans a position's cells."""
     n, h, w = np.meshgrid(np.arange(r.n0, r.n1), np.arange(r.h0, r.h1), np.arange(r.w0, r.w1), indexing="ij")
-    return np.stack([np.full_like(n, tid), n, h, w])
+    return np.stack([np.full_like(n, tid), n, h, w])[..., None]
 
 
 def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
@@ -410,7 +415,7 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
     for k, s in enumerate(plan.steps()):
         for a in s.inputs:
             tid = ids.get((s.model, a.tensor), -2)
-            if not np.array_equal(cells.view(a), _expected(tid, a.region)):
+            if not (cells.view(a) == _expected(tid, a.region)).all():
                 raise PlanError(f"step {k} ({_describe(graphs, s)}) reads {_fmt(a.region)} of {a.tensor!r} from buffer "
                                 f"{a.buffer} at {a.at}, but those cells do not hold it (overwritten or never written)")
         tid = ids.setdefault((s.model, s.out.tensor), len(ids))
@@ -425,7 +430,7 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
             if tid is None or not written[tid].all():
                 raise PlanError(f"plan does not compute all of {t!r} (model {m})")
     for m, a in output_accesses(plan, graphs):
-        if not np.array_equal(cells.view(a), _expected(ids[(m, a.tensor)], a.region)):
+        if not (cells.view(a) == _expected(ids[(m, a.tensor)], a.region)).all():
             raise PlanError(f"output {a.tensor!r} is overwritten before the run ends")
 
 

@@ -99,7 +99,7 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
     points = [found.chosen] + ([smallest] if smallest != found.chosen else [])
     return [Candidate("parts_search", f"parts search: {len(p.phases)} layers split, source {p.source_phases}",
                       lambda p=p: draft_parts(ctx.model, p.phases_dict(), p.source_phases, ctx.layout, ctx.dtype,
-                                              align=p.align))
+                                              align=p.align, held=p.held))
             for p in points]
 
 

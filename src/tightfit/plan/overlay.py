@@ -13,9 +13,10 @@ with the least extent at which every pair of overlapping rows has disjoint lifet
 write to last read, per row, from the steps). The plan checker proves the result by simulating
 the shared cells, so the pass's reasoning is never trusted alone.
 
-Overlays are kept to what the simulation can tag cell by cell: one sample, channels-last, the
-same channel count in the whole block, positions in whole cells (a cell: one (h, w) position's
-channels).
+Overlays are kept to what the simulation can tag cell by cell: one sample, channels-last, one
+element size, positions in whole cells (a cell: the common divisor of the block's channel counts;
+e.g. VGG's pooled 256-channel output of stage 3 goes into the dead rows of its 128-channel input
+of stage 3, whose rows have the same bytes).
 """
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def cell_bytes(b: Buffer) -> int:
     return b.shape[1] * b.itemsize
 
 
+def shared_cell_bytes(buffers: Sequence[Buffer]) -> int:
+    """The cell of a block: the largest run of elements every member's positions are made of."""
+    return math.gcd(*(b.shape[1] for b in buffers)) * buffers[0].itemsize
+
+
 def eligible(b: Buffer) -> bool:
     return b.kind == "whole" and b.copies == 1 and len(b.shape) == 4 and b.shape[0] == 1 and b.layout == "nhwc"
 
@@ -67,8 +73,7 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
         for root, group in members.items():
             # A block only for buffers live at the same time: sharing bytes between buffers
             # live apart is buffer reuse, which the offset planner does without tying them.
-            if buffers[root].shape[1] != b.shape[1] or not any(
-                    span[m][0] <= last and first <= span[m][1] for m, _ in group):
+            if buffers[root].itemsize != b.itemsize or not any(span[m][0] <= last and first <= span[m][1] for m, _ in group):
                 continue
             found = _best_position(b, rows, group, buffers)
             if found is not None and (best is None or found[1] > best[2]):
@@ -86,7 +91,7 @@ def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> 
     """The draft with buffer `guest` overlaying buffer `host` (neither in an overlay yet) where
     that saves the most; unchanged if both are not eligible or no overlapping position is safe."""
     h, b = plan.buffers[host], plan.buffers[guest]
-    if not (eligible(h) and eligible(b)) or h.shape[1] != b.shape[1] or h.overlay or b.overlay:
+    if not (eligible(h) and eligible(b)) or h.itemsize != b.itemsize or h.overlay or b.overlay:
         return plan
     rows = _row_lifetimes(plan, graphs)
     if host not in rows or guest not in rows:
@@ -116,14 +121,16 @@ def _best_position(b: Buffer, rows: dict, group: list[tuple[int, int]], buffers:
         return all(_disjoint(b, pos, buffers[m], p, rows) for m, p in group)
 
     # Positions below the block overlap it less the lower they go; the first safe one from the
-    # top saves the most. Above `lo`, b lies inside the block (nothing more to save) if safe.
-    if safe(lo) and b.nbytes <= hi - lo:
-        return lo, b.nbytes
-    low, high = (lo - b.nbytes) // step * step, lo // step * step  # low: disjoint, always safe
+    # top saves the most. At `top` (the block's start in b's whole cells, which members of other
+    # channel counts need not start on), b lies inside the block (nothing more to save) if safe.
+    top = -(-lo // step) * step
+    if top + b.nbytes <= hi and safe(top):
+        return top, b.nbytes
+    low, high = (lo - b.nbytes) // step * step, top  # low: disjoint, always safe
     while high - low > step:
         mid = (low + high) // 2 // step * step
         low, high = (mid, high) if safe(mid) else (low, mid)
-    saved = b.nbytes - (lo - low)
+    saved = min(hi, low + b.nbytes) - max(lo, low)  # the bytes b shares with the block
     return (low, saved) if saved > 0 else None
 
 

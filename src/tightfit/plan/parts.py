@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
@@ -39,9 +39,9 @@ class _Firing:
     rows: tuple[int, int]
 
 
-def _firings(csdf: CSDFGraph) -> list[_Firing]:
+def _firings(csdf: CSDFGraph, held: Collection[int] = ()) -> list[_Firing]:
     out = []
-    for name, phase in firing_order(csdf):
+    for name, phase in firing_order(csdf, held):
         actor = csdf.actor(name)
         if actor.kind == "sink":
             continue
@@ -86,28 +86,30 @@ def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) 
 
 def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
                planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0,
-               align: bool = False, overlay: bool = True) -> Plan:
+               align: bool = False, overlay: bool = True, held: Collection[int | str] = ()) -> Plan:
     """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf).
 
     With `align`, phase counts (layer ids as keys) become rows per phase that end where the
     producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
     from tightfit.plan.place import place
 
-    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align, overlay)
+    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align, overlay, held)
     return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
 
 
 def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
                 layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False,
-                overlay: bool = True) -> Plan:
+                overlay: bool = True, held: Collection[int | str] = ()) -> Plan:
     """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets).
     With `overlay`, a whole tensor written while another is read top to bottom may take its dead
-    rows (plan/overlay.py)."""
+    rows (plan/overlay.py). The outputs of the layers in `held` are kept whole and complete
+    before their readers start (analysis.csdf.firing_order)."""
     g, batch = model.graph, model.batch
+    held = sorted({g.layer(l).id for l in held})  # ids or names; an unknown one is an OptionError
     if align:
         phases, source_rows = aligned_rows(g, phases, source_rows or 1)
     csdf = to_csdf(g, phases, source_rows)
-    firings = _firings(csdf)
+    firings = _firings(csdf, held)
     needs = _needs(g, batch, firings)
     lows = _low_water(g, firings, needs)
     caps = _capacities(g, firings, needs, lows, slack_rows)
@@ -138,7 +140,7 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
-             "source_rows": list(csdf.actors[0].rows_per_phase)}
+             "source_rows": list(csdf.actors[0].rows_per_phase), "held": held}
     plan = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
     return overlay_buffers(plan, [g]) if overlay else plan
 

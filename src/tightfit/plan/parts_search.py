@@ -14,26 +14,31 @@ phase and equal parts:
    budget (or the longest within the time limit);
 2. greedy refinement: each round doubles the phases around the tensors that set the memory peak
    (those live at the arena's peak, and the output of the step with the largest scratch, which
-   the run holds besides the arena), taking the candidate that saves the most bytes per second
-   of predicted time added;
-3. with a budget, coarsening: the source, all split layers, and each split layer in turn have
-   their phases halved, and each split layer is taken back to one phase, while the plan still
+   the run holds besides the arena), or holds whole a streamed tensor at the peak (the stream
+   is cut there: the windows before it die before those after it are allocated), taking the
+   candidate that saves the most bytes per second of predicted time added;
+3. with a budget, coarsening: the source, all split layers, the split layers of each output
+   height (also by a quarter), and each split layer in turn have their phases halved, each
+   split layer is taken back to one phase and each held tensor released, while the plan still
    fits and gets faster, until a sweep changes nothing (the first stages split every layer up to
    the cut, but a late layer between splits may fit whole, and halving its phases one step at a
-   time can pass through counts that fit worse than one phase).
+   time can pass through counts that fit worse than one phase). The pick is the fastest, where
+   predictions within TIME_RESOLUTION are ties won by fewer steps.
 With a time limit instead of a budget, stages 1 and 2 run under the limit, then stages 1-3 are
 asked for the fastest plan below the smallest found within the limit (and, after a miss, a
 step further below): refinement follows one path, and the budget stages, whose prefixes and
 refinement depend on the budget, reach cheaper splits it passes by.
-Work is bounded: every plan is memoised by its phases; stage 1 plans O(log(layers)) prefixes per
-P; a greedy round plans at most SINGLE_MOVES + 3 candidates, for at most `max_rounds` rounds,
-and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep plans at most
-3 + 2 x (split layers) candidates, and each sweep but the last lowers the predicted time; a
-time limit adds at most TIGHTEN_ROUNDS budget searches.
+Work is bounded: every plan is memoised by its phases and held tensors; an evaluation drafts
+both row alignments and, for the better, one held tensor; stage 1 plans O(log(layers)) prefixes
+per P; a greedy round plans at most SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most
+`max_rounds` rounds, and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep
+plans at most 3 + 2 x (heights) + 2 x (split layers) + (held layers) candidates, and each sweep
+but the last lowers the predicted time; a time limit adds at most TIGHTEN_ROUNDS budget searches.
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -47,10 +52,12 @@ from tightfit.plan.schema import Plan
 Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
 SINGLE_MOVES = 4  # single-tensor candidates per round (the largest tensors at the peaks)
+HOLD_MOVES = 2  # hold-whole candidates per round (the smallest streamed tensors at the peaks)
 PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
 EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched exhaustively
 TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for a smaller point
 TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
+TIME_RESOLUTION = 0.01  # predicted times closer than this are ties, broken by fewer steps
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,20 @@ class PartsPoint:
     buffer_bytes: int  # all buffers summed, no reuse (the paper's "Total")
     seconds: float
     align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
+    held: tuple[int, ...] = ()  # layers whose outputs are held whole (plan_parts(held=...))
+    steps: int = 0  # steps of its plan
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
+
+
+def plan_point(model: PlannedModel, point: PartsPoint, planner: str = "improve", layout: str = "nhwc",
+               dtype: str = "fp32") -> Plan:
+    """The placed plan of a point the search evaluated."""
+    from tightfit.plan.parts import plan_parts
+
+    return plan_parts(model, point.phases_dict(), point.source_phases, planner, layout, dtype, align=point.align,
+                      held=point.held)
 
 
 @dataclass(frozen=True)
@@ -87,28 +105,34 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     from tightfit.plan.parts import draft_parts
 
     g = model.graph
-    seen: dict[tuple[Phases, int], PartsPoint] = {}  # points only: plans of big graphs are large
+    seen: dict[tuple[Phases, int, tuple[int, ...]], PartsPoint] = {}  # points only: plans of big graphs are large
 
     def build(p: PartsPoint) -> Plan:
-        return draft_parts(model, p.phases_dict(), p.source_phases, layout, dtype, align=p.align)
+        return draft_parts(model, p.phases_dict(), p.source_phases, layout, dtype, align=p.align, held=p.held)
 
-    def evaluate(phases: Mapping[int, int], source: int) -> PartsPoint:
-        key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1))
+    def draft(phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan]:
+        plan = draft_parts(model, dict(phases), source, layout, dtype, align=align, held=held)
+        life = lifetimes(plan, [g])
+        # As the run needs it: the arena (the planners reach this bound) plus the largest step's
+        # kernel temporaries, which are allocated outside the arena.
+        return lower_bound(life.reqs) + max(life.step_scratch, default=0), plan
+
+    def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> PartsPoint:
+        key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
         if key not in seen:
             # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
             # until its last phases; equal parts let producers run ahead. Neither always wins.
-            variants = []
-            for align in (True, False):
-                plan = draft_parts(model, dict(key[0]), key[1], layout, dtype, align=align)
-                life = lifetimes(plan, [g])
-                # As the run needs it: the arena (the planners reach this bound) plus the largest
-                # step's kernel temporaries, which are allocated outside the arena.
-                peak = lower_bound(life.reqs) + max(life.step_scratch, default=0)
-                variants.append((peak, align, plan))
-                if not key[0]:
-                    break  # nothing is split: both are the same plan
-            peak, align, plan = min(variants, key=lambda v: (v[0], not v[1]))
-            seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align)
+            aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
+            peak, plan, align = min(((*draft(*key[:2], a, key[2]), a) for a in aligns), key=lambda v: (v[0], not v[2]))
+            chosen_held = key[2]
+            if key[0] and not key[2]:
+                # Cutting the stream where it peaks: the one hold the greedy stage would try first.
+                for lid in _hold_candidates(g, dict(key[0]), (), plan, [t for t, _ in _peak_tensors(g, plan)[0]])[:1]:
+                    held_peak, held_plan = draft(*key[:2], align, (lid,))
+                    if held_peak < peak:
+                        peak, plan, chosen_held = held_peak, held_plan, (lid,)
+            seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align,
+                                   chosen_held, len(plan.steps()))
         return seen[key]
 
     base = evaluate({}, 1)
@@ -124,12 +148,12 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
             start = min(seen.values(), key=lambda p: (p.peak_bytes, p.seconds))
             _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, build)
         ok = [p for p in seen.values() if fits(p)]
-        return _coarsen(min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
+        return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
 
     if budget_bytes is not None:
         fastest_within(budget_bytes)
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
-        pick = lambda ps: min(ps, key=lambda p: (p.seconds, p.peak_bytes))  # noqa: E731
+        pick = _fastest
     else:
         fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
         _prefixes(g, fits, False, evaluate)
@@ -229,7 +253,7 @@ def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], boo
     for _ in range(max_rounds):
         if done(point):
             break
-        cands = [c for c in (evaluate(ph, src) for ph, src in _moves(g, point, build(point))) if allowed(c)]
+        cands = [c for c in (evaluate(*move) for move in _moves(g, point, build(point))) if allowed(c)]
         better = [c for c in cands if c.peak_bytes < point.peak_bytes]
         if better:
             plateau = 0
@@ -243,23 +267,44 @@ def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], boo
     return point
 
 
-def _coarsen(point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
+def _fastest(points: list[PartsPoint]) -> PartsPoint:
+    """The fastest point, where predictions within TIME_RESOLUTION of it count as ties, broken
+    by fewer steps: the model times each step alone, and in a run many small steps of layers
+    whose weights and windows alternate lose a little more than their isolated timings say
+    (VGG 19 by 4-row bands of stage 3 predicted 1.2% slower than layer by layer, measured 3%),
+    which decides between plans only where their predictions are this close."""
+    best = min(p.seconds for p in points)
+    return min((p for p in points if p.seconds <= best * (1 + TIME_RESOLUTION)), key=lambda p: (p.steps, p.seconds, p.peak_bytes))
+
+
+def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
     """Stage 3: undo refinements the budget does not need. Sweeps over the source, all split
-    layers together, all of them and the source, and each split layer alone, halving the
-    phases (or, for a layer alone, taking it back to one phase) when the plan still fits and
-    gets faster, until a sweep changes nothing."""
+    layers together, all of them and the source, the split layers of each output height together
+    (a stage of the network; halved, and a quarter fewer), and each split layer alone, halving
+    the phases (or, for a layer alone, taking it back to one phase), and releases each held
+    tensor, when the plan still fits and gets faster, until a sweep changes nothing."""
+    def height(lid: int) -> int:
+        return spatial(g.shape(g.layers[lid].output))[0]
+
     changed = True
     while changed:
         changed = False
-        for which, to in [("source", 2), ("layers", 2), ("all", 2)] + [(l, d) for l, _ in point.phases for d in (2, 0)]:
-            phases, source = point.phases_dict(), point.source_phases
+        heights = [height(l) for l, _ in point.phases]
+        stages = [(h, f) for h in sorted(set(heights)) if heights.count(h) > 1 for f in (0.5, 0.75)]
+        sweep = [("source", 2), ("layers", 2), ("all", 2)] + [(("stage", h), f) for h, f in stages]
+        for which, to in sweep + [(l, d) for l, _ in point.phases for d in (2, 0)] + [("held", l) for l in point.held]:
+            phases, source, held = point.phases_dict(), point.source_phases, point.held
             if which in ("source", "all"):
                 source = max(1, source // 2)
             if which in ("layers", "all"):
                 phases = {l: p // 2 for l, p in phases.items()}
+            elif isinstance(which, tuple):  # a stage: halved, or a quarter fewer (8 -> 6 phases)
+                phases = {l: int(p * to) if height(l) == which[1] else p for l, p in phases.items()}
+            elif which == "held":
+                held = tuple(l for l in held if l != to)
             elif which in phases:
                 phases[which] = phases[which] // to if to else 1
-            cand = evaluate(phases, source)
+            cand = evaluate(phases, source, tuple(l for l in held if phases.get(l, 1) > 1))
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
     return point
@@ -273,16 +318,19 @@ def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
 
 
 def _moves(g: Graph, point: PartsPoint, plan: Plan):
-    """Candidate settings: refine alone each of the largest tensors live at the arena's peak and
-    the output of the step with the largest scratch; and all the tensors at the arena's peak
-    together to at least 2, 4 and 8 times the fewest phases among them (a residual stage peaks
-    with several tensors live, and refining one at a time would not lower it)."""
-    phases, source = point.phases_dict(), point.source_phases
+    """Candidate settings (phases, source, held): refine alone each of the largest tensors live
+    at the arena's peak and the output of the step with the largest scratch; all the tensors at
+    the arena's peak together to at least 2, 4 and 8 times the fewest phases among them (a
+    residual stage peaks with several tensors live, and refining one at a time would not lower
+    it); and hold whole one of the HOLD_MOVES smallest (as whole tensors) streamed tensors at
+    the peak, so the stream is cut there (a stream through many layers keeps all their windows
+    live at once)."""
+    phases, source, held = point.phases_dict(), point.source_phases, point.held
     tensors, scratch_tensor = _peak_tensors(g, plan)
     for tensor in _by_bytes(tensors, scratch_tensor)[:SINGLE_MOVES]:
         move = _refine(g, phases, source, tensor)
         if move is not None:
-            yield move
+            yield move + (held,)
     if not tensors:
         return
     least = min(_phases_of(g, phases, source, t) for t, _ in tensors)
@@ -291,7 +339,21 @@ def _moves(g: Graph, point: PartsPoint, plan: Plan):
         for tensor, _ in tensors:
             joint = _refine(g, *joint, tensor, target) or joint
         if joint != (phases, source):
-            yield joint
+            yield joint + (held,)
+    for lid in _hold_candidates(g, phases, held, plan, [t for t, _ in tensors])[:HOLD_MOVES]:
+        yield phases, source, held + (lid,)
+
+
+def _hold_candidates(g: Graph, phases: dict[int, int], held: tuple[int, ...], plan: Plan, tensors: list[str]) -> list[int]:
+    """Producers of the windowed tensors among `tensors` that could be held (split, not held
+    yet), the smallest tensor first."""
+    windowed = {a.tensor for s in plan.steps() for a in (s.out,) + s.inputs if plan.buffers[a.buffer].kind == "window"}
+    out = []
+    for t in tensors:
+        producer = _producer(g, t)
+        if t in windowed and producer is not None and phases.get(producer.id, 1) > 1 and producer.id not in held:
+            out.append(producer)
+    return [p.id for p in sorted(out, key=lambda p: math.prod(g.shape(p.output)))]
 
 
 def _by_bytes(tensors: list[tuple[str, int]], scratch: tuple[str, int] | None) -> list[str]:

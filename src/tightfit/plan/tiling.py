@@ -61,7 +61,7 @@ class TileGroup:
     pads on that side only, and a kernel then copies its whole input window with the padding
     (step scratch); narrow border columns keep these copies small (see `clear_edge`).
     `overlay`: the group's whole output lies over its whole input's rows as the tiles finish
-    reading them (needs both whole in the arena, equal channels, and the group before it not
+    reading them (needs both whole in the arena and the group before it not
     overlaid)."""
 
     first: int
@@ -502,8 +502,8 @@ def _overlay_group(plan: Plan, g: Graph, grp: TileGroup, buffer_of: dict[str, in
                           f"(not the model input arriving by tiles) and the group before it not overlaid")
     placed = overlay_pair(plan, [g], host, guest)
     if placed.buffers[guest].overlay is None:
-        raise TilingError(f"group {grp.spec()}: its output cannot share its input's memory (different channels, "
-                          f"or no input row is dead before an output row is written)")
+        raise TilingError(f"group {grp.spec()}: its output cannot share its input's memory (no input row is "
+                          f"dead before an output row is written)")
     return placed
 
 
@@ -623,12 +623,11 @@ def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> lis
 def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str, overlay: bool = False) -> int:
     """A lower bound of the memory of layers a..b-1 as one group: its whole input (unless it is
     the model input, which may arrive tile by tile) and its whole output, live together; with
-    `overlay`, the larger of the two where they have equal channels (the output may share the
-    input's bytes)."""
+    `overlay`, the larger of the two (the output may share the input's bytes)."""
     g = model.graph
     tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
     sizes = [g.tensors[t].nbytes(dtype, model.batch) for t in tensors]
-    if overlay and len(tensors) == 2 and g.shape(tensors[0])[1] == g.shape(tensors[1])[1]:
+    if overlay and len(tensors) == 2:
         return max(sizes)
     return sum(sizes)
 
