@@ -139,7 +139,7 @@ def table_iii(rows, cost: CostModel, runs: int, within: str) -> None:
         decrease = 1 - s_lbl / s_parts
         ok = f"red {'ok' if reduction > red_target else 'MISSED'}, dec {'ok' if decrease <= dec_target else 'MISSED'}"
         paper = f"{row[2]:>4} {row[3]:>4} {row[4]:>3}% {row[5]:>6} {row[6]:>6} {row[7]:>3}%"
-        print(f"{label:<13} {name:<21} {mem.naive_bytes / MB:>6.1f} {m_ours / MB:>7.1f} {reduction * 100:>5.1f}% "
+        print(f"{label:<13} {name:<21} {mem.naive_bytes / MB:>6.1f} {m_ours / MB:>7.1f} {reduction * 100:>5.2f}% "
               f"{no_reuse / MB:>8.1f} {paper_bytes / MB:>9.1f} {1 / s_lbl:>7.1f} {1 / s_parts:>9.1f} {decrease * 100:>5.1f}% "
               f"{(1 - t_lbl / t_pred) * 100:>5.1f}% {measured_peak(plan) / 2**20:>8.2f} {rep.peak_bytes / 2**20:>8.2f}  "
               f"{paper:<42} {ok}")

@@ -63,6 +63,14 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     """The draft with overlays where they save memory (offsets are placed afterwards)."""
     rows = _row_lifetimes(plan, graphs)
     span = {b: _span(life) for b, life in rows.items()}
+    # A row of one can share bytes with a row of the other only if one dies before the other is
+    # written: the first death before the last write (a cheap test that skips most pairs).
+    turnover = {b: (min(l for w, l in life if l >= 0), max(w for w, l in life if l >= 0)) for b, life in rows.items()
+                if span[b] is not None}
+
+    def may_share(x: int, y: int) -> bool:
+        return turnover[x][0] < turnover[y][1] or turnover[y][0] < turnover[x][1]
+
     buffers = list(plan.buffers)
     members: dict[int, list[tuple[int, int]]] = {}  # block root -> [(buffer id, position)]
     for b in plan.buffers:
@@ -74,6 +82,8 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
             # A block only for buffers live at the same time: sharing bytes between buffers
             # live apart is buffer reuse, which the offset planner does without tying them.
             if buffers[root].itemsize != b.itemsize or not any(span[m][0] <= last and first <= span[m][1] for m, _ in group):
+                continue
+            if not any(may_share(b.id, m) for m, _ in group):
                 continue
             found = _best_position(b, rows, group, buffers)
             if found is not None and (best is None or found[1] > best[2]):

@@ -29,10 +29,11 @@ asked for the fastest plan below the smallest found within the limit (and, after
 step further below): refinement follows one path, and the budget stages, whose prefixes and
 refinement depend on the budget, reach cheaper splits it passes by.
 Work is bounded: every plan is memoised by its phases and held tensors; an evaluation drafts
-both row alignments and, for the better, one held tensor; stage 1 plans O(log(layers)) prefixes
+both row alignments and, for the better, one held tensor (at most AUTO_HOLD_LAYERS splittable); stage 1 plans O(log(layers)) prefixes
 per P; a greedy round plans at most SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most
 `max_rounds` rounds, and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep
-plans at most 3 + 2 x (heights) + 2 x (split layers) + (held layers) candidates, and each sweep
+plans at most 3 + 2 x (heights) + 2 x (split layers, if at most COARSEN_SINGLES) + (held layers)
+candidates, and each sweep
 but the last lowers the predicted time; a time limit adds at most TIGHTEN_ROUNDS budget searches.
 """
 from __future__ import annotations
@@ -58,6 +59,8 @@ EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched ex
 TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for a smaller point
 TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
 TIME_RESOLUTION = 0.01  # predicted times closer than this are ties, broken by fewer steps
+COARSEN_SINGLES = 48  # coarsening tries layers one at a time when at most this many are split
+AUTO_HOLD_LAYERS = 128  # evaluations try a hold on networks of at most this many splittable layers
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         # kernel temporaries, which are allocated outside the arena.
         return lower_bound(life.reqs) + max(life.step_scratch, default=0), plan
 
+    # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
+    # layers plan slowly; its holds come from the greedy stage's moves only).
+    auto_hold = len(splittable_layers(g)) <= AUTO_HOLD_LAYERS
+
     def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> PartsPoint:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
         if key not in seen:
@@ -125,7 +132,7 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
             aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
             peak, plan, align = min(((*draft(*key[:2], a, key[2]), a) for a in aligns), key=lambda v: (v[0], not v[2]))
             chosen_held = key[2]
-            if key[0] and not key[2]:
+            if auto_hold and key[0] and not key[2]:
                 # Cutting the stream where it peaks: the one hold the greedy stage would try first.
                 for lid in _hold_candidates(g, dict(key[0]), (), plan, [t for t, _ in _peak_tensors(g, plan)[0]])[:1]:
                     held_peak, held_plan = draft(*key[:2], align, (lid,))
@@ -216,7 +223,10 @@ def ladder_settings(g: Graph) -> LadderSettings:
 def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evaluate) -> list[PartsPoint]:
     """Stage 1: for P = 2, 4, 8, ..., the first `cut` splittable layers at P phases. Memory falls
     and time grows with the cut, so a binary search finds the shortest prefix that is `ok`
-    (a memory budget; `shortest`) or the longest (a time limit). Returns the ok points found."""
+    (a memory budget; `shortest`) or the longest (a time limit). Returns the ok points found.
+    With a budget, P stops growing once its prefix is slower than the last P's: more phases on a
+    shorter prefix only get slower from there (each binary search plans about log2(layers)
+    points, and a large P's points are the largest plans)."""
     splittable = splittable_layers(g)
     h_in = spatial(g.shape(g.inputs[0]))[0]
     top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
@@ -234,6 +244,8 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if ok(at(mid)) else (mid + 1, hi)
             found.append(at(hi))
+            if len(found) > 1 and found[-1].seconds > found[-2].seconds:
+                break
         elif not shortest:
             lo, hi = 0, n  # at(lo) is ok (cut 0 splits only the input: the least time)
             while lo < hi:
@@ -271,8 +283,8 @@ def _fastest(points: list[PartsPoint]) -> PartsPoint:
     """The fastest point, where predictions within TIME_RESOLUTION of it count as ties, broken
     by fewer steps: the model times each step alone, and in a run many small steps of layers
     whose weights and windows alternate lose a little more than their isolated timings say
-    (VGG 19 by 4-row bands of stage 3 predicted 1.2% slower than layer by layer, measured 3%),
-    which decides between plans only where their predictions are this close."""
+    (VGG 19 with stage 3 in 7-row bands: predicted 1.25% slower than layer by layer, measured
+    2.7%), which decides between plans only where their predictions are this close."""
     best = min(p.seconds for p in points)
     return min((p for p in points if p.seconds <= best * (1 + TIME_RESOLUTION)), key=lambda p: (p.steps, p.seconds, p.peak_bytes))
 
@@ -292,7 +304,10 @@ def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], ev
         heights = [height(l) for l, _ in point.phases]
         stages = [(h, f) for h in sorted(set(heights)) if heights.count(h) > 1 for f in (0.5, 0.75)]
         sweep = [("source", 2), ("layers", 2), ("all", 2)] + [(("stage", h), f) for h, f in stages]
-        for which, to in sweep + [(l, d) for l, _ in point.phases for d in (2, 0)] + [("held", l) for l in point.held]:
+        # One layer at a time only on networks of a few split layers (each sweep plans two
+        # candidates per layer; DenseNet splits hundreds, and its stages coarsen together).
+        singles = [(l, d) for l, _ in point.phases for d in (2, 0)] if len(point.phases) <= COARSEN_SINGLES else []
+        for which, to in sweep + singles + [("held", l) for l in point.held]:
             phases, source, held = point.phases_dict(), point.source_phases, point.held
             if which in ("source", "all"):
                 source = max(1, source // 2)
@@ -373,7 +388,8 @@ def _peak_tensors(g: Graph, plan: Plan) -> tuple[list[tuple[str, int]], tuple[st
     with its band), None without scratch."""
     life = lifetimes(plan, [g])
     live = life.live_bytes()
-    near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * max(live, default=0)]
+    top = max(live, default=0)
+    near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * top]
     steps = plan.steps()
     tensor_of = {}
     for s in steps:
