@@ -68,7 +68,10 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     turnover = {b: (min(l for w, l in life if l >= 0), max(w for w, l in life if l >= 0)) for b, life in rows.items()
                 if span[b] is not None}
 
-    def may_share(x: int, y: int) -> bool:
+    def live_together(x: int, y: int) -> bool:
+        return span[x][0] <= span[y][1] and span[y][0] <= span[x][1]
+
+    def turn_over(x: int, y: int) -> bool:
         return turnover[x][0] < turnover[y][1] or turnover[y][0] < turnover[x][1]
 
     buffers = list(plan.buffers)
@@ -76,14 +79,11 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     for b in plan.buffers:
         if not eligible(b) or span.get(b.id) is None:
             continue
-        first, last = span[b.id]
         best = None
         for root, group in members.items():
             # A block only for buffers live at the same time: sharing bytes between buffers
             # live apart is buffer reuse, which the offset planner does without tying them.
-            if buffers[root].itemsize != b.itemsize or not any(span[m][0] <= last and first <= span[m][1] for m, _ in group):
-                continue
-            if not any(may_share(b.id, m) for m, _ in group):
+            if not any(live_together(b.id, m) for m, _ in group) or not any(turn_over(b.id, m) for m, _ in group):
                 continue
             found = _best_position(b, rows, group, buffers)
             if found is not None and (best is None or found[1] > best[2]):
@@ -101,7 +101,7 @@ def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> 
     """The draft with buffer `guest` overlaying buffer `host` (neither in an overlay yet) where
     that saves the most; unchanged if both are not eligible or no overlapping position is safe."""
     h, b = plan.buffers[host], plan.buffers[guest]
-    if not (eligible(h) and eligible(b)) or h.itemsize != b.itemsize or h.overlay or b.overlay:
+    if not (eligible(h) and eligible(b)) or h.overlay or b.overlay:
         return plan
     rows = _row_lifetimes(plan, graphs)
     if host not in rows or guest not in rows:

@@ -45,7 +45,7 @@ from typing import Callable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.check import lifetimes
+from tightfit.plan.check import Lifetimes, lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
@@ -113,12 +113,12 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     def build(p: PartsPoint) -> Plan:
         return draft_parts(model, p.phases_dict(), p.source_phases, layout, dtype, align=p.align, held=p.held)
 
-    def draft(phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan]:
+    def draft(phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
         plan = draft_parts(model, dict(phases), source, layout, dtype, align=align, held=held)
         life = lifetimes(plan, [g])
         # As the run needs it: the arena (the planners reach this bound) plus the largest step's
         # kernel temporaries, which are allocated outside the arena.
-        return lower_bound(life.reqs) + max(life.step_scratch, default=0), plan
+        return lower_bound(life.reqs) + max(life.step_scratch, default=0), plan, life
 
     # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
     # layers plan slowly; its holds come from the greedy stage's moves only).
@@ -130,12 +130,13 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
             # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
             # until its last phases; equal parts let producers run ahead. Neither always wins.
             aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
-            peak, plan, align = min(((*draft(*key[:2], a, key[2]), a) for a in aligns), key=lambda v: (v[0], not v[2]))
+            peak, plan, life, align = min(((*draft(*key[:2], a, key[2]), a) for a in aligns), key=lambda v: (v[0], not v[3]))
             chosen_held = key[2]
             if auto_hold and key[0] and not key[2]:
                 # Cutting the stream where it peaks: the one hold the greedy stage would try first.
-                for lid in _hold_candidates(g, dict(key[0]), (), plan, [t for t, _ in _peak_tensors(g, plan)[0]])[:1]:
-                    held_peak, held_plan = draft(*key[:2], align, (lid,))
+                peak_tensors = [t for t, _ in _peak_tensors(g, plan, life)[0]]
+                for lid in _hold_candidates(g, dict(key[0]), (), plan, peak_tensors)[:1]:
+                    held_peak, held_plan, _ = draft(*key[:2], align, (lid,))
                     if held_peak < peak:
                         peak, plan, chosen_held = held_peak, held_plan, (lid,)
             seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align,
@@ -379,14 +380,14 @@ def _by_bytes(tensors: list[tuple[str, int]], scratch: tuple[str, int] | None) -
     return sorted(ranked, key=lambda t: -ranked[t])
 
 
-def _peak_tensors(g: Graph, plan: Plan) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
+def _peak_tensors(g: Graph, plan: Plan, life: Lifetimes | None = None) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
     """What sets the run's peak, the arena (the most bytes live at once) plus the largest step
     scratch (allocated outside the arena, so the two add up even at different steps): the
     tensors live where live bytes come within NEAR_PEAK of the arena's peak (lowering one of
     several equal peaks lowers nothing) with their buffer bytes, largest first; and the output
     tensor of the step with the largest scratch with that scratch (a kernel's temporary shrinks
-    with its band), None without scratch."""
-    life = lifetimes(plan, [g])
+    with its band), None without scratch. `life`: the plan's lifetimes, if already known."""
+    life = life or lifetimes(plan, [g])
     live = life.live_bytes()
     top = max(live, default=0)
     near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * top]
