@@ -236,3 +236,33 @@ def test_smallest_of_each_combines_each_cnns_smallest_plans(two_cnn_app):
     assert [tuple(x) for x in problem.split(combos[0])] == [ranked[0] for ranked in per_cnn]
     for combo in combos:
         assert all(tuple(x) in ranked[:2] for x, ranked in zip(problem.split(combo), per_cnn))
+
+
+def test_a_large_cnn_is_searched_quickly_unless_thorough(monkeypatch):
+    """A CNN of QUICK_LAYERS layers or more: reuse and parts-everywhere seeds only, no parts
+    search, a tiling search over the small grids and few cuts, no genetic search; `thorough`
+    searches it as a small one."""
+    import tightfit.plan.fit as PF
+    import tightfit.plan.tiling as T
+
+    app = F.load_fit_app("minakova5")
+    monkeypatch.setattr(PF, "QUICK_LAYERS", len(app.graphs[0].layers))
+    asked = []
+    monkeypatch.setattr(T, "search_tiling", lambda *a, **k: asked.append(k) or T.TilingSearch(
+        T.TilingPoint((), 1, 1.0), (), 0, True, 1))
+
+    def searched(thorough):
+        problem = FitProblem(app, step_cost, cost=StepCost(), thorough=thorough)
+        search(problem, Constraints(1, (0.0,)), exhaustive_limit=0, generations=2, source_budget=4500)
+        return problem
+
+    quick = searched(False)
+    assert quick.spaces[0].quick and len(FitProblem._layer_seeds(quick.spaces[0])) == 3
+    assert not any(c.technique == "parts_search" for c in quick.spaces[0].candidates)
+    assert max(n for n, m in asked[0]["grids"]) == PF.QUICK_GRID_LIMIT
+    assert asked[0]["cuts"] == T.candidate_cuts(app.graphs[0], PF.QUICK_CUTS)
+    assert len(quick.points) <= len(quick.seeds()) + 4  # the seeds and the combinations of the smallest
+    full = searched(True)
+    assert not full.spaces[0].quick and "grids" not in asked[1]
+    assert any(c.technique == "parts_search" for c in full.spaces[0].candidates)
+    assert len(full.points) > len(quick.points)

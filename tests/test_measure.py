@@ -58,3 +58,31 @@ def test_a_run_landing_in_a_freed_heap_hole_is_still_counted():
     out = subprocess.run([sys.executable, "-c", HOLE_SCRIPT.format(n=n)], env=dict(os.environ, **MALLOC_ENV),
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out.splitlines()[-1]) >= 0.75 * n  # without the trim: 0 (the hole was resident)
+
+
+def test_a_process_started_early_measures_the_job_it_is_sent_later(tmp_path):
+    """`fit` starts its measuring process before the search (it loads the models meanwhile) and
+    sends the plan when one is chosen: the measurement is the one a process started for it gives."""
+    import tightfit
+    from tightfit.plan import schema
+    from tightfit.runtime.measure import Measurement
+
+    g = tightfit.load("minakova5")
+    plan, _ = tightfit.api.plan("minakova5", method="parts", rows=2)
+    path = tmp_path / "plan.json"
+    path.write_text(schema.dumps(plan))
+    job = {"kind": "plan", "plan": str(path)}
+    early = Measurement(None, [("minakova5", g.shape(g.inputs[0]))])
+    early.send(job)
+    # Equal up to a few pages (the kernels' allocations vary by pages between runs).
+    assert abs(early.result().run_bytes - measure_subprocess(job).run_bytes) <= 32 * 1024
+
+
+def test_a_process_started_early_and_sent_nothing_ends_cleanly():
+    import tightfit
+    from tightfit.runtime.measure import Measurement
+
+    g = tightfit.load("minakova5")
+    early = Measurement(None, [("minakova5", g.shape(g.inputs[0])), ("no-such-model", (1, 3, 8, 8))])
+    out, err = early.proc.communicate("\n", timeout=120)
+    assert early.proc.returncode == 0 and out == "", err

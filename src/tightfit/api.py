@@ -5,7 +5,7 @@ import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
@@ -235,9 +235,9 @@ def _vbs_for_budget(model, budget: int | None, planner: str, layout: str, cost: 
     return found.plan
 
 
-def load_plan(path: str | Path):
-    """Read a plan file, load the models it names, check fingerprints and the plan itself."""
-    from tightfit.graph import zoo
+def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Graph] | None = None):
+    """Read a plan file, load the models it names (or take them from `loaded`, keyed by spec and
+    input shape), check fingerprints and the plan itself."""
     from tightfit.plan import schema
     from tightfit.plan.check import check_plan
 
@@ -246,15 +246,21 @@ def load_plan(path: str | Path):
         raise schema.PlanError(f"plan file not found: {p}")
     plan_ = schema.loads(p.read_text())
     graphs = []
-    for i, ref in enumerate(plan_.models):
-        default = next((e.input_shape for e in zoo.entries() if e.name == ref.spec), None)
-        shape = None if default is not None and tuple(default) == tuple(ref.input_shape) else ref.input_shape
-        g = load(ref.spec, shape)
+    for ref in plan_.models:
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape)
         if schema.fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
         graphs.append(g)
     check_plan(plan_, graphs)
     return plan_, graphs
+
+
+def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
+    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
+    from tightfit.graph import zoo
+
+    default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
+    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)
 
 
 def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
+    p.add_argument("--thorough", action="store_true",
+                   help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
     p.add_argument("--json", action="store_true")
     return parser
@@ -335,7 +337,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        progress=F.progress_bar(sys.stderr))
+                        progress=F.progress_bar(sys.stderr), thorough=args.thorough)
     except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
         print(f"tightfit: internal error: {e}", file=sys.stderr)
         return 1

@@ -6,9 +6,11 @@ Every plan fit reports was checked (tightfit.plan.check) and ran with outputs eq
 reference executor's; a plan that fails either is never reported (VerificationFailed)."""
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,6 +23,7 @@ from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProbl
                                meeting, parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
+from tightfit.runtime.measure import Measurement
 from tightfit.units import human
 
 MB = 1e6
@@ -86,9 +89,10 @@ def param_bytes(app: FitApp) -> int:
 
 def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
         best_effort: bool = False, cost=None, measure: bool = True, progress: Callable[[int, int], None] | None = None,
-        sources: dict[str, TechniqueSource] | None = None, **search_options) -> FitOutcome:
+        sources: dict[str, TechniqueSource] | None = None, thorough: bool = False, **search_options) -> FitOutcome:
     """Search, select (Alg. 9 lines 9-16), place, check, run and verify the chosen plan, measure.
-    FitError when nothing meets the constraints (unless `best_effort`: the closest plan)."""
+    FitError when nothing meets the constraints (unless `best_effort`: the closest plan).
+    `thorough`: search large CNNs as fully as small ones (see plan.fit.QUICK_LAYERS)."""
     from tightfit.runtime.cost import CostModel
 
     if budget_bytes <= 0:
@@ -100,31 +104,61 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
     if counted >= budget_bytes and not best_effort:
         raise FitError(f"nothing fits {human(budget_bytes)}: the parameters alone take {human(params)} "
                        f"({params / MB:.2f} MB)")
-    problem = FitProblem(app, cost.plan_seconds, counted, cost=cost)
-    t0 = time.perf_counter()
-    found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
-                   progress=progress, **search_options)
-    search_seconds = time.perf_counter() - t0
-    if hasattr(cost, "save"):
-        cost.save()
-    graphs = app.graphs
-    for point, fits in _ranked(found, constraints, best_effort):
-        plan, analysis = _placed(problem, point)
-        if fits and analysis.peak_bytes + counted > budget_bytes:
-            continue  # the final placement missed the search's bound: the next plan
-        naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
-        outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
-                             naive, 0.0, search_seconds)
+    problem = FitProblem(app, cost.plan_seconds, counted, cost=cost, thorough=thorough)
+    with _measuring(app, measure) as measurement:
+        t0 = time.perf_counter()
+        found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
+                       progress=progress, **search_options)
+        search_seconds = time.perf_counter() - t0
+        if hasattr(cost, "save"):
+            cost.save()
+        graphs = app.graphs
+        for point, fits in _ranked(found, constraints, best_effort):
+            plan, analysis = _placed(problem, point)
+            if fits and analysis.peak_bytes + counted > budget_bytes:
+                continue  # the final placement missed the search's bound: the next plan
+            naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
+            outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
+                                 naive, 0.0, search_seconds)
 
-        def verified() -> None:
-            outcome.max_abs_diff = verify(plan, graphs)
+            def verified() -> None:
+                outcome.max_abs_diff = verify(plan, graphs)
 
-        if measure:  # the peak is measured in a fresh process while the outputs are verified here
-            outcome.measured = measure_plan(plan, graphs, meanwhile=verified)
-        else:
-            verified()
-        return outcome
-    raise FitError(unreachable_line(found, constraints, budget_bytes))
+            if measurement is not None:  # the peak is measured in a fresh process while the outputs are verified here
+                outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement)
+            else:
+                verified()
+            return outcome
+        raise FitError(unreachable_line(found, constraints, budget_bytes))
+
+
+@contextmanager
+def _threads(n: int):
+    """torch's intra-op threads set to `n` for a while."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def _measuring(app: FitApp, measure: bool):
+    """The measuring process, started before the search so that it loads the models meanwhile;
+    stopped on the way out unless it measured."""
+    if not measure:
+        yield None
+        return
+    # It measures while this process verifies: the cores are shared between the two (a core
+    # oversubscribed by torch's threads runs many times slower).
+    threads = max(1, (os.cpu_count() or 1) - 1)
+    measurement = Measurement(None, [(m.spec, m.ref().input_shape) for m in app.models], threads)
+    try:
+        yield measurement
+    finally:
+        if measurement.proc.poll() is None:
+            measurement.cancel()
 
 
 def _ranked(found: FitSearch, constraints: Constraints, best_effort: bool):
@@ -193,19 +227,25 @@ def verify(plan: Plan, graphs) -> float:
     return worst
 
 
-def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Peak above the loaded baseline in a fresh process, and per CNN the fps of its partitions
-    (median of `runs`; a CNN whose partitions all form one pipeline runs as a stream). `meanwhile`
-    runs while that process measures (the fps are measured after it, alone)."""
+def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[], None] = lambda: None,
+                 measurement: Measurement | None = None) -> dict[str, Any]:
+    """Peak above the loaded baseline in a fresh process (`measurement`: one started earlier,
+    waiting for its job), and per CNN the fps of its partitions (median of `runs`; a CNN whose
+    partitions all form one pipeline runs as a stream). `meanwhile` runs while that process
+    measures (the fps are measured after it, alone)."""
     from tightfit.plan import schema
-    from tightfit.runtime.measure import Measurement
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.json"
         path.write_text(schema.dumps(plan))
-        measurement = Measurement({"kind": "plan", "plan": str(path)})
+        job = {"kind": "plan", "plan": str(path)}
+        if measurement is None:
+            measurement = Measurement(job)
+        else:
+            measurement.send(job)
         try:
-            meanwhile()
+            with _threads(1):
+                meanwhile()
         except BaseException:
             measurement.cancel()
             raise

@@ -54,6 +54,14 @@ EXHAUSTIVE_LIMIT = 512  # spaces at most this large are enumerated instead of se
 # plan costs about its steps): small CNNs run every generation, a large one stops early, the
 # same way for the same seed.
 MAX_STEPS = 100_000
+# A CNN this large (DenseNet-121: 250 layers; the zoo's next is 124) takes about a second per plan
+# to build and time (finest parts: ~6,700 steps), so by default it is searched quickly: its layer
+# seeds are reuse only and parts everywhere (one alignment), its tiling source searches grids up to
+# QUICK_GRID_LIMIT over QUICK_CUTS cuts, the parts search is left out (the parts-everywhere seed
+# stands for it), and the genetic search does not run. `thorough` searches it as any other.
+QUICK_LAYERS = 160
+QUICK_GRID_LIMIT = 4
+QUICK_CUTS = 4
 HEAD = 4  # genes before the groups: technique, order, align, source
 
 
@@ -82,6 +90,7 @@ class CNNContext:
     cost: Any = None
     layout: str = "nhwc"
     dtype: str = "fp32"
+    quick: bool = False  # a large CNN searched quickly (QUICK_LAYERS)
 
 
 TechniqueSource = Callable[[CNNContext], Sequence[Candidate]]
@@ -92,7 +101,7 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
     from tightfit.plan.parts import draft_parts
     from tightfit.plan.parts_search import search_parts
 
-    if ctx.budget_bytes is None:
+    if ctx.budget_bytes is None or ctx.quick:
         return []
     found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype)
     smallest = min(found.front, key=lambda p: (p.peak_bytes, p.seconds))
@@ -107,12 +116,14 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     """The tiling search's pick for the budget and the smallest configuration it reached. It times
     parts of plans (segments), so it needs the cost model itself; kept to two groups and a short
     front so that it costs about what the parts search does."""
-    from tightfit.plan.tiling import cost_seconds, draft_tiling, search_tiling
+    from tightfit.plan.tiling import candidate_cuts, cost_seconds, default_grids, draft_tiling, search_tiling
 
     if ctx.budget_bytes is None or ctx.cost is None:
         return []
-    found = search_tiling(ctx.model, cost_seconds(ctx.cost, ctx.model.graph), ctx.budget_bytes, max_groups=2,
-                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0)
+    g = ctx.model.graph
+    space = dict(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS)) if ctx.quick else {}
+    found = search_tiling(ctx.model, cost_seconds(ctx.cost, g), ctx.budget_bytes, max_groups=2,
+                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, **space)
     smallest = min(found.front or (found.chosen,), key=lambda p: (p.peak_bytes, p.seconds))
     points = [p for p in dict.fromkeys([found.chosen, smallest]) if p.groups]
     return [Candidate("tiling", f"fused tiling {p.spec}",
@@ -310,6 +321,7 @@ class CNNSpace:
     candidates: tuple[Candidate, ...] = ()
     layout: str = "nhwc"
     dtype: str = "fp32"
+    quick: bool = False  # searched quickly (QUICK_LAYERS)
     _plans: dict = field(default_factory=dict)
     _memory: dict = field(default_factory=dict)
     planned_steps: int = 0
@@ -415,7 +427,8 @@ def _fixed_whole(g: Graph, partitions: Sequence[Sequence[int]]) -> tuple[set[int
     return fixed, len(input_parts) > 1
 
 
-def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32") -> list[CNNSpace]:
+def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
+               thorough: bool = False) -> list[CNNSpace]:
     from tightfit.plan.parts_search import splittable_layers
 
     spaces = []
@@ -429,7 +442,7 @@ def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", 
         layers = [l for l in splittable_layers(g) if l not in fixed]
         source_top = 0 if input_crosses else _log2_top(spatial(g.shape(g.inputs[0]))[0])
         spaces.append(CNNSpace(m, model, parts, pids, local, _groups(g, layers, max_groups), source_top,
-                               layout=layout, dtype=dtype))
+                               layout=layout, dtype=dtype, quick=not thorough and len(g.layers) >= QUICK_LAYERS))
     return spaces
 
 
@@ -503,12 +516,12 @@ class FitProblem:
 
     def __init__(self, app: FitApp, cost_seconds: Callable[[Plan, Sequence[Graph]], float],
                  param_bytes: int = 0, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
-                 cost: Any = None):
+                 cost: Any = None, thorough: bool = False):
         self.app = app
         self.cost_seconds = cost_seconds
         self.cost = cost
         self.param_bytes = param_bytes
-        self.spaces = cnn_spaces(app, max_groups, layout, dtype)
+        self.spaces = cnn_spaces(app, max_groups, layout, dtype, thorough)
         self.points: dict[tuple, FitPoint] = {}
         self._seconds: dict[tuple[int, tuple], float] = {}
         self.on_evaluate: Callable[[int], None] = lambda n: None
@@ -573,7 +586,8 @@ class FitProblem:
             if len(s.partitions) > 1:
                 continue
             g = s.model.graph
-            ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype)
+            ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype,
+                             s.quick)
             asked += [(s, name, ctx) for name in sources]
         forked = [i for i, (s, name, _) in enumerate(asked) if name in FORKED_SOURCES
                   and len(s.model.graph.layers) >= FORK_MIN_LAYERS and (os.cpu_count() or 1) > 1]
@@ -615,6 +629,8 @@ class FitProblem:
         n = len(s.groups)
         whole = [[0, 0, 0, 0] + [0] * n, [0, 1, 0, 0] + [0] * n]
         finest = [[0, 0, 0] + up[3:], [0, 0, 1] + up[3:]]
+        if s.quick:
+            return whole + finest[:1]
         prefixes = [[0, 0, 0] + up[3:5 + k] + [min(rest, u) for u in up[5 + k:]]
                     for rest in (0, 1) for k in range(n - 1)]
         return whole + finest + prefixes
@@ -699,8 +715,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     search around its front, or every genome when the
     space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
     candidates with `source_budget` (run memory per CNN). The genetic search stops early once
-    its plans reach `max_steps` steps in all (seeds are always evaluated). Deterministic for a
-    given seed."""
+    its plans reach `max_steps` steps in all (seeds are always evaluated), and does not run when
+    a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed."""
 
     report = progress or (lambda done, total: None)
     reuse = problem.evaluate(problem.reuse_genes())
@@ -726,7 +742,8 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
             problem.evaluate(genes)
         problem.max_steps = max_steps
         try:
-            if problem.planned_steps > max_steps:  # the seeds took the work: any new plan would stop it
+            if problem.planned_steps > max_steps or any(s.quick for s in problem.spaces):
+                # The seeds took the work (any new plan would stop it), or a CNN is searched quickly.
                 raise _OutOfWork
             _nsga2(problem, seed, pop_size, generations)
             _polish(problem)

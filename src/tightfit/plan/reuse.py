@@ -4,6 +4,7 @@ layer writes over an input that dies there), placed in one arena by an offset pl
 Pure functions: graph(s) and options in, Plan out."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,7 +26,11 @@ class PlannedModel:
     batch: int = 1
 
     def ref(self) -> ModelRef:
-        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), fingerprint(self.graph), self.batch)
+        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), self.graph_fingerprint, self.batch)
+
+    @functools.cached_property
+    def graph_fingerprint(self) -> str:  # hashing a large graph takes milliseconds; searches draft hundreds of plans
+        return fingerprint(self.graph)
 
 
 def layer_order(graph: Graph, order: str) -> tuple[int, ...]:

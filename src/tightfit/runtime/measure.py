@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
@@ -99,14 +99,28 @@ def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
 
 class Measurement:
     """`job` (see _child.py) started in a fresh interpreter; the caller may work meanwhile (the
-    peak is the measuring process's own), then wait for `result()` or `cancel()` it."""
+    peak is the measuring process's own), then wait for `result()` or `cancel()` it. With `job`
+    None the process starts now and loads the `preload` models (zoo spec, input shape) while the
+    caller works; `send` gives it the job. `threads`: its torch threads unless OMP_NUM_THREADS
+    says (default: one per core)."""
 
-    def __init__(self, job: dict[str, Any]):
+    def __init__(self, job: dict[str, Any] | None, preload: Sequence[tuple[str, Sequence[int]]] = (),
+                 threads: int | None = None):
         env = dict(os.environ, **MALLOC_ENV)
-        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
-        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._child", json.dumps(job)],
+        args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._child", *args],
+                                     stdin=subprocess.PIPE if job is None else None,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def send(self, job: dict[str, Any]) -> None:
+        self.job = job
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the process ended early: result() reports why
+            pass
 
     def result(self, timeout: float = 900) -> Measured:
         try:
