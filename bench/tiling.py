@@ -11,7 +11,8 @@ kernel temporaries), so run budget = budget - parameters. We do not swap: a conf
 or it does not. Per budget:
 - ours: the tiling search's pick (cut points after downsampling, grids up to 8x8, up to three
   groups, overlap recomputed or reused; below that space, as at 16 MiB, the fine space: every cut
-  point, tiles one or two rows high with reuse, narrow border columns), its predicted run memory
+  point, tiles one or two rows high with reuse, narrow border columns, and the whole network by
+  parts, from the parts search: row bands per layer, see plan/tiling.py), its predicted run memory
   (from the placed plan) and the measured one (fresh process), and its measured latency (median
   of --runs runs); the 16 MiB row also prints the latency ratio to our unconstrained latency;
 - MAFAT's own space, enumerated exhaustively: no cut, or a cut at 4, 8 or 12 (groups 0..c-1 and
@@ -46,8 +47,8 @@ import tightfit  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
-from tightfit.plan.tiling import (TileGroup, cost_seconds, format_tiling, plan_tiling, search_tiling,  # noqa: E402
-                                  step_memory)
+from tightfit.plan.tiling import (TileGroup, TilingPoint, cost_seconds, format_tiling, plan_point,  # noqa: E402
+                                  plan_tiling, search_tiling, step_memory)
 from tightfit.runtime.cost import CostModel  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import measure_subprocess  # noqa: E402
@@ -94,14 +95,22 @@ def measured_run_bytes(plan, tmp: Path) -> int:
     return measure_subprocess({"kind": "plan", "plan": str(path)}).run_bytes
 
 
-def mafat_name(groups) -> str:
-    """Our groups in MAFAT's notation N1xM1/cut/N2xM2 where they fit it."""
+def mafat_name(key) -> str:
+    """A configuration (its key: groups, parts) in MAFAT's notation N1xM1/cut/N2xM2 where it fits."""
+    groups, parts = key
+    if parts is not None:
+        return TilingPoint((), 0, 0.0, parts).spec
     gs = list(groups)
     if not gs:
         return "1x1/NoCut"
     if len(gs) == 1 and gs[0].first == 0 and gs[0].last == 15:
         return f"{gs[0].grid[0]}x{gs[0].grid[1]}/NoCut"
     return format_tiling(gs)
+
+
+def key(p: TilingPoint) -> tuple:
+    """What tells configurations apart (the parts configurations have no groups)."""
+    return p.groups, p.parts
 
 
 def mafat_space() -> dict[str, tuple[TileGroup, ...]]:
@@ -142,29 +151,30 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
     # Measured re-ranking: the RERANK configurations predicted fastest within each budget (the
     # layer-by-layer plan among them, as the no-group configuration), measured; the fastest kept.
     candidates = {}
+    lbl_point = TilingPoint((), 0, 0.0)
     for b, run_budget in budgets.items():
         fitting = sorted((p for p in found.points if p.peak_bytes <= run_budget), key=lambda p: p.seconds)
-        candidates[b] = [p.groups for p in fitting[:RERANK]] + ([()] if peak(plan_reuse(model), g) <= run_budget else [])
+        candidates[b] = fitting[:RERANK] + ([lbl_point] if peak(plan_reuse(model), g) <= run_budget else [])
     ours = {}
-    for groups in {gs for p in picks.values() if p is not None for gs in [p.groups]} | {gs for c in candidates.values() for gs in c}:
-        ours[groups] = plan_tiling(model, groups)
+    for p in [p for p in picks.values() if p is not None] + [p for c in candidates.values() for p in c]:
+        ours.setdefault(key(p), plan_point(model, p))
     unconstrained = found.chosen
-    ours.setdefault(unconstrained.groups, plan_tiling(model, unconstrained.groups))
+    ours.setdefault(key(unconstrained), plan_point(model, unconstrained))
     lbl = plan_reuse(model)
     timed = {("ours", k): p for k, p in ours.items()}  # (the re-ranking candidates among them)
     timed.update({("mafat", k): p for k, p in mafat_plans.items() if any(mafat_peak[k] <= v for v in budgets.values())})
     timed[("lbl", ())] = lbl
     lat = latencies(timed, g, runs)
-    shown = {p.groups for p in picks.values() if p is not None}
-    reranked = {b: min(c, key=lambda gs: lat[("ours", gs)]) if c else None for b, c in candidates.items()}
+    shown = {key(p) for p in picks.values() if p is not None}
+    reranked = {b: min((key(p) for p in c), key=lambda k: lat[("ours", k)]) if c else None for b, c in candidates.items()}
     shown |= {gs for gs in reranked.values() if gs is not None}
     measured = {k: measured_run_bytes(ours[k], tmp) for k in shown}
 
     predicted_ms = {k: cost.plan_seconds(p, [g]) * 1e3 for k, p in timed.items()}
-    base_ms = min(lat[("lbl", ())], lat[("ours", unconstrained.groups)]) * 1e3
+    base_ms = min(lat[("lbl", ())], lat[("ours", key(unconstrained))]) * 1e3
     print(f"layer by layer: run memory {peak(lbl, g) / MiB:.2f} MiB + parameters, latency {lat[('lbl', ())] * 1e3:.0f} ms "
           f"(predicted {predicted_ms[('lbl', ())]:.0f}); our unconstrained pick {unconstrained.spec}: "
-          f"{lat[('ours', unconstrained.groups)] * 1e3:.0f} ms (predicted {predicted_ms[('ours', unconstrained.groups)]:.0f}); "
+          f"{lat[('ours', key(unconstrained))] * 1e3:.0f} ms (predicted {predicted_ms[('ours', key(unconstrained))]:.0f}); "
           f"unconstrained latency = the faster: {base_ms:.0f} ms")
     print()
     head = (f"{'MiB':>4} | {'our configuration':<38} {'pred':>6} {'meas':>6} {'ms':>6} {'pred ms':>7} | "
@@ -187,10 +197,10 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
             misses.append(f"{b} MiB: no configuration fits (parameters {params / MiB:.1f} MiB + smallest run "
                           f"{found.smallest_bytes / MiB:.1f} MiB)")
         else:
-            p = ours[pick.groups]
-            ms = lat[("ours", pick.groups)] * 1e3
-            ours_txt = (f"{mafat_name(pick.groups):<38} {peak(p, g) / MiB:6.2f} {measured[pick.groups] / MiB:6.2f} {ms:6.0f} "
-                        f"{predicted_ms[('ours', pick.groups)]:7.0f}")
+            p = ours[key(pick)]
+            ms = lat[("ours", key(pick))] * 1e3
+            ours_txt = (f"{mafat_name(key(pick)):<38} {peak(p, g) / MiB:6.2f} {measured[key(pick)] / MiB:6.2f} {ms:6.0f} "
+                        f"{predicted_ms[('ours', key(pick))]:7.0f}")
             ratio = f"{ms / (lat[('mafat', best)] * 1e3):9.3f}" if best else ""
             if best and ms > 1.05 * lat[("mafat", best)] * 1e3:
                 misses.append(f"{b} MiB: our pick is {ms / (lat[('mafat', best)] * 1e3):.2f}x the best of MAFAT's space")
@@ -212,22 +222,22 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
             misses.append(f"{b} MiB: re-ranked pick {ratio:.2f}x the best of MAFAT's space")
     small = picks.get(16)
     if small is not None:
-        for label, gs in (("pick", small.groups), ("re-ranked pick", reranked[16])):
+        for label, gs in (("pick", key(small)), ("re-ranked pick", reranked[16])):
             p, ms = ours[gs], lat[("ours", gs)] * 1e3
             r = ms / base_ms
-            print(f"\n16 MiB {label} {format_tiling(gs)}: run memory predicted {peak(p, g) / MiB:.3f} MiB, measured "
+            print(f"\n16 MiB {label} {mafat_name(gs)}: run memory predicted {peak(p, g) / MiB:.3f} MiB, measured "
                   f"{measured[gs] / MiB:.3f} MiB (run budget 16 MiB - parameters = {budgets[16] / MiB:.3f} MiB); latency "
                   f"{ms:.0f} ms = {r:.2f}x our unconstrained {base_ms:.0f} ms (target <= 1.5x; paper 31095/15065 = 2.06x "
                   f"with swapping)")
-        best16 = min(lat[("ours", small.groups)], lat[("ours", reranked[16])]) * 1e3 / base_ms
+        best16 = min(lat[("ours", key(small))], lat[("ours", reranked[16])]) * 1e3 / base_ms
         if best16 > 1.5:
             misses.append(f"16 MiB latency ratio {best16:.2f} > 1.5")
-    smallest_groups = min(found.front, key=lambda p: p.peak_bytes).groups
+    smallest = min(found.front, key=lambda p: p.peak_bytes)
     if small is None and 16 in budgets:
-        sp = ours.get(smallest_groups) or plan_tiling(model, smallest_groups)
+        sp = ours.get(key(smallest)) or plan_point(model, smallest)
         ms = latencies({"s": sp}, g, runs)["s"] * 1e3
         print(f"\n16 MiB with parameters cannot fit: parameters alone are {params / MiB:.2f} MiB. Without the parameters, "
-              f"the smallest configuration {format_tiling(smallest_groups)} needs {peak(sp, g) / MiB:.2f} MiB and runs in "
+              f"the smallest configuration {smallest.spec} needs {peak(sp, g) / MiB:.2f} MiB and runs in "
               f"{ms:.0f} ms = {ms / base_ms:.2f}x our unconstrained latency (target <= 1.5x)")
     errors = sorted(predicted_ms[k] / (lat[k] * 1e3) for k in timed)
     print(f"\ncost model, predicted / measured latency over the {len(timed)} plans timed: min {errors[0]:.2f}, "
@@ -253,7 +263,7 @@ def part_mcunet(runs: int) -> None:
     model = PlannedModel(g, "mobilenet_v2")
     no_time = lambda *a: 0.0  # noqa: E731  (int8 plans are accounted, not timed: smallest memory is asked)
     t0 = time.perf_counter()
-    tiled = search_tiling(model, no_time, 1, dtype="int8", front_points=0).chosen
+    tiled = search_tiling(model, no_time, 1, dtype="int8", front_points=0, parts=False).chosen
     tiling_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     parts = search_parts(model, no_time, 1, dtype="int8").chosen

@@ -16,7 +16,7 @@ from tightfit.plan import schema
 from tightfit.plan.check import check_plan, lifetimes
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
-                                  groupable_runs, parse_tiling, plan_tiling, search_tiling)
+                                  groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import run_reference
@@ -54,7 +54,7 @@ def _run_equal(g, p, x, ref) -> None:
     outs = ArenaExecutor(p, [g], fill_nan=True).run(x)[0]
     for t in g.outputs:
         result = compare(outs[t], ref[t])
-        assert result.ok, f"{p.knobs['tiling']} output {t}: {result}"
+        assert result.ok, f"{p.knobs.get('tiling', p.knobs['method'])} output {t}: {result}"
 
 
 @pytest.mark.parametrize("name", zoo.names())
@@ -235,9 +235,29 @@ def test_fine_space_below_the_coarse_space():
                            front_points=0)
     budget = coarse.smallest_bytes - 1
     found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
-                          front_points=0)
+                          front_points=0, parts=False)
     assert found.fits and found.chosen.peak_bytes <= budget
     p = plan_tiling(model, found.chosen.groups)
+    rep = check_plan(p, [g])
+    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
+    x = torch.randn(g.shape(g.inputs[0]))
+    _run_equal(g, p, x, run_reference(g, x))
+
+
+def test_parts_configuration_below_the_tile_space():
+    """Below everything tiles reach (the fine space included), the search's parts configuration
+    (the whole network by parts, from the parts search) fits; its plan is the one predicted,
+    checks, and computes the reference outputs. Without `parts` nothing fits."""
+    name = "minakova5"
+    g = GRAPHS.setdefault(name, tightfit.load(name))
+    model = PlannedModel(g, name)
+    options = dict(max_groups=2, grids=default_grids(3), front_points=0)
+    budget = search_tiling(model, _fake_seconds, 1, **options).smallest_bytes
+    assert not search_tiling(model, _fake_seconds, budget, parts=False, **options).fits
+    found = search_tiling(model, _fake_seconds, budget, **options)
+    assert found.fits and found.chosen.parts is not None and not found.chosen.groups
+    assert found.chosen.peak_bytes <= budget and found.chosen.spec.startswith("parts ")
+    p = plan_point(model, found.chosen)
     rep = check_plan(p, [g])
     assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
     x = torch.randn(g.shape(g.inputs[0]))

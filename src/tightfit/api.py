@@ -185,7 +185,7 @@ def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, la
     from dataclasses import replace
 
     from tightfit.errors import BudgetError
-    from tightfit.plan.tiling import cost_seconds, parse_tiling, plan_tiling, search_tiling
+    from tightfit.plan.tiling import cost_seconds, parse_tiling, plan_point, plan_tiling, search_tiling
     from tightfit.runtime.cost import CostModel
     from tightfit.units import human
 
@@ -197,7 +197,7 @@ def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, la
     cost = cost or CostModel.default()
     found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0)
     cost.save()
-    p = plan_tiling(model, found.chosen.groups, planner, layout)
+    p = plan_point(model, found.chosen, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
     if needs > budget:  # also when nothing fits: the pick is then the smallest reachable
         raise BudgetError(f"no tiling of {model.spec} fits {human(budget)}: the smallest reachable needs "

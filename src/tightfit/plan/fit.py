@@ -123,7 +123,7 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     g = ctx.model.graph
     space = dict(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS)) if ctx.quick else {}
     found = search_tiling(ctx.model, cost_seconds(ctx.cost, g), ctx.budget_bytes, max_groups=2,
-                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, **space)
+                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, parts=False, **space)
     smallest = min(found.front or (found.chosen,), key=lambda p: (p.peak_bytes, p.seconds))
     points = [p for p in dict.fromkeys([found.chosen, smallest]) if p.groups]
     return [Candidate("tiling", f"fused tiling {p.spec}",

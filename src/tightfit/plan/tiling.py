@@ -28,12 +28,18 @@ its receptive field). The rows a tile below needs again are copied into a small 
 that tile copies them back into the top of its own tile buffer. The computed rows are a
 full-width band of the tile buffer, so kernels still write dense views. Column overlap is
 recomputed (a reused column strip would make the computed part a strided view).
+
+Below its space of tilings (a budget no coarse grid fits), the search also considers the whole
+network by parts (plan/parts.py, found by the parts search): the limit the fine tilings approach,
+row bands of the full width, but each layer with its own band height and a stream cut where a
+tensor is held whole, which tiles of one grid per group cannot express. Such a configuration
+has no groups; its `parts` says how it runs.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from tightfit.analysis.csdf import split_rows
 from tightfit.errors import OptionError
@@ -43,6 +49,9 @@ from tightfit.ops.base import Region
 from tightfit.plan import windows as memo
 from tightfit.plan.reuse import PlannedModel, assign_buffers, layout_for, whole_steps
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
+
+if TYPE_CHECKING:
+    from tightfit.plan.parts_search import PartsPoint
 
 OVERLAPS = ("recompute", "reuse")
 
@@ -448,6 +457,16 @@ def plan_tiling(model: PlannedModel, groups: Sequence[TileGroup], planner: str =
     return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
 
 
+def plan_point(model: PlannedModel, point: TilingPoint, planner: str = "improve", layout: str = "nhwc",
+               dtype: str = "fp32") -> Plan:
+    """The placed plan of a configuration the search assembled (tiled groups, or parts)."""
+    if point.parts is not None:
+        from tightfit.plan import parts_search
+
+        return parts_search.plan_point(model, point.parts, planner, layout, dtype)
+    return plan_tiling(model, point.groups, planner, layout, dtype)
+
+
 def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str = "nhwc", dtype: str = "fp32") -> Plan:
     """plan_tiling's plan before its buffers are placed (lifetimes and step times need no offsets)."""
     g, batch = model.graph, model.batch
@@ -572,10 +591,27 @@ class TilingPoint:
     groups: tuple[TileGroup, ...]
     peak_bytes: int
     seconds: float
+    parts: "PartsPoint | None" = None  # the whole network by parts instead (no groups)
 
     @property
     def spec(self) -> str:
+        if self.parts is not None:
+            return _parts_spec(self.parts)
         return format_tiling(self.groups) or "layer-by-layer"
+
+
+def _parts_spec(p: "PartsPoint") -> str:
+    """Phases per layer (runs of equal phases as ranges), the input's bands, held layers:
+    "parts 0:512,1:304,2-5:152, input 256, held 11"."""
+    runs: list[list[int]] = []  # [first, last, phases]
+    for lid, n in p.phases:
+        if runs and runs[-1][1] == lid - 1 and runs[-1][2] == n:
+            runs[-1][1] = lid
+        else:
+            runs.append([lid, lid, n])
+    layers = ",".join(f"{a}:{n}" if a == b else f"{a}-{b}:{n}" for a, b, n in runs)
+    return (f"parts {layers}, input {p.source_phases}" + (", aligned" if p.align else "")
+            + (f", held {','.join(map(str, p.held))}" if p.held else ""))
 
 
 @dataclass(frozen=True)
@@ -699,14 +735,16 @@ class _Option:
 def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
                   grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
                   cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                  timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = ()) -> TilingSearch:
+                  timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = (),
+                  parts: bool = True) -> TilingSearch:
     """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
     front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
     to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
     answers several budgets: the fastest front point within each). A budget below the space of
     `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
-    of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`)."""
+    of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`). With `parts`, a budget
+    below the coarse space also gets the parts search's front (the whole network by parts)."""
     g = model.graph
     L = len(g.layers)
     cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
@@ -835,6 +873,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     smallest = smallest_point()
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    by_parts = (_parts_points(model, seconds, min(asked), layout, dtype)
+                if parts and asked and min(asked) < smallest.peak_bytes else [])
     if asked and min(asked) < smallest.peak_bytes and "reuse" in overlaps:
         # Below the space above: the fine space, for the segments that can still fit.
         target = min(asked)
@@ -859,7 +899,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         scratch_caps = caps()
         smallest = smallest_point()
     top = fastest(1 << 62)
-    seen = [smallest, top]
+    seen = [smallest, top] + by_parts
+    smallest = min(seen, key=lambda q: (q.peak_bytes, q.seconds))
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
         ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
         ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
@@ -878,5 +919,13 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     from tightfit.plan.parts_search import pareto
 
-    distinct = tuple({p.groups: p for p in seen}.values())
+    distinct = tuple({(p.groups, p.parts): p for p in seen}.values())
     return TilingSearch(chosen, pareto(list(distinct)), evaluated, fits, smallest.peak_bytes, distinct)
+
+
+def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str) -> list[TilingPoint]:
+    """The parts search's front for `budget`, as configurations."""
+    from tightfit.plan.parts_search import search_parts
+
+    found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype)
+    return [TilingPoint((), p.peak_bytes, p.seconds, p) for p in found.front]
