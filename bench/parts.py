@@ -10,7 +10,9 @@ All timings use one torch thread (the cost model's profile is per thread count).
    predicted plan within the paper's memory (m_DL x (1 - the paper's reduction), less the
    parameters and PLACEMENT_SLACK for the offsets' distance from the search's lower bound).
    Memory is exact and the cost model's error is several times VGG 19's 2.5% allowance of
-   throughput decrease, so the target that can be met exactly is the constraint. m_DL and m_ours
+   throughput decrease, so the target that can be met exactly is the constraint; the RERANK plans
+   predicted fastest within it are then measured and the fastest kept (timed afresh for the
+   table, so the figure printed is not the draw that chose it). m_DL and m_ours
    count the imported model's parameters, fp32, MB = 10^6 bytes; m_ours = parameters + analysed
    run memory (arena + kernel temporaries), which the measured peak of a fresh process confirms.
    "parts, no reuse" sums the same plan's buffers without sharing memory; "paper setting" is one
@@ -49,6 +51,8 @@ from tightfit.runtime.reference import load_params
 MB = 1e6
 SAFETY = 0.85  # section 2 aims at this share of the allowed throughput decrease
 PLACEMENT_SLACK = 0.01  # section 1's budget leaves this share of the run memory for placement
+RERANK = 3  # section 1: plans predicted fastest within the budget, measured before one is kept
+RERANK_RUNS = 9
 TABLE_RUNS = 21  # interleaved runs per plan in sections 1-2: a 9-run median of VGG 19's decrease
                  # spread over 1.4-2.6% here, against an allowance of 2.5%
 
@@ -127,9 +131,10 @@ def table_iii(rows, cost: CostModel, runs: int, within: str) -> None:
         if within == "memory":
             budget = int((mem.naive_bytes * (1 - red_target) - mem.original_param_bytes) * (1 - PLACEMENT_SLACK))
             found = search_parts(model, seconds, budget)
+            point, plan, reranked = rerank(found, budget, model, lbl, g)
         else:
             found = search_parts(model, seconds, None, t_lbl / (1 - SAFETY * dec_target))
-        plan = plan_point(model, found.chosen)
+            point, plan, reranked = found.chosen, plan_point(model, found.chosen), ""
         rep = check_plan(plan, [g])
         t_pred = cost.plan_seconds(plan, [g])
         m_ours = mem.original_param_bytes + rep.peak_bytes
@@ -145,12 +150,28 @@ def table_iii(rows, cost: CostModel, runs: int, within: str) -> None:
               f"{no_reuse / MB:>8.1f} {paper_bytes / MB:>9.1f} {1 / s_lbl:>7.1f} {1 / s_parts:>9.1f} {decrease * 100:>5.1f}% "
               f"{(1 - t_lbl / t_pred) * 100:>5.1f}% {measured_peak(plan) / 2**20:>8.2f} {rep.peak_bytes / 2**20:>8.2f}  "
               f"{paper:<42} {ok}")
-        print(f"{'':<13} split: {len(found.chosen.phases)} layers, input in {found.chosen.source_phases} bands, "
-              f"held whole: {', '.join(g.layers[l].name for l in found.chosen.held) or 'none'}; "
+        print(f"{'':<13} split: {len(point.phases)} layers, input in {point.source_phases} bands, "
+              f"held whole: {', '.join(g.layers[l].name for l in point.held) or 'none'}; {reranked}"
               f"search {found.evaluated} plans; of the analysed run memory, kernel scratch {rep.scratch_peak / 2**20:.2f} MiB "
               f"(outside the arena: {largest_scratch(plan, g)})")
     print("targets: reduction above the paper's, throughput decrease at most the paper's (each the stricter of its printed")
     print("percentage and the one its rounded MB / fps give). pred% = the cost model's predicted decrease.\n")
+
+
+def rerank(found, budget: int, model, lbl, g):
+    """Measured re-ranking (as bench/tiling.py's): the RERANK plans predicted fastest within the
+    budget are timed interleaved with the layer-by-layer plan over RERANK_RUNS runs and the
+    fastest kept; the table then times it afresh (TABLE_RUNS), so its figure is not the lucky
+    draw that chose it. Returns (point, placed plan, what was done)."""
+    fitting = sorted((p for p in found.front if p.peak_bytes <= budget), key=lambda p: (p.seconds, p.steps))[:RERANK]
+    if len(fitting) < 2:
+        return found.chosen, plan_point(model, found.chosen), ""
+    plans = [plan_point(model, p) for p in fitting]
+    s_lbl, *s = interleaved_seconds([lbl] + plans, g, RERANK_RUNS)
+    best = min(range(len(plans)), key=lambda i: s[i])
+    decreases = ", ".join(f"{(1 - s_lbl / x) * 100:.1f}%" for x in s)
+    return fitting[best], plans[best], (f"re-ranked: the {len(plans)} plans predicted fastest within the budget measured "
+                                        f"{decreases} ({RERANK_RUNS} runs), #{best + 1} kept; ")
 
 
 def largest_scratch(plan, g) -> str:

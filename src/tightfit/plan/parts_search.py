@@ -330,7 +330,7 @@ def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
     """Bytes saved per second of predicted time added (a faster candidate gains most)."""
     saved = getattr(old, what) - getattr(new, what)
     added = new.seconds - old.seconds
-    return saved / max(added, 1e-6 * old.seconds)
+    return saved / max(added, 1e-6 * old.seconds, 1e-12)  # (a search for memory alone times nothing)
 
 
 def _moves(g: Graph, point: PartsPoint, plan: Plan):

@@ -744,7 +744,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     answers several budgets: the fastest front point within each). A budget below the space of
     `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
     of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`). With `parts`, a budget
-    below the coarse space also gets the parts search's front (the whole network by parts)."""
+    below the coarse space also gets the parts search's front there (the whole network by parts)."""
     g = model.graph
     L = len(g.layers)
     cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
@@ -873,7 +873,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     smallest = smallest_point()
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
-    by_parts = (_parts_points(model, seconds, min(asked), layout, dtype)
+    # Parts configurations compete only where the tiles' coarse space cannot go.
+    by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype) if p.peak_bytes < smallest.peak_bytes]
                 if parts and asked and min(asked) < smallest.peak_bytes else [])
     if asked and min(asked) < smallest.peak_bytes and "reuse" in overlaps:
         # Below the space above: the fine space, for the segments that can still fit.
