@@ -29,12 +29,12 @@ asked for the fastest plan below the smallest found within the limit (and, after
 step further below): refinement follows one path, and the budget stages, whose prefixes and
 refinement depend on the budget, reach cheaper splits it passes by.
 Work is bounded: every plan is memoised by its phases and held tensors; an evaluation drafts
-both row alignments and, for the better, one held tensor (at most AUTO_HOLD_LAYERS splittable); stage 1 plans O(log(layers)) prefixes
-per P; a greedy round plans at most SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most
-`max_rounds` rounds, and rounds that save nothing stop after PLATEAU_ROUNDS; a coarsening sweep
-plans at most 3 + 2 x (heights) + 2 x (split layers, if at most COARSEN_SINGLES) + (held layers)
-candidates, and each sweep
-but the last lowers the predicted time; a time limit adds at most TIGHTEN_ROUNDS budget searches.
+both row alignments and, for the better, one held tensor (networks of at most AUTO_HOLD_LAYERS
+splittable layers); stage 1 plans O(log(layers)) prefixes per P; a greedy round plans at most
+SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most `max_rounds` rounds, and rounds that save
+nothing stop after PLATEAU_ROUNDS; a coarsening sweep plans at most 3 + 2 x (heights) + 2 x
+(split layers, if at most COARSEN_SINGLES) + (held layers) candidates, and each sweep but the
+last lowers the predicted time; a time limit adds at most TIGHTEN_ROUNDS budget searches.
 """
 from __future__ import annotations
 

@@ -873,10 +873,11 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     smallest = smallest_point()
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    below = bool(asked) and min(asked) < smallest.peak_bytes  # a budget below the coarse space
     # Parts configurations compete only where the tiles' coarse space cannot go.
     by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype) if p.peak_bytes < smallest.peak_bytes]
-                if parts and asked and min(asked) < smallest.peak_bytes else [])
-    if asked and min(asked) < smallest.peak_bytes and "reuse" in overlaps:
+                if parts and below else [])
+    if below and "reuse" in overlaps:
         # Below the space above: the fine space, for the segments that can still fit.
         target = min(asked)
         every_cut = cut_points(g)
