@@ -24,7 +24,9 @@ All timings use one torch thread (the cost model's profile is per thread count).
 3. mobilenet_v2 at 224x224, int8 accounting and fp32: layer-by-layer with reuse vs the smallest
    parts plan, input included and excluded, beside MCUNetV2; fps measured on the fp32 plans.
 4. The cost model: predicted vs measured time of several plans per model (each profiled afresh,
-   each model in a fresh process).
+   each model in a fresh process). A measured run follows an untimed run of the same plan, as in
+   a stream of frames: the cost model predicts a run after a run of the same plan (the plans
+   interleaved without it found their weights and arena evicted by the plan before).
    `--cost-only` runs this section alone.
 """
 from __future__ import annotations
@@ -93,8 +95,10 @@ def cases(rows):
         yield row, g, tightfit.inspect(g), model, plan_reuse(model)
 
 
-def interleaved_times(plans, g, runs: int) -> list[list[float]]:
-    """Seconds of each run per plan, the plans run in turn so drift on this shared machine hits all."""
+def interleaved_times(plans, g, runs: int, stream: bool = False) -> list[list[float]]:
+    """Seconds of each run per plan, the plans run in turn so drift on this shared machine hits all.
+    With `stream`, each timed run follows an untimed run of the same plan, as in a stream of frames
+    (else the plan before it has evicted this plan's weights and arena from the cache)."""
     x = torch.randn(g.shape(g.inputs[0]))
     params = load_params(g)  # one copy of the weights, as one deployed model has
     exes = [ArenaExecutor(p, [g], [params]) for p in plans]
@@ -103,15 +107,17 @@ def interleaved_times(plans, g, runs: int) -> list[list[float]]:
     times: list[list[float]] = [[] for _ in plans]
     for _ in range(runs):
         for ex, ts in zip(exes, times):
+            if stream:
+                ex.run(x)
             t0 = time.perf_counter()
             ex.run(x)
             ts.append(time.perf_counter() - t0)
     return times
 
 
-def interleaved_seconds(plans, g, runs: int) -> list[float]:
+def interleaved_seconds(plans, g, runs: int, stream: bool = False) -> list[float]:
     """Median seconds per plan (interleaved_times)."""
-    return [statistics.median(ts) for ts in interleaved_times(plans, g, runs)]
+    return [statistics.median(ts) for ts in interleaved_times(plans, g, runs, stream)]
 
 
 def paired_decrease(base: list[float], other: list[float]) -> float:
@@ -235,9 +241,10 @@ def cost_section(names, runs: int) -> None:
     predicted here, alone 0-16%)."""
     import subprocess
 
-    heading("4. Cost model: predicted vs measured time per run (ms; measured = median of interleaved runs). Each model\n"
-            "   is profiled afresh just before its plans run, in a process of its own: this shared host has slow spells,\n"
-            "   and a profile measured in one stays slow until `tightfit plan ... --reprofile`.",
+    heading("4. Cost model: predicted vs measured time per run (ms; measured = median of interleaved runs, each after an\n"
+            "   untimed run of the same plan, as in a stream of frames). Each model is profiled afresh just before its\n"
+            "   plans run, in a process of its own: this shared host has slow spells, and a profile measured in one stays\n"
+            "   slow until `tightfit plan ... --reprofile`.",
             f"{'model':<14} {'plan':<16} {'steps':>6} {'predicted':>9} {'measured':>9} {'error':>7}")
     worst = 0.0
     for name in names:
@@ -259,7 +266,7 @@ def cost_rows(name: str, runs: int) -> None:
         plans[f"rows {rows}"] = plan_parts(model, phases, source)
     found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), None, 1.25 * cost.plan_seconds(plans["layer-by-layer"], [g]))
     plans["searched"] = plan_point(model, found.chosen)
-    measured = interleaved_seconds(list(plans.values()), g, runs)
+    measured = interleaved_seconds(list(plans.values()), g, runs, stream=True)
     worst = 0.0
     for (label, p), m in zip(plans.items(), measured):
         pred = cost.plan_seconds(p, [g])

@@ -11,7 +11,7 @@ import tightfit
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
-from tightfit.runtime.cost import CostModel, cold_weight_bytes, profile_id, step_key
+from tightfit.runtime.cost import CostModel, bytes_since_same_key, cold_fetches, profile_id, step_key
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,63 +54,98 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 
 
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
-    """Predicted time = sum of step times + steps x the executor's per-step loop overhead +
-    the weights fetched cold x the measured seconds per cold byte."""
+    """Predicted time = per step, between its hot and its stirred time by the bytes touched since
+    the same key last ran + steps x the executor's per-step loop overhead + the bytes fetched
+    cold x the measured seconds per cold byte."""
     g, p = small
-    times = {}
-
-    def fake(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
-        return times.setdefault(len(times), 1e-4 * (len(times) + 1))
-
-    monkeypatch.setattr(cost, "_median_seconds", fake)
+    monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
+                        2e-4 if stir_bytes else 1e-4)
     cm = CostModel(None)
+    steps = p.steps()
     total = cm.plan_seconds(p, [g])
-    steps = sum(cm.step_seconds(p, [g], s) for s in p.steps())
-    cold = sum(cold_weight_bytes(p, [g], p.steps())) * cm.cold_byte_seconds
-    assert total == pytest.approx(steps + len(p.steps()) * cm.loop_seconds + cold)
+    since = bytes_since_same_key(p, [g], steps, [step_key(p, [g], s) for s in steps])
+    warm = sum(1e-4 + 1e-4 * min(1.0, d / cost.WARM_BYTES) for d in since)
+    cold, code = cold_fetches(p, [g], steps)
+    code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
+    assert total == pytest.approx(warm + len(steps) * cm.loop_seconds + sum(cold) * cm.cold_byte_seconds + code_seconds)
+    # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
+    assert min(since) < cost.WARM_BYTES <= max(since)
 
 
-def _cold_by_brute_force(plan, g, cache_bytes: int) -> list[int]:
-    """Per step with weights: walk back (across the previous run) to the layer's previous step,
-    summing what the steps in between touch."""
-    steps = plan.steps()
-
+def _touched(plan, g, s) -> int:
     def view(a):
         b = plan.buffers[a.buffer]
         return a.region.numel(b.shape) * b.itemsize
 
-    def weights(s):
-        return sum(g.params[q].nbytes for q in g.layers[s.layer].params) if s.kind == "compute" else 0
-
-    touched = [view(s.out) + sum(view(a) for a in s.inputs) + weights(s) for s in steps]
-    out = []
-    for i, s in enumerate(steps):
-        w = weights(s)
-        if not w or w > cache_bytes:
-            out.append(0)
-            continue
-        j, between = (i - 1) % len(steps), 0
-        while steps[j].kind != "compute" or steps[j].layer != s.layer:
-            between += touched[j]
-            j = (j - 1) % len(steps)
-        out.append(w if between > cache_bytes else 0)
-    return out
+    weights = sum(g.params[q].nbytes for q in g.layers[s.layer].params) if s.kind == "compute" else 0
+    return view(s.out) + sum(view(a) for a in s.inputs) + weights
 
 
-@pytest.mark.parametrize("rows", [1, 8])
-def test_cold_weights_follow_reuse_distance(rows):
+def _cold_by_brute_force(plan, g, cache_bytes: int) -> tuple[list[float], list]:
+    """Per step, per block it touches: walk back (across the previous run) to the previous step
+    that touched the block, summing what the steps in between touch."""
+    steps = plan.steps()
+    chunk = max(cost.ARENA_CHUNK, plan.arena_bytes // cost.MAX_CHUNKS)
+    blocks = [cost._touches(plan, [g], s, chunk) for s in steps]
+    touched = [_touched(plan, g, s) for s in steps]
+    out, code = [], []
+    for i, mine in enumerate(blocks):
+        cold, op = 0.0, None
+        for block, nbytes, access in mine:
+            j, between = (i - 1) % len(steps), 0
+            while block not in {b for b, _, _ in blocks[j]}:
+                between += touched[j]
+                j = (j - 1) % len(steps)
+            if access <= cache_bytes and between > cache_bytes:
+                cold += nbytes
+                op = block[1] if block[0] == "code" else op
+        out.append(cold)
+        code.append(op)
+    return out, code
+
+
+@pytest.mark.parametrize("rows", [0, 1, 8])
+def test_cold_bytes_follow_reuse_distance(rows):
     g = tightfit.load("resnet18")
-    phases, source = phases_for_rows(g, rows)
-    p = plan_parts(PlannedModel(g, "r"), phases, source)
+    model = PlannedModel(g, "r")
+    p = plan_parts(model, *phases_for_rows(g, rows)) if rows else plan_reuse(model)
     for cache_bytes in (2**20, 16 * 2**20, 2**30):
-        cold = cold_weight_bytes(p, [g], p.steps(), cache_bytes)
-        assert cold == _cold_by_brute_force(p, g, cache_bytes)
-    cold = cold_weight_bytes(p, [g], p.steps(), 16 * 2**20)
-    layer4 = [c for s, c in zip(p.steps(), cold) if s.kind == "compute" and g.layers[s.layer].params
-              and sum(g.params[q].nbytes for q in g.layers[s.layer].params) > 8 * 2**20]
-    # 9.4 MB convolutions, most bands with other layers' bands in between
-    assert layer4 and sum(map(bool, layer4)) >= len(layer4) // 2
-    assert not any(cold_weight_bytes(p, [g], p.steps(), 2**30))  # everything stays in a 1 GiB cache
+        cold, code = cold_fetches(p, [g], p.steps(), cache_bytes)
+        brute_cold, brute_code = _cold_by_brute_force(p, g, cache_bytes)
+        assert cold == pytest.approx(brute_cold) and code == brute_code
+    cold, code = cold_fetches(p, [g], p.steps(), 2**30)
+    assert not any(cold) and not any(code)  # everything stays in a 1 GiB cache
+    # A run touches more than 16 MiB: the global pool, once a run, finds its code evicted; the
+    # convolutions, which run every few steps, never do.
+    code = cold_fetches(p, [g], p.steps(), 16 * 2**20)[1]
+    assert "global_pool" in code and "conv" not in code
+    if rows == 1:
+        cold = cold_fetches(p, [g], p.steps(), 16 * 2**20)[0]
+        big = [(s, c) for s, c in zip(p.steps(), cold) if s.kind == "compute"
+               and sum(g.params[q].nbytes for q in g.layers[s.layer].params) > 8 * 2**20]
+        # 9.4 MB convolutions, most bands with other layers' bands in between
+        weights = sum(g.params[q].nbytes for q in g.layers[big[0][0].layer].params)
+        assert big and sum(c >= weights for _, c in big) >= len(big) // 2
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_arena_spans_are_the_executors_views(layout):
+    """The reuse walk's address range of every access is where the executor's view lies."""
+    from tightfit.runtime.executor import ArenaExecutor, access_view
+
+    g = tightfit.load("mobilenet_v1_025")
+    p = plan_parts(PlannedModel(g, "m"), *phases_for_rows(g, 5), layout=layout)
+    ex = ArenaExecutor(p, [g])
+    views = ex._views(0)
+    base = ex.arena.data_ptr()
+    for s in p.steps():
+        for a in (s.out,) + s.inputs:
+            v = access_view(views[a.buffer], a)
+            if not v.numel():
+                continue
+            first = v.data_ptr() - base
+            last = first + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) * v.element_size() + v.element_size()
+            assert cost._arena_span(p, a) == (first, last), (s, a)
 
 
 def test_profile_id_names_the_thread_count():

@@ -3,16 +3,26 @@
 Every step of a plan has a key: what it computes or copies and the shapes of the views it reads
 and writes (so the same layer settings share one entry, and a border band with its padding is
 timed apart from a middle band). A key is timed once, by binding the step exactly as the executor
-does (`compile_step`) to views of the same shapes and running it: the median of several runs.
-Times are kept on disk in a profile whose id names the machine, torch, the thread count and the
-kernels' code, so every planner and search shares one set of measurements.
+does (`compile_step`) to views of the same shapes and running it: the median of several runs,
+each after the caches are stirred ("stirred": the step's code and data are in the last-level
+cache only) and of several runs back to back ("hot"). Times are kept on disk in a profile whose
+id names the machine, torch, the thread count and the kernels' code, so every planner and search
+shares one set of measurements.
 
-A plan's predicted time is the sum of its steps' times plus the executor's per-step loop
-overhead (timed too), plus the time to fetch weights from memory that the isolated timing found
-in cache: inside a plan, a layer's weights are evicted when the steps since its previous use
-touched more than the cache holds (e.g. resnet18 by one-row bands runs each of layer4's 9.4 MB
-convolutions 7 times with all other layers in between). Partitions that run concurrently count
-as their slowest member.
+A plan's predicted time walks its steps in order (`plan_seconds`):
+- each step costs between its hot and its stirred time, by how many bytes the steps since the
+  same key last ran have touched (a one-row band repeated 100 times a run finds its code, weights
+  and neighbours in L2; a layer run once a run does not);
+- plus the executor's per-step loop overhead (timed too);
+- plus the time to fetch from memory what the stirred timing found in cache: the layer's weights,
+  the arena bytes it reads and writes and the band of the input, when more than the cache holds
+  was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
+  9.4 MB convolutions 7 times with all other layers in between; a layer-by-layer plan writes its
+  first activations over arena bytes last used a whole run earlier);
+- plus, for a step whose op has not run for as long, the time to fetch the op's code and torch's
+  data on the way to it (measured once per op: a global pool run once a run takes 50-85 us
+  instead of its 13 us alone).
+Partitions that run concurrently count as their slowest member.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ import platform
 import statistics
 import time
 from dataclasses import replace
+from math import prod
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -32,23 +43,25 @@ from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.plan.schema import Plan, Step
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 SAMPLES = 7
 STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
 
 
-def _cache_bytes() -> int:
-    """The last-level cache a step's weights can count on: half of it (it is shared with the
-    data the steps touch, with other cores and, on a VM, other tenants)."""
+def _sysfs_cache_bytes(index: int, default: int) -> int:
     try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
-        size = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text().strip()
+        return int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
     except (OSError, ValueError):
-        size = 16 * 2**20
-    return size // 2
+        return default
 
 
-CACHE_BYTES = _cache_bytes()
+# The last-level cache a step can count on: half of it (it is shared with other cores and, on a
+# VM, other tenants).
+CACHE_BYTES = _sysfs_cache_bytes(3, 32 * 2**20) // 2
+# A key that ran this many bytes ago runs at its stirred time; nearer, it finds part of its code
+# and data still in L2 (twice L2: half of what an L2-sized stir writes still evicts).
+WARM_BYTES = 2 * _sysfs_cache_bytes(2, 2**20)
 
 
 def profile_id() -> str:
@@ -86,11 +99,13 @@ class CostModel:
         self.id = profile_id()
         self.path = path
         self.seconds: dict[str, float] = {}
+        self.hot_seconds: dict[str, float] = {}  # per step key, its time run back to back
         if path is not None and path.exists() and not reprofile:
             try:
-                self.seconds = json.loads(path.read_text())["seconds"]
+                saved = json.loads(path.read_text())
+                self.seconds, self.hot_seconds = saved["seconds"], saved["hot"]
             except (ValueError, KeyError, OSError):
-                self.seconds = {}  # a damaged profile is measured again
+                self.seconds, self.hot_seconds = {}, {}  # a damaged profile is measured again
         self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
         self._measured = 0
 
@@ -124,15 +139,35 @@ class CostModel:
         return self.seconds[key]
 
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
-        cold = sum(cold_weight_bytes(plan, graphs, steps)) * self.cold_byte_seconds
-        return sum(self.step_seconds(plan, graphs, s) for s in steps) + len(steps) * self.loop_seconds + cold
+        """Predicted seconds of `steps` run in order, again and again (one run of a stream)."""
+        keys = [step_key(plan, graphs, s) for s in steps]
+        for key, s in zip(keys, steps):
+            self._measure(plan, graphs, s, key)
+        since = bytes_since_same_key(plan, graphs, steps, keys)
+        warm = sum(self.hot_seconds[k] + (self.seconds[k] - self.hot_seconds[k]) * min(1.0, d / WARM_BYTES)
+                   for k, d in zip(keys, since))
+        cold, cold_code = cold_fetches(plan, graphs, steps)
+        code = sum(self.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
+        return warm + len(steps) * self.loop_seconds + sum(cold) * self.cold_byte_seconds + code
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
+        """The step's stirred time (its code and data in the last-level cache only)."""
         key = step_key(plan, graphs, step)
-        if key not in self.seconds:
-            self.seconds[key] = _median_seconds(self._bound_step(plan, graphs, step))
-            self._measured += 1
+        self._measure(plan, graphs, step, key)
         return self.seconds[key]
+
+    def _measure(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> None:
+        if key not in self.seconds or key not in self.hot_seconds:
+            run = self._bound_step(plan, graphs, step)
+            self.seconds[key] = _median_seconds(run)
+            self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
+            self._measured += 1
+            code_key = CODE_KEY + _op_kind(graphs, step)
+            touched = _touched_bytes(plan, graphs, step)
+            if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
+                # Evicted data on a step this small costs little next to evicted code.
+                cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
+                self.record(code_key, max(0.0, cold - self.seconds[key] - touched * self.cold_byte_seconds))
 
     def record(self, key: str, seconds: float) -> None:
         """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""
@@ -145,7 +180,7 @@ class CostModel:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds}, sort_keys=True))
+        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds, "hot": self.hot_seconds}, sort_keys=True))
         os.replace(tmp, self.path)
         self._measured = 0
 
@@ -200,23 +235,104 @@ def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
                        [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
 
 
-def cold_weight_bytes(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], cache_bytes: int = CACHE_BYTES) -> list[int]:
-    """Per step, the weight bytes it reads from memory although its isolated timing found them in
-    cache: a layer's weights (if they fit the cache at all) are cold when the steps since the
-    layer's previous step, in this run or the previous one, touched more than `cache_bytes`."""
-    weights = [_weight_bytes(graphs, s) for s in steps]
-    touched = [_view_bytes(plan, s.out) + sum(_view_bytes(plan, a) for a in s.inputs) + w for s, w in zip(steps, weights)]
-    last_use: dict[tuple[int, int], int] = {}
-    total, cold = 0, [0] * len(steps)
-    for round_ in range(2):  # the first round only finds each layer's last use in the previous run
-        for i, (s, w) in enumerate(zip(steps, weights)):
-            if w:
-                key = (s.model, s.layer)
-                if round_ and w <= cache_bytes and total - last_use[key] > cache_bytes:
-                    cold[i] = w
-                last_use[key] = total + touched[i]
+def bytes_since_same_key(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], keys: Sequence[str]) -> list[int]:
+    """Per step, the bytes touched by the steps since the previous step of the same key, in this
+    run or the previous one."""
+    touched = [_touched_bytes(plan, graphs, s) for s in steps]
+    last: dict[str, int] = {}
+    total, since = 0, [0] * len(steps)
+    for round_ in range(2):  # the first round only finds each key's last step in the previous run
+        for i, key in enumerate(keys):
+            if round_:
+                since[i] = total - last[key]
             total += touched[i]
-    return cold
+            last[key] = total
+    return since
+
+
+def cold_fetches(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step],
+                 cache_bytes: int = CACHE_BYTES) -> tuple[list[float], list[str | None]]:
+    """Per step, the bytes it reads or writes from memory although its stirred timing found them
+    in cache, and its op kind if the op's code was evicted too (else None). A block (a layer's
+    weights, a chunk of the arena, a chunk of the model input, an op's code) whose access fits
+    the cache is cold when the steps since its previous use, in this run or the previous one,
+    touched more than `cache_bytes`."""
+    chunk = max(ARENA_CHUNK, plan.arena_bytes // MAX_CHUNKS)
+    touches = [_touches(plan, graphs, s, chunk) for s in steps]
+    touched = [_touched_bytes(plan, graphs, s) for s in steps]
+    last_use: dict[tuple, int] = {}
+    total, cold, code = 0, [0.0] * len(steps), [None] * len(steps)
+    for round_ in range(2):  # the first round only finds each block's last use in the previous run
+        for i, blocks in enumerate(touches):
+            if round_:
+                for block, nbytes, access in blocks:
+                    if access <= cache_bytes and total - last_use[block] > cache_bytes:
+                        cold[i] += nbytes
+                        if block[0] == "code":
+                            code[i] = block[1]
+            total += touched[i]
+            for block, _, _ in blocks:
+                last_use[block] = total
+    return cold, code
+
+
+# Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
+# on the op's first step that touches at most CODE_PROBE_BYTES.
+CODE_KEY = "code:"
+CODE_PROBE_BYTES = 2**20
+ARENA_CHUNK = 64 * 2**10  # the reuse walk follows the arena in chunks of at least this size
+MAX_CHUNKS = 1024  # and at most this many (a 500 MB arena in chunks of 0.5 MB)
+
+
+def _touches(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> list[tuple[tuple, float, int]]:
+    """What a step reads and writes, as (block, bytes in it, bytes of the whole access); its op's
+    code (and the interpreter's and torch's data on the way to it) counts as a block of no bytes."""
+    out: list[tuple[tuple, float, int]] = [(("code", _op_kind(graphs, step)), 0.0, 0)]
+    w = _weight_bytes(graphs, step)
+    if w:  # a convolution's weights are packed once per input shape (ops/conv.PackedWeights)
+        shapes = tuple((a.region.n, a.region.h, a.region.w) for a in step.inputs)
+        out.append((("weights", step.model, step.layer, shapes), w, w))
+    for a in (step.out,) + step.inputs:
+        first, end = _arena_span(plan, a)
+        out += _chunked(("arena",), first, end, _view_bytes(plan, a), chunk)
+    if step.kind == "input":  # the band of the model's input it reads (rows of the input tensor)
+        g = graphs[step.model]
+        shape = g.shape(g.inputs[0])
+        row = prod(shape[1:]) * 4 // (shape[2] if len(shape) == 4 else 1)
+        r = step.out.region
+        out += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
+    return out
+
+
+def _chunked(space: tuple, first: int, end: int, nbytes: int, chunk: int) -> list[tuple[tuple, float, int]]:
+    ids = range(first // chunk, max(first, end - 1) // chunk + 1)
+    return [(space + (c,), nbytes / len(ids), nbytes) for c in ids]
+
+
+def _arena_span(plan: Plan, a) -> tuple[int, int]:
+    """The arena bytes from an access's first element to past its last (frame copy 0)."""
+    b = plan.buffers[a.buffer]
+    r, (n, h, w) = a.region, a.at
+    if len(b.shape) == 4 and b.layout == "nhwc":
+        _, c, hh, ww = b.shape
+        first = ((n * hh + h) * ww + w) * c
+        end = (((n + r.n - 1) * hh + h + r.h - 1) * ww + w + r.w) * c
+    elif len(b.shape) == 4:
+        _, c, hh, ww = b.shape
+        first = (n * c * hh + h) * ww + w
+        end = (((n + r.n - 1) * c + c - 1) * hh + h + r.h - 1) * ww + w + r.w
+    else:
+        row = prod(b.shape[1:])
+        first, end = n * row, (n + r.n) * row
+    return b.offsets[0] + first * b.itemsize, b.offsets[0] + end * b.itemsize
+
+
+def _op_kind(graphs: Sequence[Graph], step: Step) -> str:
+    return graphs[step.model].layers[step.layer].op if step.kind == "compute" else step.kind
+
+
+def _touched_bytes(plan: Plan, graphs: Sequence[Graph], step: Step) -> int:
+    return _view_bytes(plan, step.out) + sum(_view_bytes(plan, a) for a in step.inputs) + _weight_bytes(graphs, step)
 
 
 def _weight_bytes(graphs: Sequence[Graph], step: Step) -> int:
@@ -264,7 +380,8 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
         times = []
         for _ in range(samples):
-            stir.fill_(1.0)
+            if stir_bytes:
+                stir.fill_(1.0)
             t0 = time.perf_counter()
             run()
             times.append(time.perf_counter() - t0)
