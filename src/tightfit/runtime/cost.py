@@ -298,7 +298,7 @@ def _touches(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> lis
     if step.kind == "input":  # the band of the model's input it reads (rows of the input tensor)
         g = graphs[step.model]
         shape = g.shape(g.inputs[0])
-        row = prod(shape[1:]) * 4 // (shape[2] if len(shape) == 4 else 1)
+        row = prod(shape[1:]) * plan.buffers[step.out.buffer].itemsize // (shape[2] if len(shape) == 4 else 1)
         r = step.out.region
         out += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
     return out
