@@ -169,3 +169,28 @@ def test_border_band_needs_no_band_sized_temporary():
         assert [(c.out_rows, c.copy) for c in calls] == expected
         padded_copy = shapes[0][1] * (rows + 2) * (win.region.w + 2) * 4  # its input rows and one zero row
         assert op.workspace_bytes(layer, band, shapes, out_shape, 4) == (padded_copy if calls[0].copy else 0)
+
+
+def test_small_pointwise_bands_run_as_one_matrix_product():
+    """A one-row band of mobilenet_v2's first 1x1 expansion is a (pixels x C) GEMM into the
+    output's memory: equal to the convolution, no temporary; a whole large layer stays oneDNN's."""
+    from tightfit.ops import conv
+    from tightfit.ops.base import Region
+
+    g = tightfit.load("mobilenet_v2")
+    layer = next(l for l in g.layers if l.op == "conv" and l.attrs["kernel"] == (1, 1) and l.attrs["groups"] == 1
+                 and g.shape(l.output)[1] > g.shape(l.inputs[0])[1])
+    op = get_op(layer.op)
+    (_, cin, h, w), (_, cout, _, _) = g.shape(layer.inputs[0]), g.shape(layer.output)
+    params = op.prepare_params(layer, [g.params[p] for p in layer.params])
+    x = torch.randn(1, h, w, cin).permute(0, 3, 1, 2)
+    y = torch.full((1, h, w, cout), float("nan")).permute(0, 3, 1, 2)
+    for rows, gemm in ((1, True), (h, False)):
+        band = Region(0, 1, 0, rows, 0, w)
+        windows = op.input_windows(layer, band, [(1, cin, h, w)])
+        xv, yv = x[:, :, :rows], y[:, :, :rows]
+        assert conv._pointwise_gemm(xv, yv, [0, 0], layer.attrs) == gemm
+        op.compute(layer, [xv], windows, yv, band, params)
+        expected = torch.nn.functional.conv2d(xv, params[0], params[1])
+        conv.apply_activations(expected, layer.attrs["act"])
+        assert torch.allclose(yv, expected, rtol=1e-4, atol=1e-5)
