@@ -11,7 +11,7 @@ import tightfit
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
-from tightfit.runtime.cost import CostModel, bytes_since_same_key, cold_fetches, profile_id, step_key
+from tightfit.runtime.cost import CostModel, bytes_since_same_key, cold_fetches, footprints, profile_id, step_key
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -63,9 +63,10 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     cm = CostModel(None)
     steps = p.steps()
     total = cm.plan_seconds(p, [g])
-    since = bytes_since_same_key(p, [g], steps, [step_key(p, [g], s) for s in steps])
+    prints = footprints(p, [g], steps)
+    since = bytes_since_same_key([step_key(p, [g], s) for s in steps], [touched for touched, _ in prints])
     warm = sum(1e-4 + 1e-4 * min(1.0, d / cost.WARM_BYTES) for d in since)
-    cold, code = cold_fetches(p, [g], steps)
+    cold, code = cold_fetches(prints)
     code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
     assert total == pytest.approx(warm + len(steps) * cm.loop_seconds + sum(cold) * cm.cold_byte_seconds + code_seconds)
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
@@ -85,8 +86,7 @@ def _cold_by_brute_force(plan, g, cache_bytes: int) -> tuple[list[float], list]:
     """Per step, per block it touches: walk back (across the previous run) to the previous step
     that touched the block, summing what the steps in between touch."""
     steps = plan.steps()
-    chunk = max(cost.ARENA_CHUNK, plan.arena_bytes // cost.MAX_CHUNKS)
-    blocks = [cost._touches(plan, [g], s, chunk) for s in steps]
+    blocks = [blocks for _, blocks in footprints(plan, [g], steps)]
     touched = [_touched(plan, g, s) for s in steps]
     out, code = [], []
     for i, mine in enumerate(blocks):
@@ -109,18 +109,20 @@ def test_cold_bytes_follow_reuse_distance(rows):
     g = tightfit.load("resnet18")
     model = PlannedModel(g, "r")
     p = plan_parts(model, *phases_for_rows(g, rows)) if rows else plan_reuse(model)
+    prints = footprints(p, [g], p.steps())
+    assert [touched for touched, _ in prints] == [_touched(p, g, s) for s in p.steps()]
     for cache_bytes in (2**20, 16 * 2**20, 2**30):
-        cold, code = cold_fetches(p, [g], p.steps(), cache_bytes)
+        cold, code = cold_fetches(prints, cache_bytes)
         brute_cold, brute_code = _cold_by_brute_force(p, g, cache_bytes)
         assert cold == pytest.approx(brute_cold) and code == brute_code
-    cold, code = cold_fetches(p, [g], p.steps(), 2**30)
+    cold, code = cold_fetches(prints, 2**30)
     assert not any(cold) and not any(code)  # everything stays in a 1 GiB cache
     # A run touches more than 16 MiB: the global pool, once a run, finds its code evicted; the
     # convolutions, which run every few steps, never do.
-    code = cold_fetches(p, [g], p.steps(), 16 * 2**20)[1]
+    code = cold_fetches(prints, 16 * 2**20)[1]
     assert "global_pool" in code and "conv" not in code
     if rows == 1:
-        cold = cold_fetches(p, [g], p.steps(), 16 * 2**20)[0]
+        cold = cold_fetches(prints, 16 * 2**20)[0]
         big = [(s, c) for s, c in zip(p.steps(), cold) if s.kind == "compute"
                and sum(g.params[q].nbytes for q in g.layers[s.layer].params) > 8 * 2**20]
         # 9.4 MB convolutions, most bands with other layers' bands in between

@@ -143,10 +143,11 @@ class CostModel:
         keys = [step_key(plan, graphs, s) for s in steps]
         for key, s in zip(keys, steps):
             self._measure(plan, graphs, s, key)
-        since = bytes_since_same_key(plan, graphs, steps, keys)
+        prints = footprints(plan, graphs, steps)
+        since = bytes_since_same_key(keys, [touched for touched, _ in prints])
         warm = sum(self.hot_seconds[k] + (self.seconds[k] - self.hot_seconds[k]) * min(1.0, d / WARM_BYTES)
                    for k, d in zip(keys, since))
-        cold, cold_code = cold_fetches(plan, graphs, steps)
+        cold, cold_code = cold_fetches(prints)
         code = sum(self.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
         return warm + len(steps) * self.loop_seconds + sum(cold) * self.cold_byte_seconds + code
 
@@ -163,7 +164,7 @@ class CostModel:
             self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
             self._measured += 1
             code_key = CODE_KEY + _op_kind(graphs, step)
-            touched = _touched_bytes(plan, graphs, step)
+            touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
             if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
                 # Evicted data on a step this small costs little next to evicted code.
                 cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
@@ -235,12 +236,14 @@ def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
                        [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
 
 
-def bytes_since_same_key(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], keys: Sequence[str]) -> list[int]:
-    """Per step, the bytes touched by the steps since the previous step of the same key, in this
-    run or the previous one."""
-    touched = [_touched_bytes(plan, graphs, s) for s in steps]
+Footprint = tuple[int, list[tuple[tuple, float, int]]]
+
+
+def bytes_since_same_key(keys: Sequence[str], touched: Sequence[int]) -> list[int]:
+    """Per step (its key and the bytes it touches), the bytes touched by the steps since the
+    previous step of the same key, in this run or the previous one."""
     last: dict[str, int] = {}
-    total, since = 0, [0] * len(steps)
+    total, since = 0, [0] * len(keys)
     for round_ in range(2):  # the first round only finds each key's last step in the previous run
         for i, key in enumerate(keys):
             if round_:
@@ -250,27 +253,23 @@ def bytes_since_same_key(plan: Plan, graphs: Sequence[Graph], steps: Sequence[St
     return since
 
 
-def cold_fetches(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step],
-                 cache_bytes: int = CACHE_BYTES) -> tuple[list[float], list[str | None]]:
-    """Per step, the bytes it reads or writes from memory although its stirred timing found them
-    in cache, and its op kind if the op's code was evicted too (else None). A block (a layer's
-    weights, a chunk of the arena, a chunk of the model input, an op's code) whose access fits
-    the cache is cold when the steps since its previous use, in this run or the previous one,
-    touched more than `cache_bytes`."""
-    chunk = max(ARENA_CHUNK, plan.arena_bytes // MAX_CHUNKS)
-    touches = [_touches(plan, graphs, s, chunk) for s in steps]
-    touched = [_touched_bytes(plan, graphs, s) for s in steps]
+def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) -> tuple[list[float], list[str | None]]:
+    """Per step (its `footprints`), the bytes it reads or writes from memory although its stirred
+    timing found them in cache, and its op kind if the op's code was evicted too (else None). A
+    block (a layer's weights, a chunk of the arena, a chunk of the model input, an op's code)
+    whose access fits the cache is cold when the steps since its previous use, in this run or the
+    previous one, touched more than `cache_bytes`."""
     last_use: dict[tuple, int] = {}
-    total, cold, code = 0, [0.0] * len(steps), [None] * len(steps)
+    total, cold, code = 0, [0.0] * len(prints), [None] * len(prints)
     for round_ in range(2):  # the first round only finds each block's last use in the previous run
-        for i, blocks in enumerate(touches):
+        for i, (touched, blocks) in enumerate(prints):
             if round_:
                 for block, nbytes, access in blocks:
                     if access <= cache_bytes and total - last_use[block] > cache_bytes:
                         cold[i] += nbytes
                         if block[0] == "code":
                             code[i] = block[1]
-            total += touched[i]
+            total += touched
             for block, _, _ in blocks:
                 last_use[block] = total
     return cold, code
@@ -284,24 +283,32 @@ ARENA_CHUNK = 64 * 2**10  # the reuse walk follows the arena in chunks of at lea
 MAX_CHUNKS = 1024  # and at most this many (a 500 MB arena in chunks of 0.5 MB)
 
 
-def _touches(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> list[tuple[tuple, float, int]]:
-    """What a step reads and writes, as (block, bytes in it, bytes of the whole access); its op's
-    code (and the interpreter's and torch's data on the way to it) counts as a block of no bytes."""
-    out: list[tuple[tuple, float, int]] = [(("code", _op_kind(graphs, step)), 0.0, 0)]
+def footprints(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> list[Footprint]:
+    """Per step, the bytes it touches (views and weights) and what it reads and writes as
+    (block, bytes in it, bytes of the whole access); its op's code (and the interpreter's and
+    torch's data on the way to it) counts as a block of no bytes."""
+    chunk = max(ARENA_CHUNK, plan.arena_bytes // MAX_CHUNKS)
+    return [_footprint(plan, graphs, s, chunk) for s in steps]
+
+
+def _footprint(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> Footprint:
+    blocks: list[tuple[tuple, float, int]] = [(("code", _op_kind(graphs, step)), 0.0, 0)]
     w = _weight_bytes(graphs, step)
     if w:  # a convolution's weights are packed once per input shape (ops/conv.PackedWeights)
         shapes = tuple((a.region.n, a.region.h, a.region.w) for a in step.inputs)
-        out.append((("weights", step.model, step.layer, shapes), w, w))
+        blocks.append((("weights", step.model, step.layer, shapes), w, w))
+    touched = w
     for a in (step.out,) + step.inputs:
-        first, end = _arena_span(plan, a)
-        out += _chunked(("arena",), first, end, _view_bytes(plan, a), chunk)
+        nbytes = _view_bytes(plan, a)
+        touched += nbytes
+        blocks += _chunked(("arena",), *_arena_span(plan, a), nbytes, chunk)
     if step.kind == "input":  # the band of the model's input it reads (rows of the input tensor)
         g = graphs[step.model]
         shape = g.shape(g.inputs[0])
         row = prod(shape[1:]) * plan.buffers[step.out.buffer].itemsize // (shape[2] if len(shape) == 4 else 1)
         r = step.out.region
-        out += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
-    return out
+        blocks += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
+    return touched, blocks
 
 
 def _chunked(space: tuple, first: int, end: int, nbytes: int, chunk: int) -> list[tuple[tuple, float, int]]:
@@ -329,10 +336,6 @@ def _arena_span(plan: Plan, a) -> tuple[int, int]:
 
 def _op_kind(graphs: Sequence[Graph], step: Step) -> str:
     return graphs[step.model].layers[step.layer].op if step.kind == "compute" else step.kind
-
-
-def _touched_bytes(plan: Plan, graphs: Sequence[Graph], step: Step) -> int:
-    return _view_bytes(plan, step.out) + sum(_view_bytes(plan, a) for a in step.inputs) + _weight_bytes(graphs, step)
 
 
 def _weight_bytes(graphs: Sequence[Graph], step: Step) -> int:
