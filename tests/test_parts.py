@@ -173,7 +173,7 @@ def test_border_band_needs_no_band_sized_temporary():
 
 def test_small_pointwise_bands_run_as_one_matrix_product():
     """A one-row band of mobilenet_v2's first 1x1 expansion is a (pixels x C) GEMM into the
-    output's memory: equal to the convolution, no temporary; a whole large layer stays oneDNN's."""
+    output's memory, equal to the convolution; a whole large layer stays oneDNN's."""
     from tightfit.ops import conv
     from tightfit.ops.base import Region
 

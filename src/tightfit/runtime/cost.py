@@ -378,12 +378,12 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
     """Median of single runs, each after the caches are stirred: inside a plan a step finds its
     data in the last-level cache but not in L1/L2, which the steps in between have overwritten
     (timing back-to-back repeats instead under-predicts plans of many small steps by ~20%)."""
-    stir = _stir_buffer(stir_bytes)
+    stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
         times = []
         for _ in range(samples):
-            if stir_bytes:
+            if stir is not None:
                 stir.fill_(1.0)
             t0 = time.perf_counter()
             run()
