@@ -51,6 +51,7 @@ class FitOutcome:
     max_abs_diff: float
     search_seconds: float
     measured: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1  # torch threads the plans were timed and run with
 
     @property
     def counted_params(self) -> int:
@@ -97,7 +98,26 @@ def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str 
 
     if budget_bytes <= 0:
         raise OptionError("--budget must be positive")
-    cost = cost or CostModel.default()
+    # The profile is timed, and the fps predicted and measured, at one thread count: the cores the
+    # measuring process leaves free (a profile timed on cores it loads models on runs slow).
+    threads = run_threads(measure)
+    with _threads(threads):
+        outcome = _fit(app, budget_bytes, with_params, min_fps, seed, best_effort, cost or CostModel.default(),
+                       measure, progress, sources, thorough, **search_options)
+    outcome.threads = threads
+    return outcome
+
+
+def run_threads(measure: bool) -> int:
+    """torch threads `fit` times and runs plans with: its own count, less the core the measuring
+    process takes."""
+    free = (os.cpu_count() or 1) - 1 if measure else torch.get_num_threads()
+    return max(1, min(torch.get_num_threads(), free))
+
+
+def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
+         measure: bool, progress: Callable[[int, int], None] | None, sources: dict[str, TechniqueSource] | None,
+         thorough: bool, **search_options) -> FitOutcome:
     params = param_bytes(app)
     counted = params if with_params else 0
     constraints = Constraints(budget_bytes, parse_min_fps(min_fps, len(app.models)))
@@ -352,7 +372,7 @@ def report(o: FitOutcome) -> dict[str, Any]:
         "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
         "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
         "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
-        "search_seconds": o.search_seconds,
+        "search_seconds": o.search_seconds, "threads": o.threads,
         "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
                    "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
                    "predicted_fps": list(o.point.fps), "max_rel_diff_vs_reference": o.max_abs_diff},
@@ -382,7 +402,8 @@ def report_text(r: dict[str, Any]) -> str:
     if "measured_memory_bytes" in c:
         lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
                      f"{' + parameters' if r['with_params'] else ''})")
-    lines.append(f"  fps: predicted {', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
+    lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
+                 f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
                  + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
                  + (f" (minimum {', '.join(f'{f:g}' for f in r['min_fps'])})" if any(r["min_fps"]) else ""))
     lines.append(f"  outputs equal the reference executor's (max diff {c['max_rel_diff_vs_reference']:.2g} x max value)")

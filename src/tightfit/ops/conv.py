@@ -3,6 +3,7 @@ activations."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
@@ -137,12 +138,15 @@ class Conv(Op):
         a few rows this setup costs as much as a tenth of the convolution."""
         a = layer.attrs
         calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
-        kernels = []
+        clamp = clamp_bounds(a["act"])
+        kernels, fused = [], clamp is not None
         for call in calls:
             x, y = (inputs[0], out) if len(calls) == 1 else (  # one call: no view to cut
                 inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])
-            kernels.append(_bind_call(x, y, call, a, params))
-        act = a["act"]
+            kernel = _native_depthwise(x, y, call, a, params, clamp or NO_CLAMP)
+            fused = fused and kernel is not None
+            kernels.append(kernel or _bind_call(x, y, call, a, params))
+        act = () if fused else a["act"]  # a clamp applied twice is the clamp once
 
         def run() -> None:
             for kernel in kernels:
@@ -160,6 +164,38 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_c
 # oneDNN computes about twice as fast on large blocks (a one-row band of mobilenet_v2's 16->96
 # expansion: 21 us against 5 us; 512->512 on 14x14: 416 us against 913 us).
 GEMM_MACS = 2**20
+
+
+# A depthwise convolution of at most this many multiply-adds runs on our own kernel (ops/native.py),
+# about 3-5 us on a few rows of mobilenet_v2 against oneDNN's 21-24 us; oneDNN is faster from
+# about 0.6 M multiply-adds (a 56x56x144 layer: 152 us against 240 us).
+DEPTHWISE_MACS = 2**19
+NO_CLAMP = (-math.inf, math.inf)
+
+
+def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
+    """The activation chain as one clamp (none, ReLU, Clip), or None when it is something else."""
+    if not act:
+        return NO_CLAMP
+    if len(act) == 1 and act[0][0] == "relu":
+        return (0.0, math.inf)
+    if len(act) == 1 and act[0][0] == "clip":
+        return (float(act[0][1]), float(act[0][2]))
+    return None
+
+
+def _native_depthwise(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params,
+                      clamp: tuple[float, float]) -> Callable[[], None] | None:
+    """The call on our depthwise kernel with the clamp fused, where it applies and pays."""
+    kernel, groups = tuple(a["kernel"]), a["groups"]
+    if (call.copy or groups == 1 or not (x.shape[1] == y.shape[1] == groups) or tuple(a["dilation"]) != (1, 1)
+            or x.dtype != torch.float32 or y.dtype != torch.float32 or x.stride(1) != 1 or y.stride(1) != 1
+            or y.numel() * kernel[0] * kernel[1] > DEPTHWISE_MACS or 0 in x.shape):
+        return None
+    from tightfit.ops.native import depthwise_call
+
+    _, b, packs = params
+    return depthwise_call(x, y, packs.as_taps(), b, kernel, tuple(a["stride"]), tuple(call.pad), clamp)
 
 
 def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
@@ -296,12 +332,19 @@ class PackedWeights:
         self.w, self.a = w, a
         self.by_shape: dict[tuple, torch.Tensor] = {}
         self._matrix: torch.Tensor | None = None
+        self._taps: torch.Tensor | None = None
 
     def as_matrix(self) -> torch.Tensor:
         """A 1x1 weight as the (C_in x C_out) matrix that multiplies a view's pixels; made once."""
         if self._matrix is None:
             self._matrix = self.w.reshape(self.w.shape[0], -1).t().contiguous()
         return self._matrix
+
+    def as_taps(self) -> torch.Tensor:
+        """A depthwise weight as (kh*kw) x C: per tap, every channel's coefficient; made once."""
+        if self._taps is None:
+            self._taps = self.w.reshape(self.w.shape[0], -1).t().contiguous()
+        return self._taps
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
         if not _ONEDNN:

@@ -102,7 +102,8 @@ class Access:
 class Step:
     """kind 'compute': layer `layer` of model `model` computes `out.region` from `inputs`
     (one access per layer input, each exactly the window the op needs).
-    kind 'input': region `out.region` of the model input arrives from the source.
+    kind 'input': region `out.region` of the model input arrives from the source (a row-band
+    source is asked for bands of whole-width rows, as many at a time as `scratch` holds twice).
     kind 'copy': inputs[0]'s region is copied to `out`.
     `scratch` is the bytes of kernel temporaries the step allocates besides the arena."""
 

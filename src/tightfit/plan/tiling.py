@@ -365,14 +365,13 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         b.copy(tensor, region, whole, home)
     else:
         # A source delivers whole-width row bands (RowSource, as a camera): the band, made of
-        # its rows and their concatenation, is the step's scratch. Bands are taken a few rows at
-        # a time, each at most half the tile buffer they fill, so that input steps seldom set
-        # the plan's largest scratch (a whole tile's band can be a few times its buffer).
+        # its rows and their concatenation, is the step's scratch. The one input step of a tile
+        # asks for a few rows at a time, each band at most half the tile buffer it fills, so
+        # that input steps seldom set the plan's largest scratch (a whole tile's band can be a
+        # few times its buffer); the executor reads the band's rows from the scratch.
         row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
-        rows = max(1, b.buffers[home[0]].nbytes // (2 * row_band))
-        for h0 in range(region.h0, region.h1, rows):
-            band = replace(region, h0=h0, h1=min(h0 + rows, region.h1))
-            b.steps.append(Step("input", 0, -1, _access(tensor, home, band), (), row_band * band.h))
+        rows = min(region.h, max(1, b.buffers[home[0]].nbytes // (2 * row_band)))
+        b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), row_band * rows))
     return home
 
 

@@ -81,8 +81,12 @@ def _kernel_code() -> str:
     import tightfit.ops as ops
     import tightfit.runtime.executor as executor
 
-    files = sorted(Path(ops.__file__).parent.glob("*.py")) + [Path(executor.__file__), Path(__file__)]
-    return hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()
+    from tightfit.ops import native
+
+    here = Path(ops.__file__).parent
+    files = sorted(here.glob("*.py")) + sorted(here.glob("*.c")) + [Path(executor.__file__), Path(__file__)]
+    used = b"native" if native.available() else b"onednn only"
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files) + used).hexdigest()
 
 
 def default_path() -> Path | None:

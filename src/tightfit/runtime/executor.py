@@ -118,7 +118,7 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
     """One step bound to the buffer views it reads and writes (views[buffer id])."""
     out_view = access_view(views[s.out.buffer], s.out)
     if s.kind == "input":
-        return _Compiled(_load_input, (out_view, s.out.region))
+        return _Compiled(_load_input, (out_view, s.out.region, _rows_per_band(s, graph, out_view.element_size())))
     if s.kind == "copy":
         src = s.inputs[0]
         src_view = access_view(views[src.buffer], src)
@@ -195,15 +195,27 @@ class RowSource:
         return self.band(0, self.shape[2])
 
 
-def _load_input(out: torch.Tensor, region) -> None:
-    """Copy a region of the current input into its buffer: a slice of a whole tensor, or the
-    band a RowSource delivers (its columns and samples sliced from the band)."""
+def _rows_per_band(s: Step, graph: Graph, itemsize: int) -> int:
+    """Rows an input step asks a RowSource for at a time: as many whole-width rows as its
+    scratch holds (a band and its concatenation, see plan/tiling.py), all of them without scratch."""
+    if not s.scratch:
+        return s.out.region.h
+    n, c, _, w = (s.out.region.n,) + tuple(graph.shape(s.out.tensor)[1:])
+    return max(1, s.scratch // (2 * n * c * w * itemsize))
+
+
+def _load_input(out: torch.Tensor, region, rows_per_band: int) -> None:
+    """Copy a region of the current input into its buffer: a slice of a whole tensor (one copy),
+    or the bands a RowSource delivers, `rows_per_band` rows at a time (their columns and samples
+    sliced from each band)."""
     x = _INPUT.x
-    if isinstance(x, RowSource):
-        band = x.band(region.h0, region.h1)
-        out.copy_(band[region.n0 : region.n1, :, :, region.w0 : region.w1])
-    else:
+    if not isinstance(x, RowSource):
         out.copy_(region.slice(x))
+        return
+    for h0 in range(region.h0, region.h1, rows_per_band):
+        h1 = min(h0 + rows_per_band, region.h1)
+        band = x.band(h0, h1)
+        out[:, :, h0 - region.h0 : h1 - region.h0].copy_(band[region.n0 : region.n1, :, :, region.w0 : region.w1])
 
 
 class _Pipeline:

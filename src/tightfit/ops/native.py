@@ -1,0 +1,88 @@
+"""Kernels of our own in C, built with the system's C compiler on first use and kept in the
+cache directory; where no compiler works, `depthwise_kernel()` is None and convolutions run on
+oneDNN alone. TIGHTFIT_NATIVE=0 turns them off."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SOURCE = Path(__file__).with_name("_depthwise.c")
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
+
+
+class DepthwiseArgs(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "y", "w", "b")]
+                + [(n, ctypes.c_long) for n in ("n c ih iw oh ow xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
+                + [("lo", ctypes.c_float), ("hi", ctypes.c_float)])
+
+
+def enabled() -> bool:
+    return os.environ.get("TIGHTFIT_NATIVE", "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    from tightfit.graph.zoo import cache_dir
+
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha1(source + " ".join(FLAGS).encode() + platform.machine().encode() + _cpu().encode()).hexdigest()[:12]
+    base = cache_dir()
+    folder = (base / "native") if base is not None else Path(tempfile.mkdtemp(prefix="tightfit-native-"))
+    path = folder / f"depthwise-{digest}.so"
+    if not path.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, renamed in: concurrent builds race safely
+                built = Path(tmp) / path.name
+                subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], check=True, capture_output=True, timeout=120)
+                os.replace(built, path)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    lib.depthwise.argtypes = [ctypes.POINTER(DepthwiseArgs)]
+    lib.depthwise.restype = None
+    return lib
+
+
+def _cpu() -> str:
+    try:
+        return next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def available() -> bool:
+    return enabled() and _library() is not None
+
+
+def depthwise_call(x: torch.Tensor, y: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, kernel, stride,
+                   pad: tuple[int, int], clamp: tuple[float, float]) -> Callable[[], None] | None:
+    """A call writing the depthwise convolution of view `x` into view `y` (both NCHW-shaped fp32
+    views with unit channel stride, e.g. channels-last), `taps` the (kh*kw) x C weight, then
+    clamped to `clamp`; None where the native kernel is not available. The views' memory must
+    outlive the call (the arena's does)."""
+    lib = _library() if enabled() else None
+    if lib is None:
+        return None
+    n, c, ih, iw = x.shape
+    args = DepthwiseArgs(x.data_ptr(), y.data_ptr(), taps.data_ptr(), b.data_ptr(), n, c, ih, iw, y.shape[2], y.shape[3],
+                         x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
+                         kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], clamp[0], clamp[1])
+    args.keep = (x, y, taps, b)  # the pointers' owners live as long as the call
+    return functools.partial(lib.depthwise, ctypes.pointer(args))
