@@ -143,7 +143,7 @@ class Conv(Op):
         for call in calls:
             x, y = (inputs[0], out) if len(calls) == 1 else (  # one call: no view to cut
                 inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])
-            kernel = _native_depthwise(x, y, call, a, params, clamp or NO_CLAMP)
+            kernel = _native(x, y, call, a, params, clamp or NO_CLAMP)
             fused = fused and kernel is not None
             kernels.append(kernel or _bind_call(x, y, call, a, params))
         act = () if fused else a["act"]  # a clamp applied twice is the clamp once
@@ -166,10 +166,13 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_c
 GEMM_MACS = 2**20
 
 
-# A depthwise convolution of at most this many multiply-adds runs on our own kernel (ops/native.py),
-# about 3-5 us on a few rows of mobilenet_v2 against oneDNN's 21-24 us; oneDNN is faster from
-# about 0.6 M multiply-adds (a 56x56x144 layer: 152 us against 240 us).
+# A small convolution runs on our own kernels (ops/native.py) with its clamp fused: depthwise up to
+# DEPTHWISE_MACS multiply-adds (3-5 us on a few rows of mobilenet_v2 against oneDNN's 21-24 us;
+# oneDNN is faster from about 0.6 M: a 56x56x144 layer, 152 us against 240 us), dense (groups 1,
+# not 1x1: the GEMM's) up to DENSE_MACS (mobilenet_v2's first layer on a one-row band, 6 us
+# against 22 us; the two are even at about 0.4 M).
 DEPTHWISE_MACS = 2**19
+DENSE_MACS = 400_000
 NO_CLAMP = (-math.inf, math.inf)
 
 
@@ -184,18 +187,22 @@ def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
     return None
 
 
-def _native_depthwise(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params,
-                      clamp: tuple[float, float]) -> Callable[[], None] | None:
-    """The call on our depthwise kernel with the clamp fused, where it applies and pays."""
+def _native(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params,
+            clamp: tuple[float, float]) -> Callable[[], None] | None:
+    """The call on our own kernel with the clamp fused, where it applies and pays."""
     kernel, groups = tuple(a["kernel"]), a["groups"]
-    if (call.copy or groups == 1 or not (x.shape[1] == y.shape[1] == groups) or tuple(a["dilation"]) != (1, 1)
-            or x.dtype != torch.float32 or y.dtype != torch.float32 or x.stride(1) != 1 or y.stride(1) != 1
-            or y.numel() * kernel[0] * kernel[1] > DEPTHWISE_MACS or 0 in x.shape):
+    macs = y.numel() * kernel[0] * kernel[1] * (1 if groups > 1 else x.shape[1])
+    if groups == 1:
+        kind, fits = "dense", kernel != (1, 1) and macs <= DENSE_MACS
+    else:
+        kind, fits = "depthwise", x.shape[1] == y.shape[1] == groups and macs <= DEPTHWISE_MACS
+    if (not fits or call.copy or tuple(a["dilation"]) != (1, 1) or x.dtype != torch.float32
+            or y.dtype != torch.float32 or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape):
         return None
-    from tightfit.ops.native import depthwise_call
+    from tightfit.ops.native import conv_call
 
     _, b, packs = params
-    return depthwise_call(x, y, packs.as_taps(), b, kernel, tuple(a["stride"]), tuple(call.pad), clamp)
+    return conv_call(kind, x, y, packs.as_taps(), b, kernel, tuple(a["stride"]), tuple(call.pad), clamp)
 
 
 def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
@@ -341,9 +348,10 @@ class PackedWeights:
         return self._matrix
 
     def as_taps(self) -> torch.Tensor:
-        """A depthwise weight as (kh*kw) x C: per tap, every channel's coefficient; made once."""
+        """The weight as (kh*kw*C_in/groups) x C_out, our kernels' layout: per tap and input
+        channel, its coefficient for every output channel; made once."""
         if self._taps is None:
-            self._taps = self.w.reshape(self.w.shape[0], -1).t().contiguous()
+            self._taps = self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0]).contiguous()
         return self._taps
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:

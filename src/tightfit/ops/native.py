@@ -1,6 +1,6 @@
-"""Kernels of our own in C, built with the system's C compiler on first use and kept in the
-cache directory; where no compiler works, `depthwise_kernel()` is None and convolutions run on
-oneDNN alone. TIGHTFIT_NATIVE=0 turns them off."""
+"""Convolution kernels of our own in C (`_conv.c`), built with the system's C compiler on first
+use and kept in the cache directory; where no compiler works, `conv_call` gives None and
+convolutions run on oneDNN alone. TIGHTFIT_NATIVE=0 turns them off."""
 from __future__ import annotations
 
 import ctypes
@@ -16,13 +16,14 @@ from typing import Callable
 
 import torch
 
-SOURCE = Path(__file__).with_name("_depthwise.c")
+SOURCE = Path(__file__).with_name("_conv.c")
+KINDS = ("depthwise", "dense")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 
 
-class DepthwiseArgs(ctypes.Structure):
+class ConvArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "y", "w", "b")]
-                + [(n, ctypes.c_long) for n in ("n c ih iw oh ow xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
+                + [(n, ctypes.c_long) for n in ("n c ih iw oh ow cin xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
                 + [("lo", ctypes.c_float), ("hi", ctypes.c_float)])
 
 
@@ -41,7 +42,7 @@ def _library() -> ctypes.CDLL | None:
     digest = hashlib.sha1(source + " ".join(FLAGS).encode() + platform.machine().encode() + _cpu().encode()).hexdigest()[:12]
     base = cache_dir()
     folder = (base / "native") if base is not None else Path(tempfile.mkdtemp(prefix="tightfit-native-"))
-    path = folder / f"depthwise-{digest}.so"
+    path = folder / f"conv-{digest}.so"
     if not path.exists():
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -55,8 +56,9 @@ def _library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
     except OSError:
         return None
-    lib.depthwise.argtypes = [ctypes.POINTER(DepthwiseArgs)]
-    lib.depthwise.restype = None
+    for kind in KINDS:
+        getattr(lib, kind).argtypes = [ctypes.POINTER(ConvArgs)]
+        getattr(lib, kind).restype = None
     return lib
 
 
@@ -71,18 +73,19 @@ def available() -> bool:
     return enabled() and _library() is not None
 
 
-def depthwise_call(x: torch.Tensor, y: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, kernel, stride,
-                   pad: tuple[int, int], clamp: tuple[float, float]) -> Callable[[], None] | None:
-    """A call writing the depthwise convolution of view `x` into view `y` (both NCHW-shaped fp32
-    views with unit channel stride, e.g. channels-last), `taps` the (kh*kw) x C weight, then
-    clamped to `clamp`; None where the native kernel is not available. The views' memory must
-    outlive the call (the arena's does)."""
+def conv_call(kind: str, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, kernel, stride,
+              pad: tuple[int, int], clamp: tuple[float, float]) -> Callable[[], None] | None:
+    """A call writing the convolution of view `x` into view `y` (NCHW-shaped fp32 views with unit
+    channel stride, e.g. channels-last; `pad` rows and columns of zeros above and left, as many
+    below and right as `y`'s size asks), plus bias `b`, clamped to `clamp`. `kind` 'depthwise':
+    one filter per channel, `w` (kh*kw) x C; 'dense': groups 1, `w` (kh*kw*C_in) x C_out. None
+    where the kernels are not available. The views' memory must outlive the call (the arena's does)."""
     lib = _library() if enabled() else None
     if lib is None:
         return None
-    n, c, ih, iw = x.shape
-    args = DepthwiseArgs(x.data_ptr(), y.data_ptr(), taps.data_ptr(), b.data_ptr(), n, c, ih, iw, y.shape[2], y.shape[3],
-                         x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
-                         kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], clamp[0], clamp[1])
-    args.keep = (x, y, taps, b)  # the pointers' owners live as long as the call
-    return functools.partial(lib.depthwise, ctypes.pointer(args))
+    n, cin, ih, iw = x.shape
+    args = ConvArgs(x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, y.shape[1], ih, iw, y.shape[2], y.shape[3],
+                    cin, x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
+                    kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], clamp[0], clamp[1])
+    args.keep = (x, y, w, b)  # the pointers' owners live as long as the call
+    return functools.partial(getattr(lib, kind), ctypes.pointer(args))

@@ -1,0 +1,88 @@
+/* Small convolutions over channels-last views with bias and a clamp (ReLU, ReLU6, Clip) fused:
+ * depthwise (one filter per channel) and dense (groups 1). oneDNN costs about 20 us a call
+ * besides its arithmetic; a band of a few rows has less arithmetic than that. Built and loaded
+ * by ops/native.py. */
+typedef struct {
+    const float *x; float *y; const float *w; const float *b;
+    long n, c, ih, iw, oh, ow;               /* c: output channels */
+    long cin;                                /* input channels (dense) */
+    long xs_n, xs_h, xs_w, ys_n, ys_h, ys_w; /* element strides; channels are unit-stride */
+    long kh, kw, sh, sw, pt, pl;             /* kernel, stride, top and left zero padding */
+    float lo, hi;                            /* output clamp */
+} conv_args;
+
+static void clamp(float *restrict out, long c, float lo, float hi) {
+    for (long k = 0; k < c; k++) { /* NaN passes through, as torch's clamp */
+        float v = out[k];
+        v = v < lo ? lo : v;
+        out[k] = v > hi ? hi : v;
+    }
+}
+
+/* w is (kh * kw) x c: the taps of every channel, one row per tap. */
+void depthwise(const conv_args *a) {
+    const long c = a->c;
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) {
+        float *restrict out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        for (long k = 0; k < c; k++) out[k] = a->b[k];
+        for (long ky = 0; ky < a->kh; ky++) {
+            long iy = oy * a->sh + ky - a->pt;
+            if (iy < 0 || iy >= a->ih) continue;
+            for (long kx = 0; kx < a->kw; kx++) {
+                long ix = ox * a->sw + kx - a->pl;
+                if (ix < 0 || ix >= a->iw) continue;
+                const float *restrict in = a->x + n * a->xs_n + iy * a->xs_h + ix * a->xs_w;
+                const float *restrict tap = a->w + (ky * a->kw + kx) * c;
+                for (long k = 0; k < c; k++) out[k] += in[k] * tap[k];
+            }
+        }
+        clamp(out, c, a->lo, a->hi);
+    }
+}
+
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32))); /* 8 output channels in one register */
+
+/* w is (kh * kw * cin) x c: per tap and input channel, its coefficient for every output channel.
+ * Output channels are accumulated 16 at a time in two vector registers (a remainder below 16 in
+ * a zero-padded block, written back only where it exists). */
+void dense(const conv_args *a) {
+    const long c = a->c, cin = a->cin;
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) {
+        float *restrict out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        for (long k0 = 0; k0 < c; k0 += 16) {
+            const long m = c - k0 < 16 ? c - k0 : 16;
+            v8 acc0 = {0}, acc1 = {0};
+            for (long ky = 0; ky < a->kh; ky++) {
+                long iy = oy * a->sh + ky - a->pt;
+                if (iy < 0 || iy >= a->ih) continue;
+                for (long kx = 0; kx < a->kw; kx++) {
+                    long ix = ox * a->sw + kx - a->pl;
+                    if (ix < 0 || ix >= a->iw) continue;
+                    const float *in = a->x + n * a->xs_n + iy * a->xs_h + ix * a->xs_w;
+                    const float *tap = a->w + (ky * a->kw + kx) * cin * c + k0;
+                    for (long i = 0; i < cin; i++) {
+                        float block[16] = {0};
+                        const float *row = tap + i * c;
+                        if (m == 16) memcpy(block, row, sizeof block); else memcpy(block, row, m * sizeof(float));
+                        v8 w0, w1;
+                        memcpy(&w0, block, 32);
+                        memcpy(&w1, block + 8, 32);
+                        acc0 += in[i] * w0;
+                        acc1 += in[i] * w1;
+                    }
+                }
+            }
+            float sum[16];
+            memcpy(sum, &acc0, 32);
+            memcpy(sum + 8, &acc1, 32);
+            for (long j = 0; j < m; j++) out[k0 + j] = sum[j] + a->b[k0 + j];
+        }
+        clamp(out, c, a->lo, a->hi);
+    }
+}
