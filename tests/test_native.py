@@ -3,6 +3,7 @@ views the executor hands them; taken by small steps only; off when asked."""
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 import tightfit
 from tightfit.ops import conv, get_op, native
-from tightfit.ops.base import Region
+from tightfit.ops.base import InputWindow, Region
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: convolutions run on oneDNN alone")
 
@@ -92,6 +93,31 @@ _conv_call, _apply = native.conv_call, conv.apply_activations
 
 
 def test_off_when_asked(monkeypatch):
-    monkeypatch.setenv("TIGHTFIT_NATIVE", "0")
+    """TIGHTFIT_NATIVE=0: no native call; a small band then runs on oneDNN, the same outputs."""
     x, y = _nhwc(1, 4, 3, 3), torch.empty(1, 1, 1, 4).permute(0, 3, 1, 2)
-    assert native.conv_call("depthwise", x, y, torch.ones(9, 4), torch.zeros(4), (3, 3), (1, 1), (0, 0), conv.NO_CLAMP) is None
+    taps, b = torch.randn(9, 4), torch.randn(4)
+    native.conv_call("depthwise", x, y, taps, b, (3, 3), (1, 1), (0, 0), (0.0, 6.0))()
+    ours = y.clone()
+    monkeypatch.setenv("TIGHTFIT_NATIVE", "0")
+    assert native.conv_call("depthwise", x, y, taps, b, (3, 3), (1, 1), (0, 0), conv.NO_CLAMP) is None
+    layer = types.SimpleNamespace(attrs={"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1), "groups": 4,
+                                         "act": (("clip", 0.0, 6.0),)})
+    w = taps.t().reshape(4, 1, 3, 3).contiguous()
+    window = InputWindow(Region(0, 1, 0, 3, 0, 3), (0, 0, 0, 0))
+    y.fill_(float("nan"))
+    conv.Conv().bind(layer, [x], [window], y, Region(0, 1, 0, 1, 0, 1), [w, b, conv.PackedWeights(w, layer.attrs)])()
+    assert torch.allclose(y, ours, atol=1e-5)
+
+
+def test_built_without_a_disk_cache(monkeypatch, tmp_path):
+    """TIGHTFIT_CACHE=off: the library is built for the process and its file removed."""
+    monkeypatch.setenv("TIGHTFIT_CACHE", "off")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    native._library.cache_clear()
+    try:
+        import tempfile
+        tempfile.tempdir = None
+        assert native._library() is not None and not any(tmp_path.iterdir())
+    finally:
+        native._library.cache_clear()
+        tempfile.tempdir = None

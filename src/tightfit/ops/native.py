@@ -41,25 +41,28 @@ def _library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
     digest = hashlib.sha1(source + " ".join(FLAGS).encode() + platform.machine().encode() + _cpu().encode()).hexdigest()[:12]
     base = cache_dir()
-    folder = (base / "native") if base is not None else Path(tempfile.mkdtemp(prefix="tightfit-native-"))
-    path = folder / f"conv-{digest}.so"
-    if not path.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, renamed in: concurrent builds race safely
-                built = Path(tmp) / path.name
-                subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], check=True, capture_output=True, timeout=120)
-                os.replace(built, path)
-        except (OSError, subprocess.SubprocessError):
-            return None
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+        if base is None:  # no disk cache: built for this process (a loaded library outlives its file)
+            with tempfile.TemporaryDirectory() as tmp:
+                lib = ctypes.CDLL(str(_build(compiler, Path(tmp) / "conv.so")))
+        else:
+            path = base / "native" / f"conv-{digest}.so"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed in: builds race safely
+                    os.replace(_build(compiler, Path(tmp) / path.name), path)
+            lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError):
         return None
     for kind in KINDS:
         getattr(lib, kind).argtypes = [ctypes.POINTER(ConvArgs)]
         getattr(lib, kind).restype = None
     return lib
+
+
+def _build(compiler: str, path: Path) -> Path:
+    subprocess.run([compiler, *FLAGS, "-o", str(path), str(SOURCE)], check=True, capture_output=True, timeout=120)
+    return path
 
 
 def _cpu() -> str:
