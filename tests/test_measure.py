@@ -74,8 +74,9 @@ def test_a_process_started_early_measures_the_job_it_is_sent_later(tmp_path):
     job = {"kind": "plan", "plan": str(path)}
     early = Measurement(None, [("minakova5", g.shape(g.inputs[0]))])
     early.send(job)
-    # Equal up to a few pages (the kernels' allocations vary by pages between runs).
-    assert abs(early.result().run_bytes - measure_subprocess(job).run_bytes) <= 32 * 1024
+    # Equal up to a few pages: allocations outside the arena vary between processes (a run whose
+    # kernels allocate nothing measures 0-4 KiB in most processes and ~45 KiB in some).
+    assert abs(early.result().run_bytes - measure_subprocess(job).run_bytes) <= 64 * 1024
 
 
 def test_a_process_started_early_and_sent_nothing_ends_cleanly():
