@@ -211,7 +211,7 @@ def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, pa
     pad = list(call.pad)
     _, b, packs = params
     if packs is not None and _pointwise_gemm(x, y, pad, a):
-        return functools.partial(torch.addmm, b, _pixels(x), packs.as_matrix(), out=_pixels(y))
+        return functools.partial(torch.addmm, b, _pixels(x), packs.as_taps(), out=_pixels(y))
     packed = packs.get(x.shape, pad) if packs is not None and _dense_nhwc(y) and _dense_nhwc(x) else None
     if packed is None:
         return functools.partial(_convolve, x, y, pad, a, params)
@@ -338,18 +338,12 @@ class PackedWeights:
     def __init__(self, w: torch.Tensor, a: dict):
         self.w, self.a = w, a
         self.by_shape: dict[tuple, torch.Tensor] = {}
-        self._matrix: torch.Tensor | None = None
         self._taps: torch.Tensor | None = None
 
-    def as_matrix(self) -> torch.Tensor:
-        """A 1x1 weight as the (C_in x C_out) matrix that multiplies a view's pixels; made once."""
-        if self._matrix is None:
-            self._matrix = self.w.reshape(self.w.shape[0], -1).t().contiguous()
-        return self._matrix
-
     def as_taps(self) -> torch.Tensor:
-        """The weight as (kh*kw*C_in/groups) x C_out, our kernels' layout: per tap and input
-        channel, its coefficient for every output channel; made once."""
+        """The weight as (kh*kw*C_in/groups) x C_out: per tap and input channel, its coefficient
+        for every output channel (our kernels' layout; for a 1x1 weight, the matrix that
+        multiplies a view's pixels); made once."""
         if self._taps is None:
             self._taps = self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0]).contiguous()
         return self._taps

@@ -87,6 +87,7 @@ def conv_call(kind: str, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: t
     if lib is None:
         return None
     n, cin, ih, iw = x.shape
+    w, b = w.contiguous(), b.contiguous()
     args = ConvArgs(x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, y.shape[1], ih, iw, y.shape[2], y.shape[3],
                     cin, x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
                     kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], clamp[0], clamp[1])

@@ -80,7 +80,6 @@ def _kernel_code() -> str:
     """A digest of the code a step runs (ops and executor): changed kernels, new profile."""
     import tightfit.ops as ops
     import tightfit.runtime.executor as executor
-
     from tightfit.ops import native
 
     here = Path(ops.__file__).parent
