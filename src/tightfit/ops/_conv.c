@@ -2,6 +2,8 @@
  * depthwise (one filter per channel) and dense (groups 1). oneDNN costs about 20 us a call
  * besides its arithmetic; a band of a few rows has less arithmetic than that. Built and loaded
  * by ops/native.py. */
+#include <string.h>
+
 typedef struct {
     const float *x; float *y; const float *w; const float *b;
     long n, c, ih, iw, oh, ow;               /* c: output channels */
@@ -42,8 +44,6 @@ void depthwise(const conv_args *a) {
     }
 }
 
-#include <string.h>
-
 typedef float v8 __attribute__((vector_size(32))); /* 8 output channels in one register */
 
 /* w is (kh * kw * cin) x c: per tap and input channel, its coefficient for every output channel.
@@ -69,7 +69,8 @@ void dense(const conv_args *a) {
                     for (long i = 0; i < cin; i++) {
                         float block[16] = {0};
                         const float *row = tap + i * c;
-                        if (m == 16) memcpy(block, row, sizeof block); else memcpy(block, row, m * sizeof(float));
+                        if (m == 16) memcpy(block, row, sizeof block); /* constant size: two vector loads */
+                        else memcpy(block, row, m * sizeof(float));
                         v8 w0, w1;
                         memcpy(&w0, block, 32);
                         memcpy(&w1, block + 8, 32);
