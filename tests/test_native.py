@@ -14,6 +14,7 @@ from tightfit.ops import conv, get_op, native
 from tightfit.ops.base import InputWindow, Region
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: convolutions run on oneDNN alone")
+_conv_call, _apply = native.conv_call, conv.apply_activations  # the originals, wrapped by a test to count calls
 
 
 def _nhwc(n: int, c: int, h: int, w: int) -> torch.Tensor:
@@ -87,9 +88,6 @@ def test_small_bands_take_our_kernels(monkeypatch, kind):
         assert (len(bound) == 1 and bound[0] is not None) == ours
         assert any(activated) != ours  # the clamp fused into our kernel, applied after oneDNN's
         assert torch.allclose(yv, expected[:, :, band.h0 : band.h1], rtol=1e-4, atol=1e-5)
-
-
-_conv_call, _apply = native.conv_call, conv.apply_activations
 
 
 def test_off_when_asked(monkeypatch):
