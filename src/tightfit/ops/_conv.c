@@ -21,6 +21,21 @@ static void clamp(float *restrict out, long c, float lo, float hi) {
     }
 }
 
+/* The kernel taps of output pixel (oy, ox) that read the input, not its zero padding: rows
+ * [y0, y1) and columns [x0, x1) of the kernel; tap (ky, kx) reads input pixel (iy + ky, ix + kx). */
+typedef struct { long y0, y1, x0, x1, iy, ix; } taps;
+
+static taps taps_of(const conv_args *a, long oy, long ox) {
+    const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+    taps t = {iy < 0 ? -iy : 0, a->ih - iy < a->kh ? a->ih - iy : a->kh,
+              ix < 0 ? -ix : 0, a->iw - ix < a->kw ? a->iw - ix : a->kw, iy, ix};
+    return t;
+}
+
+static const float *input_pixel(const conv_args *a, long n, long y, long x) {
+    return a->x + n * a->xs_n + y * a->xs_h + x * a->xs_w;
+}
+
 /* w is (kh * kw) x c: the taps of every channel, one row per tap. */
 void depthwise(const conv_args *a) {
     const long c = a->c;
@@ -28,18 +43,14 @@ void depthwise(const conv_args *a) {
     for (long oy = 0; oy < a->oh; oy++)
     for (long ox = 0; ox < a->ow; ox++) {
         float *restrict out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        const taps t = taps_of(a, oy, ox);
         for (long k = 0; k < c; k++) out[k] = a->b[k];
-        for (long ky = 0; ky < a->kh; ky++) {
-            long iy = oy * a->sh + ky - a->pt;
-            if (iy < 0 || iy >= a->ih) continue;
-            for (long kx = 0; kx < a->kw; kx++) {
-                long ix = ox * a->sw + kx - a->pl;
-                if (ix < 0 || ix >= a->iw) continue;
-                const float *restrict in = a->x + n * a->xs_n + iy * a->xs_h + ix * a->xs_w;
+        for (long ky = t.y0; ky < t.y1; ky++)
+            for (long kx = t.x0; kx < t.x1; kx++) {
+                const float *restrict in = input_pixel(a, n, t.iy + ky, t.ix + kx);
                 const float *restrict tap = a->w + (ky * a->kw + kx) * c;
                 for (long k = 0; k < c; k++) out[k] += in[k] * tap[k];
             }
-        }
         clamp(out, c, a->lo, a->hi);
     }
 }
@@ -55,16 +66,13 @@ void dense(const conv_args *a) {
     for (long oy = 0; oy < a->oh; oy++)
     for (long ox = 0; ox < a->ow; ox++) {
         float *restrict out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        const taps t = taps_of(a, oy, ox);
         for (long k0 = 0; k0 < c; k0 += 16) {
             const long m = c - k0 < 16 ? c - k0 : 16;
             v8 acc0 = {0}, acc1 = {0};
-            for (long ky = 0; ky < a->kh; ky++) {
-                long iy = oy * a->sh + ky - a->pt;
-                if (iy < 0 || iy >= a->ih) continue;
-                for (long kx = 0; kx < a->kw; kx++) {
-                    long ix = ox * a->sw + kx - a->pl;
-                    if (ix < 0 || ix >= a->iw) continue;
-                    const float *in = a->x + n * a->xs_n + iy * a->xs_h + ix * a->xs_w;
+            for (long ky = t.y0; ky < t.y1; ky++)
+                for (long kx = t.x0; kx < t.x1; kx++) {
+                    const float *in = input_pixel(a, n, t.iy + ky, t.ix + kx);
                     const float *tap = a->w + (ky * a->kw + kx) * cin * c + k0;
                     for (long i = 0; i < cin; i++) {
                         float block[16] = {0};
@@ -78,7 +86,6 @@ void dense(const conv_args *a) {
                         acc1 += in[i] * w1;
                     }
                 }
-            }
             float sum[16];
             memcpy(sum, &acc0, 32);
             memcpy(sum + 8, &acc1, 32);

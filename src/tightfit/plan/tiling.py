@@ -368,7 +368,7 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         # its rows and their concatenation, is the step's scratch. The one input step of a tile
         # asks for a few rows at a time, each band at most half the tile buffer it fills, so
         # that input steps seldom set the plan's largest scratch (a whole tile's band can be a
-        # few times its buffer); the executor reads the band's rows from the scratch.
+        # few times its buffer); the executor derives that row count from the step's scratch.
         row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
         rows = min(region.h, max(1, b.buffers[home[0]].nbytes // (2 * row_band)))
         b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), row_band * rows))

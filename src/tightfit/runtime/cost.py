@@ -378,9 +378,10 @@ def _cold_byte_seconds() -> float:
 
 
 def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes: int = STIR_BYTES) -> float:
-    """Median of single runs, each after the caches are stirred: inside a plan a step finds its
-    data in the last-level cache but not in L1/L2, which the steps in between have overwritten
-    (timing back-to-back repeats instead under-predicts plans of many small steps by ~20%)."""
+    """Median of single runs, each after `stir_bytes` are written ("stirred": inside a plan a step
+    finds its data in the last-level cache but not in L1/L2, which the steps in between have
+    overwritten), or with `stir_bytes` 0 back to back ("hot": a band repeated with little in
+    between); `steps_seconds` blends the two."""
     stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
