@@ -31,7 +31,7 @@ from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.place import planner_names
 from tightfit.plan.reuse import PlannedModel, plan_reuse
-from tightfit.runtime.executor import ArenaExecutor
+from tightfit.runtime.executor import ArenaExecutor, set_input
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import load_params, run_reference
 
@@ -158,7 +158,8 @@ def overhead_table(steps: int = 400, runs: int = 30) -> None:
     p = plan_reuse(PlannedModel(g, "tiny"), inplace=False)
     ex = ArenaExecutor(p, [g])
     x = torch.randn(1, 2, 2, 2)
-    compiled = ex.frames[0][0]
+    compiled = ex.frames[0][0].steps
+    set_input(x)
 
     def bare():
         for st in compiled:

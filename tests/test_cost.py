@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tightfit
+from tightfit.ops.native import available as native_available
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
@@ -44,10 +45,12 @@ def test_profile_is_reused_from_disk(small, tmp_path, monkeypatch):
 def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypatch):
     g, p = small
     path = tmp_path / "profile.json"
-    CostModel(path).plan_seconds(p, [g])
+    native, runs = _native_runs(CostModel(path), p, g)
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES: 1e-3)
-    # Every step and the loop (1000 calls per timing) take the faked 1 ms.
-    expected = len(p.steps()) * (1e-3 + 1e-6)
+    # Every step, the loop and a native call (1000 calls per timing) take the faked 1 ms: a loop
+    # iteration per other step, a native call per run of native steps, less one per native step.
+    n = len(p.steps())
+    expected = n * 1e-3 + ((n - native) + (runs - native)) * 1e-6
     assert CostModel(path, reprofile=True).plan_seconds(p, [g]) == pytest.approx(expected)
     path.write_text("{not json")
     assert CostModel(path).plan_seconds(p, [g]) == pytest.approx(expected)
@@ -55,8 +58,9 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     """Predicted time = per step, between its hot and its stirred time by the bytes touched since
-    the same key last ran + steps x the executor's per-step loop overhead + the bytes fetched
-    cold x the measured seconds per cold byte."""
+    the same key last ran + the executor's calls (a loop iteration per step, or one native call
+    per run of steps on our own kernels, less the call each one's timing included) + the bytes
+    fetched cold x the measured seconds per cold byte."""
     g, p = small
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
                         2e-4 if stir_bytes else 1e-4)
@@ -68,9 +72,19 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     warm = sum(1e-4 + 1e-4 * min(1.0, d / cost.WARM_BYTES) for d in since)
     cold, code = cold_fetches(prints)
     code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
-    assert total == pytest.approx(warm + len(steps) * cm.loop_seconds + sum(cold) * cm.cold_byte_seconds + code_seconds)
+    native, runs = _native_runs(cm, p, g)
+    calls = (len(steps) - native) * cm.loop_seconds + (runs - native) * cm.native_call_seconds
+    assert total == pytest.approx(warm + calls + sum(cold) * cm.cold_byte_seconds + code_seconds)
+    assert native > runs > 0 or not native_available()
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
     assert min(since) < cost.WARM_BYTES <= max(since)
+
+
+def _native_runs(cm: CostModel, plan, g) -> tuple[int, int]:
+    """(steps on our own kernels, runs of consecutive such steps) of a plan, profiling it."""
+    cm.plan_seconds(plan, [g])
+    native = [step_key(plan, [g], s) in cm.native for s in plan.steps()]
+    return sum(native), sum(1 for i, n in enumerate(native) if n and (i == 0 or not native[i - 1]))
 
 
 def _touched(plan, g, s) -> int:

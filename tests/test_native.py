@@ -31,6 +31,8 @@ def _nhwc(n: int, c: int, h: int, w: int) -> torch.Tensor:
     (3, 32, 1, 7, 17, (3, 3), (2, 2), (1, 1), (0.0, 6.0)),  # dense: a whole block of 16 and one more
     (5, 37, 1, 6, 5, (3, 2), (1, 2), (1, 0), conv.NO_CLAMP),  # dense: a remainder of 5 output channels
     (2, 8, 1, 4, 4, (5, 5), (1, 1), (2, 2), (0.0, math.inf)),  # dense: fewer output channels than a block
+    (8, 40, 1, 3, 4, (1, 1), (1, 1), (1, 2), (0.0, 6.0)),  # dense 1x1: border pixels read only padding
+    (16, 96, 1, 4, 9, (1, 1), (1, 1), (0, 0), conv.NO_CLAMP),  # dense 1x1: three panels, blocks of pixels across rows
 ])
 def test_kernels_equal_torch(cin, c, groups, h, w, kernel, stride, pad, clamp):
     """Batch of two, input a window of a wider channels-last buffer (row and sample strides not
@@ -43,8 +45,9 @@ def test_kernels_equal_torch(cin, c, groups, h, w, kernel, stride, pad, clamp):
     oh, ow = expected.shape[2:]
     out = torch.full((2, oh + 2, ow + 1, c), float("nan")).permute(0, 3, 1, 2)
     y = out[:, :, 1 : 1 + oh, : ow]
-    taps = conv.PackedWeights(wt, {}).as_taps()
-    native.conv_call("dense" if groups == 1 else "depthwise", x, y, taps, b, kernel, stride, pad, clamp)()
+    packs = conv.PackedWeights(wt, {})
+    w, bias = packs.panels(b) if groups == 1 else (packs.as_taps(), b)
+    native.conv_call("dense" if groups == 1 else "depthwise", x, y, w, bias, kernel, stride, pad, clamp)()
     assert torch.allclose(y, expected, rtol=1e-5, atol=1e-5)
     assert out[:, :, 0].isnan().all() and out[:, :, 1 + oh :].isnan().all() and out[:, :, :, ow:].isnan().all()
 
@@ -60,12 +63,21 @@ def test_nan_passes_the_clamp_as_in_torch():
     assert torch.allclose(y.nan_to_num(), expected.nan_to_num(), atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["depthwise", "dense"])
-def test_small_bands_take_our_kernels(monkeypatch, kind):
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for the test (our dense kernel takes whole layers on one thread)."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind,n_threads,whole_ours", [("depthwise", 2, False), ("dense", 2, False), ("depthwise", 1, True), ("dense", 1, True)])
+def test_small_bands_take_our_kernels(monkeypatch, threads, kind, n_threads, whole_ours):
     """A one-row band of mobilenet_v2's first depthwise layer, or of its first (3x3, groups 1)
-    layer, binds our kernel with its ReLU6 fused (no activation call after it); the whole layer,
-    above DEPTHWISE_MACS or DENSE_MACS, stays oneDNN's. Both equal the convolution and its
-    activation."""
+    layer, binds our kernel with its ReLU6 fused (no activation call after it). The whole layer,
+    above DEPTHWISE_MACS or DENSE_MACS, stays oneDNN's on two threads (oneDNN splits a layer over
+    them) and takes ours on one. All equal the convolution and its activation."""
+    threads(n_threads)
     bound, activated = [], []
     monkeypatch.setattr(native, "conv_call", lambda *a: bound.append(_conv_call(*a)) or bound[-1])
     monkeypatch.setattr(conv, "apply_activations", lambda t, act: activated.append(act) or _apply(t, act))
@@ -80,7 +92,7 @@ def test_small_bands_take_our_kernels(monkeypatch, kind):
     y = torch.full((1, oh, ow, c), float("nan")).permute(0, 3, 1, 2)
     groups = layer.attrs["groups"]
     expected = F.conv2d(x, params[0], params[1], layer.attrs["stride"], layer.attrs["pads"][:2], 1, groups).clamp(0.0, 6.0)
-    for band, ours in ((Region(0, 1, oh // 2, oh // 2 + 1, 0, ow), True), (Region(0, 1, 0, oh, 0, ow), False)):
+    for band, ours in ((Region(0, 1, oh // 2, oh // 2 + 1, 0, ow), True), (Region(0, 1, 0, oh, 0, ow), whole_ours)):
         bound.clear(), activated.clear()
         (win,) = op.input_windows(layer, band, [(1, cin, h, w)])
         xv, yv = x[:, :, win.region.h0 : win.region.h1], y[:, :, band.h0 : band.h1]
@@ -88,6 +100,52 @@ def test_small_bands_take_our_kernels(monkeypatch, kind):
         assert (len(bound) == 1 and bound[0] is not None) == ours
         assert any(activated) != ours  # the clamp fused into our kernel, applied after oneDNN's
         assert torch.allclose(yv, expected[:, :, band.h0 : band.h1], rtol=1e-4, atol=1e-5)
+
+
+def test_border_tile_one_call_without_a_padded_copy(monkeypatch):
+    """A tile at the top-left corner of a strided 3x3 layer (padding above and left, real rows
+    below and right: oneDNN needs a zero-padded copy) is one call of our kernel, no copy made;
+    equal to the convolution."""
+    monkeypatch.setattr(conv, "pad_copy", lambda *a: pytest.fail("padded copy made"))
+    for groups in (1, 24):
+        layer = types.SimpleNamespace(attrs={"kernel": (3, 3), "stride": (2, 2), "dilation": (1, 1), "groups": groups,
+                                             "pads": (1, 1, 1, 1), "out_channels": 24, "act": (("relu",),)})
+        op = conv.Conv()
+        x = _nhwc(1, 24, 16, 16)
+        wt, b = torch.randn(24, 24 // groups, 3, 3), torch.randn(24)
+        params = [wt, b, conv.PackedWeights(wt, layer.attrs)]
+        expected = F.conv2d(x, wt, b, 2, 1, 1, groups).relu()
+        tile = Region(0, 1, 0, 3, 0, 4)
+        (win,) = op.input_windows(layer, tile, [(1, 24, 16, 16)])
+        assert win.pad == (1, 0, 1, 0)
+        y = torch.full((1, 3, 4, 24), float("nan")).permute(0, 3, 1, 2)
+        run = op.bind(layer, [x[:, :, win.region.h0 : win.region.h1, win.region.w0 : win.region.w1]], [win], y, tile, params)
+        assert isinstance(run, native.NativeCalls) and len(run.calls) == 1
+        run()
+        assert torch.allclose(y, expected[:, :, :3, :4], rtol=1e-4, atol=1e-5)
+
+
+def test_copy_and_add_equal_torch():
+    """copy and add (with a clamp) between strided channels-last views, in place too; nothing
+    outside the output written; several calls merged run in order; the output's channels must
+    be unit-stride, the source's need not."""
+    big = _nhwc(2, 40, 9, 11)
+    x, w = big[:, :, 1:6, 2:9], _nhwc(2, 40, 5, 7)
+    out = torch.full((2, 7, 10, 40), float("nan")).permute(0, 3, 1, 2)
+    y = out[:, :, 1:6, 3:10]
+    native.copy_call(y, x)()
+    assert torch.equal(y, x) and out[:, :, 0].isnan().all() and out[:, :, :, :3].isnan().all()
+    expected = (x + w).clamp(0.0, 6.0)
+    summed = native.add_call(y, y, w, (0.0, 6.0))  # y = clamp(y + w), in place
+    twice = native.NativeCalls.merged([summed, native.add_call(y, y, w, (-math.inf, math.inf))])
+    summed()
+    assert torch.allclose(y, expected)
+    twice()  # clamp(y + w) then + w
+    assert torch.allclose(y, (expected + w).clamp(0.0, 6.0) + w)
+    nchw = torch.randn(2, 40, 5, 7)  # an NCHW source (a model input) is copied too
+    native.copy_call(y, nchw)()
+    assert torch.equal(y, nchw)
+    assert native.copy_call(y, x[:, :, :, :3]) is None and native.copy_call(nchw, x) is None
 
 
 def test_off_when_asked(monkeypatch):
@@ -119,3 +177,18 @@ def test_built_without_a_disk_cache(monkeypatch, tmp_path):
     finally:
         native._library.cache_clear()
         tempfile.tempdir = None
+
+
+@pytest.mark.parametrize("shift", [(2, 0), (-2, 0), (0, 3), (0, -1), (1, -2), (-1, 1)])
+def test_move_within_a_buffer(shift):
+    """A region moved within one buffer over itself (a window of rows or columns shifted, as
+    parts plans do): equal to a copy through a temporary; nothing else written."""
+    buf = _nhwc(2, 20, 9, 8)
+    dh, dw = shift
+    h, w = 9 - abs(dh), 8 - abs(dw)
+    src = buf[:, :, max(dh, 0) : max(dh, 0) + h, max(dw, 0) : max(dw, 0) + w]
+    dst = buf[:, :, max(-dh, 0) : max(-dh, 0) + h, max(-dw, 0) : max(-dw, 0) + w]
+    expected = buf.clone()
+    expected[:, :, max(-dh, 0) : max(-dh, 0) + h, max(-dw, 0) : max(-dw, 0) + w] = src.clone()
+    native.move_call(dst, src)()
+    assert torch.equal(buf, expected)

@@ -299,14 +299,10 @@ def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
 def run_cnn(ex, m: int, x) -> dict[str, torch.Tensor]:
     """Run only CNN `m`'s partitions of an application plan on input `x` (a frame routed to one
     CNN); returns its outputs as views into the arena."""
-    from tightfit.runtime.executor import set_input
-
-    set_input(x)
     with torch.no_grad():
-        for p, steps in zip(ex.plan.partitions, ex.frames[0]):
+        for p, compiled in zip(ex.plan.partitions, ex.frames[0]):
             if p.model == m:
-                for st in steps:
-                    st.run(*st.args)
+                compiled.run(x)
     return ex._outputs[0][m]
 
 

@@ -170,11 +170,13 @@ class Op:
 
     def workspace_bytes(
         self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape,
-        itemsize: int, model: str = "torch", dense_out: bool = True,
+        itemsize: int, model: str = "torch", dense_out: bool = True, channels_last: bool = False,
     ) -> int:
         """Scratch bytes one step of this region needs besides its inputs and output.
         `dense_out`: the output view is one dense channels-last block (an NHWC buffer's whole
-        tensor or full-width band), which kernels can write into without a temporary."""
+        tensor or full-width band), which kernels can write into without a temporary;
+        `channels_last`: every view has unit-stride channels (NHWC buffers), which our own
+        kernels (ops/native.py) take as they are."""
         return 0
 
     def prepare_params(self, layer: Layer, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:

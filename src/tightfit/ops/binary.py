@@ -9,6 +9,8 @@ from tightfit.graph.ir import Layer
 from tightfit.ops import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+from tightfit.ops.conv import clamp_bounds
+from tightfit.ops.native import add_call
 
 
 class _Elementwise(Op):
@@ -44,6 +46,15 @@ class _Elementwise(Op):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * max(1, len(in_shapes) + len(layer.params) - 1)
+
+    def bind(self, layer, inputs, windows, out, out_region, params):
+        """A sum of two same-shaped views with a clamp runs on our own kernel (ops/native.py)."""
+        clamp = clamp_bounds(layer.attrs["act"])
+        if self.combine == "add" and len(inputs) == 2 and not params and clamp is not None:
+            native = add_call(out, inputs[0], inputs[1], clamp)
+            if native is not None:
+                return native
+        return super().bind(layer, inputs, windows, out, out_region, params)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         operands = list(inputs) + [_param_region(p, out_region) for p in params]

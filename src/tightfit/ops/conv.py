@@ -102,7 +102,7 @@ class Conv(Op):
         b = param_tensor(arrays[1]) if len(arrays) > 1 else torch.zeros(w.shape[0])
         return [w, b, PackedWeights(w, a)]
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         """torch model: the zero-padded copy of an input window whose padding is asymmetric
         (a band at the border), plus the result temporary when the output view is not a dense
         channels-last block (then the kernel cannot write into it directly)."""
@@ -115,6 +115,9 @@ class Conv(Op):
         if model == "none":
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
+        if channels_last and itemsize == 4 and not win.region.is_empty() and native_applies(
+                a, cin, self.macs(layer, out, in_shapes, out_shape), any_threads=True):
+            return 0  # our kernel: any window, its padding included, into any view
         padded = max((win.region.n * cin * (c.in_rows[1] - c.in_rows[0] + c.pad[0] + c.pad[1]) * (win.region.w + c.pad[2] + c.pad[3])
                       for c in kernel_calls(win, out, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"])) if c.copy), default=0)
         if dense_out and _ONEDNN:
@@ -135,25 +138,31 @@ class Conv(Op):
     def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
         """The step's kernel calls with their views cut, their padding chosen and, where oneDNN
         takes both views directly, the weight packed for the input's shape, once: on a band of
-        a few rows this setup costs as much as a tenth of the convolution."""
+        a few rows this setup costs as much as a tenth of the convolution. Our own kernel takes
+        any window in one call, its border padding included (no padded copy)."""
         a = layer.attrs
-        calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
         clamp = clamp_bounds(a["act"])
-        kernels, fused = [], clamp is not None
-        for call in calls:
-            x, y = (inputs[0], out) if len(calls) == 1 else (  # one call: no view to cut
-                inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])
-            kernel = _native(x, y, call, a, params, clamp or NO_CLAMP)
-            fused = fused and kernel is not None
-            kernels.append(kernel or _bind_call(x, y, call, a, params))
-        act = () if fused else a["act"]  # a clamp applied twice is the clamp once
+        native = _native(inputs[0], out, windows[0], a, params, clamp or NO_CLAMP)
+        if native is not None:
+            return native if clamp is not None else _then_activations(native, out, a["act"])
+        calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
+        kernels = [_bind_call(x, y, call, a, params) for call in calls for x, y in [(inputs[0], out) if len(calls) == 1 else (
+            inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])]]
 
         def run() -> None:
             for kernel in kernels:
                 kernel()
-            apply_activations(out, act)
+            apply_activations(out, a["act"])
 
         return run
+
+
+def _then_activations(kernel: Callable[[], None], out: torch.Tensor, act) -> Callable[[], None]:
+    def run() -> None:
+        kernel()
+        apply_activations(out, act)
+
+    return run
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
@@ -166,13 +175,15 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_c
 GEMM_MACS = 2**20
 
 
-# A small convolution runs on our own kernels (ops/native.py) with its clamp fused: depthwise up to
-# DEPTHWISE_MACS multiply-adds (3-5 us on a few rows of mobilenet_v2 against oneDNN's 21-24 us;
-# oneDNN is faster from about 0.6 M: a 56x56x144 layer, 152 us against 240 us), dense (groups 1,
-# not 1x1: the GEMM's) up to DENSE_MACS (mobilenet_v2's first layer on a one-row band, 6 us
-# against 22 us; the two are even at about 0.4 M).
+# A convolution runs on our own kernels (ops/native.py) with its clamp fused. On one thread at any
+# size: they are as fast as oneDNN on whole layers (dense 16->96 on 112x112: 255 us against 285;
+# 64->64 3x3 on 56x56: 935 against 914; depthwise 56x56x144: 140-150 us against 130-150) and 2-10x
+# faster on a tile or band, where oneDNN costs about 20 us a call besides its arithmetic and
+# torch's matrix product reaches 30-45 GMAC/s (dense 324 pixels x 16->96: 6.5 us against 13.2;
+# depthwise 9x9x96: 2.5 us against 21). With more threads, which oneDNN splits a layer over, up to
+# DEPTHWISE_MACS or DENSE_MACS multiply-adds.
 DEPTHWISE_MACS = 2**19
-DENSE_MACS = 400_000
+DENSE_MACS = 2**21
 NO_CLAMP = (-math.inf, math.inf)
 
 
@@ -187,22 +198,36 @@ def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
     return None
 
 
-def _native(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params,
-            clamp: tuple[float, float]) -> Callable[[], None] | None:
-    """The call on our own kernel with the clamp fused, where it applies and pays."""
-    kernel, groups = tuple(a["kernel"]), a["groups"]
-    macs = y.numel() * kernel[0] * kernel[1] * (1 if groups > 1 else x.shape[1])
+def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = torch.float32,
+                   any_threads: bool = False) -> str | None:
+    """Which of our kernels runs a convolution step ('depthwise', 'dense'), or None for oneDNN
+    (views permitting: channels unit-stride). `any_threads`: at every thread count (the plans'
+    kernel temporaries must hold wherever a plan runs)."""
+    from tightfit.ops.native import available
+
+    if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not available():
+        return None
+    one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
     if groups == 1:
-        kind, fits = "dense", kernel != (1, 1) and macs <= DENSE_MACS
-    else:
-        kind, fits = "depthwise", x.shape[1] == y.shape[1] == groups and macs <= DEPTHWISE_MACS
-    if (not fits or call.copy or tuple(a["dilation"]) != (1, 1) or x.dtype != torch.float32
-            or y.dtype != torch.float32 or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape):
+        return "dense" if one_thread or macs <= DENSE_MACS else None
+    if in_channels == a["out_channels"] == groups and (one_thread or macs <= DEPTHWISE_MACS):
+        return "depthwise"
+    return None
+
+
+def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
+            clamp: tuple[float, float]) -> Callable[[], None] | None:
+    """The whole step on our own kernel, its border padding and the clamp included, where it applies."""
+    kernel = tuple(a["kernel"])
+    macs = y.numel() * kernel[0] * kernel[1] * (x.shape[1] // a["groups"])
+    kind = native_applies(a, x.shape[1], macs, x.dtype)
+    if kind is None or y.dtype != x.dtype or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape or 0 in y.shape:
         return None
     from tightfit.ops.native import conv_call
 
     _, b, packs = params
-    return conv_call(kind, x, y, packs.as_taps(), b, kernel, tuple(a["stride"]), tuple(call.pad), clamp)
+    w, b = packs.panels(b) if kind == "dense" else (packs.as_taps(), b)
+    return conv_call(kind, x, y, w, b, kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
 
 
 def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
@@ -339,14 +364,27 @@ class PackedWeights:
         self.w, self.a = w, a
         self.by_shape: dict[tuple, torch.Tensor] = {}
         self._taps: torch.Tensor | None = None
+        self._panels: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def as_taps(self) -> torch.Tensor:
         """The weight as (kh*kw*C_in/groups) x C_out: per tap and input channel, its coefficient
-        for every output channel (our kernels' layout; for a 1x1 weight, the matrix that
+        for every output channel (our depthwise kernel's layout; for a 1x1 weight, the matrix that
         multiplies a view's pixels); made once."""
         if self._taps is None:
-            self._taps = self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0]).contiguous()
+            self._taps = self._taps_view().contiguous()
         return self._taps
+
+    def _taps_view(self) -> torch.Tensor:
+        return self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0])
+
+    def panels(self, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight and bias in our dense kernel's layout (native.dense_panels); made once."""
+        if self._panels is None:
+            from tightfit.ops.native import dense_panels
+
+            # The taps matrix is not kept: one copy of the weight besides w.
+            self._panels = dense_panels(self._taps if self._taps is not None else self._taps_view(), b)
+        return self._panels
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
         if not _ONEDNN:

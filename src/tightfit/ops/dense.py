@@ -52,7 +52,7 @@ class Gemm(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.n * int(np.prod(in_shapes[0][1:])) * out_shape[1]
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
@@ -84,7 +84,7 @@ class Softmax(Op):
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:

@@ -26,7 +26,7 @@ class LRN(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * layer.attrs["size"]
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         # The squared input, its copy padded over channels, and the running sum / divisor.
         if model != "torch":
             return 0

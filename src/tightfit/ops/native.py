@@ -1,6 +1,9 @@
-"""Convolution kernels of our own in C (`_conv.c`), built with the system's C compiler on first
-use and kept in the cache directory; where no compiler works, `conv_call` gives None and
-convolutions run on oneDNN alone. TIGHTFIT_NATIVE=0 turns them off."""
+"""Kernels of our own in C (`_conv.c`), built with the system's C compiler on first use and kept in
+the cache directory; where no compiler works, the `*_call` functions give None and steps run on
+torch alone. TIGHTFIT_NATIVE=0 turns them off.
+
+A call is a `NativeCalls`: (kernel, argument struct) pairs made once at bind time. The executor
+merges a plan's consecutive native steps into one, so they run with no Python between them."""
 from __future__ import annotations
 
 import ctypes
@@ -17,14 +20,13 @@ from typing import Callable
 import torch
 
 SOURCE = Path(__file__).with_name("_conv.c")
-KINDS = ("depthwise", "dense")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 
 
 class ConvArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "y", "w", "b")]
                 + [(n, ctypes.c_long) for n in ("n c ih iw oh ow cin xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
-                + [("lo", ctypes.c_float), ("hi", ctypes.c_float)])
+                + [("lo", ctypes.c_float), ("hi", ctypes.c_float), ("xs_c", ctypes.c_long)])
 
 
 def enabled() -> bool:
@@ -54,9 +56,8 @@ def _library() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError):
         return None
-    for kind in KINDS:
-        getattr(lib, kind).argtypes = [ctypes.POINTER(ConvArgs)]
-        getattr(lib, kind).restype = None
+    lib.run_calls.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    lib.run_calls.restype = None
     return lib
 
 
@@ -76,20 +77,103 @@ def available() -> bool:
     return enabled() and _library() is not None
 
 
+class _Call(ctypes.Structure):
+    _fields_ = [("kernel", ctypes.c_void_p), ("args", ctypes.c_void_p)]
+
+
+class NativeCalls:
+    """Calls of our kernels, run in order by one call from Python."""
+
+    def __init__(self, calls: list[tuple[str, ConvArgs]]):
+        self.calls = calls
+        lib = _library()
+        self._table = (_Call * len(calls))(*[(ctypes.cast(getattr(lib, k), ctypes.c_void_p), ctypes.addressof(a)) for k, a in calls])
+        self._run = functools.partial(lib.run_calls, ctypes.addressof(self._table), len(calls))
+
+    def __call__(self) -> None:
+        self._run()
+
+    @staticmethod
+    def merged(runs: "list[NativeCalls]") -> "NativeCalls":
+        return NativeCalls([c for r in runs for c in r.calls])
+
+
+def _args(x: torch.Tensor, y: torch.Tensor, keep: tuple, **fields) -> ConvArgs:
+    """The argument struct over NCHW-shaped views `x` (input) and `y` (output); `keep`: the
+    tensors its pointers point into, kept alive with it."""
+    args = ConvArgs(x=x.data_ptr(), y=y.data_ptr(), n=y.shape[0], c=y.shape[1], ih=x.shape[2], iw=x.shape[3],
+                    oh=y.shape[2], ow=y.shape[3], cin=x.shape[1], xs_n=x.stride(0), xs_h=x.stride(2), xs_w=x.stride(3),
+                    ys_n=y.stride(0), ys_h=y.stride(2), ys_w=y.stride(3), xs_c=x.stride(1), **fields)
+    args.keep = (x, y) + keep
+    return args
+
+
 def conv_call(kind: str, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, kernel, stride,
-              pad: tuple[int, int], clamp: tuple[float, float]) -> Callable[[], None] | None:
+              pad: tuple[int, int], clamp: tuple[float, float]) -> NativeCalls | None:
     """A call writing the convolution of view `x` into view `y` (NCHW-shaped fp32 views with unit
     channel stride, e.g. channels-last; `pad` rows and columns of zeros above and left, as many
     below and right as `y`'s size asks), plus bias `b`, clamped to `clamp`. `kind` 'depthwise':
-    one filter per channel, `w` (kh*kw) x C; 'dense': groups 1, `w` (kh*kw*C_in) x C_out. None
-    where the kernels are not available. The views' memory must outlive the call (the arena's does)."""
-    lib = _library() if enabled() else None
-    if lib is None:
+    one filter per channel, `w` (kh*kw) x C; 'dense': groups 1, `w` and `b` as `dense_panels`
+    makes them. None where the kernels are not available. The views' memory must outlive the
+    call (the arena's does)."""
+    if not available():
         return None
-    n, cin, ih, iw = x.shape
     w, b = w.contiguous(), b.contiguous()
-    args = ConvArgs(x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), n, y.shape[1], ih, iw, y.shape[2], y.shape[3],
-                    cin, x.stride(0), x.stride(2), x.stride(3), y.stride(0), y.stride(2), y.stride(3),
-                    kernel[0], kernel[1], stride[0], stride[1], pad[0], pad[1], clamp[0], clamp[1])
-    args.keep = (x, y, w, b)  # the pointers' owners live as long as the call
-    return functools.partial(getattr(lib, kind), ctypes.pointer(args))
+    args = _args(x, y, (w, b), w=w.data_ptr(), b=b.data_ptr(), kh=kernel[0], kw=kernel[1], sh=stride[0], sw=stride[1],
+                 pt=pad[0], pl=pad[1], lo=clamp[0], hi=clamp[1])
+    return NativeCalls([(kind, args)])
+
+
+def dense_panels(taps: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (rows x C_out) weight matrix as panels of 16 output channels, (ceil(C_out/16), rows, 16),
+    and the bias, both zero-padded to the panels (the dense kernel's layout)."""
+    rows, c = taps.shape
+    panels = -(-c // 16)
+    w = torch.zeros(rows, panels * 16)
+    w[:, :c] = taps
+    padded = torch.zeros(panels * 16)
+    padded[:c] = b
+    return w.view(rows, panels, 16).permute(1, 0, 2).contiguous(), padded
+
+
+def _pixels_unit_channels(*views: torch.Tensor) -> bool:
+    return all(v.dim() == 4 and v.dtype == torch.float32 and (v.stride(1) == 1 or v.shape[1] == 1) for v in views)
+
+
+def copy_call(y: torch.Tensor, x: torch.Tensor) -> NativeCalls | None:
+    """y.copy_(x) for same-shaped fp32 views that do not overlap, y's channels unit-stride."""
+    if not available() or x.shape != y.shape or not (_pixels_unit_channels(y) and x.dim() == 4 and x.dtype == y.dtype):
+        return None
+    return NativeCalls([("copy", _args(x, y, ()))])
+
+
+def move_call(y: torch.Tensor, x: torch.Tensor) -> NativeCalls | None:
+    """y.copy_(x) for same-shaped fp32 views of one buffer with the same strides (y is x moved)
+    that may overlap, channels unit-stride."""
+    if (not available() or x.shape != y.shape or x.stride() != y.stride() or not _pixels_unit_channels(x, y)
+            or x.dtype != y.dtype):
+        return None
+    return NativeCalls([("move", _args(x, y, ()))])
+
+
+def input_call(y: torch.Tensor, at: tuple[int, int, int], shape: tuple[int, ...]) -> tuple[NativeCalls, ConvArgs, int] | None:
+    """A copy into view `y` of the same-sized region at (sample, row, column) `at` of a
+    contiguous (N, C, H, W) fp32 input of `shape` that is not known yet: (the call, its arguments,
+    the region's byte offset); the caller sets `args.x` to the input's address plus the offset
+    before each run."""
+    if not available() or len(shape) != 4 or not _pixels_unit_channels(y):
+        return None
+    _, c, h, w = shape
+    args = ConvArgs(x=None, y=y.data_ptr(), n=y.shape[0], c=c, oh=y.shape[2], ow=y.shape[3], xs_n=c * h * w, xs_h=w, xs_w=1,
+                    xs_c=h * w, ys_n=y.stride(0), ys_h=y.stride(2), ys_w=y.stride(3))
+    args.keep = (y,)
+    offset = (at[0] * c * h * w + at[1] * w + at[2]) * y.element_size()
+    return NativeCalls([("copy", args)]), args, offset
+
+
+def add_call(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, clamp: tuple[float, float]) -> NativeCalls | None:
+    """y = clamp(x + w) for same-shaped fp32 views with unit channel stride; y may be x or w."""
+    if not available() or not (x.shape == w.shape == y.shape) or not _pixels_unit_channels(x, w, y):
+        return None
+    args = _args(x, y, (w,), w=w.data_ptr(), kh=w.stride(0), kw=w.stride(2), sh=w.stride(3), lo=clamp[0], hi=clamp[1])
+    return NativeCalls([("add", args)])

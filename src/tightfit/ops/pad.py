@@ -91,7 +91,7 @@ class Pad(Op):
             full = F.pad(x, (l, r, t, b), mode="reflect")
             out.copy_(full[:, :, out_region.h0 : out_region.h1, out_region.w0 : out_region.w1])
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         if model != "torch" or layer.attrs["mode"] != "reflect":
             return 0
         return Region.whole(out_shape).with_samples(out.n0, out.n1).numel(out_shape) * itemsize

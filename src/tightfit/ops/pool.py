@@ -46,7 +46,7 @@ class _WindowPool(Op):
         a = layer.attrs
         return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         if model != "torch":
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
@@ -105,7 +105,7 @@ class MaxPool(_WindowPool):
 
         return run
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return 0
 
 
@@ -134,10 +134,10 @@ class AveragePool(_WindowPool):
     name = "avgpool"
     onnx_types = ("AveragePool",)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         if _is_identity(layer.attrs):
             return 0
-        return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out)
+        return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out, channels_last)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         a = layer.attrs
@@ -207,7 +207,7 @@ class GlobalPool(Op):
         _, c, h, w = in_shapes[0]
         return out.n * c * h * w
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:

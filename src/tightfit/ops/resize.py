@@ -125,5 +125,5 @@ class Resize(Op):
         cols = torch.tensor([i - r.w0 for i in self._indices(layer, 1, out_region.w0, out_region.w1)])
         out.copy_(inputs[0].index_select(2, rows).index_select(3, cols))
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True) -> int:
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return 2 * out.numel(out_shape) * itemsize if model == "torch" else 0

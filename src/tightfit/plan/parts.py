@@ -181,7 +181,7 @@ def _compute(g: Graph, lid: int, out: Access, windows: dict[str, _Window], batch
     wins = memo.input_windows(g, layer, out.region, shapes)
     ins = tuple(Access(t, windows[t].buffer, w.region, (w.region.n0, w.region.h0 - windows[t].base, w.region.w0))
                 for t, w in zip(layer.inputs, wins))
-    scratch = memo.workspace_bytes(g, layer, out.region, shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout))
+    scratch = memo.workspace_bytes(g, layer, out.region, shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout), layout == "nhwc")
     return Step("compute", 0, lid, out, ins, scratch)
 
 

@@ -82,7 +82,7 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
         in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
         windows = memo.input_windows(g, layer, region, in_shapes)
         inputs = tuple(Access(t, buffer_of[t], w.region, (w.region.n0, w.region.h0, w.region.w0)) for t, w in zip(layer.inputs, windows))
-        scratch = memo.workspace_bytes(g, layer, region, in_shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout))
+        scratch = memo.workspace_bytes(g, layer, region, in_shapes, out_shape, itemsize(dtype), dense_nhwc(out_shape, layout), layout == "nhwc")
         steps.append(Step("compute", m, lid, Access(layer.output, buffer_of[layer.output], region, (0, 0, 0)), inputs, scratch))
     return steps
 

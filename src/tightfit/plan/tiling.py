@@ -322,7 +322,7 @@ class _Builder:
         ins = tuple(_access(t, home[t], w.region) for t, w in zip(layer.inputs, wins))
         views = [(self.buffers[a.buffer].shape, a.region) for a in ins] + [(self.buffers[out[0]].shape, region)]
         dense = all(_dense(s, r, self.layout) for s, r in views)
-        scratch = memo.workspace_bytes(g, layer, region, shapes, out_shape, itemsize(self.dtype), dense)
+        scratch = memo.workspace_bytes(g, layer, region, shapes, out_shape, itemsize(self.dtype), dense, self.layout == "nhwc")
         self.steps.append(Step("compute", 0, lid, _access(layer.output, out, region), ins, scratch))
 
 

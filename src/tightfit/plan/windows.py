@@ -43,11 +43,11 @@ def input_windows(graph: Graph, layer: Layer, region: Region, in_shapes: Sequenc
 
 
 def workspace_bytes(graph: Graph, layer: Layer, region: Region, in_shapes: Sequence[tuple[int, ...]],
-                    out_shape: tuple[int, ...], itemsize: int, dense_out: bool) -> int:
+                    out_shape: tuple[int, ...], itemsize: int, dense_out: bool, channels_last: bool = False) -> int:
     """get_op(layer.op).workspace_bytes(...) of the torch kernels, memoised."""
     memo = _memo(graph)
-    key = ("scratch", layer.id, region, tuple(in_shapes), out_shape, itemsize, dense_out)
+    key = ("scratch", layer.id, region, tuple(in_shapes), out_shape, itemsize, dense_out, channels_last)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = get_op(layer.op).workspace_bytes(layer, region, in_shapes, out_shape, itemsize, "torch", dense_out)
+        found = memo[key] = get_op(layer.op).workspace_bytes(layer, region, in_shapes, out_shape, itemsize, "torch", dense_out, channels_last)
     return found

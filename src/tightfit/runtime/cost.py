@@ -13,7 +13,9 @@ A plan's predicted time walks its steps in order (`plan_seconds`):
 - each step costs between its hot and its stirred time, by how many bytes the steps since the
   same key last ran have touched (a one-row band repeated 100 times a run finds its code, weights
   and neighbours in L2; a layer run once a run does not);
-- plus the executor's per-step loop overhead (timed too);
+- plus the executor's per-step loop overhead (timed too), except that a run of consecutive steps
+  on our own kernels (ops/native.py) is one call from Python: such a step costs its time less
+  the cost of one such call (both timed), and each run costs one call;
 - plus the time to fetch from memory what the stirred timing found in cache: the layer's weights,
   the arena bytes it reads and writes and the band of the input, when more than the cache holds
   was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
@@ -41,6 +43,8 @@ import torch
 
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
+from tightfit.ops.native import NativeCalls, input_call
+from tightfit.ops.native import available as native_available
 from tightfit.plan.schema import Plan, Step
 
 PROFILE_VERSION = 2
@@ -103,10 +107,11 @@ class CostModel:
         self.path = path
         self.seconds: dict[str, float] = {}
         self.hot_seconds: dict[str, float] = {}  # per step key, its time run back to back
+        self.native: set[str] = set()  # the step keys that run on our own kernels
         if path is not None and path.exists() and not reprofile:
             try:
                 saved = json.loads(path.read_text())
-                self.seconds, self.hot_seconds = saved["seconds"], saved["hot"]
+                self.seconds, self.hot_seconds, self.native = saved["seconds"], saved["hot"], set(saved["native"])
             except (ValueError, KeyError, OSError):
                 self.seconds, self.hot_seconds = {}, {}  # a damaged profile is measured again
         self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
@@ -131,6 +136,11 @@ class CostModel:
         return total
 
     @property
+    def native_call_seconds(self) -> float:
+        """The cost of calling a run of native steps from Python (a run of none)."""
+        return self._once("native_call", _native_call_overhead)
+
+    @property
     def cold_byte_seconds(self) -> float:
         """Seconds per weight byte a convolution takes longer when its weights are not in cache."""
         return self._once("cold_byte", _cold_byte_seconds)
@@ -152,7 +162,16 @@ class CostModel:
                    for k, d in zip(keys, since))
         cold, cold_code = cold_fetches(prints)
         code = sum(self.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
-        return warm + len(steps) * self.loop_seconds + sum(cold) * self.cold_byte_seconds + code
+        return warm + self._call_seconds([k in self.native for k in keys]) + sum(cold) * self.cold_byte_seconds + code
+
+    def _call_seconds(self, native: Sequence[bool]) -> float:
+        """The executor's calls of the steps (`native`: which run on our own kernels): a loop
+        iteration per other step, one call per run of native steps, less the call that each native
+        step's own timing included."""
+        runs = sum(1 for i, n in enumerate(native) if n and (i == 0 or not native[i - 1]))
+        if not runs:
+            return len(native) * self.loop_seconds
+        return (len(native) - sum(native)) * self.loop_seconds + (runs - sum(native)) * self.native_call_seconds
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
         """The step's stirred time (its code and data in the last-level cache only)."""
@@ -163,6 +182,8 @@ class CostModel:
     def _measure(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> None:
         if key not in self.seconds or key not in self.hot_seconds:
             run = self._bound_step(plan, graphs, step)
+            if isinstance(run, NativeCalls):
+                self.native.add(key)
             self.seconds[key] = _median_seconds(run)
             self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
             self._measured += 1
@@ -184,12 +205,13 @@ class CostModel:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds, "hot": self.hot_seconds}, sort_keys=True))
+        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds, "hot": self.hot_seconds,
+                                   "native": sorted(self.native)}, sort_keys=True))
         os.replace(tmp, self.path)
         self._measured = 0
 
     def _bound_step(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> Callable[[], None]:
-        from tightfit.runtime.executor import buffer_view, compile_step, set_input
+        from tightfit.runtime.executor import access_view, buffer_view, compile_step, set_input
 
         g = graphs[step.model]
         batch = plan.models[step.model].batch
@@ -203,10 +225,18 @@ class CostModel:
         if step.kind == "compute":
             layer = g.layers[step.layer]
             params[layer.id] = self._layer_params(g, layer.id)
+        if step.kind == "input":  # as the executor runs it on a tensor input: our copy where it can
+            x = torch.randn((batch,) + g.shape(g.inputs[0])[1:])
+            native = input_call(access_view(views[step.out.buffer], step.out),
+                                (step.out.region.n0, step.out.region.h0, step.out.region.w0), tuple(x.shape))
+            if native is not None:
+                call, args, offset = native
+                args.x = x.data_ptr() + offset
+                args.keep += (x,)
+                return call
+            set_input(x)
         compiled = compile_step(step, views, g, params, batch)
-        if step.kind == "input":
-            set_input(torch.randn((batch,) + g.shape(g.inputs[0])[1:]))
-        return lambda: compiled.run(*compiled.args)
+        return compiled.run if isinstance(compiled.run, NativeCalls) else lambda: compiled.run(*compiled.args)
 
     def _layer_params(self, g: Graph, lid: int) -> list:
         key = (id(g), lid)
@@ -418,3 +448,10 @@ def _loop_overhead() -> float:
 
 def _nothing() -> None:
     pass
+
+
+def _native_call_overhead() -> float:
+    if not native_available():
+        return 0.0
+    calls = NativeCalls([])
+    return _median_seconds(lambda: [calls() for _ in range(1000)], 21) / 1000

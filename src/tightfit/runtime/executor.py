@@ -1,11 +1,14 @@
 """The arena executor: runs any plan. One preallocated arena; every buffer is a view at
-arena + offset; every step's views are built once, so the per-step loop only calls kernels.
+arena + offset; every step's views are built once, so the per-step loop only calls kernels, and
+a run of consecutive steps on our own kernels (ops/native.py) is one call of a C loop.
 
 It knows no planner: it reads steps and buffers. Pipelined partitions (plan.concurrent) run in
 threads on a stream of inputs, one frame apart, with FIFO buffers double-buffered by the plan.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import queue
 import threading
 from dataclasses import dataclass
@@ -15,6 +18,7 @@ import torch
 
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
+from tightfit.ops.native import NativeCalls, copy_call, input_call, move_call
 from tightfit.plan.check import output_accesses
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 from tightfit.runtime.reference import load_params
@@ -48,6 +52,32 @@ class _Compiled:
     args: tuple
 
 
+@dataclass(frozen=True)
+class _Partition:
+    """A partition's steps ready to run, each run of consecutive native calls merged into one.
+    `steps` read the input set by `set_input` (any input: a RowSource too); `tensor_steps`, where
+    every input step has a native copy, read a contiguous fp32 tensor of `input_shape`, whose
+    address each run writes into `patches` ((copy arguments, byte offset) per input step)."""
+
+    steps: list[_Compiled]
+    tensor_steps: list[_Compiled] | None = None
+    patches: tuple = ()
+    input_shape: tuple[int, ...] = ()
+
+    def run(self, x: "torch.Tensor | RowSource | None") -> None:
+        steps = self.steps
+        if (self.tensor_steps is not None and isinstance(x, torch.Tensor) and x.dtype == torch.float32
+                and tuple(x.shape) == self.input_shape and x.is_contiguous()):
+            base = x.data_ptr()
+            for args, offset in self.patches:
+                args.x = base + offset
+            steps = self.tensor_steps
+        else:
+            _INPUT.x = x
+        for st in steps:
+            st.run(*st.args)
+
+
 class ArenaExecutor:
     def __init__(self, plan: Plan, graphs: Sequence[Graph], params: Sequence[dict] | None = None, fill_nan: bool = False):
         if plan.dtype not in DTYPES:
@@ -73,11 +103,22 @@ class ArenaExecutor:
             views.append(v)
         return views
 
-    def _compile(self, copy: int) -> list[list[_Compiled]]:
+    def _compile(self, copy: int) -> list[_Partition]:
         """Per partition, its steps bound to the views of frame parity `copy`."""
         views = self._views(copy)
-        return [[compile_step(s, views, self.graphs[p.model], self.params[p.model], self.plan.models[p.model].batch)
-                 for s in p.steps] for p in self.plan.partitions]
+        return [self._compile_partition(p, views) for p in self.plan.partitions]
+
+    def _compile_partition(self, p, views: list[torch.Tensor]) -> _Partition:
+        graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
+        steps = [compile_step(s, views, graph, self.params[p.model], batch) for s in p.steps]
+        input_shape = (batch,) + graph.shape(graph.inputs[0])[1:]
+        natives = {i: input_call(access_view(views[s.out.buffer], s.out), (s.out.region.n0, s.out.region.h0, s.out.region.w0), input_shape)
+                   for i, s in enumerate(p.steps) if s.kind == "input"}
+        if not natives or None in natives.values():
+            return _Partition(batch_native(steps))
+        tensor_steps = [_Compiled(natives[i][0], ()) if i in natives else st for i, st in enumerate(steps)]
+        patches = tuple((args, offset) for _, args, offset in natives.values())
+        return _Partition(batch_native(steps), batch_native(tensor_steps), patches, input_shape)
 
     def _output_views(self, copy: int) -> list[dict[str, torch.Tensor]]:
         views = self._views(copy)
@@ -93,10 +134,8 @@ class ArenaExecutor:
         xs = [inputs] if isinstance(inputs, (torch.Tensor, RowSource)) else list(inputs)
         copy = frame % len(self.frames)
         with torch.no_grad():
-            for p, steps in zip(self.plan.partitions, self.frames[copy]):
-                _INPUT.x = xs[p.model]
-                for st in steps:
-                    st.run(*st.args)
+            for p, compiled in zip(self.plan.partitions, self.frames[copy]):
+                compiled.run(xs[p.model])
         return self._outputs[copy]
 
     def run_stream(self, frames: Iterable[torch.Tensor | Sequence[torch.Tensor]],
@@ -123,18 +162,30 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
         src = s.inputs[0]
         src_view = access_view(views[src.buffer], src)
         if src.buffer == s.out.buffer and _overlap(src, s.out):
+            native = move_call(out_view, src_view)
+            if native is not None:
+                return _Compiled(native, ())
             moved = [d for d in range(3) if src.at[d] != s.out.at[d]]
             if len(moved) == 1:  # samples, rows or columns moved along one dimension
                 dim = (0, 2, 3)[moved[0]]
                 return _Compiled(_shift, (out_view, src_view, src.at[moved[0]] - s.out.at[moved[0]], dim))
             return _Compiled(_copy_via_temp, (out_view, src_view))
-        return _Compiled(torch.Tensor.copy_, (out_view, src_view))
+        return _Compiled(copy_call(out_view, src_view) or functools.partial(torch.Tensor.copy_, out_view, src_view), ())
     layer = graph.layers[s.layer]
     op = get_op(layer.op)
     in_shapes = [(batch,) + graph.shape(t)[1:] for t in layer.inputs]
     windows = op.input_windows(layer, s.out.region, in_shapes)
     ins = [access_view(views[a.buffer], a) for a in s.inputs]
     return _Compiled(op.bind(layer, ins, windows, out_view, s.out.region, params[layer.id]), ())
+
+
+def batch_native(steps: list[_Compiled]) -> list[_Compiled]:
+    """The steps with each run of consecutive native calls (ops/native.py) merged into one."""
+    out: list[_Compiled] = []
+    for native, run in itertools.groupby(steps, key=lambda st: isinstance(st.run, NativeCalls)):
+        run = list(run)
+        out += [_Compiled(NativeCalls.merged([st.run for st in run]), ())] if native and len(run) > 1 else run
+    return out
 
 
 def _overlap(a: Access, b: Access) -> bool:
@@ -243,9 +294,7 @@ class _Pipeline:
                         f, xs = item
                         if k + 1 < n_stages:
                             free[k + 1].acquire()
-                        _INPUT.x = xs[ex.plan.partitions[k].model]
-                        for st in ex.frames[f % copies][k]:
-                            st.run(*st.args)
+                        ex.frames[f % copies][k].run(xs[ex.plan.partitions[k].model])
                         if k > 0:
                             free[k].release()
                         if k + 1 < n_stages:
