@@ -58,9 +58,9 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     """Predicted time = per step, between its hot and its stirred time by the bytes touched since
-    the same key last ran + the executor's calls (a loop iteration per step, or one native call
-    per run of steps on our own kernels, less the call each one's timing included) + the bytes
-    fetched cold x the measured seconds per cold byte."""
+    the same key last ran (a step on our own kernels: its hot time) + the executor's calls (a loop
+    iteration per step, or one native call per run of steps on our own kernels, less the call each
+    one's timing included) + the bytes fetched cold x the measured seconds per cold byte."""
     g, p = small
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
                         2e-4 if stir_bytes else 1e-4)
@@ -68,8 +68,9 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     steps = p.steps()
     total = cm.plan_seconds(p, [g])
     prints = footprints(p, [g], steps)
-    since = bytes_since_same_key([step_key(p, [g], s) for s in steps], [touched for touched, _ in prints])
-    warm = sum(1e-4 + 1e-4 * min(1.0, d / cost.WARM_BYTES) for d in since)
+    keys = [step_key(p, [g], s) for s in steps]
+    since = bytes_since_same_key(keys, [touched for touched, _ in prints])
+    warm = sum(1e-4 + (0.0 if k in cm.native else 1e-4 * min(1.0, d / cost.WARM_BYTES)) for k, d in zip(keys, since))
     cold, code = cold_fetches(prints)
     code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
     native, runs = _native_runs(cm, p, g)

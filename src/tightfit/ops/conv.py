@@ -175,15 +175,20 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_c
 GEMM_MACS = 2**20
 
 
-# A convolution runs on our own kernels (ops/native.py) with its clamp fused. On one thread at any
-# size: they are as fast as oneDNN on whole layers (dense 16->96 on 112x112: 255 us against 285;
-# 64->64 3x3 on 56x56: 935 against 914; depthwise 56x56x144: 140-150 us against 130-150) and 2-10x
-# faster on a tile or band, where oneDNN costs about 20 us a call besides its arithmetic and
-# torch's matrix product reaches 30-45 GMAC/s (dense 324 pixels x 16->96: 6.5 us against 13.2;
-# depthwise 9x9x96: 2.5 us against 21). With more threads, which oneDNN splits a layer over, up to
-# DEPTHWISE_MACS or DENSE_MACS multiply-adds.
+# A convolution runs on our own kernels (ops/native.py) with its clamp fused, where they are faster
+# than oneDNN, which costs about 20 us a call besides its arithmetic (and torch's matrix product
+# reaches 30-45 GMAC/s on a tile's small products): dense 324 pixels x 16->96, 6.5 us against 13.2;
+# depthwise 9x9x96, 2.5 us against 21. With several threads, which oneDNN splits a layer over, up to
+# DEPTHWISE_MACS or DENSE_MACS multiply-adds. On one thread, a depthwise one at any size (56x56x144:
+# 140-150 us against 130-150); a dense one up to DENSE_MACS_ONE_THREAD, or any size when its weight
+# stays in L2 (at most DENSE_WEIGHT_BYTES): our kernel reads the whole weight again for every 6
+# pixels, where oneDNN blocks the product for the cache (3x3 128->128 on 28x28, 590 KB of weight:
+# 1037 us against 860; 64->64 on 56x56, 147 KB: 943 against 920; 16->96 1x1 on 112x112: 255 against
+# 285; a 3-row band of 512->512, 9.4 MB, 11.8 M: 106 against 130).
 DEPTHWISE_MACS = 2**19
 DENSE_MACS = 2**21
+DENSE_MACS_ONE_THREAD = 2**24
+DENSE_WEIGHT_BYTES = 2**18
 NO_CLAMP = (-math.inf, math.inf)
 
 
@@ -209,7 +214,9 @@ def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = to
         return None
     one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
     if groups == 1:
-        return "dense" if one_thread or macs <= DENSE_MACS else None
+        weight_bytes = in_channels * a["kernel"][0] * a["kernel"][1] * a["out_channels"] * 4
+        small = macs <= DENSE_MACS or (one_thread and (macs <= DENSE_MACS_ONE_THREAD or weight_bytes <= DENSE_WEIGHT_BYTES))
+        return "dense" if small else None
     if in_channels == a["out_channels"] == groups and (one_thread or macs <= DEPTHWISE_MACS):
         return "depthwise"
     return None
