@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops import native, register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, param_tensor, sliding_windows
 
@@ -208,9 +208,7 @@ def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = to
     """Which of our kernels runs a convolution step ('depthwise', 'dense'), or None for oneDNN
     (views permitting: channels unit-stride). `any_threads`: at every thread count (the plans'
     kernel temporaries must hold wherever a plan runs)."""
-    from tightfit.ops.native import available
-
-    if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not available():
+    if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not native.available():
         return None
     one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
     if groups == 1:
@@ -230,11 +228,9 @@ def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
     kind = native_applies(a, x.shape[1], macs, x.dtype)
     if kind is None or y.dtype != x.dtype or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape or 0 in y.shape:
         return None
-    from tightfit.ops.native import conv_call
-
     _, b, packs = params
     w, b = packs.panels(b) if kind == "dense" else (packs.as_taps(), b)
-    return conv_call(kind, x, y, w, b, kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
+    return native.conv_call(kind, x, y, w, b, kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
 
 
 def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
@@ -387,10 +383,8 @@ class PackedWeights:
     def panels(self, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight and bias in our dense kernel's layout (native.dense_panels); made once."""
         if self._panels is None:
-            from tightfit.ops.native import dense_panels
-
             # The taps matrix is not kept: one copy of the weight besides w.
-            self._panels = dense_panels(self._taps if self._taps is not None else self._taps_view(), b)
+            self._panels = native.dense_panels(self._taps if self._taps is not None else self._taps_view(), b)
         return self._panels
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
