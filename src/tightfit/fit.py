@@ -23,7 +23,7 @@ from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProbl
                                meeting, parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.runtime.measure import Measurement
+from tightfit.runtime.measure import PAGE_BYTES, Measurement
 from tightfit.units import human
 
 MB = 1e6
@@ -396,8 +396,10 @@ def report_text(r: dict[str, Any]) -> str:
              f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
              f"{human(c['lower_bound_bytes'])}, kernel temporaries {human(c['scratch_peak_bytes'])})"]
     if "measured_memory_bytes" in c:
+        # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
+        small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
         lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
-                     f"{' + parameters' if r['with_params'] else ''})")
+                     f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
     lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
                  f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
                  + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
