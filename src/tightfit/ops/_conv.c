@@ -17,6 +17,7 @@ typedef struct {
     long kh, kw, sh, sw, pt, pl;             /* kernel, stride, top and left zero padding */
     float lo, hi;                            /* output clamp */
     long xs_c;                               /* input channel stride (copy; 1 elsewhere) */
+    long ws_n, ws_h, ws_w;                   /* the second operand's strides (add) */
 } conv_args;
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -215,20 +216,16 @@ void move(const conv_args *a) {
     }
 }
 
-/* y = clamp(x + w) over n x oh x ow pixels of c channels; w's element strides are in kh, kw, sh
- * (samples, rows, columns). y may be x or w exactly (in place). */
+/* y = clamp(x + w) over n x oh x ow pixels of c channels. y may be x or w exactly (in place). */
 void add(const conv_args *a) {
     for (long n = 0; n < a->n; n++)
     for (long oy = 0; oy < a->oh; oy++)
     for (long ox = 0; ox < a->ow; ox++) {
         const float *x = a->x + n * a->xs_n + oy * a->xs_h + ox * a->xs_w;
-        const float *w = a->w + n * a->kh + oy * a->kw + ox * a->sh;
+        const float *w = a->w + n * a->ws_n + oy * a->ws_h + ox * a->ws_w;
         float *y = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
-        for (long k = 0; k < a->c; k++) {
-            float v = x[k] + w[k];
-            v = v < a->lo ? a->lo : v;
-            y[k] = v > a->hi ? a->hi : v;
-        }
+        for (long k = 0; k < a->c; k++) y[k] = x[k] + w[k];
+        clamp(y, a->c, a->lo, a->hi);
     }
 }
 

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
-
 import torch
 
 SOURCE = Path(__file__).with_name("_conv.c")
@@ -26,7 +24,8 @@ FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 class ConvArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "y", "w", "b")]
                 + [(n, ctypes.c_long) for n in ("n c ih iw oh ow cin xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
-                + [("lo", ctypes.c_float), ("hi", ctypes.c_float), ("xs_c", ctypes.c_long)])
+                + [("lo", ctypes.c_float), ("hi", ctypes.c_float)]
+                + [(n, ctypes.c_long) for n in ("xs_c ws_n ws_h ws_w").split()])
 
 
 def enabled() -> bool:
@@ -175,5 +174,5 @@ def add_call(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, clamp: tuple[flo
     """y = clamp(x + w) for same-shaped fp32 views with unit channel stride; y may be x or w."""
     if not available() or not (x.shape == w.shape == y.shape) or not _pixels_unit_channels(x, w, y):
         return None
-    args = _args(x, y, (w,), w=w.data_ptr(), kh=w.stride(0), kw=w.stride(2), sh=w.stride(3), lo=clamp[0], hi=clamp[1])
+    args = _args(x, y, (w,), w=w.data_ptr(), ws_n=w.stride(0), ws_h=w.stride(2), ws_w=w.stride(3), lo=clamp[0], hi=clamp[1])
     return NativeCalls([("add", args)])

@@ -44,7 +44,7 @@ import torch
 
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
-from tightfit.ops.native import NativeCalls, input_call
+from tightfit.ops.native import NativeCalls
 from tightfit.ops.native import available as native_available
 from tightfit.plan.schema import Plan, Step
 
@@ -85,11 +85,10 @@ def _kernel_code() -> str:
     """A digest of the code a step runs (ops and executor): changed kernels, new profile."""
     import tightfit.ops as ops
     import tightfit.runtime.executor as executor
-    from tightfit.ops import native
 
     here = Path(ops.__file__).parent
     files = sorted(here.glob("*.py")) + sorted(here.glob("*.c")) + [Path(executor.__file__), Path(__file__)]
-    used = b"native" if native.available() else b"onednn only"
+    used = b"native" if native_available() else b"onednn only"
     return hashlib.sha1(b"".join(f.read_bytes() for f in files) + used).hexdigest()
 
 
@@ -173,8 +172,6 @@ class CostModel:
         iteration per other step, one call per run of native steps, less the call that each native
         step's own timing included."""
         runs = sum(1 for i, n in enumerate(native) if n and (i == 0 or not native[i - 1]))
-        if not runs:
-            return len(native) * self.loop_seconds
         return (len(native) - sum(native)) * self.loop_seconds + (runs - sum(native)) * self.native_call_seconds
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
@@ -215,7 +212,7 @@ class CostModel:
         self._measured = 0
 
     def _bound_step(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> Callable[[], None]:
-        from tightfit.runtime.executor import access_view, buffer_view, compile_step, set_input
+        from tightfit.runtime.executor import buffer_view, compile_step, native_input, set_input
 
         g = graphs[step.model]
         batch = plan.models[step.model].batch
@@ -231,8 +228,7 @@ class CostModel:
             params[layer.id] = self._layer_params(g, layer.id)
         if step.kind == "input":  # as the executor runs it on a tensor input: our copy where it can
             x = torch.randn((batch,) + g.shape(g.inputs[0])[1:])
-            native = input_call(access_view(views[step.out.buffer], step.out),
-                                (step.out.region.n0, step.out.region.h0, step.out.region.w0), tuple(x.shape))
+            native = native_input(step, views, tuple(x.shape))
             if native is not None:
                 call, args, offset = native
                 args.x = x.data_ptr() + offset

@@ -112,8 +112,7 @@ class ArenaExecutor:
         graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
         steps = [compile_step(s, views, graph, self.params[p.model], batch) for s in p.steps]
         input_shape = (batch,) + graph.shape(graph.inputs[0])[1:]
-        natives = {i: input_call(access_view(views[s.out.buffer], s.out), (s.out.region.n0, s.out.region.h0, s.out.region.w0), input_shape)
-                   for i, s in enumerate(p.steps) if s.kind == "input"}
+        natives = {i: native_input(s, views, input_shape) for i, s in enumerate(p.steps) if s.kind == "input"}
         if not natives or None in natives.values():
             return _Partition(batch_native(steps))
         tensor_steps = [_Compiled(natives[i][0], ()) if i in natives else st for i, st in enumerate(steps)]
@@ -177,6 +176,13 @@ def compile_step(s: Step, views: Sequence[torch.Tensor], graph: Graph, params: d
     windows = op.input_windows(layer, s.out.region, in_shapes)
     ins = [access_view(views[a.buffer], a) for a in s.inputs]
     return _Compiled(op.bind(layer, ins, windows, out_view, s.out.region, params[layer.id]), ())
+
+
+def native_input(s: Step, views: Sequence[torch.Tensor], input_shape: tuple[int, ...]) -> tuple | None:
+    """Input step `s` as our copy from a contiguous input tensor of `input_shape` (see
+    native.input_call: the call, its arguments, the byte offset), or None."""
+    r = s.out.region
+    return input_call(access_view(views[s.out.buffer], s.out), (r.n0, r.h0, r.w0), input_shape)
 
 
 def batch_native(steps: list[_Compiled]) -> list[_Compiled]:
