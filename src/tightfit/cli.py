@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from tightfit.errors import OptionError, TightfitError
@@ -87,6 +88,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
+    p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
+    p.add_argument("plan", help="a plan made by `tightfit plan --out` or `tightfit fit --out`")
+    p.add_argument("--out", required=True, help="folder to write (replaced whole; nothing partial is left)")
+    p.add_argument("--name", help="C identifier prefix of the library (default: the model's name)")
+    p.add_argument("--weights", default="auto", choices=("auto", "c", "file"),
+                   help="weights as const C arrays (c), as weights.bin read once (file), or c up to 16 MB (auto)")
+    p.add_argument("--check", action="store_true",
+                   help="build with cc, run on the reference executor's seeded input, compare, measure the whole process")
+    p.add_argument("--cc", help="C compiler for --check (default $CC or cc)")
+    p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
+    p.add_argument("--runs", type=int, default=5, help="with --check: runs timed (the median is printed)")
+    p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
+    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
+                   help="host (default) or a microcontroller, linked with arm-none-eabi-gcc and run under qemu with --check")
+    p.add_argument("--ram", help="with a cortex-m target: the RAM the program may use, e.g. 512KiB")
+    p.add_argument("--flash", help="with a cortex-m target: the flash, e.g. 2MiB")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -345,11 +365,67 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.out:
         F.write_outputs(outcome, args.out, report)
         report["written"] = args.out
+    if args.export:
+        from tightfit.export import export
+
+        sources = export(outcome.plan, outcome.app.graphs, args.export)
+        report["exported"] = {"folder": args.export, "name": sources.name, "steps": sources.steps}
     print(json.dumps(report, indent=1) if args.json else F.report_text(report))
     return 0
 
 
-COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit}
+def cmd_export(args: argparse.Namespace) -> int:
+    import shlex
+
+    import tightfit
+    from tightfit.export import check, export
+
+    if args.target == "host" and (args.ram or args.flash):
+        raise OptionError("--ram and --flash go with a cortex-m target")
+    if args.target != "host" and not (args.ram and args.flash):
+        raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
+    if args.runs < 1:
+        raise OptionError("--runs must be at least 1")
+    plan_, graphs = tightfit.api.load_plan(args.plan)
+    weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
+    sources = export(plan_, graphs, args.out, args.name, weights)
+    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
+                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
+                    "weights_file": sources.weights_in_file}
+    lines = [f"exported {sources.steps} steps to {args.out}/ ({sources.name}.c, {sources.name}.h, tf_kernels.c, main.c, Makefile"
+             + (", weights.bin" if sources.weights_in_file else "") + ")",
+             f"build: make -C {args.out}   run: {args.out}/{sources.name} input.bin output.bin [runs]"]
+    ok = True
+    if args.target != "host":
+        from tightfit.export import mcu
+        from tightfit.units import parse_size
+
+        built = mcu.build_mcu(Path(args.out), sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
+                              Path(args.out) / f"{sources.name}-{args.target}.elf")
+        report["mcu"] = built.as_dict()
+        lines.append(built.summary())
+        if args.check:
+            got = mcu.check_qemu(built, plan_, graphs)
+            report["mcu_check"] = got.as_dict()
+            lines.append(got.summary())
+            ok = got.ok
+    elif args.check:
+        flags = shlex.split(args.cflags) if args.cflags else None
+        result = check(plan_, graphs, sources, args.out, args.cc, flags, args.runs)
+        report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
+        lines += result.lines()
+        ok = result.ok
+        if args.sanitize:
+            clean = check(plan_, graphs, sources, args.out, args.cc, flags, 1, sanitize=True)
+            report["sanitized"] = {"ok": clean.ok}
+            lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
+            ok = ok and clean.ok
+    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
+    return 0 if ok else 1
+
+
+COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit,
+            "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

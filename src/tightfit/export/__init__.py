@@ -1,0 +1,93 @@
+"""C export: a plan as a self-contained C99 library and test program (codegen), built, run on the
+reference executor's seeded inputs, compared and measured (build), or linked for a
+microcontroller (mcu)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from tightfit.export.build import Built, build, run, write_dir
+from tightfit.export.codegen import ExportError, Sources, c_name, generate
+from tightfit.graph.ir import Graph
+from tightfit.plan.schema import Plan
+
+# The whole process may hold this much besides weights and arena: libc, the program's code and
+# stack, stdio buffers (issue 21's acceptance margin).
+PROCESS_SLACK = 2 * 2**20
+
+
+def export(plan: Plan, graphs: Sequence[Graph], out: str | Path, name: str | None = None,
+           weights: str = "auto") -> Sources:
+    """Write the C library and test program of `plan` into folder `out` (whole, or nothing)."""
+    sources = generate(plan, graphs, name or _default_name(plan), weights)
+    write_dir(sources, Path(out))
+    return sources
+
+
+def _default_name(plan: Plan) -> str:
+    spec = plan.models[0].spec if len(plan.models) == 1 else "app"
+    return c_name(Path(spec).stem if spec.endswith(".onnx") else spec.split(":")[-1])
+
+
+@dataclass(frozen=True)
+class Check:
+    """An exported program built, run on the seeded inputs, compared and measured."""
+
+    name: str
+    ok: bool
+    max_abs_diff: float
+    tolerance: float
+    arena_bytes: int
+    weight_bytes: int
+    code_bytes: int      # the binary's text and data besides compiled-in weights
+    stack_bound: int
+    peak_rss: int        # the whole process, measured
+    median_seconds: float
+    built: Built
+
+    @property
+    def budget_bytes(self) -> int:
+        """What the process may hold: weights + arena + the slack for libc, code and stack."""
+        return self.weight_bytes + self.arena_bytes + PROCESS_SLACK
+
+    def lines(self) -> list[str]:
+        from tightfit.units import human
+
+        return [
+            f"outputs: {'match' if self.ok else 'DIFFER'} (max abs diff {self.max_abs_diff:.3g}, tolerance {self.tolerance:.3g})",
+            f"weights {human(self.weight_bytes)} + arena {human(self.arena_bytes)} + code {human(self.code_bytes)}"
+            f" (stack bound {self.stack_bound} B) = {human(self.weight_bytes + self.arena_bytes + self.code_bytes)}",
+            f"measured whole-process peak {human(self.peak_rss)} (limit weights + arena + 2 MiB = {human(self.budget_bytes)}:"
+            f" {'within' if self.peak_rss <= self.budget_bytes else 'OVER'}); {1 / self.median_seconds:.1f} runs/s",
+        ]
+
+
+def check(plan: Plan, graphs: Sequence[Graph], sources: Sources, directory: str | Path, cc: str | None = None,
+          cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False, seed: int = 0) -> Check:
+    """Build the exported program, run it on the same seeded inputs as the reference executor,
+    compare every output, and measure the whole process."""
+    from tightfit.api import plan_inputs
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    directory = Path(directory)
+    built = build(directory, sources.name, cc, cflags, sanitize)
+    inputs = plan_inputs(graphs, plan, seed)
+    refs = [run_reference(g, x)[t].numpy() for g, x in zip(graphs, inputs) for t in g.outputs]
+    weights = directory / "weights.bin" if sources.weights_in_file else None
+    ran = run(built.binary, [x.numpy() for x in inputs], [r.size for r in refs], runs, weights)
+    worst = None
+    for got, ref in zip(ran.outputs, refs):
+        c = compare(got.reshape(ref.shape), ref)
+        if worst is None or not c.ok or (worst.ok and c.max_abs_diff > worst.max_abs_diff):
+            worst = c if worst is None or worst.ok else worst
+    assert worst is not None
+    code = built.text + built.data - (0 if sources.weights_in_file else sources.weight_bytes)
+    return Check(sources.name, worst.ok, worst.max_abs_diff, worst.tolerance, sources.arena_bytes, sources.weight_bytes,
+                 code, built.stack_bound, ran.peak_rss, ran.median_seconds, built)
+
+
+__all__ = ["Check", "ExportError", "Sources", "check", "export", "generate"]

@@ -1,0 +1,166 @@
+"""Writing, building, running and measuring an exported program (`tightfit export --check`).
+
+The measured figure is the whole process: its peak resident set (VmHWM, which the program reads
+from /proc/self/status as it ends; a child's ru_maxrss would include the Python process it was
+forked from) beside weights + arena + code (`size` of the binary)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from tightfit.export.codegen import ExportError, Sources
+
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-pedantic"]
+# -O3: the dense kernel's register blocks need its unrolling (-O2: 2.3x slower); ISO C modes turn
+# contraction into FMA off unless asked (-ffp-contract=fast: 1.4x).
+DEFAULT_CFLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast"]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
+
+
+def write_dir(sources: Sources, out: Path) -> Path:
+    """The files into `out`, whole or not at all: written in a temporary folder beside it, then
+    renamed over it."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
+    try:
+        for name, data in sources.files.items():
+            (tmp / name).write_bytes(data)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
+    return out
+
+
+def compiler(cc: str | None = None) -> str:
+    name = cc or os.environ.get("CC", "cc")
+    found = shutil.which(name)
+    if found is None:
+        raise ExportError(f"no C compiler {name!r} on PATH (install gcc, or give --cc)")
+    return found
+
+
+@dataclass(frozen=True)
+class Built:
+    binary: Path
+    text: int      # code (`size`'s text includes the read-only data: the const weights in c mode)
+    data: int
+    bss: int       # the arena is in bss (main.c's static array)
+    stack_bound: int  # sum of every function's static frame: no recursion, so no chain is deeper
+
+
+def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[str] | None = None,
+          sanitize: bool = False, timeout: float = 1800) -> Built:
+    """Compile the exported program in `directory` (warnings are errors); ExportError on failure."""
+    directory = Path(directory)
+    flags = list(cflags if cflags is not None else DEFAULT_CFLAGS) + WARNINGS + (SANITIZE if sanitize else [])
+    binary = directory / (name + ("-asan" if sanitize else ""))
+    sources = ["main.c", f"{name}.c", "tf_kernels.c"]
+    with tempfile.TemporaryDirectory(prefix="tightfit-cc-") as tmp:
+        objects = []
+        for src in sources:
+            obj = Path(tmp) / (Path(src).stem + ".o")
+            _run_cc([compiler(cc), *flags, "-fstack-usage", "-c", str(directory / src), "-o", str(obj)], timeout)
+            objects.append(str(obj))
+        try:  # static: the process then maps only the libc pages it uses (~0.8 MiB against ~1.8)
+            _run_cc([compiler(cc), *flags, "-static", "-o", str(binary), *objects, "-lm"], timeout)
+        except ExportError:
+            _run_cc([compiler(cc), *flags, "-o", str(binary), *objects, "-lm"], timeout)
+        stack = _stack_bound(Path(tmp))
+    text, data, bss = _size(binary)
+    return Built(binary, text, data, bss, stack)
+
+
+def _run_cc(cmd: list[str], timeout: float) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ExportError(f"the C build timed out after {timeout:.0f} s") from None
+    except OSError as e:
+        raise ExportError(f"cannot run the C compiler: {e}") from None
+    if done.returncode != 0:
+        first = next((l for l in done.stderr.splitlines() if "error" in l), done.stderr.strip().splitlines()[-1:] or ["?"])
+        raise ExportError(f"the C build failed: {first if isinstance(first, str) else first[0]}")
+
+
+def _stack_bound(folder: Path) -> int:
+    """Every function's frame added up (gcc -fstack-usage); a function with a dynamic frame has no bound."""
+    total = 0
+    for su in folder.glob("*.su"):
+        for line in su.read_text().splitlines():
+            parts = line.rsplit("\t", 2)
+            if len(parts) == 3:
+                if "dynamic" in parts[2] and "bounded" not in parts[2]:
+                    raise ExportError(f"a function has a frame of unbounded size: {parts[0]}")
+                total += int(parts[1])
+    return total
+
+
+def _size(binary: Path) -> tuple[int, int, int]:
+    tool = shutil.which("size")
+    if tool is None:
+        return (0, 0, 0)
+    out = subprocess.run([tool, str(binary)], capture_output=True, text=True).stdout.splitlines()
+    text, data, bss = (int(v) for v in out[1].split()[:3])
+    return text, data, bss
+
+
+@dataclass(frozen=True)
+class Ran:
+    outputs: list[np.ndarray]  # every output of every CNN, in order, flat
+    median_seconds: float
+    peak_rss: int  # bytes: the whole process's high-water mark
+
+
+def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int], runs: int = 1,
+        weights: Path | None = None, timeout: float = 600, env: dict | None = None, preload: bool = False) -> Ran:
+    """Run the program on `inputs` (every CNN's input, in order) and read its outputs; with
+    `preload` the program reads its input whole before the timed runs (else by rows, as the steps
+    ask: the input is then never whole in memory)."""
+    with tempfile.TemporaryDirectory(prefix="tightfit-run-") as tmp:
+        inp, out = Path(tmp) / "input.bin", Path(tmp) / "output.bin"
+        inp.write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+        cmd = [str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
+        killed = threading.Event()
+        with open(Path(tmp) / "stdout", "wb") as so, open(Path(tmp) / "stderr", "wb") as se:
+            proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=env)
+            timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))
+            timer.start()
+            try:
+                proc.wait()
+            finally:
+                timer.cancel()
+        stdout, stderr = (Path(tmp) / "stdout").read_bytes(), (Path(tmp) / "stderr").read_bytes()
+        if killed.is_set():
+            raise ExportError(f"the exported program ran past {timeout:.0f} s")
+        if proc.returncode != 0:
+            tail = (stderr.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            raise ExportError(f"the exported program failed (status {proc.returncode}): {tail}")
+        data = np.frombuffer(out.read_bytes(), dtype="<f4")
+    outputs, at = [], 0
+    for size in output_sizes:
+        outputs.append(data[at : at + size].copy())
+        at += size
+    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)", stdout)
+    if m is None or int(m.group(2)) < 0:
+        raise ExportError("the exported program did not report its peak memory (VmHWM needs Linux /proc)")
+    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024)

@@ -1,0 +1,533 @@
+/* tightfit kernels (see tf_kernels.h). Portable C99; with AVX-512 enabled by the compiler flags
+ * (-mavx512f, -march=...) or -DTF_SIMD=1, dense and depthwise convolutions on channels-last views
+ * run on the register-blocked kernels of tightfit's own executor (tf_simd.inc, the same source). */
+#include <math.h>
+#include <string.h>
+
+#include "tf_kernels.h"
+
+#ifndef TF_SIMD
+#if defined(__GNUC__) && defined(__AVX512F__)
+#define TF_SIMD 1
+#else
+#define TF_SIMD 0
+#endif
+#endif
+
+#if TF_SIMD
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/* The executor's kernels under names of their own (they are global functions there). */
+#define dense tf_simd_dense
+#define depthwise tf_simd_depthwise
+#define copy tf_simd_copy
+#define move tf_simd_move
+#define add tf_simd_add
+#define run_calls tf_simd_run_calls
+#define clamp tf_simd_clamp
+#include "tf_simd.inc"
+#undef dense
+#undef depthwise
+#undef copy
+#undef move
+#undef add
+#undef run_calls
+#undef clamp
+#endif
+
+/* --- activations ------------------------------------------------------------------------------ */
+
+static float act1(int kind, float a, float b, float v) {
+    float t;
+    switch (kind) {
+    case TF_ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case TF_ACT_LEAKYRELU: return v >= 0.0f ? v : a * v;
+    case TF_ACT_CLIP: return v < a ? a : (v > b ? b : v);
+    case TF_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case TF_ACT_TANH: return tanhf(v);
+    case TF_ACT_HARDSIGMOID: t = a * v + b; return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+    case TF_ACT_HARDSWISH: t = v + 3.0f; t = t < 0.0f ? 0.0f : (t > 6.0f ? 6.0f : t); return v * t / 6.0f;
+    case TF_ACT_SILU: return v / (1.0f + expf(-v));
+    default: return v;
+    }
+}
+
+static float acts(const tf_acts *a, float v) {
+    for (int i = 0; i < TF_MAX_ACTS && a->kind[i]; i++) v = act1(a->kind[i], a->a[i], a->b[i], v);
+    return v;
+}
+
+/* The chain over c values `stride` apart (in place). */
+static void acts_pixel(float *p, long c, long stride, const tf_acts *a) {
+    if (!a->kind[0]) return;
+    if (a->kind[0] == TF_ACT_RELU && !a->kind[1]) {
+        for (long k = 0; k < c; k++) p[k * stride] = p[k * stride] > 0.0f ? p[k * stride] : 0.0f;
+        return;
+    }
+    for (long k = 0; k < c; k++) p[k * stride] = acts(a, p[k * stride]);
+}
+
+/* The chain over every element of y (in place). */
+static void acts_view(float *arena, const tf_view *y, const tf_acts *a) {
+    if (!a->kind[0]) return;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        acts_pixel(arena + y->off + n * y->sn + h * y->sh + w * y->sw, y->c, y->sc, a);
+    }
+}
+
+static float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* --- convolution ------------------------------------------------------------------------------ */
+
+/* Kernel rows [k0, k1) whose input row i + k * d lies in [0, size) (i: the row of tap 0). */
+static void tap_span(long i, long k, long d, long size, long *k0, long *k1) {
+    long lo = i >= 0 ? 0 : (-i + d - 1) / d;
+    long hi = size - i <= 0 ? 0 : (size - i + d - 1) / d;
+    *k0 = lo;
+    *k1 = hi < k ? hi : k;
+}
+
+static void conv_dense(float *arena, const float *wts, const tf_conv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long cin = x->c, cout = y->c, rows = a->kh * a->kw * cin, panels = (cout + 15) / 16;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+        long ky0, ky1, kx0, kx1;
+        tap_span(iy, a->kh, 1, x->h, &ky0, &ky1);
+        tap_span(ix, a->kw, 1, x->w, &kx0, &kx1);
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long p = 0; p < panels; p++) {
+            const float *wp = wts + a->w + p * rows * 16;
+            float acc[16];
+            memcpy(acc, wts + a->b + p * 16, sizeof acc);
+            for (long ky = ky0; ky < ky1; ky++)
+            for (long kx = kx0; kx < kx1; kx++) {
+                const float *in = arena + x->off + n * x->sn + (iy + ky) * x->sh + (ix + kx) * x->sw;
+                const float *wr = wp + (ky * a->kw + kx) * cin * 16;
+                for (long k = 0; k < cin; k++) {
+                    const float xv = in[k * x->sc];
+                    for (int j = 0; j < 16; j++) acc[j] += xv * wr[k * 16 + j];
+                }
+            }
+            const long m = cout - p * 16 < 16 ? cout - p * 16 : 16;
+            for (long j = 0; j < m; j++) out[(p * 16 + j) * y->sc] = clampf(acc[j], a->lo, a->hi);
+        }
+    }
+}
+
+static void conv_depthwise(float *arena, const float *wts, const tf_conv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long c = y->c;
+    const float *w = wts + a->w, *b = wts + a->b;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+        long ky0, ky1, kx0, kx1;
+        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
+        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long k = 0; k < c; k++) out[k * y->sc] = b[k];
+        for (long ky = ky0; ky < ky1; ky++)
+        for (long kx = kx0; kx < kx1; kx++) {
+            const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw;
+            const float *tap = w + (ky * a->kw + kx) * c;
+            for (long k = 0; k < c; k++) out[k * y->sc] += in[k * x->sc] * tap[k];
+        }
+        for (long k = 0; k < c; k++) out[k * y->sc] = clampf(out[k * y->sc], a->lo, a->hi);
+    }
+}
+
+static void conv_grouped(float *arena, const float *wts, const tf_conv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long cig = x->c / a->groups, cog = y->c / a->groups, rows = a->kh * a->kw * cig;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+        long ky0, ky1, kx0, kx1;
+        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
+        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long g = 0; g < a->groups; g++) {
+            const float *w = wts + a->w + g * rows * cog, *b = wts + a->b + g * cog;
+            float *o = out + g * cog * y->sc;
+            for (long k = 0; k < cog; k++) o[k * y->sc] = b[k];
+            for (long ky = ky0; ky < ky1; ky++)
+            for (long kx = kx0; kx < kx1; kx++) {
+                const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw
+                                  + g * cig * x->sc;
+                const float *wr = w + (ky * a->kw + kx) * cig * cog;
+                for (long ci = 0; ci < cig; ci++) {
+                    const float xv = in[ci * x->sc];
+                    for (long k = 0; k < cog; k++) o[k * y->sc] += xv * wr[ci * cog + k];
+                }
+            }
+            for (long k = 0; k < cog; k++) o[k * y->sc] = clampf(o[k * y->sc], a->lo, a->hi);
+        }
+    }
+}
+
+#if TF_SIMD
+static int simd_conv(float *arena, const float *wts, const tf_conv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    if (x->sc != 1 || y->sc != 1 || a->dh != 1 || a->dw != 1 || a->kind == TF_CONV_GROUPED) return 0;
+    if (!y->n || !y->h || !y->w || !y->c) return 1;
+    conv_args c;
+    memset(&c, 0, sizeof c);
+    c.x = arena + x->off; c.y = arena + y->off; c.w = wts + a->w; c.b = wts + a->b;
+    c.n = y->n; c.c = y->c; c.ih = x->h; c.iw = x->w; c.oh = y->h; c.ow = y->w; c.cin = x->c;
+    c.xs_n = x->sn; c.xs_h = x->sh; c.xs_w = x->sw; c.ys_n = y->sn; c.ys_h = y->sh; c.ys_w = y->sw;
+    c.kh = a->kh; c.kw = a->kw; c.sh = a->sh; c.sw = a->sw; c.pt = a->pt; c.pl = a->pl;
+    c.lo = a->lo; c.hi = a->hi; c.xs_c = 1;
+    if (a->kind == TF_CONV_DENSE) tf_simd_dense(&c); else tf_simd_depthwise(&c);
+    return 1;
+}
+#endif
+
+static void conv(float *arena, const float *wts, const tf_conv_args *a) {
+#if TF_SIMD
+    if (!simd_conv(arena, wts, a))
+#endif
+    {
+        if (a->kind == TF_CONV_DENSE) conv_dense(arena, wts, a);
+        else if (a->kind == TF_CONV_DEPTHWISE) conv_depthwise(arena, wts, a);
+        else conv_grouped(arena, wts, a);
+    }
+    acts_view(arena, &a->y, &a->act);
+}
+
+/* --- pooling ---------------------------------------------------------------------------------- */
+
+/* Taps k of one axis whose position o * s - pad + k * d lies in [lo, hi) (averages' divisor). */
+static long taps_in(long o, long k, long s, long pad, long d, long lo, long hi) {
+    long count = 0;
+    for (long i = 0; i < k; i++) {
+        const long t = o * s - pad + i * d;
+        count += t >= lo && t < hi;
+    }
+    return count;
+}
+
+/* Per output pixel, the taps in the window (padding never read), each over every channel. */
+static void pool(float *arena, const tf_pool_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const int avg = a->kind == TF_POOL_AVG;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+        long ky0, ky1, kx0, kx1;
+        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
+        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long c = 0; c < y->c; c++) out[c * y->sc] = avg ? 0.0f : -INFINITY;
+        for (long ky = ky0; ky < ky1; ky++)
+        for (long kx = kx0; kx < kx1; kx++) {
+            const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw;
+            if (avg) for (long c = 0; c < y->c; c++) out[c * y->sc] += in[c * x->sc];
+            else for (long c = 0; c < y->c; c++) out[c * y->sc] = in[c * x->sc] > out[c * y->sc] ? in[c * x->sc] : out[c * y->sc];
+        }
+        if (avg) {
+            const long gy = a->oy0 + oy, gx = a->ox0 + ox, inc = a->count_include_pad;
+            const float div = (float)(taps_in(gy, a->kh, a->sh, a->pad_t, a->dh, inc ? -a->pad_t : 0, a->in_h + (inc ? a->pad_b : 0))
+                                      * taps_in(gx, a->kw, a->sw, a->pad_l, a->dw, inc ? -a->pad_l : 0, a->in_w + (inc ? a->pad_r : 0)));
+            for (long c = 0; c < y->c; c++) out[c * y->sc] /= div;
+        }
+        acts_pixel(out, y->c, y->sc, &a->act);
+    }
+}
+
+static void global_pool(float *arena, const tf_global_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < x->n; n++)
+    for (long c = 0; c < x->c; c++) {
+        float r = a->kind == TF_GLOBAL_MAX ? -INFINITY : 0.0f;
+        for (long h = 0; h < x->h; h++)
+        for (long w = 0; w < x->w; w++) {
+            const float v = arena[x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw];
+            r = a->kind == TF_GLOBAL_MAX ? (v > r || v != v ? v : r) : r + v;
+        }
+        if (a->kind == TF_GLOBAL_MEAN) r /= (float)(x->h * x->w);
+        arena[y->off + n * y->sn + c * y->sc] = acts(&a->act, r);
+    }
+}
+
+/* --- dense layers ----------------------------------------------------------------------------- */
+
+/* Whether each sample of v is one block in logical (C, H, W) order (a dimension of 1 has any stride). */
+static int contiguous(const tf_view *v) {
+    return (v->w == 1 || v->sw == 1) && (v->h == 1 || v->sh == v->w) && (v->c == 1 || v->sc == v->h * v->w);
+}
+
+/* 16 partial sums (they vectorise; the order of the additions differs from one accumulator's by
+ * rounding only). */
+static float dot(const float *a, const float *b, long n) {
+    float acc[16] = {0};
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
+    float r = 0.0f;
+    for (; i < n; i++) r += a[i] * b[i];
+    for (int j = 0; j < 16; j++) r += acc[j];
+    return r;
+}
+
+/* y = x W^T + b, x flattened per sample in logical (C, H, W) order: one dot product where the
+ * sample is contiguous in that order, else a walk of the view. */
+static void gemm(float *arena, const float *wts, const tf_gemm_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long outs = y->c * y->h * y->w;
+    const int flat = contiguous(x);
+    for (long n = 0; n < x->n; n++)
+    for (long o = 0; o < outs; o++) {
+        const float *w = wts + a->w + o * a->in_features;
+        const float *in = arena + x->off + n * x->sn;
+        float acc = a->b >= 0 ? wts[a->b + o] : 0.0f;
+        if (flat) acc += dot(in, w, a->in_features);
+        else {
+            long i = 0;
+            for (long c = 0; c < x->c; c++)
+            for (long h = 0; h < x->h; h++, i += x->w)
+            for (long k = 0; k < x->w; k++) acc += in[c * x->sc + h * x->sh + k * x->sw] * w[i + k];
+        }
+        const long oc = o / (y->h * y->w), oh = o / y->w % y->h, ow = o % y->w;
+        arena[y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw] = acts(&a->act, acc);
+    }
+}
+
+static void softmax(float *arena, const tf_copy_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < x->n; n++) {
+        const float *in = arena + x->off + n * x->sn;
+        float *out = arena + y->off + n * y->sn, top = -INFINITY, sum = 0.0f;
+        for (long c = 0; c < x->c; c++) top = in[c * x->sc] > top ? in[c * x->sc] : top;
+        for (long c = 0; c < x->c; c++) sum += out[c * y->sc] = expf(in[c * x->sc] - top);
+        for (long c = 0; c < x->c; c++) out[c * y->sc] /= sum;
+    }
+}
+
+/* --- elementwise ------------------------------------------------------------------------------ */
+
+/* An operand's base and strides over (N, C, H, W), a dimension of size 1 broadcast (stride 0). */
+typedef struct { const float *p; long sn, sc, sh, sw; } strided;
+
+static strided operand(const float *arena, const float *wts, const tf_operand *o) {
+    strided r;
+    if (o->is_const) {
+        r.p = wts + o->w + (o->h == 1 ? 0 : o->h0) * o->w_ + (o->w_ == 1 ? 0 : o->w0);
+        r.sn = 0;
+        r.sc = o->c == 1 ? 0 : o->h * o->w_;
+        r.sh = o->h == 1 ? 0 : o->w_;
+        r.sw = o->w_ == 1 ? 0 : 1;
+        return r;
+    }
+    const tf_view *v = &o->v;
+    r.p = arena + v->off;
+    r.sn = v->n == 1 ? 0 : v->sn;
+    r.sc = v->c == 1 ? 0 : v->sc;
+    r.sh = v->h == 1 ? 0 : v->sh;
+    r.sw = v->w == 1 ? 0 : v->sw;
+    return r;
+}
+
+/* y = acts(op0 + op1 + ...) or the product; y may be an operand exactly (in place): each element
+ * is read from every operand before it is written. */
+static void eltwise(float *arena, const float *wts, const tf_eltwise_args *a) {
+    const tf_view *y = &a->y;
+    strided ops[TF_MAX_OPERANDS];
+    for (int i = 0; i < a->count; i++) ops[i] = operand(arena, wts, &a->op[i]);
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const float *p[TF_MAX_OPERANDS];
+        for (int i = 0; i < a->count; i++) p[i] = ops[i].p + n * ops[i].sn + h * ops[i].sh + w * ops[i].sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
+        if (a->count == 2 && !a->product && ops[0].sc == 1 && ops[1].sc == 1 && y->sc == 1) {
+            const float *p0 = p[0], *p1 = p[1]; /* a residual sum: one vector loop */
+            for (long c = 0; c < y->c; c++) out[c] = p0[c] + p1[c];
+        } else {
+            for (long c = 0; c < y->c; c++) {
+                float r = p[0][c * ops[0].sc];
+                for (int i = 1; i < a->count; i++) r = a->product ? r * p[i][c * ops[i].sc] : r + p[i][c * ops[i].sc];
+                out[c * y->sc] = r;
+            }
+        }
+        acts_pixel(out, y->c, y->sc, &a->act);
+    }
+}
+
+static void affine(float *arena, const float *wts, const tf_affine_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++)
+    for (long c = 0; c < y->c; c++) {
+        float v = arena[x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw];
+        if (a->scale >= 0) v = v * wts[a->scale + c] + wts[a->shift + c];
+        arena[y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw] = acts(&a->act, v);
+    }
+}
+
+/* ONNX LRN: x / (bias + alpha / size * sum of squares over channels [c - (size-1)/2, c + size/2]). */
+static void lrn(float *arena, const tf_lrn_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long before = (a->size - 1) / 2, after = a->size / 2;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
+        for (long c = 0; c < y->c; c++) {
+            float sum = 0.0f;
+            for (long j = c - before; j <= c + after; j++)
+                if (j >= 0 && j < x->c) sum += in[j * x->sc] * in[j * x->sc];
+            out[c * y->sc] = in[c * x->sc] / powf(a->bias + a->alpha / (float)a->size * sum, a->beta);
+        }
+    }
+}
+
+/* --- data movement ---------------------------------------------------------------------------- */
+
+static int same_shape(const tf_view *x, const tf_view *y) {
+    return x->n == y->n && x->c == y->c && x->h == y->h && x->w == y->w;
+}
+
+/* y = x for same-shaped views, in the order of y's addresses: downwards when y lies above x in
+ * one buffer (the same strides: y is x moved), so every element is read before it is overwritten. */
+static void copy_same(float *arena, const tf_view *x, const tf_view *y) {
+    const long dims[4] = {y->n, y->c, y->h, y->w};
+    const long xs[4] = {x->sn, x->sc, x->sh, x->sw}, ys[4] = {y->sn, y->sc, y->sh, y->sw};
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 4; i++) /* outermost first: the largest output stride */
+        for (int j = i + 1; j < 4; j++)
+            if (ys[order[j]] > ys[order[i]]) { const int t = order[i]; order[i] = order[j]; order[j] = t; }
+    const int down = y->off > x->off;
+    const long d0 = dims[order[0]], d1 = dims[order[1]], d2 = dims[order[2]], d3 = dims[order[3]];
+    const int run = xs[order[3]] == 1 && ys[order[3]] == 1;
+    for (long i0 = 0; i0 < d0; i0++)
+    for (long i1 = 0; i1 < d1; i1++)
+    for (long i2 = 0; i2 < d2; i2++) {
+        const long j0 = down ? d0 - 1 - i0 : i0, j1 = down ? d1 - 1 - i1 : i1, j2 = down ? d2 - 1 - i2 : i2;
+        const float *src = arena + x->off + j0 * xs[order[0]] + j1 * xs[order[1]] + j2 * xs[order[2]];
+        float *dst = arena + y->off + j0 * ys[order[0]] + j1 * ys[order[1]] + j2 * ys[order[2]];
+        if (run) memmove(dst, src, (size_t)d3 * sizeof(float));
+        else if (down) for (long k = d3 - 1; k >= 0; k--) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
+        else for (long k = 0; k < d3; k++) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
+    }
+}
+
+static float *at(float *arena, const tf_view *v, long i) {
+    const long w = i % v->w, h = i / v->w % v->h, c = i / (v->w * v->h) % v->c, n = i / (v->w * v->h * v->c);
+    return arena + v->off + n * v->sn + c * v->sc + h * v->sh + w * v->sw;
+}
+
+static void copy(float *arena, const tf_copy_args *a) {
+    if (same_shape(&a->x, &a->y)) {
+        copy_same(arena, &a->x, &a->y);
+        return;
+    }
+    const long count = a->y.n * a->y.c * a->y.h * a->y.w; /* a reshape: the same elements in logical order */
+    for (long i = 0; i < count; i++) *at(arena, &a->y, i) = *at(arena, &a->x, i);
+}
+
+static void concat(float *arena, const tf_concat_args *a) {
+    long c0 = 0;
+    for (int i = 0; i < a->count; i++) {
+        tf_view y = a->y;
+        y.off += c0 * y.sc;
+        y.c = a->x[i].c;
+        copy_same(arena, &a->x[i], &y);
+        c0 += y.c;
+    }
+    acts_view(arena, &a->y, &a->act);
+}
+
+static void shuffle(float *arena, const tf_shuffle_args *a) {
+    const long per = a->y.c / a->groups;
+    for (long j = 0; j < a->y.c; j++) { /* output channel k * groups + i is input channel i * per + k */
+        tf_view x = a->x, y = a->y;
+        x.off += (j % a->groups * per + j / a->groups) * x.sc;
+        y.off += j * y.sc;
+        x.c = y.c = 1;
+        copy_same(arena, &x, &y);
+    }
+}
+
+static long pad_index(int mode, long i, long size) {
+    if (mode == TF_PAD_EDGE) return i < 0 ? 0 : (i >= size ? size - 1 : i);
+    if (mode == TF_PAD_REFLECT) return i < 0 ? -i : (i >= size ? 2 * size - 2 - i : i);
+    return i;
+}
+
+static void pad(float *arena, const tf_pad_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const long gy = a->oy0 + oy - a->t, gx = a->ox0 + ox - a->l;
+        const int outside = gy < 0 || gy >= a->in_h || gx < 0 || gx >= a->in_w;
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        if (outside && a->mode == TF_PAD_CONSTANT) {
+            for (long c = 0; c < y->c; c++) out[c * y->sc] = a->value;
+            continue;
+        }
+        const long iy = pad_index(a->mode, gy, a->in_h) - a->iy0, ix = pad_index(a->mode, gx, a->in_w) - a->ix0;
+        const float *in = arena + x->off + n * x->sn + iy * x->sh + ix * x->sw;
+        for (long c = 0; c < y->c; c++) out[c * y->sc] = in[c * x->sc];
+    }
+}
+
+static void resize(float *arena, const int32_t *idx, const tf_resize_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const float *in = arena + x->off + n * x->sn + idx[a->rows + oy] * x->sh + idx[a->cols + ox] * x->sw;
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long c = 0; c < y->c; c++) out[c * y->sc] = in[c * x->sc];
+    }
+}
+
+/* --- the step loop ---------------------------------------------------------------------------- */
+
+int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
+           tf_input_fn input, void *ctx) {
+    for (long i = 0; i < count; i++) {
+        const void *p = steps[i].args;
+        switch (steps[i].kind) {
+        case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
+        case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
+        case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
+        case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
+        case TF_STEP_SOFTMAX: softmax(arena, (const tf_copy_args *)p); break;
+        case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
+        case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
+        case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;
+        case TF_STEP_CONCAT: concat(arena, (const tf_concat_args *)p); break;
+        case TF_STEP_PAD: pad(arena, (const tf_pad_args *)p); break;
+        case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
+        case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
+        case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
+        case TF_STEP_INPUT: {
+            const tf_input_args *a = (const tf_input_args *)p;
+            const tf_view *y = &a->y;
+            const int status = input(ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
+                                     arena + y->off, y->sn, y->sc, y->sh, y->sw);
+            if (status) return status;
+            break;
+        }
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst) {
+    for (long i = 0; i < count; i++) dst[i] = *at((float *)arena, v, first + i);
+}

@@ -1,0 +1,90 @@
+/* tightfit kernels: portable C99 over strided views of one caller-owned arena.
+ * No malloc, no stdio, no mutable global state: every kernel reads and writes only the arena and
+ * the constant weights it is given, so two arenas run two independent inferences. */
+#ifndef TF_KERNELS_H
+#define TF_KERNELS_H
+
+#include <stdint.h>
+
+/* Weights and arena on 64-byte boundaries: vector loads then never straddle cache lines. */
+#if defined(__GNUC__)
+#define TF_ALIGNED __attribute__((aligned(64)))
+#else
+#define TF_ALIGNED
+#endif
+
+/* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
+ * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
+typedef struct { long off, n, c, h, w, sn, sc, sh, sw; } tf_view;
+
+enum { TF_ACT_RELU = 1, TF_ACT_LEAKYRELU, TF_ACT_CLIP, TF_ACT_SIGMOID, TF_ACT_TANH,
+       TF_ACT_HARDSIGMOID, TF_ACT_HARDSWISH, TF_ACT_SILU };
+#define TF_MAX_ACTS 4
+/* An activation chain applied in order after a layer (kind 0 ends it). */
+typedef struct { int kind[TF_MAX_ACTS]; float a[TF_MAX_ACTS], b[TF_MAX_ACTS]; } tf_acts;
+
+/* Convolution kinds by weight layout: DENSE (groups 1, dilation 1): panels of 16 output
+ * channels, (ceil(C_out/16), kh*kw*C_in, 16), bias padded to the panels; DEPTHWISE: taps
+ * (kh*kw) x C; GROUPED: per group (kh*kw*C_in/g) x (C_out/g). */
+enum { TF_CONV_DENSE, TF_CONV_DEPTHWISE, TF_CONV_GROUPED };
+typedef struct {
+    tf_view x, y;            /* the input window (without its zero padding) and the output */
+    long w, b;               /* weight and bias: float offsets in the weights */
+    int kind;
+    long groups, kh, kw, sh, sw, dh, dw, pt, pl; /* pt, pl: zero rows / columns above and left of x */
+    float lo, hi;            /* a clamp fused into the kernel (ReLU, ReLU6, Clip) */
+    tf_acts act;             /* any other activations, after the clamp */
+} tf_conv_args;
+
+enum { TF_POOL_MAX, TF_POOL_AVG };
+typedef struct {
+    tf_view x, y;
+    int kind, count_include_pad;
+    long kh, kw, sh, sw, dh, dw, pt, pl;  /* pt, pl: padding above and left of the window x */
+    long oy0, ox0;                        /* the output region's first row and column */
+    long in_h, in_w, pad_t, pad_l, pad_b, pad_r; /* the whole input and the layer's padding (averages) */
+    tf_acts act;
+} tf_pool_args;
+
+enum { TF_GLOBAL_MEAN, TF_GLOBAL_MAX };
+typedef struct { tf_view x, y; int kind; tf_acts act; } tf_global_args;
+
+typedef struct { tf_view x, y; long w, b, in_features; tf_acts act; } tf_gemm_args; /* w: (out, in); b < 0: none */
+
+/* An operand of an elementwise sum or product: a view (a dimension of size 1 broadcast), or a
+ * constant of (1, c, h, w) in the weights, its rows and columns from (h0, w0). */
+typedef struct { int is_const; tf_view v; long w, c, h, w_, h0, w0; } tf_operand;
+#define TF_MAX_OPERANDS 8
+typedef struct { tf_view y; int product, count; tf_operand op[TF_MAX_OPERANDS]; tf_acts act; } tf_eltwise_args;
+
+typedef struct { tf_view x, y; long scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
+typedef struct { tf_view x, y; long size; float alpha, beta, bias; } tf_lrn_args;
+typedef struct { tf_view y; int count; tf_view x[TF_MAX_OPERANDS]; tf_acts act; } tf_concat_args;
+
+enum { TF_PAD_CONSTANT, TF_PAD_EDGE, TF_PAD_REFLECT };
+typedef struct { tf_view x, y; int mode; float value; long oy0, ox0, iy0, ix0, in_h, in_w, t, l; } tf_pad_args;
+
+typedef struct { tf_view x, y; long rows, cols; } tf_resize_args; /* rows, cols: int offsets in the index table */
+/* y = x in logical order (a reshape when the shapes differ; a transpose is x with permuted strides);
+ * x and y may overlap in one buffer when they have the same shape and strides (a window shifted). */
+typedef struct { tf_view x, y; } tf_copy_args;
+typedef struct { tf_view x, y; long groups; } tf_shuffle_args;
+
+/* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
+ * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. */
+typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                           float *dst, long sn, long sc, long sh, long sw);
+typedef struct { tf_view y; long n0, h0, w0; } tf_input_args;
+
+enum { TF_STEP_CONV, TF_STEP_POOL, TF_STEP_GLOBAL, TF_STEP_GEMM, TF_STEP_SOFTMAX, TF_STEP_ELTWISE,
+       TF_STEP_AFFINE, TF_STEP_LRN, TF_STEP_CONCAT, TF_STEP_PAD, TF_STEP_RESIZE, TF_STEP_COPY,
+       TF_STEP_SHUFFLE, TF_STEP_INPUT };
+typedef struct { int kind; const void *args; } tf_step;
+
+/* Runs `count` steps; returns 0, or the input callback's non-zero status. */
+int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
+           tf_input_fn input, void *ctx);
+/* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */
+void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst);
+
+#endif
