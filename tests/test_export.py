@@ -208,3 +208,17 @@ def test_plan_file_round_trip_exports_the_same_code(tmp_path):
     plan, graphs = tightfit.api.plan("minakova5", method="parts", rows=2)
     again = schema.loads(schema.dumps(plan))
     assert generate(plan, graphs, "m").files == generate(again, graphs, "m").files
+
+
+def test_parts_overlay_plan(tmp_path):
+    """A whole tensor written over the dead rows of one still read (plan/overlay.py): the C steps
+    run in the plan's order, so the overlay holds as in the executor."""
+    from tests.test_overlay import PHASES, _Stage
+    from tightfit.plan.parts import plan_parts
+    from tightfit.plan.reuse import PlannedModel
+
+    g = tightfit.load(_Stage(), (1, 1, 16, 16))
+    plan = plan_parts(PlannedModel(g, "stage"), PHASES)
+    assert any(b.overlay is not None for b in plan.buffers)
+    sources = export(plan, [g], tmp_path / "out", name="stage")
+    assert check(plan, [g], sources, tmp_path / "out", cflags=PORTABLE).ok
