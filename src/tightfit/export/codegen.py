@@ -431,8 +431,8 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     g0, ref0 = graphs[0], plan.models[0]
     n, c, h, wd = _dims4((ref0.batch,) + g0.shape(g0.inputs[0])[1:])
     lines += [
-        f"#define {upper}_INPUT_ELEMS {upper}_CNN0_INPUT_ELEMS",
-        f"#define {upper}_OUTPUT_ELEMS {upper}_CNN0_OUTPUT0_ELEMS",
+        f"#define {upper}_INPUT_ELEMS {n * c * h * wd} /* CNN 0's */",
+        f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
         "",
         "/* CNN 0 on a whole NCHW input; 0 on success. */",
