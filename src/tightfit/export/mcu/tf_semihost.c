@@ -1,0 +1,144 @@
+/* tightfit: semihosting calls (ARM "Semihosting for AArch32 and AArch64", v2),
+ * the stack report and the fault handler of the microcontroller test program. */
+#include <stdint.h>
+#include <string.h>
+
+#include "tf_semihost.h"
+
+enum {
+    SYS_OPEN = 0x01, SYS_CLOSE = 0x02, SYS_WRITE0 = 0x04, SYS_WRITE = 0x05,
+    SYS_READ = 0x06, SYS_EXIT_EXTENDED = 0x20,
+};
+enum { OPEN_READ_BINARY = 1, OPEN_WRITE_BINARY = 5 };
+#define ADP_STOPPED_APPLICATION_EXIT 0x20026u
+#define TF_STACK_PAINT 0x5A5AA5A5u  /* as in startup_cortex_m.S */
+
+extern uint32_t __stack_bottom[];
+extern uint32_t __stack_top[];
+
+static int semihost(int op, const void *args)
+{
+    register int r0 __asm__("r0") = op;
+    register const void *r1 __asm__("r1") = args;
+    __asm__ volatile("bkpt 0xAB" : "+r"(r0) : "r"(r1) : "memory");
+    return r0;
+}
+
+static int open_file(const char *path, int mode)
+{
+    const uintptr_t args[3] = {(uintptr_t)path, (uintptr_t)mode, strlen(path)};
+    return semihost(SYS_OPEN, args);
+}
+
+static void print_failure(const char *path, const char *what)
+{
+    tf_print(path);
+    tf_print(what);
+}
+
+int tf_read_file(const char *path, void *dst, size_t n)
+{
+    int fd = open_file(path, OPEN_READ_BINARY);
+    if (fd < 0) {
+        print_failure(path, ": cannot open\n");
+        return -1;
+    }
+    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)dst, n};
+    int not_read = semihost(SYS_READ, args);  /* the call returns the bytes NOT read */
+    const uintptr_t close_args[1] = {(uintptr_t)fd};
+    semihost(SYS_CLOSE, close_args);
+    if (not_read != 0) {
+        print_failure(path, ": shorter than the model's input\n");
+        return -1;
+    }
+    return 0;
+}
+
+int tf_write_file(const char *path, const void *src, size_t n)
+{
+    int fd = open_file(path, OPEN_WRITE_BINARY);
+    if (fd < 0) {
+        print_failure(path, ": cannot create\n");
+        return -1;
+    }
+    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)src, n};
+    int not_written = semihost(SYS_WRITE, args);
+    const uintptr_t close_args[1] = {(uintptr_t)fd};
+    int closed = semihost(SYS_CLOSE, close_args);
+    if (not_written != 0 || closed != 0) {
+        print_failure(path, ": write failed\n");
+        return -1;
+    }
+    return 0;
+}
+
+void tf_print(const char *text)
+{
+    semihost(SYS_WRITE0, text);
+}
+
+void tf_exit(int status)
+{
+    /* SYS_EXIT_EXTENDED carries the status; AArch32's plain SYS_EXIT cannot. */
+    const uintptr_t args[2] = {ADP_STOPPED_APPLICATION_EXIT, (uintptr_t)status};
+    semihost(SYS_EXIT_EXTENDED, args);
+    for (;;) {
+    }
+}
+
+static void print_decimal(uint32_t value)
+{
+    char text[12];
+    char *p = text + sizeof text - 1;
+    *p = '\0';
+    do {
+        *--p = (char)('0' + value % 10u);
+        value /= 10u;
+    } while (value != 0u);
+    tf_print(p);
+}
+
+/* The lowest word still painted: everything above it was written by the run. */
+static uint32_t stack_bytes_used(void)
+{
+    const uint32_t *word = __stack_bottom;
+    while (word < __stack_top && *word == TF_STACK_PAINT) {
+        ++word;
+    }
+    return (uint32_t)((uintptr_t)__stack_top - (uintptr_t)word);
+}
+
+void tf_finish(int status)
+{
+    uint32_t reserved = (uint32_t)((uintptr_t)__stack_top - (uintptr_t)__stack_bottom);
+    uint32_t used = stack_bytes_used();
+    tf_print("tightfit-mcu: stack used ");
+    print_decimal(used);
+    tf_print(" of ");
+    print_decimal(reserved);
+    tf_print(" bytes\n");
+    if (used >= reserved) {
+        tf_print("tightfit-mcu: the stack overflowed its ");
+        print_decimal(reserved);
+        tf_print(" bytes\n");
+        tf_exit(4);
+    }
+    tf_exit(status);
+}
+
+void tf_fault_handler(void)
+{
+    uint32_t ipsr;
+    __asm__ volatile("mrs %0, ipsr" : "=r"(ipsr));
+    tf_print("tightfit-mcu: fault (exception ");
+    print_decimal(ipsr & 0x1FFu);
+    tf_print(")");
+    if (__stack_bottom[0] != TF_STACK_PAINT) {
+        /* The deepest word of the stack was written: the likely cause. */
+        tf_print(" after the stack overflowed its ");
+        print_decimal((uint32_t)((uintptr_t)__stack_top - (uintptr_t)__stack_bottom));
+        tf_print(" bytes");
+    }
+    tf_print("\n");
+    tf_exit(3);
+}

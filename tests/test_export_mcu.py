@@ -1,0 +1,182 @@
+"""Microcontroller target of the export: a small library of the exported interface, linked for
+Cortex-M7 and Cortex-M4 with a named RAM/flash size and run under qemu's MPS2 boards."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tightfit.errors import TightfitError
+from tightfit.export import mcu
+from tightfit.export.errors import DoesNotFitError, ExportError
+
+_MISSING = mcu.toolchain_available()
+needs_toolchain = pytest.mark.skipif(_MISSING is not None, reason=f"microcontroller toolchain: {_MISSING}")
+
+ELEMS = 2 * 3 * 4 * 8  # NCHW 2x3x4x8
+WEIGHT = ((np.arange(ELEMS) % 17 - 8) / 8).astype(np.float32)
+KIB = 1024
+
+_HEADER = """#ifndef FAKE_H
+#define FAKE_H
+#define FAKE_ARENA_BYTES {arena}u
+#define FAKE_INPUT_ELEMS {elems}
+#define FAKE_OUTPUT_ELEMS {elems}
+int fake_run(void *arena, const float *input);
+void fake_read_output(const void *arena, float *dst);
+#endif
+"""
+_KERNELS_H = """#ifndef TF_KERNELS_H
+#define TF_KERNELS_H
+#include <stdint.h>
+void tf_add_exp(float *x, const float *w, int32_t n);
+#endif
+"""
+_KERNELS_C = """#include <math.h>
+#include "tf_kernels.h"
+void tf_add_exp(float *x, const float *w, int32_t n)
+{
+    for (int32_t i = 0; i < n; ++i) {
+        x[i] = x[i] + expf(w[i]);
+    }
+}
+"""
+_MODEL_C = """#include <string.h>
+#include "fake.h"
+#include "tf_kernels.h"
+static const float fake_weight[FAKE_INPUT_ELEMS] = {{{weights}}};
+int fake_run(void *arena, const float *input)
+{{
+{body}
+}}
+void fake_read_output(const void *arena, float *dst)
+{{
+    memcpy(dst, arena, sizeof(float) * FAKE_OUTPUT_ELEMS);
+}}
+"""
+# output = input + exp(weight): a flash constant, a libm call on the FPU, the arena in .bss.
+_ADD_EXP = """    float *x = (float *)arena;
+    memcpy(x, input, sizeof(float) * FAKE_INPUT_ELEMS);
+    tf_add_exp(x, fake_weight, FAKE_INPUT_ELEMS);
+    return 0;"""
+
+
+def write_fake_library(folder: Path, arena_bytes: int = ELEMS * 4, body: str = _ADD_EXP) -> Path:
+    """The exported library's interface (`<name>.h/.c`, `tf_kernels.h/.c`) around a toy model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = ", ".join(f"{w:.6f}f" for w in WEIGHT)
+    (folder / "fake.h").write_text(_HEADER.format(arena=arena_bytes, elems=ELEMS))
+    (folder / "fake.c").write_text(_MODEL_C.format(weights=weights, body=body))
+    (folder / "tf_kernels.h").write_text(_KERNELS_H)
+    (folder / "tf_kernels.c").write_text(_KERNELS_C)
+    return folder
+
+
+def some_input() -> np.ndarray:
+    return np.random.default_rng(7).standard_normal((2, 3, 4, 8)).astype(np.float32)
+
+
+@needs_toolchain
+@pytest.mark.parametrize("target", ["cortex-m7", "cortex-m4"])
+def test_fake_library_runs_on_the_emulated_board(tmp_path, target):
+    library = write_fake_library(tmp_path / "lib")
+    build = mcu.build_mcu(library, "fake", target, 64 * KIB, 256 * KIB, tmp_path / f"fake-{target}.elf")
+    x = some_input()
+    run = mcu.run_qemu_measured(build, x, timeout_s=30)
+    np.testing.assert_allclose(run.output, x.ravel() + np.exp(WEIGHT), rtol=2e-6, atol=2e-6)
+    assert build.arena == ELEMS * 4 and build.io_buffer == ELEMS * 4
+    assert build.bss >= build.arena + build.io_buffer
+    assert build.rodata >= WEIGHT.nbytes  # the weights went to flash
+    assert build.stack == mcu.DEFAULT_STACK_BYTES and build.heap == 0
+    assert build.ram_used >= build.data + build.bss + build.stack and build.ram_used <= 64 * KIB
+    assert build.flash_used >= build.text + build.rodata and build.flash_used <= 256 * KIB
+    assert 0 < run.stack_used < run.stack_reserved == build.stack
+    assert build.elf.is_file() and build.elf.with_suffix(".ld").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no build folder left behind
+
+
+@needs_toolchain
+def test_the_same_library_links_to_the_same_bytes(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    first = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "a" / "fake.elf")
+    second = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "b" / "fake.elf")
+    assert first.elf.read_bytes() == second.elf.read_bytes()
+
+
+@needs_toolchain
+def test_an_arena_larger_than_the_ram_fails_at_link_time_with_one_line(tmp_path):
+    library = write_fake_library(tmp_path / "lib", arena_bytes=600_000)
+    with pytest.raises(DoesNotFitError) as failure:
+        mcu.build_mcu(library, "fake", "cortex-m7", 512 * KIB, 2 * 2**20, tmp_path / "fake.elf")
+    message = str(failure.value)
+    assert "\n" not in message and isinstance(failure.value, TightfitError)
+    found = re.fullmatch(
+        r"cortex-m7: RAM overflowed by (\d+) bytes \(arena 600000 B \+ I/O buffer (\d+) B \+ stack 8192 B "
+        r"\+ heap 0 B \+ other \.data/\.bss (\d+) B = (\d+) B > --ram 512 KiB = 524288 B\)",
+        message,
+    )
+    assert found, message
+    overflow, io_buffer, other, total = map(int, found.groups())
+    assert io_buffer == ELEMS * 4
+    assert total == 600_000 + io_buffer + 8192 + other
+    assert overflow == total - 512 * KIB  # the linker's own figure agrees with the breakdown
+    assert not (tmp_path / "fake.elf").exists()
+
+
+@needs_toolchain
+def test_weights_larger_than_the_flash_fail_at_link_time(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    with pytest.raises(DoesNotFitError, match=r"^cortex-m4: FLASH overflowed by \d+ bytes \(constants/weights \d+ B"):
+        mcu.build_mcu(library, "fake", "cortex-m4", 64 * KIB, 2 * KIB, tmp_path / "fake.elf")
+
+
+def test_sizes_beyond_the_board_are_refused(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    with pytest.raises(ExportError, match=r"--ram 8 MiB = 8388608 B is not within the mps2-an500 board's 4 MiB"):
+        mcu.build_mcu(library, "fake", "cortex-m7", 8 * 2**20, 2**20, tmp_path / "fake.elf")
+    with pytest.raises(ExportError, match="unknown microcontroller target 'cortex-m0'"):
+        mcu.build_mcu(library, "fake", "cortex-m0", 64 * KIB, 2**20, tmp_path / "fake.elf")
+
+
+@needs_toolchain
+def test_a_failing_run_is_one_line_with_the_status(tmp_path):
+    library = write_fake_library(tmp_path / "lib", body="    (void)arena; (void)input; return 1;")
+    build = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
+    with pytest.raises(ExportError, match=r"^cortex-m7: the program on qemu mps2-an500 exited with status 11: .*fake_run failed$"):
+        mcu.run_qemu(build, some_input(), timeout_s=30)
+
+
+@needs_toolchain
+def test_a_stack_overflow_is_reported(tmp_path):
+    body = """    volatile float deep[1024];
+    for (int i = 0; i < 1024; ++i) deep[i] = input[i % FAKE_INPUT_ELEMS];
+    memcpy(arena, (const void *)deep, sizeof(float) * FAKE_INPUT_ELEMS);
+    return 0;"""
+    library = write_fake_library(tmp_path / "lib", body=body)
+    build = mcu.build_mcu(library, "fake", "cortex-m4", 64 * KIB, 256 * KIB, tmp_path / "fake.elf", stack_bytes=1024)
+    with pytest.raises(ExportError, match=r"^cortex-m4: .* exited with status 4: tightfit-mcu: the stack overflowed its 1024 bytes$"):
+        mcu.run_qemu(build, some_input(), timeout_s=30)
+
+
+@needs_toolchain
+def test_a_hang_is_killed_after_the_timeout(tmp_path):
+    body = "    (void)arena; (void)input; for (;;) { __asm__ volatile(\"nop\"); }"
+    library = write_fake_library(tmp_path / "lib", body=body)
+    build = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
+    with pytest.raises(ExportError, match=r"^cortex-m7: the program on qemu mps2-an500 did not finish within 1 s"):
+        mcu.run_qemu(build, some_input(), timeout_s=1)
+
+
+@needs_toolchain
+def test_an_input_of_the_wrong_size_is_refused(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    build = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
+    with pytest.raises(ExportError, match=f"the input has 5 values, the model takes {ELEMS}"):
+        mcu.run_qemu(build, np.zeros(5, np.float32))
+
+
+def test_a_folder_without_the_library_is_refused(tmp_path):
+    with pytest.raises(ExportError, match="missing tf_kernels.c, fake.c, fake.h"):
+        mcu.build_mcu(tmp_path, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
