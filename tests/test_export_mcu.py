@@ -3,6 +3,8 @@ Cortex-M7 and Cortex-M4 with a named RAM/flash size and run under qemu's MPS2 bo
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ _HEADER = """#ifndef FAKE_H
 #define FAKE_ARENA_BYTES {arena}u
 #define FAKE_INPUT_ELEMS {elems}
 #define FAKE_OUTPUT_ELEMS {elems}
-int fake_run(void *arena, const float *input);
+{offsets}int fake_run(void *arena, const float *input);
 void fake_read_output(const void *arena, float *dst);
 #endif
 """
@@ -58,16 +60,22 @@ void fake_read_output(const void *arena, float *dst)
 """
 # output = input + exp(weight): a flash constant, a libm call on the FPU, the arena in .bss.
 _ADD_EXP = """    float *x = (float *)arena;
-    memcpy(x, input, sizeof(float) * FAKE_INPUT_ELEMS);
+    if ((const void *)x != (const void *)input) {
+        memcpy(x, input, sizeof(float) * FAKE_INPUT_ELEMS);
+    }
     tf_add_exp(x, fake_weight, FAKE_INPUT_ELEMS);
     return 0;"""
 
 
-def write_fake_library(folder: Path, arena_bytes: int = ELEMS * 4, body: str = _ADD_EXP) -> Path:
-    """The exported library's interface (`<name>.h/.c`, `tf_kernels.h/.c`) around a toy model."""
+def write_fake_library(
+    folder: Path, arena_bytes: int = ELEMS * 4, body: str = _ADD_EXP, tensors_in_arena: bool = False,
+) -> Path:
+    """The exported library's interface (`<name>.h/.c`, `tf_kernels.h/.c`) around a toy model;
+    tensors_in_arena: the header says where the arena holds the whole input and output."""
     folder.mkdir(parents=True, exist_ok=True)
     weights = ", ".join(f"{w:.6f}f" for w in WEIGHT)
-    (folder / "fake.h").write_text(_HEADER.format(arena=arena_bytes, elems=ELEMS))
+    offsets = "#define FAKE_INPUT_OFFSET 0\n#define FAKE_OUTPUT_OFFSET 0\n" if tensors_in_arena else ""
+    (folder / "fake.h").write_text(_HEADER.format(arena=arena_bytes, elems=ELEMS, offsets=offsets))
     (folder / "fake.c").write_text(_MODEL_C.format(weights=weights, body=body))
     (folder / "tf_kernels.h").write_text(_KERNELS_H)
     (folder / "tf_kernels.c").write_text(_KERNELS_C)
@@ -98,11 +106,36 @@ def test_fake_library_runs_on_the_emulated_board(tmp_path, target):
 
 
 @needs_toolchain
+def test_input_and_output_held_by_the_arena_need_no_buffer_of_their_own(tmp_path):
+    buffered = mcu.build_mcu(write_fake_library(tmp_path / "a"), "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "a.elf")
+    library = write_fake_library(tmp_path / "b", tensors_in_arena=True)
+    in_place = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "b.elf")
+    x = some_input()
+    np.testing.assert_allclose(mcu.run_qemu(in_place, x, timeout_s=30), x.ravel() + np.exp(WEIGHT), rtol=2e-6, atol=2e-6)
+    assert in_place.io_buffer == 0 and buffered.io_buffer == ELEMS * 4
+    assert in_place.ram_used == buffered.ram_used - ELEMS * 4
+
+
+@needs_toolchain
 def test_the_same_library_links_to_the_same_bytes(tmp_path):
     library = write_fake_library(tmp_path / "lib")
     first = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "a" / "fake.elf")
     second = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "b" / "fake.elf")
     assert first.elf.read_bytes() == second.elf.read_bytes()
+
+
+@needs_toolchain
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_the_written_makefile_builds_the_same_program_and_runs_it(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    built = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
+    mcu.write_mcu_sources(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB)
+    subprocess.run(["make", "-s", "-f", "Makefile.cortex-m7"], cwd=library, check=True, capture_output=True)
+    assert (library / "fake_cortex-m7.elf").read_bytes() == built.elf.read_bytes()
+    x = some_input()
+    x.tofile(library / "input.bin")
+    subprocess.run(["make", "-s", "-f", "Makefile.cortex-m7", "run"], cwd=library, check=True, capture_output=True, timeout=30)
+    np.testing.assert_array_equal(np.fromfile(library / "output.bin", np.float32), mcu.run_qemu(built, x))
 
 
 @needs_toolchain

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -151,10 +152,13 @@ def mcu_target(name: str) -> McuTarget:
 
 def write_mcu_sources(
     dest: Path, name: str, target: str, ram_bytes: int, flash_bytes: int,
-    stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES,
+    stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES, library_dir: str = ".",
 ) -> Path:
-    """Writes mcu_main.c, the startup, the semihosting calls and the linker script into dest
-    (next to the exported library, or a build folder); returns the linker script."""
+    """Writes mcu_main.c, the startup, the semihosting calls, the linker script and
+    `Makefile.<target>` into dest, a folder being built (the export writes a temporary folder
+    and renames it); returns the linker script. library_dir: the exported library, relative
+    to dest. In dest, `make -f Makefile.<target>` builds `<name>_<target>.elf`, and `... run`
+    runs it on qemu (input.bin -> output.bin)."""
     core = mcu_target(target)
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
     templates = resources.files("tightfit.export") / "mcu"
@@ -164,7 +168,33 @@ def write_mcu_sources(
     (dest / "mcu_main.c").write_text(main.substitute(name=name, NAME=name.upper()))
     script = dest / f"{name}_{target}.ld"
     script.write_text(_linker_script(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes))
+    (dest / f"Makefile.{target}").write_text(_makefile(core, name, Path(library_dir), Path(script.name)))
     return script
+
+
+def _program_sources(library_dir: Path, build_dir: Path, name: str) -> list[Path]:
+    return [
+        library_dir / "tf_kernels.c", library_dir / f"{name}.c",
+        build_dir / "mcu_main.c", build_dir / "tf_semihost.c", build_dir / "startup_cortex_m.S",
+    ]
+
+
+def _makefile(core: McuTarget, name: str, library_dir: Path, script: Path) -> str:
+    here = Path(".")
+    elf = Path(f"{name}_{core.name}.elf")
+    sources = _program_sources(library_dir, here, name)
+    headers = [library_dir / f"{name}.h", library_dir / "tf_kernels.h", here / "tf_semihost.h"]
+    build = shlex.join(mcu_compile_command(core, sources, [library_dir, here], script, elf))
+    run = shlex.join(qemu_command(core, elf))
+    prerequisites = " ".join(str(p) for p in [*sources, *headers, script])
+    return (
+        f"# tightfit: {name} for {core.name}, run on qemu's {core.qemu_machine} with semihosting. Generated.\n"
+        f"# make -f Makefile.{core.name}      builds {elf}\n"
+        f"# make -f Makefile.{core.name} run  reads input.bin, writes output.bin (float32, NCHW)\n\n"
+        f"{elf}: {prerequisites}\n\t{build}\n\n"
+        f"run: {elf}\n\t{run}\n\n"
+        f".PHONY: run\n"
+    )
 
 
 def _linker_script(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int) -> str:
@@ -196,7 +226,7 @@ def _check_sizes(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes:
 
 def mcu_compile_command(core: McuTarget, sources: list[Path], include_dirs: list[Path], script: Path, elf: Path) -> list[str]:
     """The one cross-compile-and-link command (also what a Makefile would run)."""
-    includes = [f"-I{d}" for d in include_dirs]
+    includes = [f"-I{d}" for d in dict.fromkeys(include_dirs)]  # once each, in order
     return [
         CC, *core.cpu_flags, *_COMMON_CFLAGS, *includes, *map(str, sources),
         f"-T{script}", *_LINK_FLAGS, f"-Wl,-Map={elf.with_suffix('.map')}", "-lm", "-o", str(elf),
@@ -212,7 +242,7 @@ def build_mcu(
     core = mcu_target(target)
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
     export_dir, out_elf = Path(export_dir), Path(out_elf)
-    sources = _library_sources(export_dir, name)
+    _check_library(export_dir, name)
     input_elems, output_elems = _header_elems(export_dir / f"{name}.h", name)
     problem = _toolchain_problem(with_qemu=False)
     if problem:
@@ -220,8 +250,10 @@ def build_mcu(
     out_elf.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_elf.parent, prefix=f".{out_elf.name}.") as tmp:
         build_dir = Path(tmp)
-        script = write_mcu_sources(build_dir, name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
-        program = [*sources, build_dir / "mcu_main.c", build_dir / "tf_semihost.c", build_dir / "startup_cortex_m.S"]
+        script = write_mcu_sources(
+            build_dir, name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes, library_dir=str(export_dir.resolve()),
+        )
+        program = _program_sources(export_dir, build_dir, name)
         elf = build_dir / out_elf.name
         result = _run([*mcu_compile_command(core, program, [export_dir, build_dir], script, elf)])
         if result.returncode != 0:
@@ -238,12 +270,11 @@ def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedPro
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
 
 
-def _library_sources(export_dir: Path, name: str) -> list[Path]:
-    wanted = [export_dir / "tf_kernels.c", export_dir / f"{name}.c", export_dir / f"{name}.h"]
-    missing = [p.name for p in wanted if not p.is_file()]
+def _check_library(export_dir: Path, name: str) -> None:
+    wanted = ["tf_kernels.c", f"{name}.c", f"{name}.h"]
+    missing = [file_name for file_name in wanted if not (export_dir / file_name).is_file()]
     if missing:
         raise ExportError(f"{export_dir} is not an exported library of {name!r}: missing {', '.join(missing)}")
-    return wanted[:2]
 
 
 def _header_elems(header: Path, name: str) -> tuple[int, int]:
@@ -390,12 +421,16 @@ def run_qemu_measured(build: McuBuild, input: np.ndarray, timeout_s: float = 60.
     return McuRun(output=output, stack_used=used, stack_reserved=reserved, seconds=seconds)
 
 
-def _run_board(core: McuTarget, elf: Path, workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    # target=native: the program's files are opened in workdir, qemu's working directory.
-    command = [
+def qemu_command(core: McuTarget, elf: Path) -> list[str]:
+    # target=native: the program's files are opened in qemu's working directory.
+    return [
         QEMU, "-M", core.qemu_machine, "-nographic", "-monitor", "none", "-serial", "none",
         "-semihosting-config", "enable=on,target=native", "-kernel", str(elf),
     ]
+
+
+def _run_board(core: McuTarget, elf: Path, workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    command = qemu_command(core, elf)
     try:
         return subprocess.run(command, capture_output=True, text=True, cwd=workdir, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
