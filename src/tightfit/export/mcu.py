@@ -319,15 +319,18 @@ def _build_record(
     def size(section: str) -> int:
         return sections.get(section, (0, 0))[0]
 
-    ram_end = max(addr + length for length, addr in sections.values() if addr >= core.ram_origin and length)
-    rodata_end = sum(sections.get(".rodata", (0, 0)))
+    def end(names: tuple[str, ...], origin: int) -> int:
+        return max((sum(sections[n]) for n in names if n in sections), default=origin)
+
+    flash_end = end((".text", ".ARM.extab", ".ARM.exidx", ".rodata"), core.flash_origin)
+    ram_end = end((".stack", ".data", ".bss", ".heap"), core.ram_origin)
     return McuBuild(
         elf=elf, name=name, target=core.name, ram_bytes=ram_bytes, flash_bytes=flash_bytes,
         input_elems=input_elems, output_elems=output_elems,
         text=size(".text") + size(".ARM.extab") + size(".ARM.exidx"), rodata=size(".rodata"),
         data=size(".data"), bss=size(".bss"), stack=size(".stack"), heap=size(".heap"),
         arena=symbols.get(_ARENA_SYMBOL, 0), io_buffer=symbols.get(_IO_SYMBOL, 0),
-        ram_used=ram_end - core.ram_origin, flash_used=rodata_end + size(".data") - core.flash_origin,
+        ram_used=ram_end - core.ram_origin, flash_used=flash_end - core.flash_origin + size(".data"),
     )
 
 
