@@ -17,22 +17,33 @@ from tightfit.export.errors import DoesNotFitError, ExportError
 _MISSING = mcu.toolchain_available()
 needs_toolchain = pytest.mark.skipif(_MISSING is not None, reason=f"microcontroller toolchain: {_MISSING}")
 
-ELEMS = 2 * 3 * 4 * 8  # NCHW 2x3x4x8
+SHAPE = (2, 2, 2, 70)  # NCHW; rows longer than the program's 64-float chunks
+ELEMS = int(np.prod(SHAPE))
 WEIGHT = ((np.arange(ELEMS) % 17 - 8) / 8).astype(np.float32)
 KIB = 1024
 
 _HEADER = """#ifndef FAKE_H
 #define FAKE_H
+#include "tf_kernels.h"
 #define FAKE_ARENA_BYTES {arena}u
-#define FAKE_INPUT_ELEMS {elems}
+#define FAKE_INPUT_ELEMS {elems} /* a comment, as the generator writes one */
 #define FAKE_OUTPUT_ELEMS {elems}
-{offsets}int fake_run(void *arena, const float *input);
+{extra}int fake_run(void *arena, const float *input);
 void fake_read_output(const void *arena, float *dst);
 #endif
+"""
+# What the generator adds for a plan whose input arrives by rows (issue 21).
+_ROWS_HEADER = """#define FAKE_INPUT_C {c}
+#define FAKE_INPUT_H {h}
+#define FAKE_INPUT_W {w}
+int fake_run_rows(void *arena, tf_input_fn fill, void *ctx);
+void fake_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst);
 """
 _KERNELS_H = """#ifndef TF_KERNELS_H
 #define TF_KERNELS_H
 #include <stdint.h>
+typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                           float *dst, long sn, long sc, long sh, long sw);
 void tf_add_exp(float *x, const float *w, int32_t n);
 #endif
 """
@@ -45,9 +56,9 @@ void tf_add_exp(float *x, const float *w, int32_t n)
     }
 }
 """
-_MODEL_C = """#include <string.h>
+_MODEL_C = """#include <math.h>
+#include <string.h>
 #include "fake.h"
-#include "tf_kernels.h"
 static const float fake_weight[FAKE_INPUT_ELEMS] = {{{weights}}};
 int fake_run(void *arena, const float *input)
 {{
@@ -60,30 +71,53 @@ void fake_read_output(const void *arena, float *dst)
 """
 # output = input + exp(weight): a flash constant, a libm call on the FPU, the arena in .bss.
 _ADD_EXP = """    float *x = (float *)arena;
-    if ((const void *)x != (const void *)input) {
-        memcpy(x, input, sizeof(float) * FAKE_INPUT_ELEMS);
-    }
+    memcpy(x, input, sizeof(float) * FAKE_INPUT_ELEMS);
     tf_add_exp(x, fake_weight, FAKE_INPUT_ELEMS);
     return 0;"""
+# The same by rows: the input is asked for in three parts (a band of rows; the rest, in two
+# column ranges) into a channels-last buffer (strided), the NCHW output follows it.
+_ROWS_C = """
+int fake_run_rows(void *arena, tf_input_fn fill, void *ctx)
+{
+    enum { N = FAKE_INPUT_ELEMS / (FAKE_INPUT_C * FAKE_INPUT_H * FAKE_INPUT_W), C = FAKE_INPUT_C,
+           H = FAKE_INPUT_H, W = FAKE_INPUT_W };
+    float *nhwc = (float *)arena;
+    float *out = nhwc + FAKE_INPUT_ELEMS;
+    const long sn = H * W * C, sh = W * C;
+    if (fill(ctx, 0, N, 0, 1, 0, W, nhwc, sn, 1, sh, C) != 0) return 1;
+    if (fill(ctx, 0, N, 1, H, 0, 5, nhwc + sh, sn, 1, sh, C) != 0) return 1;
+    if (fill(ctx, 0, N, 1, H, 5, W, nhwc + sh + 5 * C, sn, 1, sh, C) != 0) return 1;
+    for (long i = 0; i < FAKE_INPUT_ELEMS; ++i) {
+        long w = i % W, h = i / W % H, c = i / (W * H) % C, n = i / (W * H * C);
+        out[i] = nhwc[n * sn + h * sh + w * C + c] + expf(fake_weight[i]);
+    }
+    return 0;
+}
+void fake_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst)
+{
+    (void)cnn; (void)k; (void)frame;
+    memcpy(dst, (const float *)arena + FAKE_INPUT_ELEMS + first, sizeof(float) * (size_t)count);
+}
+"""
 
 
 def write_fake_library(
-    folder: Path, arena_bytes: int = ELEMS * 4, body: str = _ADD_EXP, tensors_in_arena: bool = False,
+    folder: Path, arena_bytes: int = ELEMS * 4, body: str = _ADD_EXP, by_rows: bool = False, extra_header: str = "",
 ) -> Path:
     """The exported library's interface (`<name>.h/.c`, `tf_kernels.h/.c`) around a toy model;
-    tensors_in_arena: the header says where the arena holds the whole input and output."""
+    by_rows: also `fake_run_rows` and `fake_read`, as the generator writes them."""
     folder.mkdir(parents=True, exist_ok=True)
     weights = ", ".join(f"{w:.6f}f" for w in WEIGHT)
-    offsets = "#define FAKE_INPUT_OFFSET 0\n#define FAKE_OUTPUT_OFFSET 0\n" if tensors_in_arena else ""
-    (folder / "fake.h").write_text(_HEADER.format(arena=arena_bytes, elems=ELEMS, offsets=offsets))
-    (folder / "fake.c").write_text(_MODEL_C.format(weights=weights, body=body))
+    extra = extra_header + (_ROWS_HEADER.format(c=SHAPE[1], h=SHAPE[2], w=SHAPE[3]) if by_rows else "")
+    (folder / "fake.h").write_text(_HEADER.format(arena=arena_bytes, elems=ELEMS, extra=extra))
+    (folder / "fake.c").write_text(_MODEL_C.format(weights=weights, body=body) + (_ROWS_C if by_rows else ""))
     (folder / "tf_kernels.h").write_text(_KERNELS_H)
     (folder / "tf_kernels.c").write_text(_KERNELS_C)
     return folder
 
 
 def some_input() -> np.ndarray:
-    return np.random.default_rng(7).standard_normal((2, 3, 4, 8)).astype(np.float32)
+    return np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
 
 
 @needs_toolchain
@@ -106,14 +140,21 @@ def test_fake_library_runs_on_the_emulated_board(tmp_path, target):
 
 
 @needs_toolchain
-def test_input_and_output_held_by_the_arena_need_no_buffer_of_their_own(tmp_path):
-    buffered = mcu.build_mcu(write_fake_library(tmp_path / "a"), "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "a.elf")
-    library = write_fake_library(tmp_path / "b", tensors_in_arena=True)
-    in_place = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "b.elf")
+@pytest.mark.parametrize("target", ["cortex-m7", "cortex-m4"])
+def test_a_library_that_takes_its_input_by_rows_streams_it_from_the_host(tmp_path, target):
+    library = write_fake_library(tmp_path / "lib", arena_bytes=2 * ELEMS * 4, by_rows=True)
+    build = mcu.build_mcu(library, "fake", target, 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
     x = some_input()
-    np.testing.assert_allclose(mcu.run_qemu(in_place, x, timeout_s=30), x.ravel() + np.exp(WEIGHT), rtol=2e-6, atol=2e-6)
-    assert in_place.io_buffer == 0 and buffered.io_buffer == ELEMS * 4
-    assert in_place.ram_used == buffered.ram_used - ELEMS * 4
+    np.testing.assert_allclose(mcu.run_qemu(build, x, timeout_s=30), x.ravel() + np.exp(WEIGHT), rtol=2e-6, atol=2e-6)
+    assert build.input_streamed and build.io_buffer == 0  # RAM: the arena, the stack, a few bytes
+    assert build.ram_used - build.arena - build.stack < 256, build.memory_report()
+    assert "input streamed by rows" in build.memory_report()
+
+
+def test_weights_in_a_file_are_refused(tmp_path):
+    library = write_fake_library(tmp_path / "lib", extra_header="#define FAKE_WEIGHTS_FILE 1 /* weights.bin */\n")
+    with pytest.raises(ExportError, match="a microcontroller needs them in flash"):
+        mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
 
 
 @needs_toolchain

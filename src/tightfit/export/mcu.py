@@ -5,8 +5,11 @@ The exported directory holds `tf_kernels.c` and `<name>.c/.h` (the model; the he
 defines `<NAME>_ARENA_BYTES`, `<NAME>_INPUT_ELEMS`, `<NAME>_OUTPUT_ELEMS`). To them this
 module adds a startup file, a test program (`mcu_main.c`: input.bin -> run -> output.bin
 through semihosting) and a linker script for the requested sizes, all from the templates
-in `export/mcu/`. A program larger than the RAM or flash fails at link time, and that
-failure is turned into one line that says what took the memory.
+in `export/mcu/`. Where the header also declares `<name>_run_rows` and `<name>_read`, the
+program reads the input from the host file row by row as the plan asks for it, and writes
+the output in chunks, so RAM holds the arena and the stack and no tensor besides.
+A program larger than the RAM or flash fails at link time, and that failure is turned into
+one line that says what took the memory.
 """
 from __future__ import annotations
 
@@ -81,6 +84,17 @@ _LINK_FLAGS = ("-nostartfiles", "--specs=nano.specs", "--specs=nosys.specs", "-W
 
 
 @dataclass(frozen=True)
+class LibraryInterface:
+    """What the test program needs to know of an exported library, read from `<name>.h`."""
+
+    input_elems: int
+    output_elems: int
+    # `<name>_run_rows` and `<name>_read` are there: the program streams the input from the
+    # host file row by row and the output in chunks, so neither needs a buffer in RAM.
+    streams: bool
+
+
+@dataclass(frozen=True)
 class McuBuild:
     """A linked program and where its bytes went (section sizes from `arm-none-eabi-size -A`)."""
 
@@ -91,6 +105,7 @@ class McuBuild:
     flash_bytes: int
     input_elems: int
     output_elems: int
+    input_streamed: bool  # read by rows from the host file: no input buffer in RAM
     text: int  # code, vector table and unwind tables
     rodata: int  # constants: the weights
     data: int  # initialised variables: RAM, and their initial values in flash
@@ -104,9 +119,10 @@ class McuBuild:
 
     def memory_report(self) -> str:
         other_ram = self.ram_used - self.arena - self.io_buffer - self.stack - self.heap
+        io = "input streamed by rows, output in chunks" if self.input_streamed else f"I/O buffer {self.io_buffer} B"
         return (
             f"{self.target} ({self.elf.name}): RAM {self.ram_used} B of {self.ram_bytes} B "
-            f"(arena {self.arena} B, I/O buffer {self.io_buffer} B, stack {self.stack} B reserved, "
+            f"(arena {self.arena} B, {io}, stack {self.stack} B reserved, "
             f"heap {self.heap} B, other .data/.bss {other_ram} B); "
             f"FLASH {self.flash_used} B of {self.flash_bytes} B "
             f"(code {self.text} B, constants/weights {self.rodata} B, .data initial values {self.data} B)"
@@ -161,10 +177,11 @@ def write_mcu_sources(
     runs it on qemu (input.bin -> output.bin)."""
     core = mcu_target(target)
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
+    interface = read_interface(dest / library_dir / f"{name}.h", name)
     templates = resources.files("tightfit.export") / "mcu"
     for file_name in _KEPT_SOURCES:
         (dest / file_name).write_text((templates / file_name).read_text())
-    main = Template((templates / "mcu_main.c.in").read_text())
+    main = Template((templates / ("mcu_main_rows.c.in" if interface.streams else "mcu_main.c.in")).read_text())
     (dest / "mcu_main.c").write_text(main.substitute(name=name, NAME=name.upper()))
     script = dest / f"{name}_{target}.ld"
     script.write_text(_linker_script(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes))
@@ -243,7 +260,7 @@ def build_mcu(
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
     export_dir, out_elf = Path(export_dir), Path(out_elf)
     _check_library(export_dir, name)
-    input_elems, output_elems = _header_elems(export_dir / f"{name}.h", name)
+    interface = read_interface(export_dir / f"{name}.h", name)
     problem = _toolchain_problem(with_qemu=False)
     if problem:
         raise ToolchainMissingError(f"{target}: cannot build: {problem}")
@@ -257,13 +274,16 @@ def build_mcu(
         elf = build_dir / out_elf.name
         result = _run([*mcu_compile_command(core, program, [export_dir, build_dir], script, elf)])
         if result.returncode != 0:
-            _raise_build_failure(core, result.stderr, program, [export_dir, build_dir], build_dir, stack_bytes, heap_bytes, ram_bytes, flash_bytes)
+            _raise_build_failure(
+                core, result.stderr, program, [export_dir, build_dir], build_dir, interface,
+                stack_bytes, heap_bytes, ram_bytes, flash_bytes,
+            )
         sections = _section_sizes(elf)
         symbols = _symbol_sizes(elf)
         # Written to temporary names in the same folder, then renamed into place.
         for built, final in ((script, out_elf.with_suffix(".ld")), (elf.with_suffix(".map"), out_elf.with_suffix(".map")), (elf, out_elf)):
             os.replace(built, final)
-    return _build_record(core, out_elf, name, ram_bytes, flash_bytes, input_elems, output_elems, sections, symbols)
+    return _build_record(core, out_elf, name, ram_bytes, flash_bytes, interface, sections, symbols)
 
 
 def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -277,16 +297,34 @@ def _check_library(export_dir: Path, name: str) -> None:
         raise ExportError(f"{export_dir} is not an exported library of {name!r}: missing {', '.join(missing)}")
 
 
-def _header_elems(header: Path, name: str) -> tuple[int, int]:
+def read_interface(header: Path, name: str) -> LibraryInterface:
     text = header.read_text()
+    upper = name.upper()
+    if _defined(text, f"{upper}_WEIGHTS_FILE"):
+        raise ExportError(
+            f"{header.name}: the weights were exported to a file; a microcontroller needs them in flash "
+            f"(export with the weights as C constants)"
+        )
     values = {}
     for what in ("ARENA_BYTES", "INPUT_ELEMS", "OUTPUT_ELEMS"):
-        macro = f"{name.upper()}_{what}"
-        found = re.search(rf"^\s*#\s*define\s+{macro}\s+\(?\s*(\d+)\s*[uUlL]*\s*\)?\s*$", text, re.MULTILINE)
+        found = _defined(text, f"{upper}_{what}")
         if found is None:
-            raise ExportError(f"{header.name} does not define {macro} as an integer constant")
-        values[what] = int(found.group(1))
-    return values["INPUT_ELEMS"], values["OUTPUT_ELEMS"]
+            raise ExportError(f"{header.name} does not define {upper}_{what} as an integer constant")
+        values[what] = found
+    streams = (
+        all(_defined(text, f"{upper}_INPUT_{axis}") is not None for axis in "CHW")
+        and re.search(rf"\b{name}_run_rows\s*\(", text) is not None
+        and re.search(rf"\b{name}_read\s*\(", text) is not None
+    )
+    return LibraryInterface(values["INPUT_ELEMS"], values["OUTPUT_ELEMS"], streams)
+
+
+def _defined(header_text: str, macro: str) -> int | None:
+    """The integer a `#define` gives macro (a comment may follow), or None."""
+    found = re.search(
+        rf"^\s*#\s*define\s+{macro}\s+\(?\s*(\d+)\s*[uUlL]*\s*\)?\s*(?:/[*/].*)?$", header_text, re.MULTILINE,
+    )
+    return int(found.group(1)) if found else None
 
 
 def _section_sizes(elf: Path) -> dict[str, tuple[int, int]]:
@@ -314,7 +352,7 @@ def _symbol_sizes(elf: Path) -> dict[str, int]:
 
 def _build_record(
     core: McuTarget, elf: Path, name: str, ram_bytes: int, flash_bytes: int,
-    input_elems: int, output_elems: int, sections: dict[str, tuple[int, int]], symbols: dict[str, int],
+    interface: LibraryInterface, sections: dict[str, tuple[int, int]], symbols: dict[str, int],
 ) -> McuBuild:
     def size(section: str) -> int:
         return sections.get(section, (0, 0))[0]
@@ -326,7 +364,7 @@ def _build_record(
     ram_end = end((".stack", ".data", ".bss", ".heap"), core.ram_origin)
     return McuBuild(
         elf=elf, name=name, target=core.name, ram_bytes=ram_bytes, flash_bytes=flash_bytes,
-        input_elems=input_elems, output_elems=output_elems,
+        input_elems=interface.input_elems, output_elems=interface.output_elems, input_streamed=interface.streams,
         text=size(".text") + size(".ARM.extab") + size(".ARM.exidx"), rodata=size(".rodata"),
         data=size(".data"), bss=size(".bss"), stack=size(".stack"), heap=size(".heap"),
         arena=symbols.get(_ARENA_SYMBOL, 0), io_buffer=symbols.get(_IO_SYMBOL, 0),
@@ -336,14 +374,14 @@ def _build_record(
 
 def _raise_build_failure(
     core: McuTarget, stderr: str, program: list[Path], include_dirs: list[Path], build_dir: Path,
-    stack_bytes: int, heap_bytes: int, ram_bytes: int, flash_bytes: int,
+    interface: LibraryInterface, stack_bytes: int, heap_bytes: int, ram_bytes: int, flash_bytes: int,
 ) -> None:
     overflows = {region: int(n) for region, n in _OVERFLOW.findall(stderr)}
     if not overflows:
         lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         first_error = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "no message")
         raise ExportError(f"{core.name}: the cross build failed: {first_error}")
-    unbounded = _unbounded_build(core, program, include_dirs, build_dir, stack_bytes, heap_bytes)
+    unbounded = _unbounded_build(core, program, include_dirs, build_dir, interface, stack_bytes, heap_bytes)
     explained = []
     if "RAM" in overflows:
         explained.append(_ram_overflow(unbounded, overflows["RAM"], ram_bytes))
@@ -353,7 +391,8 @@ def _raise_build_failure(
 
 
 def _unbounded_build(
-    core: McuTarget, program: list[Path], include_dirs: list[Path], build_dir: Path, stack: int, heap: int,
+    core: McuTarget, program: list[Path], include_dirs: list[Path], build_dir: Path,
+    interface: LibraryInterface, stack: int, heap: int,
 ) -> McuBuild:
     """The same program linked with memories far larger than any board's, only to measure
     what took the space (the failed link leaves no ELF to measure)."""
@@ -365,7 +404,7 @@ def _unbounded_build(
     result = _run(mcu_compile_command(wide, program, include_dirs, script, elf))
     if result.returncode != 0:
         raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {result.stderr.strip()[-300:]}")
-    return _build_record(wide, elf, "", ram, flash, 0, 0, _section_sizes(elf), _symbol_sizes(elf))
+    return _build_record(wide, elf, "", ram, flash, interface, _section_sizes(elf), _symbol_sizes(elf))
 
 
 def _ram_overflow(unbounded: McuBuild, overflow: int, ram_bytes: int) -> str:

@@ -7,7 +7,7 @@
 
 enum {
     SYS_OPEN = 0x01, SYS_CLOSE = 0x02, SYS_WRITE0 = 0x04, SYS_WRITE = 0x05,
-    SYS_READ = 0x06, SYS_EXIT_EXTENDED = 0x20,
+    SYS_READ = 0x06, SYS_SEEK = 0x0A, SYS_EXIT_EXTENDED = 0x20,
 };
 enum { OPEN_READ_BINARY = 1, OPEN_WRITE_BINARY = 5 };
 #define ADP_STOPPED_APPLICATION_EXIT 0x20026u
@@ -27,49 +27,74 @@ static int semihost(int op, const void *args)
 static int open_file(const char *path, int mode)
 {
     const uintptr_t args[3] = {(uintptr_t)path, (uintptr_t)mode, strlen(path)};
-    return semihost(SYS_OPEN, args);
+    int fd = semihost(SYS_OPEN, args);
+    if (fd < 0) {
+        tf_print(path);
+        tf_print(mode == OPEN_READ_BINARY ? ": cannot open\n" : ": cannot create\n");
+    }
+    return fd;
 }
 
-static void print_failure(const char *path, const char *what)
+int tf_open_read(const char *path)
 {
-    tf_print(path);
-    tf_print(what);
+    return open_file(path, OPEN_READ_BINARY);
+}
+
+int tf_open_write(const char *path)
+{
+    return open_file(path, OPEN_WRITE_BINARY);
+}
+
+int tf_read_at(int fd, size_t offset, void *dst, size_t n)
+{
+    const uintptr_t seek_args[2] = {(uintptr_t)fd, offset};
+    if (semihost(SYS_SEEK, seek_args) != 0) {
+        tf_print("tightfit-mcu: seek failed\n");
+        return -1;
+    }
+    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)dst, n};
+    if (semihost(SYS_READ, args) != 0) {  /* the call returns the bytes NOT read */
+        tf_print("tightfit-mcu: the input file is shorter than the model's input\n");
+        return -1;
+    }
+    return 0;
+}
+
+int tf_write(int fd, const void *src, size_t n)
+{
+    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)src, n};
+    if (semihost(SYS_WRITE, args) != 0) {  /* the bytes NOT written */
+        tf_print("tightfit-mcu: write failed\n");
+        return -1;
+    }
+    return 0;
+}
+
+int tf_close(int fd)
+{
+    const uintptr_t args[1] = {(uintptr_t)fd};
+    return semihost(SYS_CLOSE, args);
 }
 
 int tf_read_file(const char *path, void *dst, size_t n)
 {
-    int fd = open_file(path, OPEN_READ_BINARY);
+    int fd = tf_open_read(path);
     if (fd < 0) {
-        print_failure(path, ": cannot open\n");
         return -1;
     }
-    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)dst, n};
-    int not_read = semihost(SYS_READ, args);  /* the call returns the bytes NOT read */
-    const uintptr_t close_args[1] = {(uintptr_t)fd};
-    semihost(SYS_CLOSE, close_args);
-    if (not_read != 0) {
-        print_failure(path, ": shorter than the model's input\n");
-        return -1;
-    }
-    return 0;
+    int status = tf_read_at(fd, 0, dst, n);
+    tf_close(fd);
+    return status;
 }
 
 int tf_write_file(const char *path, const void *src, size_t n)
 {
-    int fd = open_file(path, OPEN_WRITE_BINARY);
+    int fd = tf_open_write(path);
     if (fd < 0) {
-        print_failure(path, ": cannot create\n");
         return -1;
     }
-    const uintptr_t args[3] = {(uintptr_t)fd, (uintptr_t)src, n};
-    int not_written = semihost(SYS_WRITE, args);
-    const uintptr_t close_args[1] = {(uintptr_t)fd};
-    int closed = semihost(SYS_CLOSE, close_args);
-    if (not_written != 0 || closed != 0) {
-        print_failure(path, ": write failed\n");
-        return -1;
-    }
-    return 0;
+    int status = tf_write(fd, src, n);
+    return tf_close(fd) != 0 ? -1 : status;
 }
 
 void tf_print(const char *text)

@@ -7,6 +7,14 @@
 
 #include <stddef.h>
 
+/* Host files by descriptor: negative (and a message on the console) on failure. */
+int tf_open_read(const char *path);
+int tf_open_write(const char *path);
+/* Exactly n bytes from byte `offset` of the file into dst; 0 on success. */
+int tf_read_at(int fd, size_t offset, void *dst, size_t n);
+/* All n bytes; 0 on success. */
+int tf_write(int fd, const void *src, size_t n);
+int tf_close(int fd);
 /* Fill dst with exactly n bytes of the host file at path; 0 on success. */
 int tf_read_file(const char *path, void *dst, size_t n);
 /* Write n bytes to the host file at path (created or truncated); 0 on success. */
