@@ -254,3 +254,46 @@ def test_an_input_of_the_wrong_size_is_refused(tmp_path):
 def test_a_folder_without_the_library_is_refused(tmp_path):
     with pytest.raises(ExportError, match="missing tf_kernels.c, fake.c, fake.h"):
         mcu.build_mcu(tmp_path, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
+
+
+def _generator():
+    """The C generator (`tightfit.export.export`), or None where this checkout predates it."""
+    try:
+        from tightfit.export import export
+    except ImportError:
+        return None
+    return export
+
+
+needs_generator = pytest.mark.skipif(_generator() is None, reason="the C generator (tightfit.export.export) is not in this checkout")
+
+
+@needs_toolchain
+@needs_generator
+@pytest.mark.parametrize("kw", [{"method": "reuse"}, {"method": "parts", "rows": 1}], ids=["reuse", "parts"])
+def test_minakova5_links_within_512k_ram_and_matches_the_reference_on_cortex_m7(tmp_path, kw):
+    import tightfit
+    from tightfit.api import plan_inputs
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    plan, graphs = tightfit.api.plan("minakova5", **kw)
+    sources = _generator()(plan, graphs, tmp_path / "out", weights="c")
+    build = mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", 512 * KIB, 2 * 2**20, tmp_path / "minakova5.elf")
+    x = plan_inputs(graphs, plan, 0)[0]
+    reference = run_reference(graphs[0], x)[graphs[0].outputs[0]].numpy()
+    result = compare(mcu.run_qemu(build, x.numpy(), timeout_s=60).reshape(reference.shape), reference)
+    assert result.ok, result
+    assert build.arena == plan.arena_bytes and build.input_streamed
+
+
+@needs_toolchain
+@needs_generator
+def test_a_minakova5_plan_larger_than_the_ram_fails_at_link_time(tmp_path):
+    import tightfit
+
+    plan, graphs = tightfit.api.plan("minakova5", method="reuse")
+    sources = _generator()(plan, graphs, tmp_path / "out", weights="c")
+    ram = plan.arena_bytes  # the arena alone fills it: the stack cannot fit
+    with pytest.raises(DoesNotFitError, match=rf"^cortex-m7: RAM overflowed by \d+ bytes \(arena {plan.arena_bytes} B "):
+        mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", ram, 2 * 2**20, tmp_path / "minakova5.elf")
