@@ -403,7 +403,8 @@ def _unbounded_build(
     elf = build_dir / "measure.elf"
     result = _run(mcu_compile_command(wide, program, include_dirs, script, elf))
     if result.returncode != 0:
-        raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {result.stderr.strip()[-300:]}")
+        said = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+        raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {said[-1] if said else 'no message'}")
     return _build_record(wide, elf, "", ram, flash, interface, _section_sizes(elf), _symbol_sizes(elf))
 
 
