@@ -397,16 +397,18 @@ def cmd_export(args: argparse.Namespace) -> int:
              f"build: make -C {args.out}   run: {args.out}/{sources.name} input.bin output.bin [runs]"]
     ok = True
     if args.target != "host":
-        from tightfit.export import mcu
+        from dataclasses import asdict
+
+        from tightfit.export import check_mcu, mcu
         from tightfit.units import parse_size
 
         built = mcu.build_mcu(Path(args.out), sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
                               Path(args.out) / f"{sources.name}-{args.target}.elf")
-        report["mcu"] = built.as_dict()
-        lines.append(built.summary())
+        report["mcu"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}
+        lines.append(built.memory_report())
         if args.check:
-            got = mcu.check_qemu(built, plan_, graphs)
-            report["mcu_check"] = got.as_dict()
+            got = check_mcu(plan_, graphs, built)
+            report["mcu_check"] = asdict(got)
             lines.append(got.summary())
             ok = got.ok
     elif args.check:

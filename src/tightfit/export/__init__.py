@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.export.build import Built, build, run, write_dir
-from tightfit.export.codegen import ExportError, Sources, c_name, generate
+from tightfit.export.codegen import Sources, c_name, generate
+from tightfit.export.errors import ExportError
 from tightfit.graph.ir import Graph
 from tightfit.plan.schema import Plan
 
@@ -90,4 +91,34 @@ def check(plan: Plan, graphs: Sequence[Graph], sources: Sources, directory: str 
                  code, built.stack_bound, ran.peak_rss, ran.median_seconds, built)
 
 
-__all__ = ["Check", "ExportError", "Sources", "check", "export", "generate"]
+@dataclass(frozen=True)
+class McuCheck:
+    """An exported program linked for a microcontroller, run under qemu on CNN 0's seeded input."""
+
+    ok: bool
+    max_abs_diff: float
+    tolerance: float
+    stack_used: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (f"under qemu: outputs {'match' if self.ok else 'DIFFER'} (max abs diff {self.max_abs_diff:.3g}, "
+                f"tolerance {self.tolerance:.3g}); stack used {self.stack_used} B; {self.seconds:.2f} s")
+
+
+def check_mcu(plan: Plan, graphs: Sequence[Graph], built, seed: int = 0, timeout_s: float = 600) -> McuCheck:
+    """Run a program built by mcu.build_mcu under qemu on CNN 0's seeded input and compare its
+    first output with the reference executor's."""
+    from tightfit.api import plan_inputs
+    from tightfit.export.mcu import run_qemu_measured
+    from tightfit.runtime.reference import run_reference
+    from tightfit.verify import compare
+
+    g, x = graphs[0], plan_inputs(graphs, plan, seed)[0]
+    ref = run_reference(g, x)[g.outputs[0]].numpy()
+    ran = run_qemu_measured(built, x.numpy(), timeout_s)
+    c = compare(ran.output.reshape(ref.shape), ref)
+    return McuCheck(c.ok, c.max_abs_diff, c.tolerance, ran.stack_used, ran.seconds)
+
+
+__all__ = ["Check", "ExportError", "McuCheck", "Sources", "check", "check_mcu", "export", "generate"]

@@ -17,7 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tightfit.export.codegen import ExportError, Sources
+from tightfit.export.codegen import Sources
+from tightfit.export.errors import ExportError, ToolchainMissingError
 
 WARNINGS = ["-Wall", "-Wextra", "-Werror", "-pedantic"]
 # -O3: the dense kernel's register blocks need its unrolling (-O2: 2.3x slower); ISO C modes turn
@@ -55,7 +56,7 @@ def compiler(cc: str | None = None) -> str:
     name = cc or os.environ.get("CC", "cc")
     found = shutil.which(name)
     if found is None:
-        raise ExportError(f"no C compiler {name!r} on PATH (install gcc, or give --cc)")
+        raise ToolchainMissingError(f"no C compiler {name!r} on PATH (install gcc, or give --cc)")
     return found
 
 

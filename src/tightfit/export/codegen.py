@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tightfit.errors import TightfitError
+from tightfit.export.errors import ExportError
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import get_op
 from tightfit.ops.conv import clamp_bounds
@@ -32,10 +32,6 @@ C_WEIGHTS_LIMIT = 4_000_000
 ACTS = {"relu": 1, "leakyrelu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "hardsigmoid": 6, "hardswish": 7, "silu": 8}
 MAX_ACTS = 4
 MAX_OPERANDS = 8
-
-
-class ExportError(TightfitError):
-    """A plan that cannot be exported, a failed build, or a missing tool."""
 
 
 # --- the values a step's arguments are made of ------------------------------------------------

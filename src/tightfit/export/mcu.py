@@ -1,0 +1,499 @@
+"""Microcontroller target of `tightfit export`: link an exported C library for a Cortex-M
+with a named RAM and flash size, and run it under qemu's MPS2 board with semihosting.
+
+The exported directory holds `tf_kernels.c` and `<name>.c/.h` (the model; the header
+defines `<NAME>_ARENA_BYTES`, `<NAME>_INPUT_ELEMS`, `<NAME>_OUTPUT_ELEMS`). To them this
+module adds a startup file, a test program (`mcu_main.c`: input.bin -> run -> output.bin
+through semihosting) and a linker script for the requested sizes, all from the templates
+in `export/mcu/`. Where the header also declares `<name>_run_rows` and `<name>_read`, the
+program reads the input from the host file row by row as the plan asks for it, and writes
+the output in chunks, so RAM holds the arena and the stack and no tensor besides.
+A program larger than the RAM or flash fails at link time, and that failure is turned into
+one line that says what took the memory.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+import numpy as np
+
+from tightfit.export.errors import DoesNotFitError, ExportError, ToolchainMissingError
+from tightfit.units import human
+
+CC = "arm-none-eabi-gcc"
+SIZE = "arm-none-eabi-size"
+NM = "arm-none-eabi-nm"
+QEMU = "qemu-system-arm"
+
+DEFAULT_STACK_BYTES = 8192
+DEFAULT_HEAP_BYTES = 0  # the library and the test program never allocate
+_KEPT_SOURCES = ("startup_cortex_m.S", "tf_semihost.c", "tf_semihost.h")
+_ARENA_SYMBOL = "tf_arena"
+_IO_SYMBOL = "tf_io"
+_STACK_REPORT = re.compile(r"tightfit-mcu: stack used (\d+) of (\d+) bytes")
+_OVERFLOW = re.compile(r"region `(RAM|FLASH)' overflowed by (\d+) bytes")
+
+
+@dataclass(frozen=True)
+class McuTarget:
+    """A core and the qemu board that emulates it, with the board's memory map."""
+
+    name: str
+    cpu_flags: tuple[str, ...]
+    qemu_machine: str
+    flash_origin: int
+    board_flash_bytes: int
+    ram_origin: int
+    board_ram_bytes: int
+
+
+# Memory maps of qemu's hw/arm/mps2.c, as in Arm's AN386 and AN500 application notes:
+# ZBT SSRAM1 (4 MiB at 0x0) is the code memory the core boots from, ZBT SSRAM2&3
+# (4 MiB at 0x20000000) the data memory. qemu treats both as RAM; we use the first as flash.
+_MPS2_CODE = (0x00000000, 4 * 2**20)
+_MPS2_SRAM = (0x20000000, 4 * 2**20)
+TARGETS: dict[str, McuTarget] = {
+    "cortex-m7": McuTarget(
+        "cortex-m7", ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard"), "mps2-an500",
+        *_MPS2_CODE, *_MPS2_SRAM,
+    ),
+    "cortex-m4": McuTarget(
+        "cortex-m4", ("-mcpu=cortex-m4", "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard"), "mps2-an386",
+        *_MPS2_CODE, *_MPS2_SRAM,
+    ),
+}
+
+_COMMON_CFLAGS = (
+    "-mthumb", "-std=c99", "-O2", "-Wall", "-Wextra", "-fno-common",
+    "-ffunction-sections", "-fdata-sections",
+)
+# Our own startup and semihosting replace crt0 and rdimon; newlib-nano gives memcpy/memset
+# and libm. nosys.specs stubs the system calls nothing here makes.
+_LINK_FLAGS = ("-nostartfiles", "--specs=nano.specs", "--specs=nosys.specs", "-Wl,--gc-sections")
+
+
+@dataclass(frozen=True)
+class LibraryInterface:
+    """What the test program needs to know of an exported library, read from `<name>.h`."""
+
+    input_elems: int
+    output_elems: int
+    # `<name>_run_rows` and `<name>_read` are there: the program streams the input from the
+    # host file row by row and the output in chunks, so neither needs a buffer in RAM.
+    streams: bool
+
+
+@dataclass(frozen=True)
+class McuBuild:
+    """A linked program and where its bytes went (section sizes from `arm-none-eabi-size -A`)."""
+
+    elf: Path
+    name: str
+    target: str
+    ram_bytes: int
+    flash_bytes: int
+    input_elems: int
+    output_elems: int
+    input_streamed: bool  # read by rows from the host file: no input buffer in RAM
+    text: int  # code, vector table and unwind tables
+    rodata: int  # constants: the weights
+    data: int  # initialised variables: RAM, and their initial values in flash
+    bss: int  # zeroed variables: the arena and the I/O buffer
+    stack: int  # reserved
+    heap: int  # reserved
+    arena: int
+    io_buffer: int
+    ram_used: int  # from RAM's start to the end of its last section, padding included
+    flash_used: int
+
+    def memory_report(self) -> str:
+        other_ram = self.ram_used - self.arena - self.io_buffer - self.stack - self.heap
+        io = "input streamed by rows, output in chunks" if self.input_streamed else f"I/O buffer {self.io_buffer} B"
+        return (
+            f"{self.target} ({self.elf.name}): RAM {self.ram_used} B of {self.ram_bytes} B "
+            f"(arena {self.arena} B, {io}, stack {self.stack} B reserved, "
+            f"heap {self.heap} B, other .data/.bss {other_ram} B); "
+            f"FLASH {self.flash_used} B of {self.flash_bytes} B "
+            f"(code {self.text} B, constants/weights {self.rodata} B, .data initial values {self.data} B)"
+        )
+
+
+@dataclass(frozen=True)
+class McuRun:
+    output: np.ndarray
+    stack_used: int  # deepest stack of the run, measured by painting the stack
+    stack_reserved: int
+    seconds: float  # wall time of qemu, start-up included
+
+
+def toolchain_available() -> str | None:
+    """None when the cross compiler, newlib and qemu are all here; otherwise why not."""
+    return _toolchain_problem(with_qemu=True)
+
+
+@functools.cache
+def _toolchain_problem(with_qemu: bool) -> str | None:
+    missing = [tool for tool in (CC, SIZE, NM) if shutil.which(tool) is None]
+    if with_qemu and shutil.which(QEMU) is None:
+        missing.append(QEMU)
+    if missing:
+        return f"not installed: {', '.join(missing)} (Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm)"
+    specs = subprocess.run([CC, "-print-file-name=nano.specs"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(specs):
+        return f"{CC} has no newlib (nano.specs not found; Debian: apt-get install libnewlib-arm-none-eabi)"
+    if with_qemu:
+        machines = subprocess.run([QEMU, "-M", "help"], capture_output=True, text=True).stdout
+        absent = [t.qemu_machine for t in TARGETS.values() if t.qemu_machine not in machines]
+        if absent:
+            return f"{QEMU} lacks the boards {', '.join(absent)} (qemu 6.0 or later has them)"
+    return None
+
+
+def mcu_target(name: str) -> McuTarget:
+    if name not in TARGETS:
+        raise ExportError(f"unknown microcontroller target {name!r}; known: {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+def write_mcu_sources(
+    dest: Path, name: str, target: str, ram_bytes: int, flash_bytes: int,
+    stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES, library_dir: str = ".",
+) -> Path:
+    """Writes mcu_main.c, the startup, the semihosting calls, the linker script and
+    `Makefile.<target>` into dest, a folder being built (the export writes a temporary folder
+    and renames it); returns the linker script. library_dir: the exported library, relative
+    to dest. In dest, `make -f Makefile.<target>` builds `<name>_<target>.elf`, and `... run`
+    runs it on qemu (input.bin -> output.bin)."""
+    core = mcu_target(target)
+    _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
+    interface = read_interface(dest / library_dir / f"{name}.h", name)
+    templates = resources.files("tightfit.export") / "mcu"
+    for file_name in _KEPT_SOURCES:
+        (dest / file_name).write_text((templates / file_name).read_text())
+    main = Template((templates / ("mcu_main_rows.c.in" if interface.streams else "mcu_main.c.in")).read_text())
+    (dest / "mcu_main.c").write_text(main.substitute(name=name, NAME=name.upper()))
+    script = dest / f"{name}_{target}.ld"
+    script.write_text(_linker_script(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes))
+    (dest / f"Makefile.{target}").write_text(_makefile(core, name, Path(library_dir), Path(script.name)))
+    return script
+
+
+def _program_sources(library_dir: Path, build_dir: Path, name: str) -> list[Path]:
+    return [
+        library_dir / "tf_kernels.c", library_dir / f"{name}.c",
+        build_dir / "mcu_main.c", build_dir / "tf_semihost.c", build_dir / "startup_cortex_m.S",
+    ]
+
+
+def _makefile(core: McuTarget, name: str, library_dir: Path, script: Path) -> str:
+    here = Path(".")
+    elf = Path(f"{name}_{core.name}.elf")
+    sources = _program_sources(library_dir, here, name)
+    headers = [library_dir / f"{name}.h", library_dir / "tf_kernels.h", here / "tf_semihost.h"]
+    build = shlex.join(mcu_compile_command(core, sources, [library_dir, here], script, elf))
+    run = shlex.join(qemu_command(core, elf))
+    prerequisites = " ".join(str(p) for p in [*sources, *headers, script])
+    return (
+        f"# tightfit: {name} for {core.name}, run on qemu's {core.qemu_machine} with semihosting. Generated.\n"
+        f"# make -f Makefile.{core.name}      builds {elf}\n"
+        f"# make -f Makefile.{core.name} run  reads input.bin, writes output.bin (float32, NCHW)\n\n"
+        f"{elf}: {prerequisites}\n\t{build}\n\n"
+        f"run: {elf}\n\t{run}\n\n"
+        f".PHONY: run\n"
+    )
+
+
+def _linker_script(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int) -> str:
+    template = Template((resources.files("tightfit.export") / "mcu" / "link.ld.in").read_text())
+    return template.substitute(
+        target=core.name, board=core.qemu_machine,
+        flash_origin=f"0x{core.flash_origin:08X}", flash_bytes=flash_bytes,
+        board_flash_bytes=core.board_flash_bytes,
+        ram_origin=f"0x{core.ram_origin:08X}", ram_bytes=ram_bytes, board_ram_bytes=core.board_ram_bytes,
+        stack_bytes=stack_bytes, heap_bytes=heap_bytes,
+    )
+
+
+def _check_sizes(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int) -> None:
+    for option, size, board_size, memory in (
+        ("--ram", ram_bytes, core.board_ram_bytes, f"SRAM at 0x{core.ram_origin:08X}"),
+        ("--flash", flash_bytes, core.board_flash_bytes, f"code memory at 0x{core.flash_origin:08X}"),
+    ):
+        if size <= 0 or size > board_size:
+            raise ExportError(
+                f"{core.name}: {option} {_size_text(size)} is not within the {core.qemu_machine} board's "
+                f"{_size_text(board_size)} of {memory}"
+            )
+    if stack_bytes < 256 or stack_bytes % 8:
+        raise ExportError(f"{core.name}: the stack must be a multiple of 8 bytes, at least 256; got {stack_bytes}")
+    if heap_bytes < 0 or heap_bytes % 8:
+        raise ExportError(f"{core.name}: the heap must be a multiple of 8 bytes; got {heap_bytes}")
+
+
+def mcu_compile_command(core: McuTarget, sources: list[Path], include_dirs: list[Path], script: Path, elf: Path) -> list[str]:
+    """The one cross-compile-and-link command (also what a Makefile would run)."""
+    includes = [f"-I{d}" for d in dict.fromkeys(include_dirs)]  # once each, in order
+    return [
+        CC, *core.cpu_flags, *_COMMON_CFLAGS, *includes, *map(str, sources),
+        f"-T{script}", *_LINK_FLAGS, f"-Wl,-Map={elf.with_suffix('.map')}", "-lm", "-o", str(elf),
+    ]
+
+
+def build_mcu(
+    export_dir: Path, name: str, target: str, ram_bytes: int, flash_bytes: int, out_elf: Path,
+    stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES,
+) -> McuBuild:
+    """Cross-compiles the exported library with the test program into out_elf (its linker
+    script and map beside it). Raises DoesNotFitError when RAM or flash overflows."""
+    core = mcu_target(target)
+    _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
+    export_dir, out_elf = Path(export_dir), Path(out_elf)
+    _check_library(export_dir, name)
+    interface = read_interface(export_dir / f"{name}.h", name)
+    problem = _toolchain_problem(with_qemu=False)
+    if problem:
+        raise ToolchainMissingError(f"{target}: cannot build: {problem}")
+    out_elf.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_elf.parent, prefix=f".{out_elf.name}.") as tmp:
+        build_dir = Path(tmp)
+        script = write_mcu_sources(
+            build_dir, name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes, library_dir=str(export_dir.resolve()),
+        )
+        program = _program_sources(export_dir, build_dir, name)
+        elf = build_dir / out_elf.name
+        result = _run([*mcu_compile_command(core, program, [export_dir, build_dir], script, elf)])
+        if result.returncode != 0:
+            _raise_build_failure(
+                core, result.stderr, program, [export_dir, build_dir], build_dir, interface,
+                stack_bytes, heap_bytes, ram_bytes, flash_bytes,
+            )
+        sections = _section_sizes(elf)
+        symbols = _symbol_sizes(elf)
+        # Written to temporary names in the same folder, then renamed into place.
+        for built, final in ((script, out_elf.with_suffix(".ld")), (elf.with_suffix(".map"), out_elf.with_suffix(".map")), (elf, out_elf)):
+            os.replace(built, final)
+    return _build_record(core, out_elf, name, ram_bytes, flash_bytes, interface, sections, symbols)
+
+
+def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+
+
+def _check_library(export_dir: Path, name: str) -> None:
+    wanted = ["tf_kernels.c", f"{name}.c", f"{name}.h"]
+    missing = [file_name for file_name in wanted if not (export_dir / file_name).is_file()]
+    if missing:
+        raise ExportError(f"{export_dir} is not an exported library of {name!r}: missing {', '.join(missing)}")
+
+
+def read_interface(header: Path, name: str) -> LibraryInterface:
+    text = header.read_text()
+    upper = name.upper()
+    if _defined(text, f"{upper}_WEIGHTS_FILE"):
+        raise ExportError(
+            f"{header.name}: the weights were exported to a file; a microcontroller needs them in flash "
+            f"(export with the weights as C constants)"
+        )
+    values = {}
+    for what in ("ARENA_BYTES", "INPUT_ELEMS", "OUTPUT_ELEMS"):
+        found = _defined(text, f"{upper}_{what}")
+        if found is None:
+            raise ExportError(f"{header.name} does not define {upper}_{what} as an integer constant")
+        values[what] = found
+    streams = (
+        all(_defined(text, f"{upper}_INPUT_{axis}") is not None for axis in "CHW")
+        and re.search(rf"\b{name}_run_rows\s*\(", text) is not None
+        and re.search(rf"\b{name}_read\s*\(", text) is not None
+    )
+    return LibraryInterface(values["INPUT_ELEMS"], values["OUTPUT_ELEMS"], streams)
+
+
+def _defined(header_text: str, macro: str) -> int | None:
+    """The integer a `#define` gives macro (a comment may follow), or None."""
+    found = re.search(
+        rf"^\s*#\s*define\s+{macro}\s+\(?\s*(\d+)\s*[uUlL]*\s*\)?\s*(?:/[*/].*)?$", header_text, re.MULTILINE,
+    )
+    return int(found.group(1)) if found else None
+
+
+def _section_sizes(elf: Path) -> dict[str, tuple[int, int]]:
+    """section -> (size, address) from `size -A`."""
+    result = _run([SIZE, "-A", str(elf)])
+    if result.returncode != 0:
+        raise ExportError(f"{SIZE} failed on {elf.name}: {result.stderr.strip()}")
+    sections = {}
+    for line in result.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0].startswith(".") and fields[1].isdigit():
+            sections[fields[0]] = (int(fields[1]), int(fields[2]))
+    return sections
+
+
+def _symbol_sizes(elf: Path) -> dict[str, int]:
+    result = _run([NM, "-S", str(elf)])
+    sizes = {}
+    for line in result.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 4:
+            sizes[fields[3]] = int(fields[1], 16)
+    return sizes
+
+
+def _build_record(
+    core: McuTarget, elf: Path, name: str, ram_bytes: int, flash_bytes: int,
+    interface: LibraryInterface, sections: dict[str, tuple[int, int]], symbols: dict[str, int],
+) -> McuBuild:
+    def size(section: str) -> int:
+        return sections.get(section, (0, 0))[0]
+
+    def end(names: tuple[str, ...], origin: int) -> int:
+        return max((sum(sections[n]) for n in names if n in sections), default=origin)
+
+    flash_end = end((".text", ".ARM.extab", ".ARM.exidx", ".rodata"), core.flash_origin)
+    ram_end = end((".stack", ".data", ".bss", ".heap"), core.ram_origin)
+    return McuBuild(
+        elf=elf, name=name, target=core.name, ram_bytes=ram_bytes, flash_bytes=flash_bytes,
+        input_elems=interface.input_elems, output_elems=interface.output_elems, input_streamed=interface.streams,
+        text=size(".text") + size(".ARM.extab") + size(".ARM.exidx"), rodata=size(".rodata"),
+        data=size(".data"), bss=size(".bss"), stack=size(".stack"), heap=size(".heap"),
+        arena=symbols.get(_ARENA_SYMBOL, 0), io_buffer=symbols.get(_IO_SYMBOL, 0),
+        ram_used=ram_end - core.ram_origin, flash_used=flash_end - core.flash_origin + size(".data"),
+    )
+
+
+def _raise_build_failure(
+    core: McuTarget, stderr: str, program: list[Path], include_dirs: list[Path], build_dir: Path,
+    interface: LibraryInterface, stack_bytes: int, heap_bytes: int, ram_bytes: int, flash_bytes: int,
+) -> None:
+    overflows = {region: int(n) for region, n in _OVERFLOW.findall(stderr)}
+    if not overflows:
+        lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+        first_error = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "no message")
+        raise ExportError(f"{core.name}: the cross build failed: {first_error}")
+    unbounded = _unbounded_build(core, program, include_dirs, build_dir, interface, stack_bytes, heap_bytes)
+    explained = []
+    if "RAM" in overflows:
+        explained.append(_ram_overflow(unbounded, overflows["RAM"], ram_bytes))
+    if "FLASH" in overflows:
+        explained.append(_flash_overflow(unbounded, overflows["FLASH"], flash_bytes))
+    raise DoesNotFitError(f"{core.name}: " + "; ".join(explained))
+
+
+def _unbounded_build(
+    core: McuTarget, program: list[Path], include_dirs: list[Path], build_dir: Path,
+    interface: LibraryInterface, stack: int, heap: int,
+) -> McuBuild:
+    """The same program linked with memories far larger than any board's, only to measure
+    what took the space (the failed link leaves no ELF to measure)."""
+    ram, flash = 2**30, 2**28  # flash ends below the SRAM's 0x20000000, so the regions stay apart
+    wide = McuTarget(core.name, core.cpu_flags, core.qemu_machine, core.flash_origin, flash, core.ram_origin, ram)
+    script = build_dir / "measure.ld"
+    script.write_text(_linker_script(wide, ram, flash, stack, heap))
+    elf = build_dir / "measure.elf"
+    result = _run(mcu_compile_command(wide, program, include_dirs, script, elf))
+    if result.returncode != 0:
+        said = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+        raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {said[-1] if said else 'no message'}")
+    return _build_record(wide, elf, "", ram, flash, interface, _section_sizes(elf), _symbol_sizes(elf))
+
+
+def _ram_overflow(unbounded: McuBuild, overflow: int, ram_bytes: int) -> str:
+    b = unbounded
+    other = b.ram_used - b.arena - b.io_buffer - b.stack - b.heap
+    return (
+        f"RAM overflowed by {overflow} bytes (arena {b.arena} B + I/O buffer {b.io_buffer} B + "
+        f"stack {b.stack} B + heap {b.heap} B + other .data/.bss {other} B = {b.ram_used} B "
+        f"> --ram {_size_text(ram_bytes)})"
+    )
+
+
+def _flash_overflow(unbounded: McuBuild, overflow: int, flash_bytes: int) -> str:
+    b = unbounded
+    return (
+        f"FLASH overflowed by {overflow} bytes (constants/weights {b.rodata} B + code {b.text} B + "
+        f".data initial values {b.data} B = {b.flash_used} B > --flash {_size_text(flash_bytes)})"
+    )
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n > 0 and n % scale == 0:
+            return f"{n // scale} {unit} = {n} B"
+    return f"{n} B ({human(n)})"
+
+
+def run_qemu(build: McuBuild, input: np.ndarray, timeout_s: float = 60.0) -> np.ndarray:
+    """The program's first output for this input (NCHW float32), run on the emulated board."""
+    return run_qemu_measured(build, input, timeout_s).output
+
+
+def run_qemu_measured(build: McuBuild, input: np.ndarray, timeout_s: float = 60.0) -> McuRun:
+    core = mcu_target(build.target)
+    problem = toolchain_available()
+    if problem:
+        raise ToolchainMissingError(f"{build.target}: cannot run: {problem}")
+    data = np.ascontiguousarray(input, dtype="<f4")
+    if data.size != build.input_elems:
+        raise ExportError(f"{build.name}: the input has {data.size} values, the model takes {build.input_elems}")
+    with tempfile.TemporaryDirectory(prefix="tightfit-mcu-") as tmp:
+        workdir = Path(tmp)
+        data.tofile(workdir / "input.bin")
+        started = time.perf_counter()
+        completed = _run_board(core, build.elf.resolve(), workdir, timeout_s)
+        seconds = time.perf_counter() - started
+        console = completed.stdout + completed.stderr
+        if completed.returncode != 0:
+            said = [ln for ln in console.splitlines() if ln.strip() and not _STACK_REPORT.search(ln)]
+            raise ExportError(
+                f"{build.target}: the program on qemu {core.qemu_machine} exited with status "
+                f"{completed.returncode}: {said[-1] if said else 'no message'}"
+            )
+        output = _read_output(workdir / "output.bin", build)
+    used, reserved = _stack_report(console, build.target)
+    return McuRun(output=output, stack_used=used, stack_reserved=reserved, seconds=seconds)
+
+
+def qemu_command(core: McuTarget, elf: Path) -> list[str]:
+    # target=native: the program's files are opened in qemu's working directory.
+    return [
+        QEMU, "-M", core.qemu_machine, "-nographic", "-monitor", "none", "-serial", "none",
+        "-semihosting-config", "enable=on,target=native", "-kernel", str(elf),
+    ]
+
+
+def _run_board(core: McuTarget, elf: Path, workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    command = qemu_command(core, elf)
+    try:
+        return subprocess.run(command, capture_output=True, text=True, cwd=workdir, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ExportError(
+            f"{core.name}: the program on qemu {core.qemu_machine} did not finish within {timeout_s:g} s "
+            f"and was killed (a hang, or a run too slow for the emulator)"
+        ) from None
+
+
+def _read_output(path: Path, build: McuBuild) -> np.ndarray:
+    if not path.is_file():
+        raise ExportError(f"{build.target}: the program exited 0 without writing output.bin")
+    output = np.fromfile(path, dtype="<f4")
+    if output.size != build.output_elems:
+        raise ExportError(f"{build.target}: output.bin has {output.size} values, the model's output {build.output_elems}")
+    return output.astype(np.float32)
+
+
+def _stack_report(console: str, target: str) -> tuple[int, int]:
+    found = _STACK_REPORT.search(console)
+    if found is None:
+        raise ExportError(f"{target}: the program did not report its stack depth: {console.strip()[-200:]!r}")
+    return int(found.group(1)), int(found.group(2))
