@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tightfit.errors import TightfitError
-from tightfit.export import mcu
+from tightfit.export import check_mcu, export, mcu
 from tightfit.export.errors import DoesNotFitError, ExportError
 
 _MISSING = mcu.toolchain_available()
@@ -256,20 +256,7 @@ def test_a_folder_without_the_library_is_refused(tmp_path):
         mcu.build_mcu(tmp_path, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
 
 
-def _generator():
-    """The C generator (`tightfit.export.export`), or None where this checkout predates it."""
-    try:
-        from tightfit.export import export
-    except ImportError:
-        return None
-    return export
-
-
-needs_generator = pytest.mark.skipif(_generator() is None, reason="the C generator (tightfit.export.export) is not in this checkout")
-
-
 @needs_toolchain
-@needs_generator
 @pytest.mark.parametrize("kw", [{"method": "reuse"}, {"method": "parts", "rows": 1}], ids=["reuse", "parts"])
 def test_minakova5_links_within_512k_ram_and_matches_the_reference_on_cortex_m7(tmp_path, kw):
     import tightfit
@@ -278,7 +265,7 @@ def test_minakova5_links_within_512k_ram_and_matches_the_reference_on_cortex_m7(
     from tightfit.verify import compare
 
     plan, graphs = tightfit.api.plan("minakova5", **kw)
-    sources = _generator()(plan, graphs, tmp_path / "out", weights="c")
+    sources = export(plan, graphs, tmp_path / "out", weights="c")
     build = mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", 512 * KIB, 2 * 2**20, tmp_path / "minakova5.elf")
     x = plan_inputs(graphs, plan, 0)[0]
     reference = run_reference(graphs[0], x)[graphs[0].outputs[0]].numpy()
@@ -288,12 +275,26 @@ def test_minakova5_links_within_512k_ram_and_matches_the_reference_on_cortex_m7(
 
 
 @needs_toolchain
-@needs_generator
 def test_a_minakova5_plan_larger_than_the_ram_fails_at_link_time(tmp_path):
     import tightfit
 
     plan, graphs = tightfit.api.plan("minakova5", method="reuse")
-    sources = _generator()(plan, graphs, tmp_path / "out", weights="c")
+    sources = export(plan, graphs, tmp_path / "out", weights="c")
     ram = plan.arena_bytes  # the arena alone fills it: the stack cannot fit
     with pytest.raises(DoesNotFitError, match=rf"^cortex-m7: RAM overflowed by \d+ bytes \(arena {plan.arena_bytes} B "):
         mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", ram, 2 * 2**20, tmp_path / "minakova5.elf")
+
+
+@needs_toolchain
+@pytest.mark.slow
+def test_mobilenet_v1_025_fitted_to_128k_runs_on_cortex_m7(tmp_path):
+    """Issue 21's microcontroller case at a RAM that layer-by-layer reuse (216 KiB) exceeds: fit
+    finds a smaller plan, which links within 128 KiB and 2 MiB and matches the reference."""
+    from tightfit import fit as F
+
+    app = F.load_fit_app("mobilenet_v1_025", (1, 3, 96, 96))
+    outcome = F.fit(app, 100 * KIB)
+    sources = export(outcome.plan, app.graphs, tmp_path / "out")
+    built = mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", 128 * KIB, 2 * 2**20, tmp_path / "m.elf")
+    assert built.arena == outcome.plan.arena_bytes <= 100 * KIB
+    assert check_mcu(outcome.plan, app.graphs, built).ok
