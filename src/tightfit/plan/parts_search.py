@@ -24,6 +24,13 @@ phase and equal parts:
    the cut, but a late layer between splits may fit whole, and halving its phases one step at a
    time can pass through counts that fit worse than one phase). The pick is the fastest, where
    predictions within TIME_RESOLUTION are ties won by fewer steps.
+The memory side is timing-independent: before the budget stages (and whenever no time limit
+is given), a memory search runs that never looks at a time: from the smallest of the first
+setting, the exhaustive settings and every splittable layer at P phases (P = 2, 4, ...), stage 2
+with each round taking the candidate that saves the most bytes (ties: fewer steps), until no
+candidate lowers the peak. Its smallest peak is the search's smallest: points the time-guided
+stages find below it are dropped (they depend on the cost profile), so the smallest plan the
+search reports, and whether a budget can be met at all, are the same under any cost profile.
 With a time limit instead of a budget, stages 1 and 2 run under the limit, then stages 1-3 are
 asked for the fastest plan below the smallest found within the limit (and, after a miss, a
 step further below): refinement follows one path, and the budget stages, whose prefixes and
@@ -41,7 +48,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
@@ -60,6 +67,9 @@ TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for 
 TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
 TIME_RESOLUTION = 0.01  # predicted times closer than this are ties, broken by fewer steps
 COARSEN_SINGLES = 48  # coarsening tries layers one at a time when at most this many are split
+MEMORY_MOVES = ("bytes", "work")  # the memory side's refinements: most bytes saved, most per work added
+STEP_MACS = 50_000  # a step's fixed cost in multiply-adds (~50 us at ~1 GMAC/s): `work`, the profile-free time
+MEMORY_RESTARTS = 4  # the memory side refines from its 4 smallest points (each the smallest not refined yet)
 AUTO_HOLD_LAYERS = 128  # evaluations try a hold on networks of at most this many splittable layers
 
 
@@ -75,6 +85,7 @@ class PartsPoint:
     align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
     held: tuple[int, ...] = ()  # layers whose outputs are held whole (plan_parts(held=...))
     steps: int = 0  # steps of its plan
+    work: int = 0  # multiply-adds of its steps plus STEP_MACS per step: a time the profile does not set
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
@@ -95,6 +106,12 @@ class PartsSearch:
     front: tuple[PartsPoint, ...]  # Pareto front (peak_bytes, seconds) of every evaluated point
     evaluated: int
     fits: bool
+    smallest: PartsPoint | None = None  # the memory side's smallest (ties: fewer steps); None with a time limit
+
+
+def smallest_key(p: PartsPoint) -> tuple:
+    """Smallest peak first; ties broken without a time (fewer steps, then the setting)."""
+    return (p.peak_bytes, p.steps, p.phases, p.source_phases, p.held, not p.align)
 
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
@@ -140,12 +157,17 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                     if held_peak < peak:
                         peak, plan, chosen_held = held_peak, held_plan, (lid,)
             seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align,
-                                   chosen_held, len(plan.steps()))
+                                   chosen_held, len(plan.steps()), plan_work(plan, g))
         return seen[key]
 
     base = evaluate({}, 1)
     settings = ladder_settings(g)
-    if settings.count <= exhaustive_limit:
+    exhaustive = settings.count <= exhaustive_limit
+    floor = None
+    if max_seconds is None:
+        exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
+        floor = exact.peak_bytes
+    elif exhaustive:
         for phases, source in settings:
             evaluate(phases, source)
 
@@ -159,7 +181,8 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
 
     if budget_bytes is not None:
-        fastest_within(budget_bytes)
+        if floor is None or floor <= budget_bytes:  # (below the memory side's smallest every find is dropped)
+            fastest_within(budget_bytes)
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         pick = _fastest
     else:
@@ -175,10 +198,46 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
             smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
             below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
         pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
-    points = list(seen.values())
+    # Below the memory side's smallest, a find depends on the times that guided it: dropped.
+    points = [p for p in seen.values() if floor is None or p.peak_bytes >= floor]
     ok = [p for p in points if fits(p)]
-    chosen = pick(ok) if ok else min(points, key=lambda p: (p.peak_bytes, p.seconds))
-    return PartsSearch(chosen, pareto(points), len(seen), bool(ok))
+    smallest = min(points, key=smallest_key)
+    chosen = pick(ok) if ok else smallest
+    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest if floor is not None else None)
+
+
+def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dict[int, int], int]], max_rounds: int,
+                        evaluate, build) -> PartsPoint:
+    """The memory side: the smallest point of the first setting, `settings` (the exhaustive
+    ones, if any) and every splittable layer at P phases for each P, refined by stage 2 taking
+    each round the candidate that saves the most bytes, or the most per unit of work added (MEMORY_MOVES),
+    then again from the smallest point not refined from yet (MEMORY_RESTARTS refinements in all).
+    No time is looked at, so every cost profile gives the same points. Returns the smallest
+    point evaluated here."""
+    found = [base]
+
+    def collect(*args) -> PartsPoint:
+        found.append(evaluate(*args))
+        return found[-1]
+
+    for phases, source in settings:
+        collect(phases, source)
+    splittable = splittable_layers(g)
+    h_in = spatial(g.shape(g.inputs[0]))[0]
+    top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
+    p = 2
+    while splittable and p <= 2 * top:
+        collect({l: min(p, spatial(g.shape(g.layers[l].output))[0]) for l in splittable}, min(p, h_in))
+        p *= 2
+    refined: set[PartsPoint] = set()
+    for _ in range(MEMORY_RESTARTS):
+        start = min((q for q in found if q not in refined), key=smallest_key, default=None)
+        if start is None:
+            break
+        refined.add(start)
+        for by in MEMORY_MOVES:
+            _refine_greedy(g, start, lambda q: False, lambda q: True, max_rounds, collect, build, by=by)
+    return min(found, key=smallest_key)
 
 
 @dataclass(frozen=True)
@@ -259,9 +318,20 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
 
 
 def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], bool],
-                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build) -> PartsPoint:
+                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build,
+                   by: str = "time") -> PartsPoint:
     """Stage 2: refine around the memory peak, over `allowed` candidates, until `done` (or
-    nothing lowers the peak)."""
+    nothing lowers the peak). Each round takes the candidate that saves the most bytes per
+    second of predicted time added (`by` "time"), per step added or the most bytes
+    ("bytes"; ties: fewer steps) or per unit of `work` added ("work")."""
+    def best(cands: list[PartsPoint], what: str) -> PartsPoint:
+        if by == "time":
+            return max(cands, key=lambda c: _gain(point, c, what))
+        if by == "work":
+            return max(cands, key=lambda c: ((getattr(point, what) - getattr(c, what)) / max(1, c.work - point.work),
+                                             [-v for v in smallest_key(c)[:2]]))
+        return min(cands, key=lambda c: (getattr(c, what), smallest_key(c)))
+
     plateau = 0
     for _ in range(max_rounds):
         if done(point):
@@ -270,13 +340,13 @@ def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], boo
         better = [c for c in cands if c.peak_bytes < point.peak_bytes]
         if better:
             plateau = 0
-            point = max(better, key=lambda c: _gain(point, c, "peak_bytes"))
+            point = best(better, "peak_bytes")
             continue
         smaller = [c for c in cands if c.buffer_bytes < point.buffer_bytes]
         plateau += 1
         if not smaller or plateau > PLATEAU_ROUNDS:
             break
-        point = max(smaller, key=lambda c: _gain(point, c, "buffer_bytes"))
+        point = best(smaller, "buffer_bytes")
     return point
 
 
@@ -324,6 +394,19 @@ def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], ev
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
     return point
+
+
+def plan_work(plan: Plan, g: Graph) -> int:
+    """A time no cost profile sets: multiply-adds of the plan's steps plus STEP_MACS per step."""
+    from tightfit.ops import get_op
+
+    total = 0
+    for s in plan.steps():
+        total += STEP_MACS
+        if s.kind == "compute":
+            layer = g.layers[s.layer]
+            total += get_op(layer.op).macs(layer, s.out.region, [g.shape(t) for t in layer.inputs], g.shape(layer.output))
+    return total
 
 
 def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:

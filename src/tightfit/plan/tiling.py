@@ -599,6 +599,11 @@ class TilingPoint:
         return format_tiling(self.groups) or "layer-by-layer"
 
 
+def smallest_key(p: TilingPoint) -> tuple:
+    """Smallest peak first; ties broken without a time (fewer tiles, then the spec)."""
+    return (p.peak_bytes, sum(g.tiles for g in p.groups), p.spec)
+
+
 def _parts_spec(p: "PartsPoint") -> str:
     """Phases per layer (runs of equal phases as ranges), the input's bands, held layers:
     "parts 0:512,1:304,2-5:152, input 256, held 11"."""
@@ -900,8 +905,12 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         scratch_caps = caps()
         smallest = smallest_point()
     top = fastest(1 << 62)
+    # The memory side: the smallest chain (no time looked at) and the parts search's smallest.
+    # A time-guided find below it depends on the cost profile: dropped, so the smallest
+    # configuration, and whether a budget is reachable, are the same under any profile.
+    smallest = min([smallest] + by_parts, key=smallest_key)
+    floor = smallest.peak_bytes
     seen = [smallest, top] + by_parts
-    smallest = min(seen, key=lambda q: (q.peak_bytes, q.seconds))
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
         ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
         ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
@@ -916,6 +925,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     limit = 1 << 62 if budget_bytes is None else budget_bytes
     p = fastest(limit)
     seen += [p] if p is not None else []
+    seen = [q for q in seen if q.peak_bytes >= floor]
     fitting = [q for q in seen if q.peak_bytes <= limit]
     chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     from tightfit.plan.parts_search import pareto
