@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters)")
     p.add_argument("--with-params", action="store_true", help="the budget bounds parameters + run memory (as the papers count)")
-    p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200")
+    p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200 (checked as measured)")
+    p.add_argument("--objective", choices=("speed", "memory"), default="speed",
+                   help="with --min-fps: the fastest plan that fits (speed, the default) or the smallest whose measured "
+                        "fps meet the minimum (memory); without it, the fastest")
     p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
@@ -337,7 +340,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        progress=F.progress_bar(sys.stderr), thorough=args.thorough)
+                        progress=F.progress_bar(sys.stderr), thorough=args.thorough, objective=args.objective)
     except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
         print(f"tightfit: internal error: {e}", file=sys.stderr)
         return 1
