@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
     p.add_argument("--latency", type=float, help="with --method vbs: seconds that the samples of any pivot step may take at most")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
+    _search_args(p)
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
@@ -90,8 +91,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
+    _search_args(p)
     p.add_argument("--json", action="store_true")
     return parser
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="seconds of search (default 60; profiling new step shapes not counted): then the best found")
+    p.add_argument("--progress", action="store_true",
+                   help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")
+
+
+def _say(args: argparse.Namespace):
+    """Progress lines on stderr when asked or on a terminal (else errors stay one line)."""
+    if not (args.progress or sys.stderr.isatty()):
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,7 +181,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
                                   budget, cost, args.tiling, unit, args.latency,
-                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h])
+                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h],
+                                  time_limit=args.time_limit if budget is not None else None, say=_say(args))
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":
@@ -340,7 +357,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        progress=F.progress_bar(sys.stderr), thorough=args.thorough, objective=args.objective)
+                        thorough=args.thorough,
+                        objective=args.objective, time_limit=args.time_limit, say=_say(args))
     except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
         print(f"tightfit: internal error: {e}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import torch
 
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan, lifetimes
+from tightfit.plan.deadline import Deadline
 from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
                                parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
@@ -98,20 +99,26 @@ def param_bytes(app: FitApp) -> int:
 def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
         best_effort: bool = False, cost=None, measure: bool = True, progress: Callable[[int, int], None] | None = None,
         sources: dict[str, TechniqueSource] | None = None, thorough: bool = False, objective: str = "speed",
-        timer: "Callable[[Plan, Sequence], Sequence[float]] | None" = None, **search_options) -> FitOutcome:
+        timer: "Callable[[Plan, Sequence], Sequence[float]] | None" = None, time_limit: float | None = None,
+        say: Callable[[str], None] = lambda line: None, **search_options) -> FitOutcome:
     """Search, choose (`choose`: the fastest measured plan that fits, or with `objective`
     "memory" and a minimum fps the smallest whose measured fps meets it, Alg. 9), place, check,
     run and verify the chosen plan, measure. FitError when nothing fits the budget or no plan
     that fits meets the minimum fps as measured (unless `best_effort`: the closest plan).
     `thorough`: search large CNNs as fully as small ones (see plan.fit.QUICK_LAYERS). `timer`:
-    a plan's fps per CNN (default: measured here, CHOICE_RUNS runs)."""
+    a plan's fps per CNN (default: measured here, CHOICE_RUNS runs). `time_limit`: seconds of
+    search (profiling new step shapes not counted; None: no limit), after which the best plans
+    found so far are chosen from; `say` gets a progress line per phase."""
     from tightfit.runtime.cost import CostModel
 
     if budget_bytes <= 0:
         raise OptionError("--budget must be positive")
+    if time_limit is not None and time_limit <= 0:
+        raise OptionError("--time-limit must be positive")
     if objective not in OBJECTIVES:
         raise OptionError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    search_options.update(objective=objective, timer=timer or (lambda plan, graphs: measure_fps(plan, graphs, CHOICE_RUNS)))
+    search_options.update(objective=objective, timer=timer or (lambda plan, graphs: measure_fps(plan, graphs, CHOICE_RUNS)),
+                          time_limit=time_limit, say=say)
     # The profile is timed, and the fps predicted and measured, at one thread count: the cores the
     # measuring process leaves free (a profile timed on cores it loads models on runs slow).
     threads = run_threads(measure)
@@ -131,7 +138,8 @@ def run_threads(measure: bool) -> int:
 
 def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
          measure: bool, progress: Callable[[int, int], None] | None, sources: dict[str, TechniqueSource] | None,
-         thorough: bool, objective: str, timer: Callable, **search_options) -> FitOutcome:
+         thorough: bool, objective: str, timer: Callable, time_limit: float | None, say: Callable[[str], None],
+         **search_options) -> FitOutcome:
     params = param_bytes(app)
     counted = params if with_params else 0
     constraints = Constraints(budget_bytes, parse_min_fps(min_fps, len(app.models)))
@@ -141,9 +149,15 @@ def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None,
     problem = FitProblem(app, cost.plan_seconds, counted, cost=cost, thorough=thorough)
     with _measuring(app, measure) as measurement:
         t0 = time.perf_counter()
+        clock = getattr(cost, "search_clock", time.monotonic)  # (stands still while the cost model profiles)
+        deadline = Deadline.after(time_limit, clock) if time_limit is not None else None
+        profiled = (getattr(cost, "profiled", 0), getattr(cost, "profiled_seconds", 0.0))
         found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
-                       progress=progress, **search_options)
+                       progress=progress, deadline=deadline, say=say, **search_options)
         search_seconds = time.perf_counter() - t0
+        shapes, spent = getattr(cost, "profiled", 0) - profiled[0], getattr(cost, "profiled_seconds", 0.0) - profiled[1]
+        say(f"fit: search {search_seconds - spent:.1f} s" + (f" of {time_limit:g} s allowed" if time_limit else "")
+            + f"; profiling {shapes} new step shapes {spent:.1f} s (not counted)")
         if hasattr(cost, "save"):
             cost.save()
         graphs = app.graphs
@@ -161,7 +175,10 @@ def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None,
             return None if got is None else tuple(timer(got[0], graphs))
 
         fitting = [p for p in found.front if p.memory_bytes <= budget_bytes]
+        say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
         choice = choose(fitting, constraints.min_fps, objective, timed_fps)
+        if choice.point is not None:
+            say(f"fit: chosen by {choice.rule}: measured fps {', '.join(f'{f:.1f}' for f in choice.measured_fps)}")
         if choice.point is not None and not choice.met and not best_effort:
             raise FitError(unmet_fps_line(choice, constraints, budget_bytes))
         if choice.point is None:
@@ -178,6 +195,7 @@ def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None,
         def verified() -> None:
             outcome.max_abs_diff = verify(plan, graphs)
 
+        say("fit: verifying the outputs and measuring the peak in a fresh process")
         if measurement is not None:  # the peak is measured in a fresh process while the outputs are verified here
             outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement)
         else:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tightfit.errors import TightfitError
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.check import lifetimes
+from tightfit.plan.deadline import Deadline, expired
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel, _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
@@ -90,6 +91,10 @@ class Candidate:
     exact: bool = False
 
 
+def _silent(line: str) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class CNNContext:
     """What a technique source gets: the CNN (its `batch` is the request size), its run-memory
@@ -103,6 +108,8 @@ class CNNContext:
     layout: str = "nhwc"
     dtype: str = "fp32"
     quick: bool = False  # a large CNN searched quickly (QUICK_LAYERS)
+    deadline: Deadline | None = None  # sources stop past it and offer what they found so far
+    progress: Callable[[str], None] = _silent
 
 
 TechniqueSource = Callable[[CNNContext], Sequence[Candidate]]
@@ -115,11 +122,13 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
 
     if ctx.budget_bytes is None or ctx.quick:
         return []
-    found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype)
+    found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype,
+                         deadline=ctx.deadline, progress=ctx.progress)
     points = [found.smallest] + ([found.chosen] if found.chosen != found.smallest else [])
+    exact = not found.timed_out
     return [Candidate("parts_search", f"parts search: {len(p.phases)} layers split, source {p.source_phases}",
                       lambda p=p: draft_parts(ctx.model, p.phases_dict(), p.source_phases, ctx.layout, ctx.dtype,
-                                              align=p.align, held=p.held), exact=p == found.smallest)
+                                              align=p.align, held=p.held), exact=exact and p == found.smallest)
             for p in points]
 
 
@@ -135,11 +144,13 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     g = ctx.model.graph
     space = dict(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS)) if ctx.quick else {}
     found = search_tiling(ctx.model, cost_seconds(ctx.cost, g), ctx.budget_bytes, max_groups=2,
-                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, parts=False, **space)
+                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, parts=False,
+                          deadline=ctx.deadline, progress=ctx.progress, **space)
     smallest = min(found.points or (found.chosen,), key=smallest_key)
     points = [p for p in dict.fromkeys([smallest, found.chosen]) if p.groups]
     return [Candidate("tiling", f"fused tiling {p.spec}",
-                      lambda p=p: draft_tiling(ctx.model, p.groups, ctx.layout, ctx.dtype), exact=p == smallest)
+                      lambda p=p: draft_tiling(ctx.model, p.groups, ctx.layout, ctx.dtype),
+                      exact=p == smallest and not found.timed_out)
             for p in points]
 
 
@@ -540,6 +551,8 @@ class FitProblem:
         self._seconds: dict[tuple[int, tuple], float] = {}
         self.on_evaluate: Callable[[int], None] = lambda n: None
         self.max_steps = math.inf
+        self.deadline: Deadline | None = None  # the genetic search and the sources stop past it
+        self.say: Callable[[str], None] = _silent
 
     @property
     def upper(self) -> list[int]:
@@ -571,7 +584,7 @@ class FitProblem:
         genes = tuple(int(v) for v in genes)
         keys = self.keys(genes)
         if keys not in self.points:
-            if self.planned_steps > self.max_steps:
+            if self.planned_steps > self.max_steps or (self.max_steps < math.inf and expired(self.deadline)):
                 raise _OutOfWork
             memory = self.memory(genes)
             seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
@@ -618,7 +631,7 @@ class FitProblem:
                 continue
             g = s.model.graph
             ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype,
-                             s.quick)
+                             s.quick, self.deadline, self.say)
             asked += [(s, name, ctx) for name in sources]
         forked = [i for i, (s, name, _) in enumerate(asked) if name in FORKED_SOURCES
                   and len(s.model.graph.layers) >= FORK_MIN_LAYERS and (os.cpu_count() or 1) > 1]
@@ -749,20 +762,27 @@ def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoin
 def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
            generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
            sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
-           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None) -> FitSearch:
+           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None,
+           deadline: Deadline | None = None, say: Callable[[str], None] = _silent) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
     genetic search (NSGA-II) seeded with every other planner's plans and polished by a local
     search around its front, or every genome when the
     space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
     candidates with `source_budget` (run memory per CNN). The genetic search stops early once
     its plans reach `max_steps` steps in all (seeds are always evaluated), and does not run when
-    a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed."""
+    a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed. Past `deadline`
+    (checked between plans: the sources, the memory side's rounds, the enumeration, the genetic
+    search) the search goes on to the next phase and answers from the plans found so far
+    (reuse and the seeds are always evaluated); `say` gets a line per phase (what, how far,
+    best so far)."""
 
     report = progress or (lambda done, total: None)
     reuse = problem.evaluate_exact(problem.reuse_genes())
+    say(f"fit: reuse only: {_best(problem)}")
     if constraints.met(reuse):
         report(1, 1)
         return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
+    problem.deadline, problem.say = deadline, say
     # A space too large to enumerate even without candidates is searched from the seeds: their
     # plans are built while the sources run.
     seeded = problem.size > exhaustive_limit
@@ -773,7 +793,11 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         total = size
         problem.on_evaluate = lambda n: report(n, total)
         for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
+            if expired(deadline):
+                say(f"fit: time is up during the enumeration of {total} plans")
+                break
             (problem.evaluate_exact if problem.exact_genes(genes) else problem.evaluate)(genes)
+        say(f"fit: enumerated: {_best(problem)}")
     else:
         total = pop_size * (generations + 1)
         problem.on_evaluate = lambda n: report(min(n, total), total)
@@ -784,13 +808,23 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         exact = [g for g in seeds if problem.exact_genes(g)]
         for genes in exact + problem.smallest_of_each(exact):
             problem.evaluate_exact(genes)
+        say(f"fit: seeds: {_best(problem)}")
         quick = any(s.quick for s in problem.spaces)
         before = problem.planned_steps
         if not quick:
-            _descend_memory(problem)
+            _descend_memory(problem, deadline=deadline)
+            say(f"fit: memory side: {_best(problem)}")
         # The work bound counts the seeds' and the genetic search's plans, not the descent's.
         max_steps += problem.planned_steps - before
         problem.max_steps = max_steps
+        evaluate_report = problem.on_evaluate
+
+        def on_evaluate(n: int) -> None:
+            evaluate_report(n)
+            if n % pop_size == 0:
+                say(f"fit: genetic search: {_best(problem)}")
+
+        problem.on_evaluate = on_evaluate
         try:
             if problem.planned_steps > max_steps or quick:
                 # The seeds took the work (any new plan would stop it), or a CNN is searched quickly.
@@ -798,15 +832,26 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
             _nsga2(problem, seed, pop_size, generations)
             _polish(problem)
         except _OutOfWork:
-            pass
+            if expired(deadline):
+                say("fit: time is up: the genetic search stops")
         problem.max_steps = math.inf
     report(total, total)
     front = problem.front()
+    say(f"fit: search done: {_best(problem)}")
     chosen, fits = select(front, constraints)
     return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
 
 
-def _descend_memory(problem: FitProblem, rounds: int = MEMORY_ROUNDS) -> None:
+def _best(problem: FitProblem) -> str:
+    """How far the search is and the best so far: plans evaluated, smallest memory, best fps."""
+    points = list(problem.points.values())
+    smallest = min(p.memory_bytes for p in points)
+    fps = [max(p.fps[m] for p in points) for m in range(len(problem.spaces))]
+    return (f"{len(points)} plans evaluated, smallest {smallest / 1e6:.3f} MB, best predicted fps "
+            + ", ".join(f"{f:.1f}" for f in fps))
+
+
+def _descend_memory(problem: FitProblem, rounds: int = MEMORY_ROUNDS, deadline: Deadline | None = None) -> None:
     """The memory side's local search: from its smallest point, every gene one step up and
     down (layer genome and exact candidates only), the move that lowers the memory most (ties:
     the smaller genome), until none does. Neighbours are planned, not timed: no time is looked
@@ -815,6 +860,8 @@ def _descend_memory(problem: FitProblem, rounds: int = MEMORY_ROUNDS) -> None:
     start = min((problem.points[k] for k in problem.exact), key=lambda p: (p.memory_bytes, p.genes))
     genes, best = start.genes, start.memory_bytes
     for _ in range(rounds):
+        if expired(deadline):
+            return
         moves = [m for m in (genes[:i] + (v,) + genes[i + 1:] for i, u in enumerate(upper)
                              for v in (genes[i] - 1, genes[i] + 1) if 0 <= v <= u) if problem.exact_genes(m)]
         step = min(moves, key=lambda m: (problem.memory(m), m), default=None)

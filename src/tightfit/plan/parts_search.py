@@ -53,6 +53,7 @@ from typing import Callable, Iterable, Mapping
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.check import Lifetimes, lifetimes
+from tightfit.plan.deadline import Deadline, TimeUp, check
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
@@ -106,7 +107,8 @@ class PartsSearch:
     front: tuple[PartsPoint, ...]  # Pareto front (peak_bytes, seconds) of every evaluated point
     evaluated: int
     fits: bool
-    smallest: PartsPoint | None = None  # the memory side's smallest (ties: fewer steps); None with a time limit
+    smallest: PartsPoint | None = None  # the smallest point (ties: fewer steps): the memory side's without max_seconds
+    timed_out: bool = False  # the deadline stopped it: every point found so far is kept, none dropped
 
 
 def smallest_key(p: PartsPoint) -> tuple:
@@ -116,12 +118,14 @@ def smallest_key(p: PartsPoint) -> tuple:
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
                  max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> PartsSearch:
+                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT, deadline: Deadline | None = None,
+                 progress: Callable[[str], None] = lambda line: None) -> PartsSearch:
     """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
     found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
     the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
     `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
-    exhaustively, so the answer is the optimum of that space."""
+    exhaustively, so the answer is the optimum of that space. Past `deadline` (checked before each
+    new point) it stops and answers from the points found so far; `progress` gets a line per stage."""
     from tightfit.plan.parts import draft_parts
 
     g = model.graph
@@ -144,6 +148,8 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> PartsPoint:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
         if key not in seen:
+            if seen:  # (the first setting is always planned: an answer needs one point)
+                check(deadline)
             # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
             # until its last phases; equal parts let producers run ahead. Neither always wins.
             aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
@@ -160,16 +166,9 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                                    chosen_held, len(plan.steps()), plan_work(plan, g))
         return seen[key]
 
-    base = evaluate({}, 1)
-    settings = ladder_settings(g)
-    exhaustive = settings.count <= exhaustive_limit
-    floor = None
-    if max_seconds is None:
-        exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
-        floor = exact.peak_bytes
-    elif exhaustive:
-        for phases, source in settings:
-            evaluate(phases, source)
+    def stage(name: str) -> None:
+        smallest = min(seen.values(), key=smallest_key)
+        progress(f"parts search: {name}, {len(seen)} plans, smallest {smallest.peak_bytes / 1e6:.3f} MB")
 
     def fastest_within(budget: int) -> PartsPoint | None:
         """Stages 1-3 for a memory budget: the fastest point found that fits it."""
@@ -180,30 +179,54 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         ok = [p for p in seen.values() if fits(p)]
         return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
 
+    base = evaluate({}, 1)
+    settings = ladder_settings(g)
+    exhaustive = settings.count <= exhaustive_limit
+    floor = None
     if budget_bytes is not None:
-        if floor is None or floor <= budget_bytes:  # (below the memory side's smallest every find is dropped)
-            fastest_within(budget_bytes)
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         pick = _fastest
     else:
         fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
-        _prefixes(g, fits, False, evaluate)
-        start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
-        best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
-        # Refining from one point follows one path; the budget stages, asked for anything
-        # smaller, reach settings it passes by (a cheaper split elsewhere).
-        below = 0.0  # how far below the smallest so far to ask; widened after each miss
-        for _ in range(TIGHTEN_ROUNDS):
-            best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
-            smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
-            below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
         pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
+    timed_out = False
+    try:
+        if max_seconds is None:
+            exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
+            floor = exact.peak_bytes
+            stage("memory side done")
+        elif exhaustive:
+            for phases, source in settings:
+                evaluate(phases, source)
+        if budget_bytes is not None:
+            if floor is None or floor <= budget_bytes:  # (below the memory side's smallest every find is dropped)
+                fastest_within(budget_bytes)
+                stage("fastest within the budget done")
+        else:
+            _time_limited(g, base, fits, max_rounds, evaluate, build, fastest_within, seen)
+    except TimeUp:
+        timed_out, floor = True, None
+        stage("time is up")
     # Below the memory side's smallest, a find depends on the times that guided it: dropped.
     points = [p for p in seen.values() if floor is None or p.peak_bytes >= floor]
     ok = [p for p in points if fits(p)]
     smallest = min(points, key=smallest_key)
     chosen = pick(ok) if ok else smallest
-    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest if floor is not None else None)
+    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest, timed_out)
+
+
+def _time_limited(g: Graph, base: PartsPoint, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
+    """Stages 1 and 2 under a time limit, then the budget stages asked for smaller points."""
+    _prefixes(g, fits, False, evaluate)
+    start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
+    best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
+    # Refining from one point follows one path; the budget stages, asked for anything
+    # smaller, reach settings it passes by (a cheaper split elsewhere).
+    below = 0.0  # how far below the smallest so far to ask; widened after each miss
+    for _ in range(TIGHTEN_ROUNDS):
+        best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
+        smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
+        below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
 
 
 def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dict[int, int], int]], max_rounds: int,
