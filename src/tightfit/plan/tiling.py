@@ -637,14 +637,17 @@ def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
 
 
 def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
-    """Where groups may start and end in the search: the model's ends and the cut points after
-    downsampling (all cut points if there are fewer than two of those), at most `limit`."""
+    """Where groups may start and end in the search: the model's ends, the cut points after
+    downsampling (all cut points if there are fewer than two of those), at most `limit`, and
+    the ends of every groupable run (the cut points around layers that cannot be tiled: a model
+    whose first layer is a layout transpose has no coarse group without the cut after it)."""
     cuts = downsampling_cuts(graph)
     if len(cuts) < 2:
         cuts = tuple(p for p in cut_points(graph) if 0 < p < len(graph.layers))
     if len(cuts) > limit:
         cuts = tuple(cuts[round(k * (len(cuts) - 1) / (limit - 1))] for k in range(limit))
-    return tuple(sorted({0, len(graph.layers)} | set(cuts)))
+    around = {p for first, last in groupable_runs(graph) for p in (first, last + 1)}
+    return tuple(sorted({0, len(graph.layers)} | set(cuts) | around))
 
 
 def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> list[list[TileGroup]]:
