@@ -186,7 +186,7 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
     before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
     found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout,
                          deadline=_deadline(cost, time_limit), progress=say)
-    say("parts search: " + _profiling_line(cost, before, t0) + (" (time is up: the best found so far)" if found.timed_out else ""))
+    say(f"parts search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
     best = found.chosen
     p = plan_point(model, best, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
@@ -216,7 +216,7 @@ def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, la
     before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
     found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0,
                           deadline=_deadline(cost, time_limit), progress=say)
-    say("tiling search: " + _profiling_line(cost, before, t0) + (" (time is up: the best found so far)" if found.timed_out else ""))
+    say(f"tiling search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
     cost.save()
     p = plan_point(model, found.chosen, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
