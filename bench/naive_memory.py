@@ -6,6 +6,7 @@ beside Minakova & Stefanov Table III, fp32, MB = 10^6 bytes as the paper uses.
 from __future__ import annotations
 
 import tightfit
+from benchlib import header
 
 # (paper row, paper m_DL in MB, our zoo models standing for it)
 TABLE_III = [
@@ -35,6 +36,7 @@ WHY = {
 
 
 def main() -> None:
+    header(__doc__.splitlines()[0].rstrip())
     print("Naive memory m_DL = m_par + every imported tensor, fp32, MB = 10^6 bytes (Minakova & Stefanov Table III)")
     head = f"{'paper CNN':<14} {'paper m_DL':>10}   {'our model':<22} {'m_par':>8} {'tensors':>8} {'m_DL':>8} {'diff':>7}"
     print(head)

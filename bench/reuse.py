@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import tightfit
+from benchlib import header, loaded, verdict
 from tightfit.graph import zoo
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
@@ -91,7 +92,7 @@ def planning_table(names: list[str]) -> None:
 
 def measured_table(names: list[str]) -> None:
     print("2. Measured vs analysed (fresh process; peak above the loaded baseline; MiB)")
-    print(f"{'model':<14} {'arena':>8} {'temps':>8} {'analysed':>9} {'measured':>9} {'diff':>7} {'allowed':>8}")
+    print(f"{'model':<14} {'arena':>8} {'temps':>8} {'analysed':>9} {'measured':>9} {'diff':>7} {'allowed':>8}  target")
     for name in names:
         g = tightfit.load(name)
         p = plan_reuse(PlannedModel(g, name))
@@ -102,7 +103,8 @@ def measured_table(names: list[str]) -> None:
             m = measure_subprocess({"kind": "plan", "plan": str(path)})
         allowed = 0.10 * rep.peak_bytes + MiB
         print(f"{name:<14} {rep.arena_bytes / MiB:>8.2f} {rep.scratch_peak / MiB:>8.2f} {rep.peak_bytes / MiB:>9.2f} "
-              f"{m.run_bytes / MiB:>9.2f} {(m.run_bytes - rep.peak_bytes) / MiB:>+7.2f} {allowed / MiB:>8.2f}")
+              f"{m.run_bytes / MiB:>9.2f} {(m.run_bytes - rep.peak_bytes) / MiB:>+7.2f} {allowed / MiB:>8.2f}  "
+              + verdict([(abs(m.run_bytes - rep.peak_bytes) <= allowed, "measured differs by more than allowed")]))
     print("allowed: 10% of analysed + 1 MiB (the issue's target)\n")
 
 
@@ -120,7 +122,7 @@ def speed_table(names: list[str], runs: int = 15) -> None:
     import onnxruntime as ort
 
     print(f"3. Speed at batch 1 (fps, median of {runs} runs; ratios measured in the same run)")
-    print(f"{'model':<14} {'arena':>7} {'reference':>9} {'eager':>7} {'ORT':>7} {'arena/eager':>11}")
+    print(f"{'model':<14} {'arena':>7} {'reference':>9} {'eager':>7} {'ORT':>7} {'arena/eager':>11}  target")
     for name in names:
         g = tightfit.load(name)
         x = torch.randn(g.shape(g.inputs[0]))
@@ -136,9 +138,12 @@ def speed_table(names: list[str], runs: int = 15) -> None:
                  "reference": _median_seconds(lambda: run_reference(g, x, params=params), runs),
                  "eager": _median_seconds(lambda: module(x), runs),
                  "ort": _median_seconds(lambda: sess.run(None, feed), runs)}
+            out, ref = ex.run(x)[g.outputs[0]], run_reference(g, x, params=params)[g.outputs[0]]
+            same = torch.allclose(out, ref, atol=1e-4 * float(ref.abs().max()))
+        said = verdict([(t["eager"] / t["arena"] >= 0.95, "arena slower than 0.95 x eager"), (same, "outputs differ from the reference")])
         print(f"{name:<14} {1 / t['arena']:>7.1f} {1 / t['reference']:>9.1f} {1 / t['eager']:>7.1f} {1 / t['ort']:>7.1f} "
-              f"{t['eager'] / t['arena']:>11.2f}")
-    print("target: arena >= 0.95 x eager\n")
+              f"{t['eager'] / t['arena']:>11.2f}  {said}{loaded()}")
+    print("target: arena >= 0.95 x eager, and the arena's outputs equal the reference executor's\n")
 
 
 def overhead_table(steps: int = 400, runs: int = 30) -> None:
@@ -171,7 +176,8 @@ def overhead_table(steps: int = 400, runs: int = 30) -> None:
     n = len(compiled)
     print("4. Executor overhead on a plan of tiny tensors "
           f"({n} steps): {total / n * 1e6:.2f} us per step in the executor, {kernels / n * 1e6:.2f} us of it in the "
-          f"kernel calls themselves; overhead {(total - kernels) / n * 1e6:.2f} us per step (target <= 15 us)\n")
+          f"kernel calls themselves; overhead {(total - kernels) / n * 1e6:.2f} us per step (target <= 15 us: "
+          f"{verdict([((total - kernels) / n <= 15e-6, 'above 15 us')])}){loaded()}\n")
 
 
 def app_table() -> None:
@@ -208,6 +214,7 @@ def main() -> None:
     quick = "--quick" in sys.argv
     names = ["minakova5", "resnet18", "mobilenet_v2", "googlenet"] if quick else zoo.names()
     torch.set_num_threads(2)
+    header(__doc__.splitlines()[0])
     planning_table(names)
     if quick:
         return

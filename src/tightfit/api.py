@@ -81,7 +81,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
          layout: str = "nhwc", batch: int = 1, input_shape: Sequence[int] | None = None,
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
          cost: CostModel | None = None, tiling: str | None = None, unit_bytes: int | None = None,
-         latency: float | None = None, held: Sequence[int | str] = ()):
+         latency: float | None = None, held: Sequence[int | str] = (), time_limit: float | None = None,
+         say=lambda line: None):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
@@ -126,7 +127,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         if budget is not None:
             if phases or rows is not None or held:
                 raise OptionError("give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)")
-            p = _parts_for_budget(models[0], budget, planner, layout, cost)
+            p = _parts_for_budget(models[0], budget, planner, layout, cost, time_limit, say)
         else:
             source = None
             if rows is not None:
@@ -147,7 +148,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     if method == "tiling":
         if len(models) != 1:
             raise OptionError("--method tiling plans one CNN")
-        p = _tiling_plan(models[0], tiling, budget, planner, layout, cost)
+        p = _tiling_plan(models[0], tiling, budget, planner, layout, cost, time_limit, say)
         check_plan(p, graphs)
         return p, graphs
     if budget is not None:
@@ -158,7 +159,20 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     return p, graphs
 
 
-def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostModel | None):
+def _deadline(cost: CostModel, time_limit: float | None):
+    """A search deadline `time_limit` seconds of search from now (profiling not counted)."""
+    from tightfit.plan.deadline import Deadline
+
+    return None if time_limit is None else Deadline.after(time_limit, cost.search_clock)
+
+
+def _profiling_line(cost: CostModel, before: tuple[int, float], t0: float) -> str:
+    shapes, spent = cost.profiled - before[0], cost.profiled_seconds - before[1]
+    return f"search {time.perf_counter() - t0 - spent:.1f} s; profiling {shapes} new step shapes {spent:.1f} s (not counted)"
+
+
+def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostModel | None,
+                      time_limit: float | None = None, say=lambda line: None):
     """The parts search's pick for `budget`, placed by `planner`; BudgetError if none fits."""
     from dataclasses import replace
 
@@ -169,7 +183,10 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
 
     cost = cost or CostModel.default()
     g = model.graph
-    found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout)
+    before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
+    found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout,
+                         deadline=_deadline(cost, time_limit), progress=say)
+    say(f"parts search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
     best = found.chosen
     p = plan_point(model, best, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
@@ -180,7 +197,8 @@ def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostM
     return replace(p, knobs=knobs)
 
 
-def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, layout: str, cost: CostModel | None):
+def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, layout: str, cost: CostModel | None,
+                 time_limit: float | None = None, say=lambda line: None):
     """An explicit tiling, or the tiling search's pick for `budget`; BudgetError if none fits."""
     from dataclasses import replace
 
@@ -195,7 +213,10 @@ def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, la
     if tiling is not None:
         return plan_tiling(model, parse_tiling(tiling, g), planner, layout)
     cost = cost or CostModel.default()
-    found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0)
+    before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
+    found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0,
+                          deadline=_deadline(cost, time_limit), progress=say)
+    say(f"tiling search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
     cost.save()
     p = plan_point(model, found.chosen, planner, layout)
     needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
     p.add_argument("--latency", type=float, help="with --method vbs: seconds that the samples of any pivot step may take at most")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
+    _search_args(p)
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
@@ -81,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters)")
     p.add_argument("--with-params", action="store_true", help="the budget bounds parameters + run memory (as the papers count)")
-    p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200")
+    p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200 (checked as measured)")
+    p.add_argument("--objective", choices=("speed", "memory"), default="speed",
+                   help="with --min-fps: the fastest plan that fits (speed, the default) or the smallest whose measured "
+                        "fps meet the minimum (memory); without it, the fastest")
     p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
@@ -89,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
+    _search_args(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
@@ -109,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flash", help="with a cortex-m target: the flash, e.g. 2MiB")
     p.add_argument("--json", action="store_true")
     return parser
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="seconds of search (default 60; profiling new step shapes not counted): then the best found")
+    p.add_argument("--progress", action="store_true",
+                   help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")
+
+
+def _say(args: argparse.Namespace):
+    """Progress lines on stderr when asked or on a terminal (else errors stay one line)."""
+    if not (args.progress or sys.stderr.isatty()):
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +201,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
                                   budget, cost, args.tiling, unit, args.latency,
-                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h])
+                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h],
+                                  time_limit=args.time_limit if budget is not None else None, say=_say(args))
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":
@@ -357,7 +377,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        progress=F.progress_bar(sys.stderr), thorough=args.thorough)
+                        thorough=args.thorough,
+                        objective=args.objective, time_limit=args.time_limit, say=_say(args))
     except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
         print(f"tightfit: internal error: {e}", file=sys.stderr)
         return 1

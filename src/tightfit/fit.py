@@ -6,6 +6,7 @@ Every plan fit reports was checked (tightfit.plan.check) and ran with outputs eq
 reference executor's; a plan that fails either is never reported (VerificationFailed)."""
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -19,8 +20,9 @@ import torch
 
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan, lifetimes
+from tightfit.plan.deadline import Deadline
 from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
-                               meeting, parse_min_fps, search, select)
+                               parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import PAGE_BYTES, Measurement
@@ -28,6 +30,11 @@ from tightfit.units import human
 
 MB = 1e6
 FPS_RUNS = 5
+OBJECTIVES = ("speed", "memory")
+TIMED = 3  # `speed`: the plans predicted fastest that fit, timed; the fastest measured is kept
+MAX_TIMED = 6  # `memory` with a minimum fps: plans timed, smallest first, until one meets it
+FPS_SLACK = 0.2  # plans predicted this far below a minimum fps are not timed (the model errs less)
+CHOICE_RUNS = 3  # runs per timed candidate (the chosen plan's fps are measured again, FPS_RUNS)
 
 
 class VerificationFailed(Exception):
@@ -52,6 +59,7 @@ class FitOutcome:
     search_seconds: float
     measured: dict[str, Any] = field(default_factory=dict)
     threads: int = 1  # torch threads the plans were timed and run with
+    choice: "Choice | None" = None  # how the plan was chosen among those that fit
 
     @property
     def counted_params(self) -> int:
@@ -90,14 +98,27 @@ def param_bytes(app: FitApp) -> int:
 
 def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
         best_effort: bool = False, cost=None, measure: bool = True, progress: Callable[[int, int], None] | None = None,
-        sources: dict[str, TechniqueSource] | None = None, thorough: bool = False, **search_options) -> FitOutcome:
-    """Search, select (Alg. 9 lines 9-16), place, check, run and verify the chosen plan, measure.
-    FitError when nothing meets the constraints (unless `best_effort`: the closest plan).
-    `thorough`: search large CNNs as fully as small ones (see plan.fit.QUICK_LAYERS)."""
+        sources: dict[str, TechniqueSource] | None = None, thorough: bool = False, objective: str = "speed",
+        timer: "Callable[[Plan, Sequence], Sequence[float]] | None" = None, time_limit: float | None = None,
+        say: Callable[[str], None] = lambda line: None, **search_options) -> FitOutcome:
+    """Search, choose (`choose`: the fastest measured plan that fits, or with `objective`
+    "memory" and a minimum fps the smallest whose measured fps meets it, Alg. 9), place, check,
+    run and verify the chosen plan, measure. FitError when nothing fits the budget or no plan
+    that fits meets the minimum fps as measured (unless `best_effort`: the closest plan).
+    `thorough`: search large CNNs as fully as small ones (see plan.fit.QUICK_LAYERS). `timer`:
+    a plan's fps per CNN (default: measured here, CHOICE_RUNS runs). `time_limit`: seconds of
+    search (profiling new step shapes not counted; None: no limit), after which the best plans
+    found so far are chosen from; `say` gets a progress line per phase."""
     from tightfit.runtime.cost import CostModel
 
     if budget_bytes <= 0:
         raise OptionError("--budget must be positive")
+    if time_limit is not None and time_limit <= 0:
+        raise OptionError("--time-limit must be positive")
+    if objective not in OBJECTIVES:
+        raise OptionError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    search_options.update(objective=objective, timer=timer or (lambda plan, graphs: measure_fps(plan, graphs, CHOICE_RUNS)),
+                          time_limit=time_limit, say=say)
     # The profile is timed, and the fps predicted and measured, at one thread count: the cores the
     # measuring process leaves free (a profile timed on cores it loads models on runs slow).
     threads = run_threads(measure)
@@ -117,7 +138,8 @@ def run_threads(measure: bool) -> int:
 
 def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
          measure: bool, progress: Callable[[int, int], None] | None, sources: dict[str, TechniqueSource] | None,
-         thorough: bool, **search_options) -> FitOutcome:
+         thorough: bool, objective: str, timer: Callable, time_limit: float | None, say: Callable[[str], None],
+         **search_options) -> FitOutcome:
     params = param_bytes(app)
     counted = params if with_params else 0
     constraints = Constraints(budget_bytes, parse_min_fps(min_fps, len(app.models)))
@@ -127,29 +149,126 @@ def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None,
     problem = FitProblem(app, cost.plan_seconds, counted, cost=cost, thorough=thorough)
     with _measuring(app, measure) as measurement:
         t0 = time.perf_counter()
+        clock = getattr(cost, "search_clock", time.monotonic)  # (stands still while the cost model profiles)
+        deadline = Deadline.after(time_limit, clock) if time_limit is not None else None
+        profiled = (getattr(cost, "profiled", 0), getattr(cost, "profiled_seconds", 0.0))
         found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
-                       progress=progress, **search_options)
+                       progress=progress, deadline=deadline, say=say, **search_options)
         search_seconds = time.perf_counter() - t0
+        shapes, spent = getattr(cost, "profiled", 0) - profiled[0], getattr(cost, "profiled_seconds", 0.0) - profiled[1]
+        say(f"fit: search {search_seconds - spent:.1f} s" + (f" of {time_limit:g} s allowed" if time_limit else "")
+            + f"; profiling {shapes} new step shapes {spent:.1f} s (not counted)")
         if hasattr(cost, "save"):
             cost.save()
         graphs = app.graphs
-        for point, fits in _ranked(found, constraints, best_effort):
-            plan, analysis = _placed(problem, point)
-            if fits and analysis.peak_bytes + counted > budget_bytes:
-                continue  # the final placement missed the search's bound: the next plan
-            naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
-            outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, fits,
-                                 naive, 0.0, search_seconds)
+        placed: dict[tuple[int, ...], tuple[Plan, CheckReport]] = {}
 
-            def verified() -> None:
-                outcome.max_abs_diff = verify(plan, graphs)
+        def within_budget(point: FitPoint) -> tuple[Plan, CheckReport] | None:
+            """The point's placed plan, if the final placement keeps it within the budget."""
+            if point.genes not in placed:
+                placed[point.genes] = _placed(problem, point)
+            plan, analysis = placed[point.genes]
+            return placed[point.genes] if analysis.peak_bytes + counted <= budget_bytes else None
 
-            if measurement is not None:  # the peak is measured in a fresh process while the outputs are verified here
-                outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement)
-            else:
-                verified()
-            return outcome
-        raise FitError(unreachable_line(found, constraints, budget_bytes))
+        def timed_fps(point: FitPoint) -> tuple[float, ...] | None:
+            got = within_budget(point)
+            return None if got is None else tuple(timer(got[0], graphs))
+
+        fitting = [p for p in found.front if p.memory_bytes <= budget_bytes]
+        say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
+        choice = choose(fitting, constraints.min_fps, objective, timed_fps)
+        if choice.point is not None:
+            say(f"fit: chosen by {choice.rule}: measured fps {', '.join(f'{f:.1f}' for f in choice.measured_fps)}")
+        if choice.point is not None and not choice.met and not best_effort:
+            raise FitError(unmet_fps_line(choice, constraints, budget_bytes))
+        if choice.point is None:
+            if not best_effort:
+                raise FitError(unreachable_line(found, constraints, budget_bytes))
+            smallest = select(found.front, Constraints(None, ()))[0]
+            choice = Choice(smallest, (), False, "best effort: nothing fits the budget; the smallest plan found", 0)
+        point = choice.point
+        plan, analysis = placed.get(point.genes) or _placed(problem, point)
+        naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
+        outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, choice.met,
+                             naive, 0.0, search_seconds, choice=choice)
+
+        def verified() -> None:
+            outcome.max_abs_diff = verify(plan, graphs)
+
+        say("fit: verifying the outputs and measuring the peak in a fresh process")
+        if measurement is not None:  # the peak is measured in a fresh process while the outputs are verified here
+            outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement)
+        else:
+            verified()
+        return outcome
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan `fit` chose among those that fit, and why."""
+
+    point: FitPoint | None  # None: no plan fits the budget after placement
+    measured_fps: tuple[float, ...]  # the chosen plan's fps per CNN when it was timed
+    met: bool  # fits, and (with minimum fps) its measured fps meet every minimum
+    rule: str
+    timed: int  # plans timed to choose
+
+
+def choose(fitting: Sequence[FitPoint], min_fps: Sequence[float], objective: str,
+           timed_fps: Callable[[FitPoint], Sequence[float] | None]) -> Choice:
+    """Among the points that fit the budget (as the search predicted them): with `objective`
+    "speed" (and always without a minimum fps), the TIMED predicted fastest (fewest seconds per
+    frame of every CNN) are timed and the fastest measured that meets every minimum fps is kept;
+    with "memory" and a minimum fps (the thesis's Alg. 9), the smallest first are timed, at most
+    MAX_TIMED, and the first whose measured fps meets it is kept. Plans predicted more than
+    FPS_SLACK below a minimum are not timed. `timed_fps(point)`: its measured fps per CNN, or
+    None when its final placement misses the budget (it is passed over). If no plan timed meets
+    the minimum, the fastest timed is returned with `met` False."""
+    need = tuple(min_fps)
+    wanted = any(need)
+
+    def meets(fps: Sequence[float]) -> bool:
+        return all(f >= n for f, n in zip(fps, need))
+
+    hopeful = [p for p in fitting if all(f >= n * (1 - FPS_SLACK) for f, n in zip(p.fps, need))]
+    by_memory = objective == "memory" and wanted
+    if by_memory:
+        order, limit = sorted(hopeful, key=lambda p: (p.memory_bytes, sum(p.seconds), p.genes)), MAX_TIMED
+        rule = "memory: the smallest plan that fits whose measured fps meet the minimum (Alg. 9)"
+    else:
+        order, limit = sorted(hopeful, key=lambda p: (sum(p.seconds), p.memory_bytes, p.genes)), TIMED
+        rule = (f"speed: the fastest measured of the {limit} plans predicted fastest that fit"
+                + (" and whose measured fps meet the minimum" if wanted else ""))
+    timed: list[tuple[FitPoint, tuple[float, ...]]] = []
+    for p in order:
+        if len(timed) >= limit:
+            break
+        fps = timed_fps(p)
+        if fps is None:
+            continue  # its final placement misses the budget
+        timed.append((p, tuple(fps)))
+        if by_memory and meets(fps):
+            break
+    if not timed:
+        return Choice(None, (), False, rule, 0)
+
+    def per_frame(pf: tuple[FitPoint, tuple[float, ...]]) -> tuple:
+        return (sum(1.0 / f if f > 0 else math.inf for f in pf[1]), pf[0].memory_bytes, pf[0].genes)
+
+    ok = [pf for pf in timed if meets(pf[1])]
+    if ok:
+        point, fps = ok[0] if by_memory else min(ok, key=per_frame)
+        return Choice(point, fps, True, f"{rule} ({len(timed)} timed)", len(timed))
+    point, fps = min(timed, key=per_frame)
+    return Choice(point, fps, False, f"{rule}: none of the {len(timed)} timed meets it; the fastest timed", len(timed))
+
+
+def unmet_fps_line(choice: Choice, constraints: Constraints, budget_bytes: int) -> str:
+    fps = ", ".join(f"{f:.1f}" for f in choice.measured_fps)
+    need = ", ".join(f"{f:g}" for f in constraints.min_fps)
+    return (f"no plan that fits {human(budget_bytes)} meets min fps {need} as measured: the fastest of the "
+            f"{choice.timed} timed runs at {fps} fps (predicted {', '.join(f'{f:.1f}' for f in choice.point.fps)}); "
+            f"--best-effort reports it")
 
 
 @contextmanager
@@ -179,15 +298,6 @@ def _measuring(app: FitApp, measure: bool):
     finally:
         if measurement.proc.poll() is None:
             measurement.cancel()
-
-
-def _ranked(found: FitSearch, constraints: Constraints, best_effort: bool):
-    """(point, meets the constraints) in the order selection takes them: the points meeting
-    every constraint by memory, then (best effort) the smallest memory of the front."""
-    for p in meeting(found.front, constraints):
-        yield p, True
-    if best_effort:
-        yield select(found.front, Constraints(None, ()))[0], False
 
 
 def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: int) -> str:
@@ -369,6 +479,7 @@ def report(o: FitOutcome) -> dict[str, Any]:
         "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
         "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
         "search_seconds": o.search_seconds, "threads": o.threads,
+        "chosen_by": o.choice.rule if o.choice else "", "timed_fps": list(o.choice.measured_fps) if o.choice else [],
         "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
                    "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
                    "predicted_fps": list(o.point.fps), "max_rel_diff_vs_reference": o.max_abs_diff},
@@ -393,6 +504,7 @@ def report_text(r: dict[str, Any]) -> str:
              + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
              f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
              f"  chosen: {'; '.join(c['techniques'])}",
+             f"  chosen by {r['chosen_by']}",
              f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
              f"{human(c['lower_bound_bytes'])}, kernel temporaries {human(c['scratch_peak_bytes'])})"]
     if "measured_memory_bytes" in c:
@@ -414,6 +526,8 @@ def report_text(r: dict[str, Any]) -> str:
             best = max(p["predicted_fps"][m] for p in r["front"])
             if need and best < need:
                 lines.append(f"    {name}: the fastest plan found reaches {best:.1f} fps < the minimum {need:g}")
+            elif need and r["timed_fps"] and r["timed_fps"][m] < need:
+                lines.append(f"    {name}: measured {r['timed_fps'][m]:.1f} fps < the minimum {need:g}")
     peak = r["peak"]
     lines.append(f"  the peak (step {peak['step']}) is set by:")
     lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]

@@ -27,6 +27,14 @@ Evaluations are memoised per genome and per CNN. The front is the Pareto set of 
 evaluated, seeds included (reuse only, parts everywhere, the first groups by parts, every
 source's candidates, and the combinations of each CNN's two smallest seeds), so it is never
 worse than any of them; NSGA-II is followed by a local search around the front.
+
+The memory side is timing-independent. Times guide NSGA-II, the local search and the sources'
+fastest picks, so what they find depends on the cost profile. The memory side never looks at a
+time: reuse only, the layer-genome seeds, every source's smallest plan (found by its own memory
+side), the combinations of each CNN's smallest of these, a descent on memory alone from the
+smallest, or in a small space every genome of these. The front keeps no point below the memory
+side's smallest, so the smallest plan `fit` reports, and whether a budget can be met, are the
+same under any cost profile (and the same seed).
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tightfit.errors import TightfitError
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.check import lifetimes
+from tightfit.plan.deadline import Deadline, expired
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel, _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
@@ -63,6 +72,7 @@ QUICK_LAYERS = 160
 QUICK_GRID_LIMIT = 4
 QUICK_CUTS = 4
 HEAD = 4  # genes before the groups: technique, order, align, source
+MEMORY_ROUNDS = 16  # moves of the memory side's descent (each plans at most two per gene)
 
 
 class FitError(TightfitError):
@@ -76,6 +86,13 @@ class Candidate:
     technique: str
     label: str
     build: Callable[[], Plan]
+    # The source's smallest plan, found by its memory side (no time looked at): the same under
+    # any cost profile, so it may seed the search's memory side.
+    exact: bool = False
+
+
+def _silent(line: str) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,8 @@ class CNNContext:
     layout: str = "nhwc"
     dtype: str = "fp32"
     quick: bool = False  # a large CNN searched quickly (QUICK_LAYERS)
+    deadline: Deadline | None = None  # sources stop past it and offer what they found so far
+    progress: Callable[[str], None] = _silent
 
 
 TechniqueSource = Callable[[CNNContext], Sequence[Candidate]]
@@ -103,12 +122,13 @@ def parts_search_source(ctx: CNNContext) -> list[Candidate]:
 
     if ctx.budget_bytes is None or ctx.quick:
         return []
-    found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype)
-    smallest = min(found.front, key=lambda p: (p.peak_bytes, p.seconds))
-    points = [found.chosen] + ([smallest] if smallest != found.chosen else [])
+    found = search_parts(ctx.model, ctx.seconds, ctx.budget_bytes, layout=ctx.layout, dtype=ctx.dtype,
+                         deadline=ctx.deadline, progress=ctx.progress)
+    points = [found.smallest] + ([found.chosen] if found.chosen != found.smallest else [])
+    exact = not found.timed_out
     return [Candidate("parts_search", f"parts search: {len(p.phases)} layers split, source {p.source_phases}",
                       lambda p=p: draft_parts(ctx.model, p.phases_dict(), p.source_phases, ctx.layout, ctx.dtype,
-                                              align=p.align, held=p.held))
+                                              align=p.align, held=p.held), exact=exact and p == found.smallest)
             for p in points]
 
 
@@ -116,18 +136,21 @@ def tiling_source(ctx: CNNContext) -> list[Candidate]:
     """The tiling search's pick for the budget and the smallest configuration it reached. It times
     parts of plans (segments), so it needs the cost model itself; kept to two groups and a short
     front so that it costs about what the parts search does."""
-    from tightfit.plan.tiling import candidate_cuts, cost_seconds, default_grids, draft_tiling, search_tiling
+    from tightfit.plan.tiling import (candidate_cuts, cost_seconds, default_grids, draft_tiling, search_tiling,
+                                      smallest_key)
 
     if ctx.budget_bytes is None or ctx.cost is None:
         return []
     g = ctx.model.graph
     space = dict(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS)) if ctx.quick else {}
     found = search_tiling(ctx.model, cost_seconds(ctx.cost, g), ctx.budget_bytes, max_groups=2,
-                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, parts=False, **space)
-    smallest = min(found.front or (found.chosen,), key=lambda p: (p.peak_bytes, p.seconds))
-    points = [p for p in dict.fromkeys([found.chosen, smallest]) if p.groups]
+                          layout=ctx.layout, dtype=ctx.dtype, timed_per_segment=1, front_points=0, parts=False,
+                          deadline=ctx.deadline, progress=ctx.progress, **space)
+    smallest = min(found.points or (found.chosen,), key=smallest_key)
+    points = [p for p in dict.fromkeys([smallest, found.chosen]) if p.groups]
     return [Candidate("tiling", f"fused tiling {p.spec}",
-                      lambda p=p: draft_tiling(ctx.model, p.groups, ctx.layout, ctx.dtype))
+                      lambda p=p: draft_tiling(ctx.model, p.groups, ctx.layout, ctx.dtype),
+                      exact=p == smallest and not found.timed_out)
             for p in points]
 
 
@@ -240,11 +263,11 @@ def _profiled_only(cost: Any):
         del cost._bound_step
 
 
-def _candidates_forked(source: TechniqueSource, ctx: CNNContext) -> list[tuple[str, str, Plan]]:
+def _candidates_forked(source: TechniqueSource, ctx: CNNContext) -> list[tuple[str, str, Plan, bool]]:
     """A source's candidates with their plans built (a plan, unlike a build function, can be
     sent back from a forked process; the search builds every candidate's plan anyway)."""
     _forbid_measuring(ctx.cost)
-    return [(c.technique, c.label, c.build()) for c in source(ctx)]
+    return [(c.technique, c.label, c.build(), c.exact) for c in source(ctx)]
 
 
 # --- the application ----------------------------------------------------------------------------
@@ -523,9 +546,13 @@ class FitProblem:
         self.param_bytes = param_bytes
         self.spaces = cnn_spaces(app, max_groups, layout, dtype, thorough)
         self.points: dict[tuple, FitPoint] = {}
+        self.exact: set[tuple] = set()  # keys of the points the memory side evaluated
+        self._memory: dict[tuple, int] = {}
         self._seconds: dict[tuple[int, tuple], float] = {}
         self.on_evaluate: Callable[[int], None] = lambda n: None
         self.max_steps = math.inf
+        self.deadline: Deadline | None = None  # the genetic search and the sources stop past it
+        self.say: Callable[[str], None] = _silent
 
     @property
     def upper(self) -> list[int]:
@@ -557,17 +584,34 @@ class FitProblem:
         genes = tuple(int(v) for v in genes)
         keys = self.keys(genes)
         if keys not in self.points:
-            if self.planned_steps > self.max_steps:
+            if self.planned_steps > self.max_steps or (self.max_steps < math.inf and expired(self.deadline)):
                 raise _OutOfWork
-            if len(self.spaces) == 1 and not self.app.concurrent:  # the application's plan is the CNN's
-                memory = self.spaces[0].memory(keys[0]) + self.param_bytes
-            else:
-                plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
-                memory = run_memory(plan, self.app.graphs) + self.param_bytes
+            memory = self.memory(genes)
             seconds = tuple(self._cnn_seconds(s, k) for s, k in zip(self.spaces, keys))
             self.points[keys] = FitPoint(genes, memory, seconds, tuple(s.label(k) for s, k in zip(self.spaces, keys)))
             self.on_evaluate(len(self.points))
         return self.points[keys]
+
+    def memory(self, genes: Sequence[int]) -> int:
+        """A genome's memory (as FitPoint.memory_bytes) without predicting its time."""
+        keys = self.keys(genes)
+        if keys not in self._memory:
+            if len(self.spaces) == 1 and not self.app.concurrent:  # the application's plan is the CNN's
+                self._memory[keys] = self.spaces[0].memory(keys[0]) + self.param_bytes
+            else:
+                plan = merge(self.app, [s.plan(k) for s, k in zip(self.spaces, keys)])
+                self._memory[keys] = run_memory(plan, self.app.graphs) + self.param_bytes
+        return self._memory[keys]
+
+    def exact_genes(self, genes: Sequence[int]) -> bool:
+        """Whether every CNN runs its layer genome or an exact candidate (no time-guided plan)."""
+        return all(x[0] == 0 or s.candidates[x[0] - 1].exact for s, x in zip(self.spaces, self.split(genes)))
+
+    def evaluate_exact(self, genes: Sequence[int]) -> FitPoint:
+        """Evaluate for the memory side (which then counts the point)."""
+        p = self.evaluate(genes)
+        self.exact.add(self.keys(p.genes))
+        return p
 
     def _cnn_seconds(self, space: CNNSpace, key: tuple) -> float:
         if (space.index, key) not in self._seconds:
@@ -587,7 +631,7 @@ class FitProblem:
                 continue
             g = s.model.graph
             ctx = CNNContext(s.model, budget_bytes, lambda p, g=g: self.cost_seconds(p, [g]), self.cost, s.layout, s.dtype,
-                             s.quick)
+                             s.quick, self.deadline, self.say)
             asked += [(s, name, ctx) for name in sources]
         forked = [i for i, (s, name, _) in enumerate(asked) if name in FORKED_SOURCES
                   and len(s.model.graph.layers) >= FORK_MIN_LAYERS and (os.cpu_count() or 1) > 1]
@@ -599,13 +643,15 @@ class FitProblem:
         for i, (s, name, ctx) in enumerate(asked):
             ok, result = found.get(i, (False, None))
             if ok:
-                cands = [Candidate(t, label, lambda plan=plan: plan) for t, label, plan in result]
+                cands = [Candidate(t, label, lambda plan=plan: plan, exact) for t, label, plan, exact in result]
             else:
                 cands = list(sources[name](ctx))
             per_space.setdefault(s.index, []).extend(cands)
         for s in self.spaces:
             if s.index in per_space:
-                s.candidates = tuple(per_space[s.index])
+                # The exact candidates first: their genes then do not depend on how many
+                # time-guided candidates a source offered.
+                s.candidates = tuple(sorted(per_space[s.index], key=lambda c: not c.exact))
 
     def seeds(self) -> list[tuple[int, ...]]:
         """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
@@ -664,8 +710,15 @@ class FitProblem:
     def reuse_genes(self) -> tuple[int, ...]:
         return tuple(v for s in self.spaces for v in [0, 0, 0, 0] + [0] * len(s.groups))
 
+    def floor(self) -> int | None:
+        """The memory side's smallest memory (None before it ran)."""
+        return min((self.points[k].memory_bytes for k in self.exact), default=None)
+
     def front(self) -> tuple[FitPoint, ...]:
-        return pareto(list(self.points.values()))
+        """The Pareto front of the points evaluated, less those below the memory side's smallest
+        (found by time-guided search: another cost profile would not find them)."""
+        floor = self.floor()
+        return pareto([p for p in self.points.values() if floor is None or p.memory_bytes >= floor])
 
 
 # --- the search ---------------------------------------------------------------------------------
@@ -709,20 +762,27 @@ def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoin
 def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
            generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
            sources: Mapping[str, TechniqueSource] | None = None, source_budget: int | None = None,
-           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None) -> FitSearch:
+           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None,
+           deadline: Deadline | None = None, say: Callable[[str], None] = _silent) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
     genetic search (NSGA-II) seeded with every other planner's plans and polished by a local
     search around its front, or every genome when the
     space has at most `exhaustive_limit` of them. `sources` (default SOURCES) are asked for
     candidates with `source_budget` (run memory per CNN). The genetic search stops early once
     its plans reach `max_steps` steps in all (seeds are always evaluated), and does not run when
-    a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed."""
+    a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed. Past `deadline`
+    (checked between plans: the sources, the memory side's rounds, the enumeration, the genetic
+    search) the search goes on to the next phase and answers from the plans found so far
+    (reuse and the seeds are always evaluated); `say` gets a line per phase (what, how far,
+    best so far)."""
 
     report = progress or (lambda done, total: None)
-    reuse = problem.evaluate(problem.reuse_genes())
+    reuse = problem.evaluate_exact(problem.reuse_genes())
+    say(f"fit: reuse only: {_best(problem)}")
     if constraints.met(reuse):
         report(1, 1)
         return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
+    problem.deadline, problem.say = deadline, say
     # A space too large to enumerate even without candidates is searched from the seeds: their
     # plans are built while the sources run.
     seeded = problem.size > exhaustive_limit
@@ -733,27 +793,82 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         total = size
         problem.on_evaluate = lambda n: report(n, total)
         for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
-            problem.evaluate(genes)
+            if expired(deadline):
+                say(f"fit: time is up during the enumeration of {total} plans")
+                break
+            (problem.evaluate_exact if problem.exact_genes(genes) else problem.evaluate)(genes)
+        say(f"fit: enumerated: {_best(problem)}")
     else:
         total = pop_size * (generations + 1)
         problem.on_evaluate = lambda n: report(min(n, total), total)
         seeds = problem.seeds()
         for genes in seeds + problem.smallest_of_each(seeds):
             problem.evaluate(genes)
+        # The memory side: the seeds and combinations no time chose, and a descent on memory alone.
+        exact = [g for g in seeds if problem.exact_genes(g)]
+        for genes in exact + problem.smallest_of_each(exact):
+            problem.evaluate_exact(genes)
+        say(f"fit: seeds: {_best(problem)}")
+        quick = any(s.quick for s in problem.spaces)
+        before = problem.planned_steps
+        if not quick:
+            _descend_memory(problem, deadline=deadline)
+            say(f"fit: memory side: {_best(problem)}")
+        # The work bound counts the seeds' and the genetic search's plans, not the descent's.
+        max_steps += problem.planned_steps - before
         problem.max_steps = max_steps
+        evaluate_report = problem.on_evaluate
+
+        def on_evaluate(n: int) -> None:
+            evaluate_report(n)
+            if n % pop_size == 0:
+                say(f"fit: genetic search: {_best(problem)}")
+
+        problem.on_evaluate = on_evaluate
         try:
-            if problem.planned_steps > max_steps or any(s.quick for s in problem.spaces):
+            if problem.planned_steps > max_steps or quick:
                 # The seeds took the work (any new plan would stop it), or a CNN is searched quickly.
                 raise _OutOfWork
             _nsga2(problem, seed, pop_size, generations)
             _polish(problem)
         except _OutOfWork:
-            pass
+            if expired(deadline):
+                say("fit: time is up: the genetic search stops")
         problem.max_steps = math.inf
     report(total, total)
     front = problem.front()
+    say(f"fit: search done: {_best(problem)}")
     chosen, fits = select(front, constraints)
     return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
+
+
+def _best(problem: FitProblem) -> str:
+    """How far the search is and the best so far: plans evaluated, smallest memory, best fps."""
+    points = list(problem.points.values())
+    smallest = min(p.memory_bytes for p in points)
+    fps = [max(p.fps[m] for p in points) for m in range(len(problem.spaces))]
+    return (f"{len(points)} plans evaluated, smallest {smallest / 1e6:.3f} MB, best predicted fps "
+            + ", ".join(f"{f:.1f}" for f in fps))
+
+
+def _descend_memory(problem: FitProblem, rounds: int = MEMORY_ROUNDS, deadline: Deadline | None = None) -> None:
+    """The memory side's local search: from its smallest point, every gene one step up and
+    down (layer genome and exact candidates only), the move that lowers the memory most (ties:
+    the smaller genome), until none does. Neighbours are planned, not timed: no time is looked
+    at, and no new step shape is profiled for a plan that is not taken."""
+    upper = problem.upper
+    start = min((problem.points[k] for k in problem.exact), key=lambda p: (p.memory_bytes, p.genes))
+    genes, best = start.genes, start.memory_bytes
+    for _ in range(rounds):
+        if expired(deadline):
+            return
+        moves = [m for m in (genes[:i] + (v,) + genes[i + 1:] for i, u in enumerate(upper)
+                             for v in (genes[i] - 1, genes[i] + 1) if 0 <= v <= u) if problem.exact_genes(m)]
+        step = min(moves, key=lambda m: (problem.memory(m), m), default=None)
+        if step is None or problem.memory(step) >= best:
+            return
+        genes, best = step, problem.memory(step)
+        problem.evaluate_exact(genes)
 
 
 def _polish(problem: FitProblem) -> None:

@@ -24,6 +24,13 @@ phase and equal parts:
    the cut, but a late layer between splits may fit whole, and halving its phases one step at a
    time can pass through counts that fit worse than one phase). The pick is the fastest, where
    predictions within TIME_RESOLUTION are ties won by fewer steps.
+The memory side is timing-independent: before the budget stages (and whenever no time limit
+is given), a memory search runs that never looks at a time: from the smallest of the first
+setting, the exhaustive settings and every splittable layer at P phases (P = 2, 4, ...), stage 2
+with each round taking the candidate that saves the most bytes (ties: fewer steps), until no
+candidate lowers the peak. Its smallest peak is the search's smallest: points the time-guided
+stages find below it are dropped (they depend on the cost profile), so the smallest plan the
+search reports, and whether a budget can be met at all, are the same under any cost profile.
 With a time limit instead of a budget, stages 1 and 2 run under the limit, then stages 1-3 are
 asked for the fastest plan below the smallest found within the limit (and, after a miss, a
 step further below): refinement follows one path, and the budget stages, whose prefixes and
@@ -41,11 +48,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.check import Lifetimes, lifetimes
+from tightfit.plan.deadline import Deadline, TimeUp, check
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
@@ -60,6 +68,9 @@ TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for 
 TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
 TIME_RESOLUTION = 0.01  # predicted times closer than this are ties, broken by fewer steps
 COARSEN_SINGLES = 48  # coarsening tries layers one at a time when at most this many are split
+MEMORY_MOVES = ("bytes", "work")  # the memory side's refinements: most bytes saved, most per work added
+STEP_MACS = 50_000  # a step's fixed cost in multiply-adds (~50 us at ~1 GMAC/s): `work`, the profile-free time
+MEMORY_RESTARTS = 4  # the memory side refines from its 4 smallest points (each the smallest not refined yet)
 AUTO_HOLD_LAYERS = 128  # evaluations try a hold on networks of at most this many splittable layers
 
 
@@ -75,6 +86,7 @@ class PartsPoint:
     align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
     held: tuple[int, ...] = ()  # layers whose outputs are held whole (plan_parts(held=...))
     steps: int = 0  # steps of its plan
+    work: int = 0  # multiply-adds of its steps plus STEP_MACS per step: a time the profile does not set
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
@@ -95,16 +107,25 @@ class PartsSearch:
     front: tuple[PartsPoint, ...]  # Pareto front (peak_bytes, seconds) of every evaluated point
     evaluated: int
     fits: bool
+    smallest: PartsPoint | None = None  # the smallest point (ties: fewer steps): the memory side's without max_seconds
+    timed_out: bool = False  # the deadline stopped it: every point found so far is kept, none dropped
+
+
+def smallest_key(p: PartsPoint) -> tuple:
+    """Smallest peak first; ties broken without a time (fewer steps, then the setting)."""
+    return (p.peak_bytes, p.steps, p.phases, p.source_phases, p.held, not p.align)
 
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
                  max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> PartsSearch:
+                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT, deadline: Deadline | None = None,
+                 progress: Callable[[str], None] = lambda line: None) -> PartsSearch:
     """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
     found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
     the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
     `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
-    exhaustively, so the answer is the optimum of that space."""
+    exhaustively, so the answer is the optimum of that space. Past `deadline` (checked before each
+    new point) it stops and answers from the points found so far; `progress` gets a line per stage."""
     from tightfit.plan.parts import draft_parts
 
     g = model.graph
@@ -127,6 +148,8 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> PartsPoint:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
         if key not in seen:
+            if seen:  # (the first setting is always planned: an answer needs one point)
+                check(deadline)
             # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
             # until its last phases; equal parts let producers run ahead. Neither always wins.
             aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
@@ -140,14 +163,12 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                     if held_peak < peak:
                         peak, plan, chosen_held = held_peak, held_plan, (lid,)
             seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align,
-                                   chosen_held, len(plan.steps()))
+                                   chosen_held, len(plan.steps()), plan_work(plan, g))
         return seen[key]
 
-    base = evaluate({}, 1)
-    settings = ladder_settings(g)
-    if settings.count <= exhaustive_limit:
-        for phases, source in settings:
-            evaluate(phases, source)
+    def stage(name: str) -> None:
+        smallest = min(seen.values(), key=smallest_key)
+        progress(f"parts search: {name}, {len(seen)} plans, smallest {smallest.peak_bytes / 1e6:.3f} MB")
 
     def fastest_within(budget: int) -> PartsPoint | None:
         """Stages 1-3 for a memory budget: the fastest point found that fits it."""
@@ -158,27 +179,88 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         ok = [p for p in seen.values() if fits(p)]
         return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
 
+    base = evaluate({}, 1)
+    settings = ladder_settings(g)
+    exhaustive = settings.count <= exhaustive_limit
+    floor = None
     if budget_bytes is not None:
-        fastest_within(budget_bytes)
         fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
         pick = _fastest
     else:
         fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
-        _prefixes(g, fits, False, evaluate)
-        start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
-        best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
-        # Refining from one point follows one path; the budget stages, asked for anything
-        # smaller, reach settings it passes by (a cheaper split elsewhere).
-        below = 0.0  # how far below the smallest so far to ask; widened after each miss
-        for _ in range(TIGHTEN_ROUNDS):
-            best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
-            smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
-            below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
         pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
-    points = list(seen.values())
+    timed_out = False
+    try:
+        if max_seconds is None:
+            exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
+            floor = exact.peak_bytes
+            stage("memory side done")
+        elif exhaustive:
+            for phases, source in settings:
+                evaluate(phases, source)
+        if budget_bytes is not None:
+            if floor is None or floor <= budget_bytes:  # (below the memory side's smallest every find is dropped)
+                fastest_within(budget_bytes)
+                stage("fastest within the budget done")
+        else:
+            _time_limited(g, base, fits, max_rounds, evaluate, build, fastest_within, seen)
+    except TimeUp:
+        timed_out, floor = True, None
+        stage("time is up")
+    # Below the memory side's smallest, a find depends on the times that guided it: dropped.
+    points = [p for p in seen.values() if floor is None or p.peak_bytes >= floor]
     ok = [p for p in points if fits(p)]
-    chosen = pick(ok) if ok else min(points, key=lambda p: (p.peak_bytes, p.seconds))
-    return PartsSearch(chosen, pareto(points), len(seen), bool(ok))
+    smallest = min(points, key=smallest_key)
+    chosen = pick(ok) if ok else smallest
+    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest, timed_out)
+
+
+def _time_limited(g: Graph, base: PartsPoint, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
+    """Stages 1 and 2 under a time limit, then the budget stages asked for smaller points."""
+    _prefixes(g, fits, False, evaluate)
+    start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
+    best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
+    # Refining from one point follows one path; the budget stages, asked for anything
+    # smaller, reach settings it passes by (a cheaper split elsewhere).
+    below = 0.0  # how far below the smallest so far to ask; widened after each miss
+    for _ in range(TIGHTEN_ROUNDS):
+        best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
+        smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
+        below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
+
+
+def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dict[int, int], int]], max_rounds: int,
+                        evaluate, build) -> PartsPoint:
+    """The memory side: the smallest point of the first setting, `settings` (the exhaustive
+    ones, if any) and every splittable layer at P phases for each P, refined by stage 2 taking
+    each round the candidate that saves the most bytes, or the most per unit of work added (MEMORY_MOVES),
+    then again from the smallest point not refined from yet (MEMORY_RESTARTS refinements in all).
+    No time is looked at, so every cost profile gives the same points. Returns the smallest
+    point evaluated here."""
+    found = [base]
+
+    def collect(*args) -> PartsPoint:
+        found.append(evaluate(*args))
+        return found[-1]
+
+    for phases, source in settings:
+        collect(phases, source)
+    splittable = splittable_layers(g)
+    h_in = spatial(g.shape(g.inputs[0]))[0]
+    top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
+    p = 2
+    while splittable and p <= 2 * top:
+        collect({l: min(p, spatial(g.shape(g.layers[l].output))[0]) for l in splittable}, min(p, h_in))
+        p *= 2
+    refined: set[PartsPoint] = set()
+    for _ in range(MEMORY_RESTARTS):
+        start = min((q for q in found if q not in refined), key=smallest_key, default=None)
+        if start is None:
+            break
+        refined.add(start)
+        for by in MEMORY_MOVES:
+            _refine_greedy(g, start, lambda q: False, lambda q: True, max_rounds, collect, build, by=by)
+    return min(found, key=smallest_key)
 
 
 @dataclass(frozen=True)
@@ -259,9 +341,20 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
 
 
 def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], bool],
-                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build) -> PartsPoint:
+                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build,
+                   by: str = "time") -> PartsPoint:
     """Stage 2: refine around the memory peak, over `allowed` candidates, until `done` (or
-    nothing lowers the peak)."""
+    nothing lowers the peak). Each round takes the candidate that saves the most bytes per
+    second of predicted time added (`by` "time"), per step added or the most bytes
+    ("bytes"; ties: fewer steps) or per unit of `work` added ("work")."""
+    def best(cands: list[PartsPoint], what: str) -> PartsPoint:
+        if by == "time":
+            return max(cands, key=lambda c: _gain(point, c, what))
+        if by == "work":
+            return max(cands, key=lambda c: ((getattr(point, what) - getattr(c, what)) / max(1, c.work - point.work),
+                                             [-v for v in smallest_key(c)[:2]]))
+        return min(cands, key=lambda c: (getattr(c, what), smallest_key(c)))
+
     plateau = 0
     for _ in range(max_rounds):
         if done(point):
@@ -270,13 +363,13 @@ def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], boo
         better = [c for c in cands if c.peak_bytes < point.peak_bytes]
         if better:
             plateau = 0
-            point = max(better, key=lambda c: _gain(point, c, "peak_bytes"))
+            point = best(better, "peak_bytes")
             continue
         smaller = [c for c in cands if c.buffer_bytes < point.buffer_bytes]
         plateau += 1
         if not smaller or plateau > PLATEAU_ROUNDS:
             break
-        point = max(smaller, key=lambda c: _gain(point, c, "buffer_bytes"))
+        point = best(smaller, "buffer_bytes")
     return point
 
 
@@ -324,6 +417,19 @@ def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], ev
             if fits(cand) and cand.seconds < point.seconds:
                 point, changed = cand, True
     return point
+
+
+def plan_work(plan: Plan, g: Graph) -> int:
+    """A time no cost profile sets: multiply-adds of the plan's steps plus STEP_MACS per step."""
+    from tightfit.ops import get_op
+
+    total = 0
+    for s in plan.steps():
+        total += STEP_MACS
+        if s.kind == "compute":
+            layer = g.layers[s.layer]
+            total += get_op(layer.op).macs(layer, s.out.region, [g.shape(t) for t in layer.inputs], g.shape(layer.output))
+    return total
 
 
 def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:

@@ -47,6 +47,7 @@ from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan import windows as memo
+from tightfit.plan.deadline import Deadline, TimeUp, check, expired
 from tightfit.plan.reuse import PlannedModel, assign_buffers, layout_for, whole_steps
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
@@ -599,6 +600,11 @@ class TilingPoint:
         return format_tiling(self.groups) or "layer-by-layer"
 
 
+def smallest_key(p: TilingPoint) -> tuple:
+    """Smallest peak first; ties broken without a time (fewer tiles, then the spec)."""
+    return (p.peak_bytes, sum(g.tiles for g in p.groups), p.spec)
+
+
 def _parts_spec(p: "PartsPoint") -> str:
     """Phases per layer (runs of equal phases as ranges), the input's bands, held layers:
     "parts 0:512,1:304,2-5:152, input 256, held 11"."""
@@ -621,6 +627,7 @@ class TilingSearch:
     fits: bool
     smallest_bytes: int  # the smallest peak any configuration in the searched space reaches
     points: tuple[TilingPoint, ...] = ()  # every configuration assembled (the front's superset)
+    timed_out: bool = False  # the deadline stopped the planning of group options
 
 
 def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
@@ -630,14 +637,17 @@ def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
 
 
 def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
-    """Where groups may start and end in the search: the model's ends and the cut points after
-    downsampling (all cut points if there are fewer than two of those), at most `limit`."""
+    """Where groups may start and end in the search: the model's ends, the cut points after
+    downsampling (all cut points if there are fewer than two of those), at most `limit`, and
+    the ends of every groupable run (the cut points around layers that cannot be tiled: a model
+    whose first layer is a layout transpose has no coarse group without the cut after it)."""
     cuts = downsampling_cuts(graph)
     if len(cuts) < 2:
         cuts = tuple(p for p in cut_points(graph) if 0 < p < len(graph.layers))
     if len(cuts) > limit:
         cuts = tuple(cuts[round(k * (len(cuts) - 1) / (limit - 1))] for k in range(limit))
-    return tuple(sorted({0, len(graph.layers)} | set(cuts)))
+    around = {p for first, last in groupable_runs(graph) for p in (first, last + 1)}
+    return tuple(sorted({0, len(graph.layers)} | set(cuts) | around))
 
 
 def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> list[list[TileGroup]]:
@@ -735,7 +745,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                   grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
                   cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
                   timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = (),
-                  parts: bool = True) -> TilingSearch:
+                  parts: bool = True, deadline: Deadline | None = None,
+                  progress: Callable[[str], None] = lambda line: None) -> TilingSearch:
     """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
     front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
@@ -743,7 +754,10 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     answers several budgets: the fastest front point within each). A budget below the space of
     `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
     of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`). With `parts`, a budget
-    below the coarse space also gets the parts search's front there (the whole network by parts)."""
+    below the coarse space also gets the parts search's front there (the whole network by parts).
+    Past `deadline` (checked before each group option is planned) no more options are planned
+    and the configurations are assembled from those planned so far; `progress` gets a line per
+    stage."""
     g = model.graph
     L = len(g.layers)
     cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
@@ -762,43 +776,56 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         """Plan the options of every segment between `points` that `keep` admits: layer by layer,
         and each list of groups `groups_of(a, b)` gives (finer grids last), memory only."""
         nonlocal evaluated
-        for i, a in enumerate(points):
-            for b in points[i + 1:]:
-                lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
-                plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
-                if not groupable(a, b) or not keep(a, b):
-                    continue
-                for candidates in groups_of(a, b):
-                    kept: list[_Option] = []
-                    stale = 0
-                    for grp in candidates:
-                        if stale >= PLATEAU_GRIDS:
-                            break
-                        try:
-                            draft = draft_tiling(model, [grp], layout, dtype)
-                        except TilingError:  # an overlay variant whose output cannot share its input
-                            break
-                        evaluated += 1
-                        live, scratch = step_memory(draft, g)
-                        lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
-                        # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
-                        opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None,
-                                      *_lags(draft, grp))
-                        gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
-                                                for f in ("live", "scratch"))
-                        stale = 0 if gains else stale + 1
-                        # Dominated: more tiles, no less live memory and no less scratch. (Scratch
-                        # counts once per configuration, live bytes per segment: both matter.)
-                        if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
-                            kept.append(opt)
-                    options.setdefault((a, b), []).append(kept)
+        pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1:]]
+        for a, b in pairs:  # every segment can run layer by layer, whatever the deadline cuts off below
+            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+            plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
+        for a, b in pairs:
+            if not groupable(a, b) or not keep(a, b):
+                continue
+            for candidates in groups_of(a, b):
+                kept: list[_Option] = []
+                stale = 0
+                for grp in candidates:
+                    if stale >= PLATEAU_GRIDS:
+                        break
+                    check(deadline)
+                    try:
+                        draft = draft_tiling(model, [grp], layout, dtype)
+                    except TilingError:  # an overlay variant whose output cannot share its input
+                        break
+                    evaluated += 1
+                    live, scratch = step_memory(draft, g)
+                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
+                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
+                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None,
+                                  *_lags(draft, grp))
+                    gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
+                                            for f in ("live", "scratch"))
+                    stale = 0 if gains else stale + 1
+                    # Dominated: more tiles, no less live memory and no less scratch. (Scratch
+                    # counts once per configuration, live bytes per segment: both matter.)
+                    if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
+                        kept.append(opt)
+                options.setdefault((a, b), []).append(kept)
 
     def coarse_groups(a: int, b: int) -> list[list[TileGroup]]:
         h, w = spatial(g.shape(g.layers[b - 1].output))
         return [[TileGroup(a, b - 1, (n, m), ov) for n, m in grids
                  if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in overlaps]
 
-    add_segments(cuts, lambda a, b: True, coarse_groups)
+    timed_out = False
+
+    def add_until_deadline(*args) -> None:
+        nonlocal timed_out
+        try:
+            if not timed_out:
+                add_segments(*args)
+        except TimeUp:
+            timed_out = True
+        progress(f"tiling search: {evaluated} group options planned{' (time is up)' if timed_out else ''}")
+
+    add_until_deadline(cuts, lambda a, b: True, coarse_groups)
 
     def timed(opt: _Option) -> float:
         if opt.seconds is None:
@@ -874,8 +901,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
     below = bool(asked) and min(asked) < smallest.peak_bytes  # a budget below the coarse space
     # Parts configurations compete only where the tiles' coarse space cannot go.
-    by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype) if p.peak_bytes < smallest.peak_bytes]
-                if parts and below else [])
+    by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype, deadline, progress)
+                 if p.peak_bytes < smallest.peak_bytes] if parts and below and not expired(deadline) else [])
     if below and "reuse" in overlaps:
         # Below the space above: the fine space, for the segments that can still fit.
         target = min(asked)
@@ -896,12 +923,16 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
                 return families
             return families + [[replace(grp, overlay=True) for grp in f] for f in families]
 
-        add_segments(cuts, worth, fine_and_overlaid)
+        add_until_deadline(cuts, worth, fine_and_overlaid)
         scratch_caps = caps()
         smallest = smallest_point()
     top = fastest(1 << 62)
+    # The memory side: the smallest chain (no time looked at) and the parts search's smallest.
+    # A time-guided find below it depends on the cost profile: dropped, so the smallest
+    # configuration, and whether a budget is reachable, are the same under any profile.
+    smallest = min([smallest] + by_parts, key=smallest_key)
+    floor = 0 if timed_out else smallest.peak_bytes  # (cut off by the deadline: nothing is dropped)
     seen = [smallest, top] + by_parts
-    smallest = min(seen, key=lambda q: (q.peak_bytes, q.seconds))
     if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
         ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
         ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
@@ -916,17 +947,21 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     limit = 1 << 62 if budget_bytes is None else budget_bytes
     p = fastest(limit)
     seen += [p] if p is not None else []
+    seen = [q for q in seen if q.peak_bytes >= floor]
     fitting = [q for q in seen if q.peak_bytes <= limit]
     chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     from tightfit.plan.parts_search import pareto
 
     distinct = tuple({(p.groups, p.parts): p for p in seen}.values())
-    return TilingSearch(chosen, pareto(list(distinct)), evaluated, fits, smallest.peak_bytes, distinct)
+    smallest = min(seen, key=smallest_key)
+    return TilingSearch(chosen, pareto(list(distinct)), evaluated, fits, smallest.peak_bytes, distinct, timed_out)
 
 
-def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str) -> list[TilingPoint]:
+def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str,
+                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> list[TilingPoint]:
     """The parts search's front for `budget`, as configurations."""
     from tightfit.plan.parts_search import search_parts
 
-    found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype)
+    found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype,
+                         deadline=deadline, progress=progress)
     return [TilingPoint((), p.peak_bytes, p.seconds, p) for p in found.front]

@@ -35,6 +35,7 @@ import os
 import platform
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from math import prod
 from pathlib import Path
@@ -116,6 +117,14 @@ class CostModel:
                 self.seconds, self.hot_seconds = {}, {}  # a damaged profile is measured again
         self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
         self._measured = 0
+        # Profiling done through this model: step shapes measured and the seconds it took
+        # (reported apart from a search's time, which does not count it).
+        self.profiled = 0
+        self.profiled_seconds = 0.0
+
+    def search_clock(self) -> float:
+        """A clock for search deadlines that stands still while this model profiles."""
+        return time.monotonic() - self.profiled_seconds
 
     @classmethod
     def default(cls, reprofile: bool = False) -> "CostModel":
@@ -148,7 +157,8 @@ class CostModel:
     def _once(self, key: str, measure: Callable[[], float]) -> float:
         """A profile constant, measured on first need."""
         if key not in self.seconds:
-            self.record(key, measure())
+            with self._profiling():
+                self.record(key, measure())
         return self.seconds[key]
 
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
@@ -182,18 +192,36 @@ class CostModel:
 
     def _measure(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> None:
         if key not in self.seconds or key not in self.hot_seconds:
-            run = self._bound_step(plan, graphs, step)
-            if isinstance(run, NativeCalls):
-                self.native.add(key)
-            self.seconds[key] = _median_seconds(run)
-            self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
-            self._measured += 1
-            code_key = CODE_KEY + _op_kind(graphs, step)
-            touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
-            if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
-                # Evicted data on a step this small costs little next to evicted code.
-                cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
-                self.record(code_key, max(0.0, cold - self.seconds[key] - touched * self.cold_byte_seconds))
+            with self._profiling():
+                self._profile(plan, graphs, step, key)
+            self.profiled += 1
+
+    @contextmanager
+    def _profiling(self):
+        """Count the seconds spent profiling (once, however nested)."""
+        self._depth = getattr(self, "_depth", 0) + 1
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                self.profiled_seconds += time.monotonic() - t0
+
+    def _profile(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> None:
+        """Time a step shape the profile lacks (stirred, hot, and its op's code if new)."""
+        run = self._bound_step(plan, graphs, step)
+        if isinstance(run, NativeCalls):
+            self.native.add(key)
+        self.seconds[key] = _median_seconds(run)
+        self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
+        self._measured += 1
+        code_key = CODE_KEY + _op_kind(graphs, step)
+        touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
+        if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
+            # Evicted data on a step this small costs little next to evicted code.
+            cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
+            self.record(code_key, max(0.0, cold - self.seconds[key] - touched * self.cold_byte_seconds))
 
     def record(self, key: str, seconds: float) -> None:
         """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""

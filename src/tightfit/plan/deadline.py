@@ -1,0 +1,42 @@
+"""When a search must stop, as a value: planners stay pure functions of their inputs, and check the
+deadline between candidates (never inside one), returning the best found so far when it passes.
+
+The clock is the caller's: the command layer's clock leaves out the seconds the cost model spent
+profiling new step shapes (reported apart), so a first run that profiles searches as long as a
+warm one."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Deadline:
+    at: float  # on `clock`, in seconds
+    clock: Callable[[], float] = time.monotonic
+
+    @staticmethod
+    def after(seconds: float, clock: Callable[[], float] = time.monotonic) -> "Deadline":
+        return Deadline(clock() + seconds, clock)
+
+    def expired(self) -> bool:
+        return self.clock() >= self.at
+
+    def left(self) -> float:
+        return max(0.0, self.at - self.clock())
+
+
+def expired(deadline: Deadline | None) -> bool:
+    """Whether an optional deadline has passed (None: never)."""
+    return deadline is not None and deadline.expired()
+
+
+class TimeUp(Exception):
+    """Raised between candidates when the deadline has passed; the search catches it and returns
+    the best it found so far."""
+
+
+def check(deadline: Deadline | None) -> None:
+    if expired(deadline):
+        raise TimeUp()

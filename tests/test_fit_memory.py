@@ -1,0 +1,127 @@
+"""The memory side of every search is timing-independent: the smallest plan `fit` (and the parts
+and tiling searches) finds is the same under the measured cost profile and under the same profile
+with every step time scaled by its own seeded random factor in [0.7, 1.3] (as a busy machine
+might have measured it). The default run uses small inputs; the slow run Table 6.6's applications."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+import tightfit.fit as F
+from tightfit.plan.fit import Constraints, FitApp, FitProblem, search
+from tightfit.plan.parts_search import search_parts
+from tightfit.plan.tiling import cost_seconds, search_tiling
+from tightfit.runtime.cost import CostModel
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class ScaledProfile(CostModel):
+    """`base`'s step times, each scaled by a factor drawn for its key from `seed` in [low, high]
+    (the profile constants too). A step `base` lacks is measured by `base` (once), never here."""
+
+    def __init__(self, base: CostModel, seed: int, low: float = 0.7, high: float = 1.3):
+        super().__init__(None)
+        self.id = f"{base.id}-scaled-{seed}"
+        self.base, self.seed, self.low, self.high = base, seed, low, high
+        self._copied = 0
+
+    def factor(self, key: str) -> float:
+        return random.Random(f"{self.seed}:{key}").uniform(self.low, self.high)
+
+    def _measure(self, plan, graphs, step, key) -> None:
+        if key not in self.seconds or key not in self.hot_seconds:
+            self.base._measure(plan, graphs, step, key)
+            self._copy()
+
+    def _once(self, key, measure) -> float:
+        self.base._once(key, measure)
+        self._copy()
+        return self.seconds[key]
+
+    def _copy(self) -> None:
+        """Scaled copies of the base's entries added since the last copy (code keys included)."""
+        if len(self.base.seconds) + len(self.base.hot_seconds) == self._copied:
+            return
+        for key, s in self.base.seconds.items():
+            self.seconds.setdefault(key, s * self.factor(key))
+        for key, s in self.base.hot_seconds.items():
+            self.hot_seconds.setdefault(key, s * self.factor(key))
+        self.native |= self.base.native
+        self._copied = len(self.base.seconds) + len(self.base.hot_seconds)
+
+
+def profiles() -> tuple[CostModel, CostModel]:
+    measured = CostModel.default()
+    return measured, ScaledProfile(measured, seed=24)
+
+
+def smallest_fit(app: FitApp, cost: CostModel, **options) -> int:
+    """The smallest memory `fit`'s search finds (a budget nothing meets, as `fit --budget 1`)."""
+    problem = FitProblem(app, cost.plan_seconds, cost=cost, thorough=options.pop("thorough", False))
+    found = search(problem, Constraints(1, (0.0,) * len(app.models)), seed=0, source_budget=1, **options)
+    assert not found.fits
+    return min(p.memory_bytes for p in found.front)
+
+
+def smallest_sources(app: FitApp, cost: CostModel) -> list[tuple[int, int]]:
+    """Per CNN, the smallest peak of the parts search and of the tiling search."""
+    out = []
+    for model in app.models:
+        g = model.graph
+        parts = search_parts(model, lambda p, g=g: cost.plan_seconds(p, [g]), 1)
+        tiling = search_tiling(model, cost_seconds(cost, g), 1, max_groups=2, timed_per_segment=1, front_points=0,
+                               parts=False)
+        out.append((parts.smallest.peak_bytes, tiling.smallest_bytes))
+    return out
+
+
+SMALL_APP = """cnns:
+  - {name: large, model: mobilenet_v2, input_shape: 1x3x32x32}
+  - {name: small, model: mobilenet_v1_025, input_shape: 1x3x16x16}
+"""
+
+
+def small_app(name: str, tmp_path: Path) -> FitApp:
+    """minakova5, mobilenet_v2 at 32x32, or examples/adaptive.yaml's two CNNs at small inputs."""
+    if name != "two CNNs":
+        return F.load_fit_app(name, None if name == "minakova5" else (1, 3, 32, 32))
+    path = tmp_path / "adaptive_small.yaml"
+    path.write_text(SMALL_APP)
+    return F.load_fit_app(str(path))
+
+
+def test_scaled_profile_scales_every_step_time_within_its_range():
+    measured, scaled = profiles()
+    app = F.load_fit_app("minakova5")
+    plan = FitProblem(app, measured.plan_seconds).plan(FitProblem(app, measured.plan_seconds).reuse_genes())
+    scaled.plan_seconds(plan, app.graphs)
+    ratios = [scaled.seconds[k] / measured.seconds[k] for k in scaled.seconds if measured.seconds[k] > 0]
+    assert ratios and all(0.7 <= r <= 1.3 for r in ratios) and max(ratios) - min(ratios) > 0.05
+    assert scaled.seconds.keys() <= measured.seconds.keys()
+
+
+@pytest.mark.parametrize("name", ["minakova5", "mobilenet_v2", "two CNNs"])
+def test_smallest_memory_does_not_depend_on_the_profile(name, tmp_path):
+    measured, scaled = profiles()
+    app = small_app(name, tmp_path)
+    if len(app.models) == 1:  # (an application's CNNs are searched by the same sources)
+        assert smallest_sources(app, measured) == smallest_sources(app, scaled)
+    options = dict(generations=1, max_steps=5_000)
+    assert smallest_fit(app, measured, **options) == smallest_fit(app, scaled, **options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("no", [1, 2, 3, 4, 5, 6])
+def test_smallest_memory_of_table_6_6_does_not_depend_on_the_profile(no):
+    """bench/fit.py's "min" rows: fit --with-params --thorough on Table 6.6's applications."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import fit as bench_fit
+
+    row = next(r for r in bench_fit.TABLE_6_6 if r[0] == no)
+    app = bench_fit.make_app(row[1], row[2])
+    measured, scaled = profiles()
+    assert smallest_fit(app, measured, thorough=True) == smallest_fit(app, scaled, thorough=True)

@@ -1,0 +1,36 @@
+"""Coarse tiling spaces cut around layers that cannot be tiled: a model whose first layer is a
+layout transpose (NHWC input) has no coarse group unless a cut follows the transpose, and every
+budget below layer by layer then went to the fine space (issue 20)."""
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+
+import tightfit
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.tiling import candidate_cuts, search_tiling, tileable
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class NHWCInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(32, 32, 3, padding=1))
+
+    def forward(self, x):
+        return self.body(x.permute(0, 3, 1, 2))
+
+
+def test_a_cut_follows_a_layer_that_cannot_be_tiled_and_the_coarse_space_fits():
+    g = tightfit.load(NHWCInput().eval(), (1, 64, 64, 3))
+    assert not tileable(g, 0) and all(tileable(g, l.id) for l in g.layers[1:])
+    assert 1 in candidate_cuts(g)
+    model = PlannedModel(g, "nhwc")
+    seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
+    whole = search_tiling(model, seconds, None, overlaps=("recompute",), front_points=0, parts=False).chosen
+    # Recomputed overlap only, no parts: the fine space (reused overlap) cannot answer, the coarse must.
+    found = search_tiling(model, seconds, whole.peak_bytes // 2, overlaps=("recompute",), front_points=0, parts=False)
+    assert found.fits and found.chosen.groups and found.chosen.groups[0].first == 1

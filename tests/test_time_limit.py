@@ -1,0 +1,70 @@
+"""Bounded search time: a deadline passed into the searches (a value on a clock the caller gives)
+stops them between candidates, and they answer with the best found so far. Clocks here are
+counters, so nothing depends on this machine's speed."""
+from __future__ import annotations
+
+import pytest
+
+import tightfit
+import tightfit.fit as F
+from tightfit.cli import main
+from tightfit.plan.deadline import Deadline
+from tightfit.plan.fit import Constraints, FitProblem, search
+from tightfit.plan.parts_search import search_parts
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.tiling import search_tiling
+from test_parts_search import step_cost
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Ticks:
+    """A clock that advances one second each time it is read."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_parts_search_stops_at_its_deadline_with_the_best_found_so_far():
+    g = tightfit.load("mobilenet_v1_025")
+    model = PlannedModel(g, "m")
+    full = search_parts(model, step_cost([g]), 1)
+    clock = Ticks()
+    lines = []
+    cut = search_parts(model, step_cost([g]), 1, deadline=Deadline.after(5, clock), progress=lines.append)
+    assert cut.timed_out and not full.timed_out
+    assert 1 < cut.evaluated < full.evaluated and cut.chosen.peak_bytes >= full.smallest.peak_bytes
+    assert cut.chosen == cut.smallest and any("time is up" in line for line in lines)
+
+
+def test_tiling_search_stops_at_its_deadline_and_still_answers():
+    g = tightfit.load("minakova5")
+    model = PlannedModel(g, "minakova5")
+    seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
+    full = search_tiling(model, seconds, 1, front_points=0, parts=False)
+    cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline.after(3, Ticks()))
+    assert cut.timed_out and cut.evaluated < full.evaluated
+    assert cut.smallest_bytes >= full.smallest_bytes and cut.chosen.peak_bytes == cut.smallest_bytes
+
+
+def test_fit_search_past_its_deadline_answers_from_the_plans_found():
+    app = F.load_fit_app("minakova5")
+    seconds = step_cost(app.graphs)
+    lines = []
+    problem = FitProblem(app, lambda plan, graphs: seconds(plan))
+    found = search(problem, Constraints(1, (0.0,)), exhaustive_limit=0, source_budget=1,
+                   deadline=Deadline(0.0), say=lines.append)
+    full = FitProblem(app, lambda plan, graphs: seconds(plan))
+    search(full, Constraints(1, (0.0,)), exhaustive_limit=0, source_budget=1)
+    assert found.front and len(problem.points) < len(full.points)
+    assert any(line.startswith("fit: seeds") for line in lines) and any("time is up" in line for line in lines)
+
+
+def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys):
+    assert main(["plan", "minakova5", "--method", "parts", "--budget", "5kB", "--time-limit", "30", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "parts search:" in err and "not counted" in err
