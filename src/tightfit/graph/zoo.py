@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from onnx import numpy_helper
 
+from tightfit.cache import cache_dir
 from tightfit.graph.ir import Graph
 
 SEED = 20240601
@@ -393,17 +394,6 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
                 except OSError:
                     pass
     return data
-
-
-def cache_dir() -> Path | None:
-    """Where exported zoo models are kept: $TIGHTFIT_CACHE if set (0/off/no: no disk cache),
-    else $XDG_CACHE_HOME/tightfit or ~/.cache/tightfit."""
-    setting = os.environ.get("TIGHTFIT_CACHE", "").strip()
-    if setting.lower() in ("0", "off", "no", "false", "none"):
-        return None
-    if setting and setting.lower() not in ("1", "on", "yes", "true"):
-        return Path(setting).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tightfit"
 
 
 @functools.lru_cache(maxsize=1)
