@@ -28,9 +28,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
 from tightfit.graph.ir import Graph
-from tightfit.graph.onnx_import import import_model
+from tightfit.frontend.onnx_import import import_model
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan

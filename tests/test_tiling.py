@@ -10,7 +10,7 @@ import torch
 import tightfit
 from tightfit.cli import main
 from tightfit.errors import BudgetError
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema, windows
 from tightfit.plan.check import check_plan, lifetimes

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
     """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape)."""
-    from tightfit.graph import zoo
-    from tightfit.graph.onnx_import import load_onnx
-    from tightfit.graph.torch_import import from_module
+    from tightfit.frontend import zoo
+    from tightfit.frontend.onnx_import import load_onnx
+    from tightfit.frontend.torch_import import from_module
 
     if isinstance(model, Graph):
         return model
@@ -40,7 +40,7 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
 
 
 def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
-    from tightfit.graph.torch_import import from_module
+    from tightfit.frontend.torch_import import from_module
 
     mod_name, _, attr = spec.partition(":")
     try:
@@ -257,7 +257,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
 
 def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
     """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
     return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)

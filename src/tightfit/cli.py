@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     entries = zoo.entries()
     if args.json:

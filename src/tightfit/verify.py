@@ -38,7 +38,7 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     """The ONNX model tightfit imported for `spec`, as onnxruntime should see it."""
     from pathlib import Path
 
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     if spec in zoo.names():
         return zoo.onnx_model(spec, tuple(input_shape) if input_shape is not None else None)
@@ -46,7 +46,7 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
         return Path(spec).read_bytes()
     import importlib
 
-    from tightfit.graph.torch_import import export_onnx
+    from tightfit.frontend.torch_import import export_onnx
 
     mod, _, attr = spec.partition(":")
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()

@@ -298,7 +298,7 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
                 if n.op_type == "BatchNormalization" and len(n.input) >= 5 and n.input[3] in inits and n.input[4] in inits}
     if not stats_of:
         return
-    from tightfit.graph.onnx_import import import_model
+    from tightfit.frontend.onnx_import import import_model
     from tightfit.ops import get_op
     from tightfit.runtime.reference import last_readers, run_layer
 
@@ -382,7 +382,7 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
         model = onnx.load(_onnxzoo_path(name[len("onnxzoo-"):]))
         data = randomize_onnx(model).SerializeToString()
     else:
-        from tightfit.graph.torch_import import export_onnx
+        from tightfit.frontend.torch_import import export_onnx
 
         data = export_onnx(torch_module(name), shape).SerializeToString()
     if path is not None:
@@ -405,7 +405,7 @@ def _code_version() -> str:
     rounding."""
     import torchvision
 
-    from tightfit.graph import onnx_import, torch_import
+    from tightfit.frontend import onnx_import, torch_import
 
     h = hashlib.sha256()
     for part in (torch.__version__, torchvision.__version__, onnx.__version__, np.__version__, str(SEED),
@@ -462,7 +462,7 @@ def load(name: str, input_shape: Sequence[int] | None = None) -> Graph:
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str, shape: tuple[int, ...]) -> Graph:
-    from tightfit.graph.onnx_import import import_model
+    from tightfit.frontend.onnx_import import import_model
 
     model = onnx.load_from_string(onnx_model(name, shape))
     return import_model(model, shape, name)
