@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
+from tightfit.frontend.validate import validate
 from tightfit.graph.ir import Graph, Layer, Tensor
 from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS
@@ -293,7 +294,7 @@ class _Builder:
             original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
             original_param_count=self.original_params,
         )
-        return graph.validate()
+        return validate(graph)
 
 
 def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:
