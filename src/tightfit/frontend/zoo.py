@@ -299,8 +299,8 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
     if not stats_of:
         return
     from tightfit.frontend.onnx_import import import_model
-    from tightfit.ops import get_op
-    from tightfit.runtime.reference import last_readers, run_layer
+    from tightfit.graph.ir import last_reads
+    from tightfit.ops import get_op, run_layer
 
     from tightfit.errors import TightfitError
 
@@ -310,7 +310,7 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
         return  # a model tightfit cannot run keeps its drawn statistics
     shape = graph.shape(graph.inputs[0])
     live = {graph.inputs[0]: torch.from_numpy(np.random.default_rng(seed + 1).standard_normal(shape, dtype=np.float32))}
-    last = last_readers(graph)
+    last = last_reads(graph)
     new: dict[str, np.ndarray] = {}
     with torch.no_grad():
         for layer in graph.layers:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,16 @@ def spatial(shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) == 4:
         return shape[2], shape[3]
     return 1, 1
+
+
+def last_reads(graph: "Graph", order: Sequence[int] | None = None) -> dict[str, int]:
+    """tensor -> position in `order` (layer ids; default: the imported order) of its last
+    reader; tensors no layer reads are absent."""
+    last: dict[str, int] = {}
+    for pos, lid in enumerate(range(len(graph.layers)) if order is None else order):
+        for t in graph.layers[lid].inputs:
+            last[t] = pos
+    return last
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,23 @@ is complete once `tightfit.ops` is imported.
 """
 from __future__ import annotations
 
+import torch
+
+from tightfit.graph.ir import Layer
 from tightfit.ops.base import InputWindow, Op, Region, WORKSPACE_MODELS
 from tightfit.ops.registry import get_op, onnx_op_for, onnx_types, op_names, register
 
 # Import the op families so they register (order does not matter).
-from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize  # noqa: E402,F401
+from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize  # noqa: F401
+
+
+def run_layer(layer: Layer, inputs: list[torch.Tensor], params: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Compute a layer's whole output into `out` from whole input tensors."""
+    op = get_op(layer.op)
+    region = Region.whole(tuple(out.shape))
+    windows = op.input_windows(layer, region, [tuple(x.shape) for x in inputs])
+    op.compute(layer, [w.region.slice(x) for w, x in zip(windows, inputs)], windows, out, region, params)
+
 
 __all__ = ["InputWindow", "Op", "Region", "WORKSPACE_MODELS", "get_op", "op_names", "register",
-           "onnx_op_for", "onnx_types"]
+           "onnx_op_for", "onnx_types", "run_layer"]
