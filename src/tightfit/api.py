@@ -1,7 +1,6 @@
 """The small public API; the CLI is built on it."""
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,49 +9,12 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 
 from tightfit.analysis.memory import ModelMemory, account
-from tightfit.errors import ModelLoadError, OptionError
+from tightfit.errors import OptionError
+from tightfit.frontend.load import load, load_ref
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
     from tightfit.runtime.cost import CostModel
-
-
-def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
-    """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape)."""
-    from tightfit.frontend import zoo
-    from tightfit.frontend.onnx_import import load_onnx
-    from tightfit.frontend.torch_import import from_module
-
-    if isinstance(model, Graph):
-        return model
-    if isinstance(model, torch.nn.Module):
-        if input_shape is None:
-            raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
-        return from_module(model, input_shape, type(model).__name__)
-    spec = str(model)
-    if spec in zoo.names():
-        return zoo.load(spec, input_shape)
-    if spec.endswith(".onnx") or Path(spec).exists():
-        return load_onnx(spec, input_shape)
-    if ":" in spec:
-        return _load_factory(spec, input_shape)
-    raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
-
-
-def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
-    from tightfit.frontend.torch_import import from_module
-
-    mod_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ModelLoadError(f"cannot import {spec!r}: {e}") from None
-    module = factory()
-    if not isinstance(module, torch.nn.Module):
-        raise ModelLoadError(f"{spec!r} returned {type(module).__name__}, not a torch.nn.Module")
-    if input_shape is None:
-        raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
-    return from_module(module, input_shape, attr)
 
 
 def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: int = 1) -> ModelMemory:
@@ -97,7 +59,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     method "vbs" runs the `batch` samples of a request with a variable batch size across layers
     (Choudhury et al.): the fastest schedule the dynamic program finds within `budget` bytes, at
     `unit_bytes` memory granularity, each pivot's latency within `latency` seconds if given."""
-    from tightfit.plan.app import is_app_file, load_app
+    from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
 
@@ -253,14 +215,6 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
         graphs.append(g)
     check_plan(plan_, graphs)
     return plan_, graphs
-
-
-def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
-    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
-    from tightfit.frontend import zoo
-
-    default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
-    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)
 
 
 def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:
