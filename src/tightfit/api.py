@@ -185,7 +185,7 @@ def _vbs_for_budget(model, budget: int | None, planner: str, layout: str, cost: 
         raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}: "
                           f"the smallest feasible budget is {human(least)} ({least} bytes)")
     from tightfit.plan.vbs_graph import make_problem
-    from tightfit.runtime.vbs_runs import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
+    from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
 
     cost = cost or CostModel.default()
     problem = make_problem(model, cost, layout, batch_factors=calibrate(model, cost, planner, layout))

@@ -166,7 +166,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":
-        from tightfit.runtime.vbs_runs import compare_methods
+        from tightfit.vbs_calibration import compare_methods
 
         report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
     if args.out:

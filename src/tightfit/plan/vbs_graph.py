@@ -449,7 +449,7 @@ class VbsResult:
 def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "fp32", smooth: bool = True,
                  batch_factors: Sequence[float] | None = None) -> Problem:
     """The DP's problem for a model and request, timed by `cost` (see `smoothed`); every step
-    of b samples scaled by `batch_factors[b]` if given (see runtime/vbs_runs.calibrate)."""
+    of b samples scaled by `batch_factors[b]` if given (see tightfit/vbs_calibration.calibrate)."""
     seconds = profile_seconds(model, cost, model.batch, layout, dtype)
     seconds = smoothed(seconds) if smooth else seconds
     if batch_factors is not None:
