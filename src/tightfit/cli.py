@@ -182,7 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
             print(vbs_text(report["vbs"], graphs[0]))
         if args.layout_map:
-            from tightfit.plan.check import lifetimes
+            from tightfit.plan.lifetimes import lifetimes
             from tightfit.plan.offsets import format_layout
 
             life = lifetimes(p, graphs)

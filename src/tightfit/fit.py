@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tightfit.errors import OptionError
-from tightfit.plan.check import CheckReport, check_plan, lifetimes
+from tightfit.plan.check import CheckReport, check_plan
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
                                meeting, parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel

@@ -159,7 +159,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
 
 def _fifo_copies(parts: Sequence[Partition], concurrent: Sequence[Sequence[int]], n: int) -> list[int]:
     """A buffer used by two partitions that run at the same time is a FIFO: two copies."""
-    from tightfit.plan.check import buffer_users
+    from tightfit.plan.lifetimes import buffer_users
 
     users = buffer_users(parts)
     sets = [set(c) for c in concurrent]
