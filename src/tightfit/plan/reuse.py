@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-from tightfit.graph.ir import Graph, itemsize, spatial
+from tightfit.graph.ir import Graph, itemsize, last_reads, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan import windows as memo
@@ -90,10 +90,7 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
 def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool, exclude: frozenset[int] = frozenset()) -> dict[str, str]:
     """tensor -> tensor whose buffer it uses (itself, or an input it overwrites in place);
     layers in `exclude` never write in place."""
-    last = {}
-    for pos, lid in enumerate(order):
-        for t in graph.layers[lid].inputs:
-            last[t] = pos
+    last = last_reads(graph, order)
     home = {t: t for t in graph.tensors}
     for pos, lid in enumerate(order):
         layer = graph.layers[lid]
