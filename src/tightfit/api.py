@@ -11,6 +11,7 @@ import torch
 from tightfit.analysis.memory import ModelMemory, account
 from tightfit.errors import OptionError
 from tightfit.frontend.load import load, load_ref
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     graphs = []
     for ref in plan_.models:
         g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape)
-        if schema.fingerprint(g) != ref.fingerprint:
+        if fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
         graphs.append(g)
     check_plan(plan_, graphs)

@@ -11,9 +11,10 @@ runs are kept in the cost model's profile like its step times.
 """
 from __future__ import annotations
 
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 from tightfit.plan.reuse import PlannedModel
-from tightfit.plan.schema import Plan, fingerprint
+from tightfit.plan.schema import Plan
 from tightfit.plan.vbs_graph import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
                                      predicted_seconds, run_memory)
 from tightfit.runtime.vbs_runs import RUNS_VERSION, paired_medians, time_plans, time_rounds

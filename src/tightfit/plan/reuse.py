@@ -8,11 +8,12 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph, itemsize, last_reads, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan import windows as memo
-from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step, fingerprint
+from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step
 
 ORDERS = ("imported", "memory")
 
