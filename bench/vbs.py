@@ -32,9 +32,9 @@ from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs_graph import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
                                      plan_schedule, predicted_seconds, run_memory, search_vbs, smallest_feasible_budget,
                                      solve_problem)
+from tightfit.runtime.cost import CostModel
 from tightfit.runtime.vbs_runs import time_rounds
 from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
-from tightfit.runtime.cost import CostModel
 
 MODELS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1")
 # Table II: throughput gain (max, %) of VBS over FBS, memory < 30 MB and > 35 MB.
