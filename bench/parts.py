@@ -43,7 +43,8 @@ import tightfit
 from benchlib import header, loaded, verdict
 from tightfit.analysis.csdf import max_phases
 from tightfit.plan import schema
-from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.check import check_plan
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.parts_search import plan_point, search_parts

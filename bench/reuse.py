@@ -27,7 +27,7 @@ import torch
 
 import tightfit
 from benchlib import header, loaded, verdict
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.place import planner_names
@@ -151,7 +151,7 @@ def overhead_table(steps: int = 400, runs: int = 30) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from tightfit.graph.onnx_import import import_model
+    from tightfit.frontend.onnx_import import import_model
 
     nodes, prev = [], "x"
     for i in range(steps):

@@ -5,7 +5,7 @@ the one where FBS reaches batch 12 (BUDGETS per model, evenly spaced; the paper 
 in 2 MB steps): the measured time per image (median of 15 runs of each plan, the three methods
 interleaved, gains paired within a round) for FBS, Greedy-VBS and VBS, the gain (t_FBS - t_VBS) / t_FBS measured and
 as the cost model predicts it (step times smoothed per layer and calibrated per batch size by
-one run of each uniform plan, runtime/vbs_runs.py), and the paper's Table II gains beside. The
+one run of each uniform plan, tightfit/vbs_calibration.py), and the paper's Table II gains beside. The
 search chooses with one calibration; the predicted gain printed is by a second, independent one
 (the first favours its pick by construction; column "choosing" shows the gain it predicted). One thread
 (torch.set_num_threads(1)): on this shared 2-core machine it is the more stable setting, and the
@@ -33,8 +33,9 @@ from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs_graph import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
                                      plan_schedule, predicted_seconds, run_memory, search_vbs, smallest_feasible_budget,
                                      solve_problem)
-from tightfit.runtime.vbs_runs import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate, time_rounds
 from tightfit.runtime.cost import CostModel
+from tightfit.runtime.vbs_runs import time_rounds
+from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
 
 MODELS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1")
 # Table II: throughput gain (max, %) of VBS over FBS, memory < 30 MB and > 35 MB.

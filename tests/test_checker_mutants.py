@@ -28,14 +28,15 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
+from tightfit.frontend.onnx_import import import_model
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
-from tightfit.graph.onnx_import import import_model
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel, plan_reuse
-from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, PlanError, Step, fingerprint
+from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, PlanError, Step
 from tightfit.runtime.executor import ArenaExecutor, buffer_view
 from tightfit.runtime.reference import random_input, run_reference
 

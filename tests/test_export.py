@@ -17,7 +17,8 @@ import pytest
 
 import tightfit
 from tightfit.cli import main
-from tightfit.export import PROCESS_SLACK, check, export, generate
+from tightfit.api import check_export as check
+from tightfit.export import PROCESS_SLACK, export, generate
 from tightfit.export.build import build, run
 from tightfit.plan import schema
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tightfit.errors import TightfitError
-from tightfit.export import check_mcu, export, mcu
+from tightfit.api import check_export_mcu
+from tightfit.export import export, mcu
 from tightfit.export.errors import DoesNotFitError, ExportError
 
 _MISSING = mcu.toolchain_available()
@@ -297,4 +298,4 @@ def test_mobilenet_v1_025_fitted_to_128k_runs_on_cortex_m7(tmp_path):
     sources = export(outcome.plan, app.graphs, tmp_path / "out")
     built = mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", 128 * KIB, 2 * 2**20, tmp_path / "m.elf")
     assert built.arena == outcome.plan.arena_bytes <= 100 * KIB
-    assert check_mcu(outcome.plan, app.graphs, built).ok
+    assert check_export_mcu(outcome.plan, app.graphs, built).ok

@@ -30,10 +30,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.graph.ir import Layer, spatial
-from tightfit.ops import WORKSPACE_MODELS, get_op, op_names
+from tightfit.ops import WORKSPACE_MODELS, get_op, op_names, run_layer
 from tightfit.ops.activation import INPLACE
 from tightfit.ops.base import InputWindow, OnnxNode, Region
-from tightfit.runtime.reference import run_layer
 
 SETTINGS = dict(
     derandomize=True, deadline=None, database=None,

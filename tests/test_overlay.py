@@ -12,7 +12,7 @@ from torch import nn
 import tightfit
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
-from tightfit.plan.overlay import block_positions
+from tightfit.plan.lifetimes import block_positions
 from tightfit.plan.parts import plan_parts
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import PlanError

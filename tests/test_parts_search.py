@@ -12,7 +12,8 @@ from tightfit.analysis.csdf import needs_whole_input
 from tightfit.cli import main
 from tightfit.graph.ir import spatial
 from tightfit.ops import get_op
-from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.check import check_plan
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import plan_parts
 from tightfit.plan.parts_search import _peak_tensors, plan_point, search_parts

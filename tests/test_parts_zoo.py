@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tightfit
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan

@@ -15,7 +15,8 @@ import torch
 
 from tightfit import api
 from tightfit.cli import main
-from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.check import check_plan
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.place import planner_names
 from tightfit.plan.reuse import ORDERS
 from tightfit.runtime.executor import ArenaExecutor

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.graph.ir import Graph
-from tightfit.graph.onnx_import import import_model
+from tightfit.frontend.onnx_import import import_model
 from tightfit.plan import reuse, schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.place import planner_names
@@ -365,7 +365,7 @@ ZOO_FAST = ("minakova5", "resnet18", "mobilenet_v2", "googlenet", "squeezenet1_0
 
 @pytest.mark.parametrize("name", ZOO_FAST)
 def test_zoo_memory_order_and_improve_reach_bound(name):
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     graph = zoo.load(name)
     model = PlannedModel(graph, name)

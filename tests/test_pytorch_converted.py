@@ -18,7 +18,7 @@ import torch
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, TightfitError, UnsupportedOpsError
-from tightfit.graph.onnx_import import load_onnx
+from tightfit.frontend.onnx_import import load_onnx
 from tightfit.runtime.reference import run_reference
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "pytorch-converted"

@@ -10,10 +10,11 @@ import torch
 import tightfit
 from tightfit.cli import main
 from tightfit.errors import BudgetError
-from tightfit.graph import zoo
+from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema, windows
-from tightfit.plan.check import check_plan, lifetimes
+from tightfit.plan.check import check_plan
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)

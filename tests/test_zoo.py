@@ -14,8 +14,8 @@ import onnx
 import pytest
 import torch
 
-from tightfit.graph import zoo
-from tightfit.graph.onnx_import import import_model
+from tightfit.frontend import zoo
+from tightfit.frontend.onnx_import import import_model
 from tightfit.runtime.reference import random_input, run_reference
 
 RTOL = 1e-4
@@ -251,7 +251,7 @@ def test_exported_bytes_are_cached_on_disk(tmp_path, monkeypatch):
         def no_export(*a, **k):
             raise AssertionError("exported again despite the disk cache")
 
-        monkeypatch.setattr("tightfit.graph.torch_import.export_onnx", no_export)
+        monkeypatch.setattr("tightfit.frontend.torch_import.export_onnx", no_export)
         assert zoo.onnx_model("minakova5") == data
         monkeypatch.setenv("TIGHTFIT_CACHE", "off")
         assert zoo._cache_path("minakova5", (1, 1, 32, 32)) is None

@@ -1,7 +1,6 @@
 """The small public API; the CLI is built on it."""
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,49 +9,13 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 
 from tightfit.analysis.memory import ModelMemory, account
-from tightfit.errors import ModelLoadError, OptionError
+from tightfit.errors import OptionError
+from tightfit.frontend.load import load, load_ref
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
     from tightfit.runtime.cost import CostModel
-
-
-def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
-    """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape)."""
-    from tightfit.graph import zoo
-    from tightfit.graph.onnx_import import load_onnx
-    from tightfit.graph.torch_import import from_module
-
-    if isinstance(model, Graph):
-        return model
-    if isinstance(model, torch.nn.Module):
-        if input_shape is None:
-            raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
-        return from_module(model, input_shape, type(model).__name__)
-    spec = str(model)
-    if spec in zoo.names():
-        return zoo.load(spec, input_shape)
-    if spec.endswith(".onnx") or Path(spec).exists():
-        return load_onnx(spec, input_shape)
-    if ":" in spec:
-        return _load_factory(spec, input_shape)
-    raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
-
-
-def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
-    from tightfit.graph.torch_import import from_module
-
-    mod_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ModelLoadError(f"cannot import {spec!r}: {e}") from None
-    module = factory()
-    if not isinstance(module, torch.nn.Module):
-        raise ModelLoadError(f"{spec!r} returned {type(module).__name__}, not a torch.nn.Module")
-    if input_shape is None:
-        raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
-    return from_module(module, input_shape, attr)
 
 
 def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: int = 1) -> ModelMemory:
@@ -98,7 +61,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     method "vbs" runs the `batch` samples of a request with a variable batch size across layers
     (Choudhury et al.): the fastest schedule the dynamic program finds within `budget` bytes, at
     `unit_bytes` memory granularity, each pivot's latency within `latency` seconds if given."""
-    from tightfit.plan.app import is_app_file, load_app
+    from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
 
@@ -244,7 +207,7 @@ def _vbs_for_budget(model, budget: int | None, planner: str, layout: str, cost: 
         raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}: "
                           f"the smallest feasible budget is {human(least)} ({least} bytes)")
     from tightfit.plan.vbs_graph import make_problem
-    from tightfit.runtime.vbs_runs import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
+    from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
 
     cost = cost or CostModel.default()
     problem = make_problem(model, cost, layout, batch_factors=calibrate(model, cost, planner, layout))
@@ -269,19 +232,11 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     graphs = []
     for ref in plan_.models:
         g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape)
-        if schema.fingerprint(g) != ref.fingerprint:
+        if fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
         graphs.append(g)
     check_plan(plan_, graphs)
     return plan_, graphs
-
-
-def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
-    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
-    from tightfit.graph import zoo
-
-    default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
-    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)
 
 
 def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:
@@ -300,3 +255,33 @@ def execute(plan_, graphs, inputs: Sequence[torch.Tensor] | None = None, fill_na
     outs = ex.run(xs)
     seconds = time.perf_counter() - t0
     return [{k: v.clone() for k, v in o.items()} for o in outs], seconds
+
+
+# --- the C export ------------------------------------------------------------------------------
+
+def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
+    """The seeded inputs of a plan's CNNs and the reference executor's outputs on them (every
+    output of every CNN, in order), as float32 arrays."""
+    from tightfit.runtime.reference import run_reference
+
+    inputs = plan_inputs(graphs, plan_, seed)
+    refs = [run_reference(g, x)[t].numpy() for g, x in zip(graphs, inputs) for t in g.outputs]
+    return [x.numpy() for x in inputs], refs
+
+
+def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflags=None, runs: int = 1,
+                 sanitize: bool = False, seed: int = 0):
+    """Build an exported plan, run it on the seeded inputs, compare with the reference executor
+    (tightfit.export.Check)."""
+    from tightfit.export import check
+
+    inputs, refs = reference_io(plan_, graphs, seed)
+    return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize)
+
+
+def check_export_mcu(plan_, graphs, built, seed: int = 0):
+    """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
+    from tightfit.export import check_mcu
+
+    inputs, refs = reference_io(plan_, graphs[:1], seed)
+    return check_mcu(built, inputs[0], refs[0])

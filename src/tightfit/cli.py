@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     entries = zoo.entries()
     if args.json:
@@ -206,7 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":
-        from tightfit.runtime.vbs_runs import compare_methods
+        from tightfit.vbs_calibration import compare_methods
 
         report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
     if args.out:
@@ -222,7 +222,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
             print(vbs_text(report["vbs"], graphs[0]))
         if args.layout_map:
-            from tightfit.plan.check import lifetimes
+            from tightfit.plan.lifetimes import lifetimes
             from tightfit.plan.offsets import format_layout
 
             life = lifetimes(p, graphs)
@@ -399,7 +399,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import shlex
 
     import tightfit
-    from tightfit.export import check, export
+    from tightfit.export import export
 
     if args.target == "host" and (args.ram or args.flash):
         raise OptionError("--ram and --flash go with a cortex-m target")
@@ -420,7 +420,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.target != "host":
         from dataclasses import asdict
 
-        from tightfit.export import check_mcu, mcu
+        from tightfit.export import mcu
         from tightfit.units import parse_size
 
         built = mcu.build_mcu(Path(args.out), sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
@@ -428,18 +428,18 @@ def cmd_export(args: argparse.Namespace) -> int:
         report["mcu"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}
         lines.append(built.memory_report())
         if args.check:
-            got = check_mcu(plan_, graphs, built)
+            got = tightfit.api.check_export_mcu(plan_, graphs, built)
             report["mcu_check"] = asdict(got)
             lines.append(got.summary())
             ok = got.ok
     elif args.check:
         flags = shlex.split(args.cflags) if args.cflags else None
-        result = check(plan_, graphs, sources, args.out, args.cc, flags, args.runs)
+        result = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, args.runs)
         report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
         lines += result.lines()
         ok = result.ok
         if args.sanitize:
-            clean = check(plan_, graphs, sources, args.out, args.cc, flags, 1, sanitize=True)
+            clean = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, 1, sanitize=True)
             report["sanitized"] = {"ok": clean.ok}
             lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
             ok = ok and clean.ok

@@ -19,8 +19,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tightfit.errors import OptionError
-from tightfit.plan.check import CheckReport, check_plan, lifetimes
+from tightfit.plan.check import CheckReport, check_plan
 from tightfit.plan.deadline import Deadline
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
                                parse_min_fps, search, select)
 from tightfit.plan.reuse import PlannedModel
@@ -75,7 +76,7 @@ def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int
     """A model (zoo name, .onnx, module:factory) or an application file; `batch` samples per
     request for every CNN."""
     import tightfit
-    from tightfit.plan.app import is_app_file, load_app
+    from tightfit.frontend.app import is_app_file, load_app
 
     if batch < 1:
         raise OptionError("--batch must be at least 1")
@@ -84,7 +85,7 @@ def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int
         return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),
                       tuple(c.name for c in app.cnns), tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
     if spec.lower().endswith((".yaml", ".yml", ".json")):
-        from tightfit.plan.app import AppError
+        from tightfit.frontend.app import AppError
 
         raise AppError(f"application file not found: {spec}")
     return FitApp.single(PlannedModel(tightfit.load(spec, input_shape), spec, batch))

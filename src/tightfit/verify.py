@@ -1,44 +1,19 @@
 """Output checks against an independent runtime (onnxruntime on the same ONNX model)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from tightfit.graph.ir import Graph
-
-RTOL = 1e-4  # DESIGN.md invariant 1: max abs diff <= 1e-4 x max abs value
-
-
-@dataclass(frozen=True)
-class Comparison:
-    ok: bool
-    max_abs_diff: float
-    max_abs_ref: float
-    tolerance: float
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def compare(got: torch.Tensor | np.ndarray, ref: torch.Tensor | np.ndarray, rtol: float = RTOL) -> Comparison:
-    got_a = np.asarray(got, dtype=np.float64)
-    ref_a = np.asarray(ref, dtype=np.float64)
-    if got_a.shape != ref_a.shape:
-        return Comparison(False, float("inf"), float(np.abs(ref_a).max(initial=0)), 0.0)
-    scale = float(np.abs(ref_a).max(initial=0.0))
-    diff = float(np.abs(got_a - ref_a).max(initial=0.0))
-    tol = rtol * scale
-    return Comparison(bool(diff <= tol and np.isfinite(got_a).all()), diff, scale, tol)
-
+from tightfit.tolerance import RTOL, Comparison, compare  # noqa: F401 (the checks' one definition, re-exported)
 
 def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     """The ONNX model tightfit imported for `spec`, as onnxruntime should see it."""
     from pathlib import Path
 
-    from tightfit.graph import zoo
+    from tightfit.frontend import zoo
 
     if spec in zoo.names():
         return zoo.onnx_model(spec, tuple(input_shape) if input_shape is not None else None)
@@ -46,7 +21,7 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
         return Path(spec).read_bytes()
     import importlib
 
-    from tightfit.graph.torch_import import export_onnx
+    from tightfit.frontend.torch_import import export_onnx
 
     mod, _, attr = spec.partition(":")
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()

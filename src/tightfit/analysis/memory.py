@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tightfit.errors import OptionError
-from tightfit.graph.ir import Graph, itemsize
+from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import WORKSPACE_MODELS, get_op
 from tightfit.ops.base import Region
 
@@ -85,13 +85,7 @@ def account(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: 
 
 
 def layer_peak(graph: Graph, rows: tuple[LayerMemory, ...] | list[LayerMemory], dtype: str, batch: int) -> int:
-    last: dict[str, int] = {}
-    for layer in graph.layers:
-        for t in layer.inputs:
-            last[t] = layer.id
-    end = len(graph.layers)
-    for t in graph.outputs:
-        last[t] = end
+    last = last_reads(graph) | {t: len(graph.layers) for t in graph.outputs}
     live = {t: graph.tensors[t].nbytes(dtype, batch) for t in graph.inputs}
     peak = 0
     for layer, row in zip(graph.layers, rows):

@@ -1,6 +1,7 @@
-"""C export: a plan as a self-contained C99 library and test program (codegen), built, run on the
-reference executor's seeded inputs, compared and measured (build), or linked for a
-microcontroller (mcu)."""
+"""C export: a plan as a self-contained C99 library and test program (codegen), built, run,
+compared with given reference outputs and measured (build), or linked for a microcontroller (mcu).
+It reads the plan format and knows no planner; the face (api.check_export) supplies the inputs and
+the reference executor's outputs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,34 +67,25 @@ class Check:
         ]
 
 
-def check(plan: Plan, graphs: Sequence[Graph], sources: Sources, directory: str | Path, cc: str | None = None,
-          cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False, seed: int = 0) -> Check:
-    """Build the exported program, run it on the same seeded inputs as the reference executor,
-    compare every output, and measure the whole process."""
-    from tightfit.api import plan_inputs
-    from tightfit.runtime.reference import run_reference
-    from tightfit.verify import compare
+def check(sources: Sources, directory: str | Path, inputs: Sequence[np.ndarray], references: Sequence[np.ndarray],
+          cc: str | None = None, cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False) -> Check:
+    """Build the exported program, run it on `inputs` (every CNN's input, in order), compare its
+    outputs with `references` (every output of every CNN, in order), and measure the whole process."""
+    from tightfit.tolerance import compare, worst
 
     directory = Path(directory)
     built = build(directory, sources.name, cc, cflags, sanitize)
-    inputs = plan_inputs(graphs, plan, seed)
-    refs = [run_reference(g, x)[t].numpy() for g, x in zip(graphs, inputs) for t in g.outputs]
     weights = directory / "weights.bin" if sources.weights_in_file else None
-    ran = run(built.binary, [x.numpy() for x in inputs], [r.size for r in refs], runs, weights)
-    worst = None
-    for got, ref in zip(ran.outputs, refs):
-        c = compare(got.reshape(ref.shape), ref)
-        if worst is None or not c.ok or (worst.ok and c.max_abs_diff > worst.max_abs_diff):
-            worst = c if worst is None or worst.ok else worst
-    assert worst is not None
+    ran = run(built.binary, inputs, [r.size for r in references], runs, weights)
+    c = worst(compare(got.reshape(ref.shape), ref) for got, ref in zip(ran.outputs, references))
     code = built.text + built.data - (0 if sources.weights_in_file else sources.weight_bytes)
-    return Check(sources.name, worst.ok, worst.max_abs_diff, worst.tolerance, sources.arena_bytes, sources.weight_bytes,
+    return Check(sources.name, c.ok, c.max_abs_diff, c.tolerance, sources.arena_bytes, sources.weight_bytes,
                  code, built.stack_bound, ran.peak_rss, ran.median_seconds, built)
 
 
 @dataclass(frozen=True)
 class McuCheck:
-    """An exported program linked for a microcontroller, run under qemu on CNN 0's seeded input."""
+    """An exported program linked for a microcontroller, run under qemu, compared."""
 
     ok: bool
     max_abs_diff: float
@@ -106,18 +98,14 @@ class McuCheck:
                 f"tolerance {self.tolerance:.3g}); stack used {self.stack_used} B; {self.seconds:.2f} s")
 
 
-def check_mcu(plan: Plan, graphs: Sequence[Graph], built, seed: int = 0, timeout_s: float = 600) -> McuCheck:
-    """Run a program built by mcu.build_mcu under qemu on CNN 0's seeded input and compare its
-    first output with the reference executor's."""
-    from tightfit.api import plan_inputs
+def check_mcu(built, input: np.ndarray, reference: np.ndarray, timeout_s: float = 600) -> McuCheck:
+    """Run a program built by mcu.build_mcu under qemu on CNN 0's `input`; compare its first
+    output with `reference`."""
     from tightfit.export.mcu import run_qemu_measured
-    from tightfit.runtime.reference import run_reference
-    from tightfit.verify import compare
+    from tightfit.tolerance import compare
 
-    g, x = graphs[0], plan_inputs(graphs, plan, seed)[0]
-    ref = run_reference(g, x)[g.outputs[0]].numpy()
-    ran = run_qemu_measured(built, x.numpy(), timeout_s)
-    c = compare(ran.output.reshape(ref.shape), ref)
+    ran = run_qemu_measured(built, input, timeout_s)
+    c = compare(ran.output.reshape(reference.shape), reference)
     return McuCheck(c.ok, c.max_abs_diff, c.tolerance, ran.stack_used, ran.seconds)
 
 

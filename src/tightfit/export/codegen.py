@@ -20,7 +20,7 @@ from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import get_op
 from tightfit.ops.conv import clamp_bounds
 from tightfit.ops.resize import Resize
-from tightfit.plan.check import output_accesses
+from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 
 C_DIR = Path(__file__).with_name("c")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -45,6 +45,16 @@ def spatial(shape: tuple[int, ...]) -> tuple[int, int]:
     return 1, 1
 
 
+def last_reads(graph: "Graph", order: Sequence[int] | None = None) -> dict[str, int]:
+    """tensor -> position in `order` (layer ids; default: the imported order) of its last
+    reader; tensors no layer reads are absent."""
+    last: dict[str, int] = {}
+    for pos, lid in enumerate(range(len(graph.layers)) if order is None else order):
+        for t in graph.layers[lid].inputs:
+            last[t] = pos
+    return last
+
+
 @dataclass(frozen=True)
 class Layer:
     """One layer: an op with its fused batch norm and elementwise activations.
@@ -64,10 +74,6 @@ class Layer:
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
-
-
-class GraphError(ValueError):
-    """An internally inconsistent graph (an importer bug, not a user error)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,36 +130,3 @@ class Graph:
     @property
     def param_count(self) -> int:
         return sum(int(a.size) for a in self.params.values())
-
-    def validate(self) -> "Graph":
-        """Check ids, names, topological order, shapes and parameters; raise GraphError."""
-        from tightfit.ops import get_op
-
-        seen: set[str] = set(self.inputs)
-        names: set[str] = set()
-        for i, layer in enumerate(self.layers):
-            if layer.id != i:
-                raise GraphError(f"layer {layer.name!r} has id {layer.id}, expected {i}")
-            if layer.name in names:
-                raise GraphError(f"duplicate layer name {layer.name!r}")
-            names.add(layer.name)
-            for t in layer.inputs:
-                if t not in seen:
-                    raise GraphError(f"layer {i} ({layer.name}) reads {t!r} before it is produced")
-            if layer.output in seen:
-                raise GraphError(f"tensor {layer.output!r} is produced twice")
-            for p in layer.params:
-                if p not in self.params:
-                    raise GraphError(f"layer {i} ({layer.name}) names missing parameter {p!r}")
-            op = get_op(layer.op)
-            expected = op.output_shape(layer, [self.shape(t) for t in layer.inputs], self)
-            if tuple(expected) != self.shape(layer.output):
-                raise GraphError(
-                    f"layer {i} ({layer.name}): output shape {self.shape(layer.output)} "
-                    f"but {layer.op} infers {tuple(expected)}"
-                )
-            seen.add(layer.output)
-        for t in self.outputs:
-            if t not in seen:
-                raise GraphError(f"graph output {t!r} is never produced")
-        return self

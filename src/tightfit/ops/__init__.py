@@ -1,54 +1,27 @@
-"""The op registry: one module per op family, each registering its ops by name.
+"""The ops: one module per op family, each registering its ops by name (ops/registry.py).
 
-Adding an op touches one file. A duplicate name is a bug and is rejected at import time.
+Adding an op touches one file. Importing this package imports every family, so the registry
+is complete once `tightfit.ops` is imported.
 """
 from __future__ import annotations
 
-from typing import TypeVar
+import torch
 
+from tightfit.graph.ir import Layer
 from tightfit.ops.base import InputWindow, Op, Region, WORKSPACE_MODELS
-
-_OPS: dict[str, Op] = {}
-_ONNX: dict[str, str] = {}
-
-O = TypeVar("O", bound=type)
-
-
-def register(cls: O) -> O:
-    op = cls()
-    if op.name in _OPS:
-        raise RuntimeError(f"op {op.name!r} registered twice")
-    _OPS[op.name] = op
-    for t in op.onnx_types:
-        if t in _ONNX:
-            raise RuntimeError(f"ONNX type {t!r} claimed by {_ONNX[t]!r} and {op.name!r}")
-        _ONNX[t] = op.name
-    return cls
-
-
-def get_op(name: str) -> Op:
-    try:
-        return _OPS[name]
-    except KeyError:
-        raise KeyError(f"no op {name!r}; registered: {', '.join(sorted(_OPS))}") from None
-
-
-def op_names() -> list[str]:
-    return sorted(_OPS)
-
-
-def onnx_op_for(onnx_type: str) -> str | None:
-    return _ONNX.get(onnx_type)
-
-
-def supported_onnx_types() -> list[str]:
-    from tightfit.graph.onnx_import import STRUCTURAL_TYPES
-
-    return sorted(set(_ONNX) | set(STRUCTURAL_TYPES))
-
+from tightfit.ops.registry import get_op, onnx_op_for, onnx_types, op_names, register
 
 # Import the op families so they register (order does not matter).
-from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize  # noqa: E402,F401
+from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize  # noqa: F401
+
+
+def run_layer(layer: Layer, inputs: list[torch.Tensor], params: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Compute a layer's whole output into `out` from whole input tensors."""
+    op = get_op(layer.op)
+    region = Region.whole(tuple(out.shape))
+    windows = op.input_windows(layer, region, [tuple(x.shape) for x in inputs])
+    op.compute(layer, [w.region.slice(x) for w, x in zip(windows, inputs)], windows, out, region, params)
+
 
 __all__ = ["InputWindow", "Op", "Region", "WORKSPACE_MODELS", "get_op", "op_names", "register",
-           "onnx_op_for", "supported_onnx_types"]
+           "onnx_op_for", "onnx_types", "run_layer"]

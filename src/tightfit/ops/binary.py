@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
 from tightfit.ops.conv import clamp_bounds

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
 

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import native, register
+from tightfit.ops import native
+from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, param_tensor, sliding_windows
 

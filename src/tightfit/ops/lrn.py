@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops.registry import register
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
 
 

@@ -37,7 +37,7 @@ def _library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
-    from tightfit.graph.zoo import cache_dir
+    from tightfit.cache import cache_dir
 
     source = SOURCE.read_bytes()
     digest = hashlib.sha1(source + " ".join(FLAGS).encode() + platform.machine().encode() + _cpu().encode()).hexdigest()[:12]

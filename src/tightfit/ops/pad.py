@@ -8,7 +8,7 @@ import numpy as np
 import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, window_1d
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import register
+from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, sliding_windows
 from tightfit.ops.conv import conv_out_size, resolve_pads

@@ -7,9 +7,9 @@ It derives everything from the steps themselves:
 - data flow: a simulation tags each buffer cell with the tensor element it holds; every read
   must find the element it expects (catches a slot overwritten before it is read, a range off
   by one, a buffer that is too small for its index map);
-- placement: lifetimes (first to last access, model outputs to the end) plus buffers of
-  partitions that run at the same time give the conflict relation; no two conflicting buffers
-  may overlap in the arena, and the arena must hold them all. Buffers linked by overlays
+- placement: lifetimes (plan/lifetimes.py: first to last access, model outputs to the end)
+  plus buffers of partitions that run at the same time give the conflict relation; no two
+  conflicting buffers may overlap in the arena, and the arena must hold them all. Buffers linked by overlays
   (plan/overlay.py) are one request, and the simulation tags their shared cells once, so an
   overlay is accepted exactly when no element in it is overwritten before it is read.
 """
@@ -23,40 +23,10 @@ import numpy as np
 from tightfit.graph.ir import Graph, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan.offsets import BufferReq, OverlapError, check_offsets, lower_bound
-from tightfit.plan.overlay import block_positions, eligible, shared_cell_bytes
-from tightfit.plan.schema import Access, Buffer, Partition, Plan, PlanError, Step
-
-
-@dataclass(frozen=True)
-class Lifetimes:
-    """Per buffer copy: (buffer id, copy) -> request; plus extra conflicts between requests."""
-
-    keys: tuple[tuple[int, int], ...]
-    reqs: tuple[BufferReq, ...]
-    extra: tuple[tuple[int, int], ...]
-    step_scratch: tuple[int, ...]
-    # Per key: where its request starts, in bytes from the buffer's offset (an overlay block's
-    # request, keyed by its root, may start below the root: plan/overlay.py).
-    starts: tuple[int, ...] = ()
-
-    def arena_offsets(self, plan: Plan) -> list[int]:
-        """Each request's offset in the arena, as the plan places it."""
-        starts = self.starts or (0,) * len(self.keys)
-        return [plan.buffers[b].offsets[c] + s for (b, c), s in zip(self.keys, starts)]
-
-    def live_bytes(self) -> list[int]:
-        """Bytes of the buffer copies live at each step (first to last use), scratch excluded."""
-        n = len(self.step_scratch)
-        delta = [0] * (n + 1)
-        for r in self.reqs:
-            delta[r.first_use] += r.size
-            delta[r.last_use + 1] -= r.size
-        out, total = [], 0
-        for d in delta[:n]:
-            total += d
-            out.append(total)
-        return out
+from tightfit.plan.lifetimes import Lifetimes, block_positions, buffer_users, lifetimes, output_accesses
+from tightfit.plan.offsets import OverlapError, check_offsets, lower_bound
+from tightfit.plan.overlay import eligible, shared_cell_bytes
+from tightfit.plan.schema import Access, Buffer, Plan, PlanError, Step
 
 
 @dataclass(frozen=True)
@@ -74,111 +44,6 @@ class CheckReport:
     def peak_bytes(self) -> int:
         """Analysed run memory: the arena plus the largest step's kernel temporaries."""
         return self.arena_bytes + self.scratch_peak
-
-
-def step_partitions(plan: Plan) -> list[int]:
-    return [p.id for p in plan.partitions for _ in p.steps]
-
-
-def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Access]]:
-    """(model, access of the whole tensor) for every model output: where the caller reads
-    results. An output written by several steps (row bands) must land in one buffer with one
-    index map, so that together the bands form the whole tensor there."""
-    writes: dict[tuple[int, str], list[Access]] = {}
-    for s in plan.steps():
-        writes.setdefault((s.model, s.out.tensor), []).append(s.out)
-    out = []
-    for m, g in enumerate(graphs):
-        for t in g.outputs:
-            if (m, t) not in writes:
-                raise PlanError(f"plan never writes output {t!r} of model {m}")
-            accesses = writes[(m, t)]
-            first = accesses[0]
-            shift = tuple(at - r for at, r in zip(first.at, (first.region.n0, first.region.h0, first.region.w0)))
-            for a in accesses:
-                if a.buffer != first.buffer or tuple(at - r for at, r in zip(a.at, (a.region.n0, a.region.h0, a.region.w0))) != shift:
-                    raise PlanError(f"output {t!r} is written to different places; the caller needs it whole in one buffer")
-            whole = Region.whole(g.shape(t), plan.models[m].batch)
-            out.append((m, Access(t, first.buffer, whole, (whole.n0 + shift[0], whole.h0 + shift[1], whole.w0 + shift[2]))))
-    return out
-
-
-def lifetimes(plan: Plan, graphs: Sequence[Graph], conflicts: bool = True) -> Lifetimes:
-    """Per buffer copy, first to last use (model outputs to the end); `conflicts=False` skips
-    the concurrency conflicts (a search that only reads live bytes does not need them)."""
-    steps = plan.steps()
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for i, s in enumerate(steps):
-        for a in (s.out, *s.inputs):
-            first.setdefault(a.buffer, i)
-            last[a.buffer] = i
-    end = max(len(steps) - 1, 0)
-    for _, a in output_accesses(plan, graphs):
-        last[a.buffer] = end
-    positions = block_positions(plan.buffers)
-    blocks = _blocks(plan, positions, first, last)
-    keys, reqs, starts = [], [], []
-    for b in plan.buffers:
-        if b.id in blocks:
-            lo, hi, f, l = blocks[b.id]
-            keys.append((b.id, 0))
-            reqs.append(BufferReq(hi - lo, f, l))
-            starts.append(lo)
-            continue
-        if b.id not in first or b.id in positions:
-            continue
-        for c in range(b.copies):
-            keys.append((b.id, c))
-            reqs.append(BufferReq(b.nbytes, first[b.id], last[b.id]))
-            starts.append(0)
-    extra = _concurrency_conflicts(plan, keys) if conflicts else ()
-    return Lifetimes(tuple(keys), tuple(reqs), extra, tuple(s.scratch for s in steps), tuple(starts))
-
-
-def _blocks(plan: Plan, positions: dict[int, tuple[int, int]], first: dict[int, int],
-            last: dict[int, int]) -> dict[int, tuple[int, int, int, int]]:
-    """Per overlay block root: (lowest byte, highest byte, first use, last use) of its used
-    members, positions from the root's offset."""
-    out: dict[int, tuple[int, int, int, int]] = {}
-    for b, (root, pos) in positions.items():
-        if b not in first:
-            continue
-        lo, hi, f, l = out.get(root, (pos, pos, first[b], last[b]))
-        out[root] = (min(lo, pos), max(hi, pos + plan.buffers[b].nbytes), min(f, first[b]), max(l, last[b]))
-    return out
-
-
-def buffer_users(partitions: Sequence[Partition]) -> dict[int, set[int]]:
-    """buffer id -> ids of the partitions whose steps access it."""
-    users: dict[int, set[int]] = {}
-    for p in partitions:
-        for st in p.steps:
-            for a in (st.out, *st.inputs):
-                users.setdefault(a.buffer, set()).add(p.id)
-    return users
-
-
-def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Copies of one buffer never share; nor do two buffers when some partition using one runs
-    at the same time as some other partition using the other."""
-    users = buffer_users(plan.partitions)
-    partners: dict[int, set[int]] = {}
-    for group in plan.concurrent:
-        for p in group:
-            partners.setdefault(p, set()).update(q for q in group if q != p)
-    reach = {b: set().union(*(partners.get(p, set()) for p in u)) for b, u in users.items()}
-    by_buffer: dict[int, list[int]] = {}
-    for i, (b, _) in enumerate(keys):
-        by_buffer.setdefault(b, []).append(i)
-    extra: set[tuple[int, int]] = set()
-    for b, idx in by_buffer.items():
-        extra.update((x, y) for k, x in enumerate(idx) for y in idx[k + 1 :])
-        if reach.get(b):  # the relation is symmetric: each pair is found from both buffers
-            for other, idx_other in by_buffer.items():
-                if other != b and reach[b] & users.get(other, set()):
-                    extra.update((min(x, y), max(x, y)) for x in idx for y in idx_other)
-    return tuple(sorted(extra))
 
 
 def concurrent_lower_bound(plan: Plan, life: Lifetimes) -> int:

@@ -46,8 +46,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.errors import TightfitError
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.check import lifetimes
 from tightfit.plan.deadline import Deadline, expired
+from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel, _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step

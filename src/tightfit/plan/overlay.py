@@ -25,25 +25,10 @@ from dataclasses import replace
 from typing import Sequence
 
 from tightfit.graph.ir import Graph
+from tightfit.plan.lifetimes import row_lifetimes
 from tightfit.plan.schema import Buffer, Plan
 
 ALIGN = 64  # block positions are multiples of this and of the cell size, as offsets are
-
-
-def block_positions(buffers: Sequence[Buffer]) -> dict[int, tuple[int, int]]:
-    """Buffer id -> (block root id, bytes from the root's offset), for buffers in overlays."""
-    out: dict[int, tuple[int, int]] = {}
-    for b in buffers:
-        if b.overlay is None:
-            continue
-        root, pos, seen = b.id, 0, set()
-        while buffers[root].overlay is not None and root not in seen:
-            seen.add(root)
-            host, shift = buffers[root].overlay
-            root, pos = host, pos + shift
-        out[b.id] = (root, pos)
-        out.setdefault(root, (root, 0))
-    return out
 
 
 def cell_bytes(b: Buffer) -> int:
@@ -61,7 +46,7 @@ def eligible(b: Buffer) -> bool:
 
 def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     """The draft with overlays where they save memory (offsets are placed afterwards)."""
-    rows = _row_lifetimes(plan, graphs)
+    rows = row_lifetimes(plan, graphs, eligible)
     span = {b: _span(life) for b, life in rows.items()}
     # A row of one can share bytes with a row of the other only if one dies before the other is
     # written: the first death before the last write (a cheap test that skips most pairs).
@@ -103,7 +88,7 @@ def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> 
     h, b = plan.buffers[host], plan.buffers[guest]
     if not (eligible(h) and eligible(b)) or h.overlay or b.overlay:
         return plan
-    rows = _row_lifetimes(plan, graphs)
+    rows = row_lifetimes(plan, graphs, eligible)
     if host not in rows or guest not in rows:
         return plan
     found = _best_position(b, rows, [(host, 0)], list(plan.buffers))
@@ -163,30 +148,3 @@ def _disjoint(a: Buffer, pa: int, b: Buffer, pb: int, rows: dict) -> bool:
             if not (la < wb or lb < wa):
                 return False
     return True
-
-
-def _row_lifetimes(plan: Plan, graphs: Sequence[Graph]) -> dict[int, list[tuple[int, int]]]:
-    """Per eligible buffer used by the steps: per row, (first step, last step) touching it (a
-    partial row counts whole); rows never used get an empty lifetime. Model outputs are read at
-    the end."""
-    from tightfit.plan.check import output_accesses
-
-    steps = plan.steps()
-    out: dict[int, list[list[int]]] = {}
-    end = len(steps)
-
-    def touch(a, i: int) -> None:
-        b = plan.buffers[a.buffer]
-        if not eligible(b):
-            return
-        life = out.setdefault(a.buffer, [[end, -1] for _ in range(b.shape[2])])
-        for h in range(a.at[1], a.at[1] + a.region.h):
-            life[h][0] = min(life[h][0], i)
-            life[h][1] = max(life[h][1], i)
-
-    for i, s in enumerate(steps):
-        for a in (*s.inputs, s.out):
-            touch(a, i)
-    for _, a in output_accesses(plan, graphs):
-        touch(a, end)
-    return {b: [(w, l) for w, l in life] for b, life in out.items()}

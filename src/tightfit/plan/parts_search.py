@@ -52,8 +52,8 @@ from typing import Callable, Iterable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.check import Lifetimes, lifetimes
 from tightfit.plan.deadline import Deadline, TimeUp, check
+from tightfit.plan.lifetimes import Lifetimes, lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan

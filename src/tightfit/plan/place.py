@@ -6,9 +6,8 @@ from typing import Sequence
 
 from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph
-from tightfit.plan.check import lifetimes
+from tightfit.plan.lifetimes import block_positions, lifetimes
 from tightfit.plan.offsets import PLANNERS, arena_bytes
-from tightfit.plan.overlay import block_positions
 from tightfit.plan.schema import Plan
 
 

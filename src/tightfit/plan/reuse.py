@@ -8,11 +8,12 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-from tightfit.graph.ir import Graph, itemsize, spatial
+from tightfit.graph.fingerprint import fingerprint
+from tightfit.graph.ir import Graph, itemsize, last_reads, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan import windows as memo
-from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step, fingerprint
+from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step
 
 ORDERS = ("imported", "memory")
 
@@ -90,10 +91,7 @@ def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: di
 def assign_buffers(graph: Graph, order: Sequence[int], inplace: bool, exclude: frozenset[int] = frozenset()) -> dict[str, str]:
     """tensor -> tensor whose buffer it uses (itself, or an input it overwrites in place);
     layers in `exclude` never write in place."""
-    last = {}
-    for pos, lid in enumerate(order):
-        for t in graph.layers[lid].inputs:
-            last[t] = pos
+    last = last_reads(graph, order)
     home = {t: t for t in graph.tensors}
     for pos, lid in enumerate(order):
         layer = graph.layers[lid]
@@ -159,7 +157,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
 
 def _fifo_copies(parts: Sequence[Partition], concurrent: Sequence[Sequence[int]], n: int) -> list[int]:
     """A buffer used by two partitions that run at the same time is a FIFO: two copies."""
-    from tightfit.plan.check import buffer_users
+    from tightfit.plan.lifetimes import buffer_users
 
     users = buffer_users(parts)
     sets = [set(c) for c in concurrent]

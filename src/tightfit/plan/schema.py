@@ -31,7 +31,6 @@ Serialised as JSON with a format version; `load_plan` validates it against the m
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from math import prod
@@ -53,7 +52,7 @@ class PlanError(TightfitError):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model a plan runs: how to load it, and a fingerprint of the imported graph."""
+    """A model a plan runs: how to load it, and the imported graph's fingerprint (graph/fingerprint.py)."""
 
     spec: str
     input_shape: tuple[int, ...]
@@ -139,18 +138,6 @@ class Plan:
     def steps(self) -> list[Step]:
         """All steps in execution order for one input (concurrent partitions concatenated)."""
         return [s for p in self.partitions for s in p.steps]
-
-
-def fingerprint(graph) -> str:
-    """A hash of what a plan depends on: layers, ops, attrs, tensor shapes (not weights)."""
-    h = hashlib.sha256()
-    for layer in graph.layers:
-        attrs = {k: v for k, v in layer.attrs.items() if not k.startswith("_")}
-        h.update(repr((layer.id, layer.op, layer.inputs, layer.output, sorted(attrs.items()),
-                       [graph.params[p].shape for p in layer.params])).encode())
-    for name in sorted(graph.tensors):
-        h.update(repr((name, graph.tensors[name].shape)).encode())
-    return h.hexdigest()[:16]
 
 
 # --- JSON -------------------------------------------------------------------------------------

@@ -711,7 +711,7 @@ def cost_seconds(cost, graph: Graph) -> StepSeconds:
 
 def step_memory(plan: Plan, graph: Graph) -> tuple[list[int], list[int]]:
     """Per step: bytes of the buffers live at it, and its scratch."""
-    from tightfit.plan.check import lifetimes
+    from tightfit.plan.lifetimes import lifetimes
 
     life = lifetimes(plan, [graph], conflicts=False)
     return life.live_bytes(), list(life.step_scratch)

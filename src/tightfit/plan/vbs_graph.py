@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.errors import OptionError
-from tightfit.graph.ir import Graph, itemsize
+from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
@@ -408,11 +408,8 @@ def greedy_batches(problem: Problem, budget: int) -> dict[int, int] | None:
     while the tensors live at it hold all the request's samples (its input and output, and in a
     special layer the fork and the branch outputs made so far). None if some layer cannot run."""
     g, r = problem.graph, problem.request
-    last: dict[str, int] = {}
     order = [lid for u in problem.units for lid in unit_layers(u)]
-    for pos, lid in enumerate(order):
-        for t in g.layers[lid].inputs:
-            last[t] = pos
+    last = last_reads(g, order)
     from tightfit.analysis.memory import layer_workspace
 
     live = {g.inputs[0]}
@@ -449,7 +446,7 @@ class VbsResult:
 def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "fp32", smooth: bool = True,
                  batch_factors: Sequence[float] | None = None) -> Problem:
     """The DP's problem for a model and request, timed by `cost` (see `smoothed`); every step
-    of b samples scaled by `batch_factors[b]` if given (see runtime/vbs_runs.calibrate)."""
+    of b samples scaled by `batch_factors[b]` if given (see tightfit/vbs_calibration.calibrate)."""
     seconds = profile_seconds(model, cost, model.batch, layout, dtype)
     seconds = smoothed(seconds) if smooth else seconds
     if batch_factors is not None:

@@ -94,7 +94,7 @@ def _kernel_code() -> str:
 
 
 def default_path() -> Path | None:
-    from tightfit.graph.zoo import cache_dir
+    from tightfit.cache import cache_dir
 
     base = cache_dir()
     return None if base is None else base / "cost" / f"{profile_id()}.json"

@@ -19,7 +19,7 @@ import torch
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.ops.native import NativeCalls, copy_call, input_call, move_call
-from tightfit.plan.check import output_accesses
+from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 from tightfit.runtime.reference import load_params
 

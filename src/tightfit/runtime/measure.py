@@ -93,13 +93,13 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
 
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
-    """Run `job` (see _child.py) in a fresh interpreter and return its measurement."""
+    """Run `job` (see tightfit/_child.py) in a fresh interpreter and return its measurement."""
     return Measurement(job).result(timeout)
 
 
 class Measurement:
-    """`job` (see _child.py) started in a fresh interpreter; the caller may work meanwhile (the
-    peak is the measuring process's own), then wait for `result()` or `cancel()` it. With `job`
+    """`job` (see tightfit/_child.py) started in a fresh interpreter; the caller may work meanwhile
+    (the peak is the measuring process's own), then wait for `result()` or `cancel()` it. With `job`
     None the process starts now and loads the `preload` models (zoo spec, input shape) while the
     caller works; `send` gives it the job. `threads`: its torch threads unless OMP_NUM_THREADS
     says (default: one per core)."""
@@ -110,7 +110,7 @@ class Measurement:
         env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
         args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._child", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit._child", *args],
                                      stdin=subprocess.PIPE if job is None else None,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

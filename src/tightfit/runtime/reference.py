@@ -7,32 +7,13 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from tightfit.graph.ir import Graph, Layer
-from tightfit.ops import get_op
-from tightfit.ops.base import Region
+from tightfit.graph.ir import Graph, last_reads
+from tightfit.ops import get_op, run_layer
 
 
 def load_params(graph: Graph) -> dict[int, list[torch.Tensor]]:
     """Kernel-ready parameters per layer id, made once per graph."""
     return {l.id: get_op(l.op).prepare_params(l, [graph.params[p] for p in l.params]) for l in graph.layers}
-
-
-def last_readers(graph: Graph) -> dict[str, int]:
-    last: dict[str, int] = {}
-    for layer in graph.layers:
-        for t in layer.inputs:
-            last[t] = layer.id
-    return last
-
-
-def run_layer(layer: Layer, inputs: list[torch.Tensor], params: list[torch.Tensor], out: torch.Tensor) -> None:
-    """Compute a layer's whole output into `out` from whole input tensors."""
-    op = get_op(layer.op)
-    in_shapes = [tuple(x.shape) for x in inputs]
-    region = Region.whole(tuple(out.shape))
-    windows = op.input_windows(layer, region, in_shapes)
-    views = [w.region.slice(x) for w, x in zip(windows, inputs)]
-    op.compute(layer, views, windows, out, region, params)
 
 
 def run_reference(
@@ -46,7 +27,7 @@ def run_reference(
     keep = set(keep) | set(graph.outputs)
     batch = next(iter(inputs.values())).shape[0]
     live: dict[str, torch.Tensor] = {k: v.contiguous() for k, v in inputs.items()}
-    last = last_readers(graph)
+    last = last_reads(graph)
     with torch.no_grad():
         for layer in graph.layers:
             shape = (batch,) + graph.shape(layer.output)[1:]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tightfit.errors import TightfitError
+from tightfit.frontend.load import load
 
 
 class AppError(TightfitError):
@@ -123,8 +124,6 @@ def parse_app(data: dict[str, Any], layer_counts: Sequence[int]) -> App:
 
 def load_app(path: str):
     """(App, graphs) with every CNN loaded; unknown models give one clear error."""
-    import tightfit
-
     data = read_app(path)
     graphs = []
     for c in data["cnns"]:
@@ -134,7 +133,7 @@ def load_app(path: str):
         if isinstance(shape, str):
             shape = tuple(int(d) for d in shape.split("x"))
         try:
-            graphs.append(tightfit.load(c["model"], shape))
+            graphs.append(load(c["model"], shape))
         except TightfitError as e:
             raise AppError(f"CNN {c['name']!r}: {e}") from None
     return parse_app(data, [len(g.layers) for g in graphs]), graphs

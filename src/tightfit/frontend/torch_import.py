@@ -10,7 +10,7 @@ import torch
 
 from tightfit.errors import InputShapeError
 from tightfit.graph.ir import Graph
-from tightfit.graph.onnx_import import import_model
+from tightfit.frontend.onnx_import import import_model
 
 OPSET = 17
 

@@ -1,9 +1,12 @@
-"""Entry point of a measurement process: `python -m tightfit.runtime._child '<job json>'`, or
-`python -m tightfit.runtime._child --preload '[[spec, input_shape], ...]'`: started early, it
+"""Entry point of a measurement process: `python -m tightfit._child '<job json>'`, or
+`python -m tightfit._child --preload '[[spec, input_shape], ...]'`: started early, it
 loads those models, then reads its job as one line on stdin (an empty line: nothing to do).
 
 job = {"kind": "reference", "model": spec, "input_shape": [..] | null, "batch": int | null}
-The model is loaded and its input made before the high-water mark is reset."""
+The model is loaded and its input made before the high-water mark is reset.
+
+A face module, not part of runtime/: it loads models and plans by name (the frontend and
+api.load_plan), which the runtime, below both, must not import."""
 from __future__ import annotations
 
 import json

@@ -18,8 +18,9 @@ import onnx
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
+from tightfit.frontend.validate import validate
 from tightfit.graph.ir import Graph, Layer, Tensor
-from tightfit.ops import get_op, onnx_op_for, supported_onnx_types
+from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS
 from tightfit.ops.base import OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
@@ -28,6 +29,11 @@ from tightfit.ops.conv import fold_batchnorm
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
 # Ops that can absorb the elementwise activations that follow them.
 ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul")
+
+
+def supported_onnx_types() -> list[str]:
+    """The ONNX node types the importer takes: the ops' own and the structural ones."""
+    return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES))
 
 
 def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
@@ -288,7 +294,7 @@ class _Builder:
             original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
             original_param_count=self.original_params,
         )
-        return graph.validate()
+        return validate(graph)
 
 
 def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:

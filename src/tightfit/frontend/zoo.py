@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from onnx import numpy_helper
 
+from tightfit.cache import cache_dir
 from tightfit.graph.ir import Graph
 
 SEED = 20240601
@@ -297,9 +298,9 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
                 if n.op_type == "BatchNormalization" and len(n.input) >= 5 and n.input[3] in inits and n.input[4] in inits}
     if not stats_of:
         return
-    from tightfit.graph.onnx_import import import_model
-    from tightfit.ops import get_op
-    from tightfit.runtime.reference import last_readers, run_layer
+    from tightfit.frontend.onnx_import import import_model
+    from tightfit.graph.ir import last_reads
+    from tightfit.ops import get_op, run_layer
 
     from tightfit.errors import TightfitError
 
@@ -309,7 +310,7 @@ def _calibrate_onnx_bn(model: onnx.ModelProto, seed: int) -> None:
         return  # a model tightfit cannot run keeps its drawn statistics
     shape = graph.shape(graph.inputs[0])
     live = {graph.inputs[0]: torch.from_numpy(np.random.default_rng(seed + 1).standard_normal(shape, dtype=np.float32))}
-    last = last_readers(graph)
+    last = last_reads(graph)
     new: dict[str, np.ndarray] = {}
     with torch.no_grad():
         for layer in graph.layers:
@@ -381,7 +382,7 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
         model = onnx.load(_onnxzoo_path(name[len("onnxzoo-"):]))
         data = randomize_onnx(model).SerializeToString()
     else:
-        from tightfit.graph.torch_import import export_onnx
+        from tightfit.frontend.torch_import import export_onnx
 
         data = export_onnx(torch_module(name), shape).SerializeToString()
     if path is not None:
@@ -395,17 +396,6 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
     return data
 
 
-def cache_dir() -> Path | None:
-    """Where exported zoo models are kept: $TIGHTFIT_CACHE if set (0/off/no: no disk cache),
-    else $XDG_CACHE_HOME/tightfit or ~/.cache/tightfit."""
-    setting = os.environ.get("TIGHTFIT_CACHE", "").strip()
-    if setting.lower() in ("0", "off", "no", "false", "none"):
-        return None
-    if setting and setting.lower() not in ("1", "on", "yes", "true"):
-        return Path(setting).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tightfit"
-
-
 @functools.lru_cache(maxsize=1)
 def _code_version() -> str:
     """What the exported bytes depend on besides the name and shape: library versions, the
@@ -415,7 +405,7 @@ def _code_version() -> str:
     rounding."""
     import torchvision
 
-    from tightfit.graph import onnx_import, torch_import
+    from tightfit.frontend import onnx_import, torch_import
 
     h = hashlib.sha256()
     for part in (torch.__version__, torchvision.__version__, onnx.__version__, np.__version__, str(SEED),
@@ -472,7 +462,7 @@ def load(name: str, input_shape: Sequence[int] | None = None) -> Graph:
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str, shape: tuple[int, ...]) -> Graph:
-    from tightfit.graph.onnx_import import import_model
+    from tightfit.frontend.onnx_import import import_model
 
     model = onnx.load_from_string(onnx_model(name, shape))
     return import_model(model, shape, name)

@@ -1,0 +1,58 @@
+"""Loading a model by what the user names: a zoo name, an .onnx path, 'package.module:factory',
+or an nn.Module; the one place that knows these spellings."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from tightfit.errors import ModelLoadError, OptionError
+from tightfit.graph.ir import Graph
+
+
+def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
+    """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape)."""
+    from tightfit.frontend import zoo
+    from tightfit.frontend.onnx_import import load_onnx
+    from tightfit.frontend.torch_import import from_module
+
+    if isinstance(model, Graph):
+        return model
+    if isinstance(model, torch.nn.Module):
+        if input_shape is None:
+            raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
+        return from_module(model, input_shape, type(model).__name__)
+    spec = str(model)
+    if spec in zoo.names():
+        return zoo.load(spec, input_shape)
+    if spec.endswith(".onnx") or Path(spec).exists():
+        return load_onnx(spec, input_shape)
+    if ":" in spec:
+        return _load_factory(spec, input_shape)
+    raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
+
+
+def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
+    from tightfit.frontend.torch_import import from_module
+
+    mod_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ModelLoadError(f"cannot import {spec!r}: {e}") from None
+    module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ModelLoadError(f"{spec!r} returned {type(module).__name__}, not a torch.nn.Module")
+    if input_shape is None:
+        raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
+    return from_module(module, input_shape, attr)
+
+
+def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
+    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
+    from tightfit.frontend import zoo
+
+    default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
+    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)

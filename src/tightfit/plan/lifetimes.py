@@ -1,0 +1,196 @@
+"""Lifetimes: when each part of a plan's memory holds data, from the steps themselves. One module
+for the checker (plan/check.py), the overlay pass (plan/overlay.py), placement and the planners.
+
+- buffer copies: first to last access, model outputs to the end (`lifetimes`), as requests for
+  the offset planner, with the conflicts of partitions that run at the same time;
+- overlay blocks: buffers linked by overlays are one request (`block_positions`);
+- rows of a buffer: first to last step touching each row (`row_lifetimes`), what an overlay may
+  share.
+Tensors in a layer order (no plan yet) are the IR's query: graph.ir.last_reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from tightfit.graph.ir import Graph
+from tightfit.ops.base import Region
+from tightfit.plan.offsets import BufferReq
+from tightfit.plan.schema import Access, Buffer, Partition, Plan, PlanError
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """Per buffer copy: (buffer id, copy) -> request; plus extra conflicts between requests."""
+
+    keys: tuple[tuple[int, int], ...]
+    reqs: tuple[BufferReq, ...]
+    extra: tuple[tuple[int, int], ...]
+    step_scratch: tuple[int, ...]
+    # Per key: where its request starts, in bytes from the buffer's offset (an overlay block's
+    # request, keyed by its root, may start below the root: plan/overlay.py).
+    starts: tuple[int, ...] = ()
+
+    def arena_offsets(self, plan: Plan) -> list[int]:
+        """Each request's offset in the arena, as the plan places it."""
+        starts = self.starts or (0,) * len(self.keys)
+        return [plan.buffers[b].offsets[c] + s for (b, c), s in zip(self.keys, starts)]
+
+    def live_bytes(self) -> list[int]:
+        """Bytes of the buffer copies live at each step (first to last use), scratch excluded."""
+        n = len(self.step_scratch)
+        delta = [0] * (n + 1)
+        for r in self.reqs:
+            delta[r.first_use] += r.size
+            delta[r.last_use + 1] -= r.size
+        out, total = [], 0
+        for d in delta[:n]:
+            total += d
+            out.append(total)
+        return out
+
+
+def step_partitions(plan: Plan) -> list[int]:
+    return [p.id for p in plan.partitions for _ in p.steps]
+
+
+def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Access]]:
+    """(model, access of the whole tensor) for every model output: where the caller reads
+    results. An output written by several steps (row bands) must land in one buffer with one
+    index map, so that together the bands form the whole tensor there."""
+    writes: dict[tuple[int, str], list[Access]] = {}
+    for s in plan.steps():
+        writes.setdefault((s.model, s.out.tensor), []).append(s.out)
+    out = []
+    for m, g in enumerate(graphs):
+        for t in g.outputs:
+            if (m, t) not in writes:
+                raise PlanError(f"plan never writes output {t!r} of model {m}")
+            accesses = writes[(m, t)]
+            first = accesses[0]
+            shift = tuple(at - r for at, r in zip(first.at, (first.region.n0, first.region.h0, first.region.w0)))
+            for a in accesses:
+                if a.buffer != first.buffer or tuple(at - r for at, r in zip(a.at, (a.region.n0, a.region.h0, a.region.w0))) != shift:
+                    raise PlanError(f"output {t!r} is written to different places; the caller needs it whole in one buffer")
+            whole = Region.whole(g.shape(t), plan.models[m].batch)
+            out.append((m, Access(t, first.buffer, whole, (whole.n0 + shift[0], whole.h0 + shift[1], whole.w0 + shift[2]))))
+    return out
+
+
+def lifetimes(plan: Plan, graphs: Sequence[Graph], conflicts: bool = True) -> Lifetimes:
+    """Per buffer copy, first to last use (model outputs to the end); `conflicts=False` skips
+    the concurrency conflicts (a search that only reads live bytes does not need them)."""
+    steps = plan.steps()
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for a in (s.out, *s.inputs):
+            first.setdefault(a.buffer, i)
+            last[a.buffer] = i
+    end = max(len(steps) - 1, 0)
+    for _, a in output_accesses(plan, graphs):
+        last[a.buffer] = end
+    positions = block_positions(plan.buffers)
+    blocks = _blocks(plan, positions, first, last)
+    keys, reqs, starts = [], [], []
+    for b in plan.buffers:
+        if b.id in blocks:
+            lo, hi, f, l = blocks[b.id]
+            keys.append((b.id, 0))
+            reqs.append(BufferReq(hi - lo, f, l))
+            starts.append(lo)
+            continue
+        if b.id not in first or b.id in positions:
+            continue
+        for c in range(b.copies):
+            keys.append((b.id, c))
+            reqs.append(BufferReq(b.nbytes, first[b.id], last[b.id]))
+            starts.append(0)
+    extra = _concurrency_conflicts(plan, keys) if conflicts else ()
+    return Lifetimes(tuple(keys), tuple(reqs), extra, tuple(s.scratch for s in steps), tuple(starts))
+
+
+def _blocks(plan: Plan, positions: dict[int, tuple[int, int]], first: dict[int, int],
+            last: dict[int, int]) -> dict[int, tuple[int, int, int, int]]:
+    """Per overlay block root: (lowest byte, highest byte, first use, last use) of its used
+    members, positions from the root's offset."""
+    out: dict[int, tuple[int, int, int, int]] = {}
+    for b, (root, pos) in positions.items():
+        if b not in first:
+            continue
+        lo, hi, f, l = out.get(root, (pos, pos, first[b], last[b]))
+        out[root] = (min(lo, pos), max(hi, pos + plan.buffers[b].nbytes), min(f, first[b]), max(l, last[b]))
+    return out
+
+
+def buffer_users(partitions: Sequence[Partition]) -> dict[int, set[int]]:
+    """buffer id -> ids of the partitions whose steps access it."""
+    users: dict[int, set[int]] = {}
+    for p in partitions:
+        for st in p.steps:
+            for a in (st.out, *st.inputs):
+                users.setdefault(a.buffer, set()).add(p.id)
+    return users
+
+
+def _concurrency_conflicts(plan: Plan, keys: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Copies of one buffer never share; nor do two buffers when some partition using one runs
+    at the same time as some other partition using the other."""
+    users = buffer_users(plan.partitions)
+    partners: dict[int, set[int]] = {}
+    for group in plan.concurrent:
+        for p in group:
+            partners.setdefault(p, set()).update(q for q in group if q != p)
+    reach = {b: set().union(*(partners.get(p, set()) for p in u)) for b, u in users.items()}
+    by_buffer: dict[int, list[int]] = {}
+    for i, (b, _) in enumerate(keys):
+        by_buffer.setdefault(b, []).append(i)
+    extra: set[tuple[int, int]] = set()
+    for b, idx in by_buffer.items():
+        extra.update((x, y) for k, x in enumerate(idx) for y in idx[k + 1 :])
+        if reach.get(b):  # the relation is symmetric: each pair is found from both buffers
+            for other, idx_other in by_buffer.items():
+                if other != b and reach[b] & users.get(other, set()):
+                    extra.update((min(x, y), max(x, y)) for x in idx for y in idx_other)
+    return tuple(sorted(extra))
+
+
+def block_positions(buffers: Sequence[Buffer]) -> dict[int, tuple[int, int]]:
+    """Buffer id -> (block root id, bytes from the root's offset), for buffers in overlays."""
+    out: dict[int, tuple[int, int]] = {}
+    for b in buffers:
+        if b.overlay is None:
+            continue
+        root, pos, seen = b.id, 0, set()
+        while buffers[root].overlay is not None and root not in seen:
+            seen.add(root)
+            host, shift = buffers[root].overlay
+            root, pos = host, pos + shift
+        out[b.id] = (root, pos)
+        out.setdefault(root, (root, 0))
+    return out
+
+
+def row_lifetimes(plan: Plan, graphs: Sequence[Graph], eligible: Callable[[Buffer], bool]) -> dict[int, list[tuple[int, int]]]:
+    """Per `eligible` buffer used by the steps: per row, (first step, last step) touching it (a
+    partial row counts whole); rows never used get an empty lifetime. Model outputs are read at
+    the end."""
+    steps = plan.steps()
+    out: dict[int, list[list[int]]] = {}
+    end = len(steps)
+
+    def touch(a, i: int) -> None:
+        b = plan.buffers[a.buffer]
+        if not eligible(b):
+            return
+        life = out.setdefault(a.buffer, [[end, -1] for _ in range(b.shape[2])])
+        for h in range(a.at[1], a.at[1] + a.region.h):
+            life[h][0] = min(life[h][0], i)
+            life[h][1] = max(life[h][1], i)
+
+    for i, s in enumerate(steps):
+        for a in (*s.inputs, s.out):
+            touch(a, i)
+    for _, a in output_accesses(plan, graphs):
+        touch(a, end)
+    return {b: [(w, l) for w, l in life] for b, life in out.items()}

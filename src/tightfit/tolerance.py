@@ -1,0 +1,41 @@
+"""Whether outputs are the same: DESIGN.md invariant 1, one definition for every check (the
+arena executor, onnxruntime, the exported C program)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+RTOL = 1e-4  # max abs diff <= 1e-4 x max abs value
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs_diff: float
+    max_abs_ref: float
+    tolerance: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(got, ref, rtol: float = RTOL) -> Comparison:
+    got_a = np.asarray(got, dtype=np.float64)
+    ref_a = np.asarray(ref, dtype=np.float64)
+    if got_a.shape != ref_a.shape:
+        return Comparison(False, float("inf"), float(np.abs(ref_a).max(initial=0)), 0.0)
+    scale = float(np.abs(ref_a).max(initial=0.0))
+    diff = float(np.abs(got_a - ref_a).max(initial=0.0))
+    tol = rtol * scale
+    return Comparison(bool(diff <= tol and np.isfinite(got_a).all()), diff, scale, tol)
+
+
+def worst(comparisons) -> Comparison:
+    """The comparison that decides: the first failing one, else the largest difference."""
+    out = None
+    for c in comparisons:
+        if out is None or (out.ok and (not c.ok or c.max_abs_diff > out.max_abs_diff)):
+            out = c
+    assert out is not None, "nothing compared"
+    return out
