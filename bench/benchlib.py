@@ -70,3 +70,14 @@ def verdict(checks: Sequence[tuple[bool, str]]) -> str:
     """'yes' if every (holds, what failed) check holds, else 'NO (' + what failed + ')'."""
     failed = [why for ok, why in checks if not ok]
     return "yes" if not failed else f"NO ({'; '.join(failed)})"
+
+
+def verified(plan, g) -> tuple[bool, str]:
+    """(outputs equal the reference executor's, why not): a verdict's condition."""
+    from tightfit.fit import VerificationFailed, verify
+
+    try:
+        verify(plan, [g])
+        return True, ""
+    except VerificationFailed as e:
+        return False, f"outputs not verified: {e}"

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import tightfit
-from benchlib import header, loaded, verdict
+from benchlib import header, loaded, verdict, verified
 from tightfit.analysis.csdf import max_phases
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
@@ -185,16 +185,6 @@ def table_iii(rows, cost: CostModel, runs: int, within: str) -> None:
     print("decrease at most the paper's (each the stricter of its printed percentage and the one its rounded MB / fps give),")
     print("and outputs equal to the reference executor's. pred% = the cost model's predicted decrease.\n")
 
-
-def verified(plan, g) -> tuple[bool, str]:
-    """(outputs equal the reference executor's, why not)."""
-    from tightfit.fit import VerificationFailed, verify
-
-    try:
-        verify(plan, [g])
-        return True, ""
-    except VerificationFailed as e:
-        return False, f"outputs not verified: {e}"
 
 
 def rerank(found, budget: int, model, lbl, g):

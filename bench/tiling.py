@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 import tightfit  # noqa: E402
-from benchlib import header, loaded, verdict  # noqa: E402
+from benchlib import header, loaded, verdict, verified  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
@@ -89,16 +89,6 @@ def latencies(plans: dict, g, runs: int) -> dict:
             del ex
     return {k: statistics.median(v) for k, v in times.items()}
 
-
-def verified(plan, g) -> tuple[bool, str]:
-    """(outputs equal the reference executor's, why not)."""
-    from tightfit.fit import VerificationFailed, verify
-
-    try:
-        verify(plan, [g])
-        return True, ""
-    except VerificationFailed as e:
-        return False, f"outputs not verified: {e}"
 
 
 def measured_run_bytes(plan, tmp: Path) -> int:

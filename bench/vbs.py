@@ -27,7 +27,7 @@ import time
 import torch
 
 import tightfit
-from benchlib import header, loaded, verdict
+from benchlib import header, loaded, verdict, verified
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.vbs_graph import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
@@ -69,7 +69,7 @@ def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostM
         greedy = baseline(problem, budget, "greedy")
         analysed = check_plan(vbs.plan, [g]).peak_bytes
         measured = measured_run_bytes(vbs.plan)
-        verified = outputs_verified(vbs.plan, g)
+        verified = verified(vbs.plan, g)
         plans = [vbs.plan, fbs[0]] + ([greedy[0]] if greedy[0] is not None else [])
         rounds = time_rounds(plans, g, repeats)
         t_vbs, t_fbs = statistics.median(rounds[0]), statistics.median(rounds[1])
@@ -112,16 +112,6 @@ def measured_run_bytes(plan) -> int:
         path.write_text(schema.dumps(plan))
         return measure_subprocess({"kind": "plan", "plan": str(path)}).run_bytes
 
-
-def outputs_verified(plan, g) -> tuple[bool, str]:
-    """(outputs equal the reference executor's, why not)."""
-    from tightfit.fit import VerificationFailed, verify
-
-    try:
-        verify(plan, [g])
-        return True, ""
-    except VerificationFailed as e:
-        return False, f"outputs not verified: {e}"
 
 
 def _spread(xs: list[float]) -> float:
