@@ -134,5 +134,9 @@ int main(int argc, char **argv) {
     qsort(seconds, (size_t)runs, sizeof(double), cmp);
     printf("runs %ld median_seconds %.9f peak_rss_kib %ld\n", runs, seconds[runs / 2], peak_rss_kib());
     free(seconds);
+    free(whole);
+#ifdef MODEL_WEIGHTS_FILE
+    free(block); /* else LeakSanitizer fails a -fsanitize=address run of the program */
+#endif
     return 0;
 }
