@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 import tightfit  # noqa: E402
 from tightfit.errors import BudgetError  # noqa: E402
-from tightfit.export import check as check_export  # noqa: E402
+from tightfit.api import check_export  # noqa: E402
 from tightfit.export import export  # noqa: E402
 from tightfit.export.build import DEFAULT_CFLAGS, build, run  # noqa: E402
 from tightfit.plan.schema import dumps  # noqa: E402

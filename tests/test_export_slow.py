@@ -15,8 +15,9 @@ import pytest
 
 import tightfit
 from tightfit.errors import BudgetError
-from tightfit.export import check, export
-from tightfit.graph import zoo
+from tightfit.api import check_export as check
+from tightfit.export import export
+from tightfit.frontend import zoo
 from tightfit.units import human, parse_size
 
 pytestmark = pytest.mark.slow
