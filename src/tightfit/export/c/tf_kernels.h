@@ -59,7 +59,7 @@ typedef struct { tf_view y; int product, count; tf_operand op[TF_MAX_OPERANDS]; 
 
 typedef struct { tf_view x, y; long scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
 typedef struct { tf_view x, y; long size; float alpha, beta, bias; } tf_lrn_args;
-typedef struct { tf_view y; int count; tf_view x[TF_MAX_OPERANDS]; tf_acts act; } tf_concat_args;
+typedef struct { tf_view y; int count; const tf_view *x; tf_acts act; } tf_concat_args; /* x: count views */
 
 enum { TF_PAD_CONSTANT, TF_PAD_EDGE, TF_PAD_REFLECT };
 typedef struct { tf_view x, y; int mode; float value; long oy0, ox0, iy0, ix0, in_h, in_w, t, l; } tf_pad_args;
