@@ -90,24 +90,34 @@ static void tap_span(long i, long k, long d, long size, long *k0, long *k1) {
     *k1 = hi < k ? hi : k;
 }
 
+/* Output pixel (oy, ox)'s window: the input pixel of tap (0, 0), (iy, ix) = (oy * sh - pt, ox * sw -
+ * pl), which may lie in the padding, and the kernel rows [ky0, ky1) and columns [kx0, kx1) inside x. */
+typedef struct { long iy, ix, ky0, ky1, kx0, kx1; } window;
+
+static window window_at(const tf_view *x, long iy, long ix, long kh, long kw, long dh, long dw) {
+    window t;
+    t.iy = iy;
+    t.ix = ix;
+    tap_span(iy, kh, dh, x->h, &t.ky0, &t.ky1);
+    tap_span(ix, kw, dw, x->w, &t.kx0, &t.kx1);
+    return t;
+}
+
 static void conv_dense(float *arena, const float *wts, const tf_conv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     const long cin = x->c, cout = y->c, rows = a->kh * a->kw * cin, panels = (cout + 15) / 16;
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
-        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
-        long ky0, ky1, kx0, kx1;
-        tap_span(iy, a->kh, 1, x->h, &ky0, &ky1);
-        tap_span(ix, a->kw, 1, x->w, &kx0, &kx1);
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, 1, 1);
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         for (long p = 0; p < panels; p++) {
             const float *wp = wts + a->w + p * rows * 16;
             float acc[16];
             memcpy(acc, wts + a->b + p * 16, sizeof acc);
-            for (long ky = ky0; ky < ky1; ky++)
-            for (long kx = kx0; kx < kx1; kx++) {
-                const float *in = arena + x->off + n * x->sn + (iy + ky) * x->sh + (ix + kx) * x->sw;
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+            for (long kx = t.kx0; kx < t.kx1; kx++) {
+                const float *in = arena + x->off + n * x->sn + (t.iy + ky) * x->sh + (t.ix + kx) * x->sw;
                 const float *wr = wp + (ky * a->kw + kx) * cin * 16;
                 for (long k = 0; k < cin; k++) {
                     const float xv = in[k * x->sc];
@@ -127,15 +137,12 @@ static void conv_depthwise(float *arena, const float *wts, const tf_conv_args *a
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
-        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
-        long ky0, ky1, kx0, kx1;
-        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
-        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         for (long k = 0; k < c; k++) out[k * y->sc] = b[k];
-        for (long ky = ky0; ky < ky1; ky++)
-        for (long kx = kx0; kx < kx1; kx++) {
-            const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw;
+        for (long ky = t.ky0; ky < t.ky1; ky++)
+        for (long kx = t.kx0; kx < t.kx1; kx++) {
+            const float *in = arena + x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw;
             const float *tap = w + (ky * a->kw + kx) * c;
             for (long k = 0; k < c; k++) out[k * y->sc] += in[k * x->sc] * tap[k];
         }
@@ -149,18 +156,15 @@ static void conv_grouped(float *arena, const float *wts, const tf_conv_args *a) 
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
-        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
-        long ky0, ky1, kx0, kx1;
-        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
-        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         for (long g = 0; g < a->groups; g++) {
             const float *w = wts + a->w + g * rows * cog, *b = wts + a->b + g * cog;
             float *o = out + g * cog * y->sc;
             for (long k = 0; k < cog; k++) o[k * y->sc] = b[k];
-            for (long ky = ky0; ky < ky1; ky++)
-            for (long kx = kx0; kx < kx1; kx++) {
-                const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+            for (long kx = t.kx0; kx < t.kx1; kx++) {
+                const float *in = arena + x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
                                   + g * cig * x->sc;
                 const float *wr = w + (ky * a->kw + kx) * cig * cog;
                 for (long ci = 0; ci < cig; ci++) {
@@ -221,15 +225,12 @@ static void pool(float *arena, const tf_pool_args *a) {
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
-        const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
-        long ky0, ky1, kx0, kx1;
-        tap_span(iy, a->kh, a->dh, x->h, &ky0, &ky1);
-        tap_span(ix, a->kw, a->dw, x->w, &kx0, &kx1);
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         for (long c = 0; c < y->c; c++) out[c * y->sc] = avg ? 0.0f : -INFINITY;
-        for (long ky = ky0; ky < ky1; ky++)
-        for (long kx = kx0; kx < kx1; kx++) {
-            const float *in = arena + x->off + n * x->sn + (iy + ky * a->dh) * x->sh + (ix + kx * a->dw) * x->sw;
+        for (long ky = t.ky0; ky < t.ky1; ky++)
+        for (long kx = t.kx0; kx < t.kx1; kx++) {
+            const float *in = arena + x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw;
             if (avg) for (long c = 0; c < y->c; c++) out[c * y->sc] += in[c * x->sc];
             else for (long c = 0; c < y->c; c++) out[c * y->sc] = in[c * x->sc] > out[c * y->sc] ? in[c * x->sc] : out[c * y->sc];
         }
