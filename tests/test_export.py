@@ -214,7 +214,7 @@ def test_plan_file_round_trip_exports_the_same_code(tmp_path):
 def test_parts_overlay_plan(tmp_path):
     """A whole tensor written over the dead rows of one still read (plan/overlay.py): the C steps
     run in the plan's order, so the overlay holds as in the executor."""
-    from tests.test_overlay import PHASES, _Stage
+    from test_overlay import PHASES, _Stage
     from tightfit.plan.parts import plan_parts
     from tightfit.plan.reuse import PlannedModel
 
