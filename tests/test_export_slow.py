@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 STRICT = ["-std=c99", "-O2"]  # the check adds -Wall -Wextra -Werror -pedantic
+SEARCH_SECONDS = 60  # the CLI's default --time-limit
+SANITIZED_RUN_SECONDS = 3600  # VGG-19 in plain C under ASan + UBSan: ~20 GFLOP unvectorised
 SEARCHED = ("minakova5", "mobilenet_v2", "resnet18", "googlenet", "tiny-yolov2", "yolov2-16")
 
 CASES = ([pytest.param(m, "reuse", None, id=f"reuse-{m}") for m in zoo.names()]
@@ -41,14 +43,14 @@ def plan_for(model: str, method: str, arg):
     reuse, _ = tightfit.api.plan(model)
     budget = reuse.arena_bytes // arg
     try:
-        return tightfit.api.plan(model, method=method, budget=budget)
+        return tightfit.api.plan(model, method=method, budget=budget, time_limit=SEARCH_SECONDS)
     except BudgetError as e:
         m = re.search(r"needs ([0-9.]+ [KMG]iB|[0-9]+ B)", str(e))
         assert m, str(e)
         reached = int(parse_size(m.group(1).replace(" ", "")) * 1.01) + 4096
         print(f"{model} {method}: 1/{arg} of the reuse arena ({human(budget)}) is below the search's reach; "
               f"using the smallest it reaches, {human(reached)}")
-        return tightfit.api.plan(model, method=method, budget=reached)
+        return tightfit.api.plan(model, method=method, budget=reached, time_limit=SEARCH_SECONDS)
 
 
 @pytest.mark.parametrize("model,method,arg", CASES)
@@ -59,5 +61,6 @@ def test_exported_plan_builds_strict_matches_and_fits(model, method, arg, tmp_pa
     assert strict.ok, f"outputs differ: max abs diff {strict.max_abs_diff} > {strict.tolerance}"
     assert strict.peak_rss <= strict.budget_bytes, \
         f"whole-process peak {human(strict.peak_rss)} > weights + arena + 2 MiB = {human(strict.budget_bytes)}"
-    sanitized = check(plan, graphs, sources, tmp_path / "c", cflags=STRICT, sanitize=True)
+    sanitized = check(plan, graphs, sources, tmp_path / "c", cflags=STRICT, sanitize=True,
+                      timeout_s=SANITIZED_RUN_SECONDS)
     assert sanitized.ok, f"sanitized build: outputs differ: max abs diff {sanitized.max_abs_diff}"

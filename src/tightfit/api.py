@@ -270,13 +270,13 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
 
 
 def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflags=None, runs: int = 1,
-                 sanitize: bool = False, seed: int = 0):
+                 sanitize: bool = False, seed: int = 0, timeout_s: float = 600):
     """Build an exported plan, run it on the seeded inputs, compare with the reference executor
     (tightfit.export.Check)."""
     from tightfit.export import check
 
     inputs, refs = reference_io(plan_, graphs, seed)
-    return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize)
+    return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize, timeout_s)
 
 
 def check_export_mcu(plan_, graphs, built, seed: int = 0):

@@ -68,15 +68,16 @@ class Check:
 
 
 def check(sources: Sources, directory: str | Path, inputs: Sequence[np.ndarray], references: Sequence[np.ndarray],
-          cc: str | None = None, cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False) -> Check:
+          cc: str | None = None, cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False, timeout_s: float = 600) -> Check:
     """Build the exported program, run it on `inputs` (every CNN's input, in order), compare its
-    outputs with `references` (every output of every CNN, in order), and measure the whole process."""
+    outputs with `references` (every output of every CNN, in order), and measure the whole process;
+    a run past `timeout_s` is an ExportError."""
     from tightfit.tolerance import compare, worst
 
     directory = Path(directory)
     built = build(directory, sources.name, cc, cflags, sanitize)
     weights = directory / "weights.bin" if sources.weights_in_file else None
-    ran = run(built.binary, inputs, [r.size for r in references], runs, weights)
+    ran = run(built.binary, inputs, [r.size for r in references], runs, weights, timeout_s)
     c = worst(compare(got.reshape(ref.shape), ref) for got, ref in zip(ran.outputs, references))
     code = built.text + built.data - (0 if sources.weights_in_file else sources.weight_bytes)
     return Check(sources.name, c.ok, c.max_abs_diff, c.tolerance, sources.arena_bytes, sources.weight_bytes,
