@@ -37,7 +37,7 @@ def test_profile_is_reused_from_disk(small, tmp_path, monkeypatch):
     first = CostModel(path).plan_seconds(p, [g])
     assert first > 0
     saved = json.loads(path.read_text())
-    assert saved["profile"] == profile_id() and saved["seconds"]
+    assert saved and all(set(entry) <= {"s", "h", "n"} for entry in saved.values())
     _no_timing(monkeypatch)
     assert CostModel(path).plan_seconds(p, [g]) == first
 

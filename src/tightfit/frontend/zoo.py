@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -19,9 +18,10 @@ import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from tightfit.cache import cache_dir
+from tightfit.cache import cache_dir, write_cache
 from tightfit.graph.ir import Graph
 
 SEED = 20240601
@@ -373,11 +373,9 @@ def onnx_model(name: str, input_shape: Sequence[int] | None = None) -> bytes:
 @functools.lru_cache(maxsize=2)
 def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
     path = _cache_path(name, shape)
-    if path is not None and path.is_file():
-        try:
-            return path.read_bytes()
-        except OSError:
-            pass
+    cached = _cached_model(path)
+    if cached is not None:
+        return cached
     if name.startswith("onnxzoo-"):
         model = onnx.load(_onnxzoo_path(name[len("onnxzoo-"):]))
         data = randomize_onnx(model).SerializeToString()
@@ -385,8 +383,7 @@ def _onnx_bytes(name: str, shape: tuple[int, ...] | None) -> bytes:
         from tightfit.frontend.torch_import import export_onnx
 
         data = export_onnx(torch_module(name), shape).SerializeToString()
-    if path is not None:
-        _write_atomic(path, data)
+    if path is not None and write_cache(path, data):
         for stale in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*.onnx"):
             if stale != path:  # made by another version of the code
                 try:
@@ -424,21 +421,18 @@ def _cache_path(name: str, shape: tuple[int, ...] | None) -> Path | None:
     return base / "zoo" / f"{name}-{dims}-{_code_version()}.onnx"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write beside the target and rename, so that concurrent writers and readers (pytest-xdist
-    workers) never see half a file. A cache that cannot be written is silently skipped."""
+def _cached_model(path: Path | None) -> bytes | None:
+    """The cached ONNX bytes if they hold a model with a graph (inputs, outputs, nodes); None
+    when missing or damaged (truncated, overwritten, another file's bytes): made again then."""
+    if path is None:
+        return None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
+        data = path.read_bytes()
+        model = onnx.load_from_string(data)
+    except (OSError, DecodeError, ValueError):
+        return None
+    g = model.graph
+    return data if g.node and g.input and g.output and g.initializer and model.opset_import else None
 
 
 def _check_name(name: str) -> None:

@@ -29,6 +29,7 @@ Partitions that run concurrently count as their slowest member.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.ops.native import NativeCalls
@@ -109,14 +111,14 @@ class CostModel:
         self.seconds: dict[str, float] = {}
         self.hot_seconds: dict[str, float] = {}  # per step key, its time run back to back
         self.native: set[str] = set()  # the step keys that run on our own kernels
-        if path is not None and path.exists() and not reprofile:
-            try:
-                saved = json.loads(path.read_text())
-                self.seconds, self.hot_seconds, self.native = saved["seconds"], saved["hot"], set(saved["native"])
-            except (ValueError, KeyError, OSError):
-                self.seconds, self.hot_seconds = {}, {}  # a damaged profile is measured again
+        # On disk: every timing appended as it is measured (a killed search keeps them; processes
+        # sharing the profile merge under a lock); a damaged or wrongly shaped file is measured again.
+        self._store = None if path is None else JournaledTable(path, _valid_entry)
+        self._new: dict[str, dict] = {}  # measured here since the last save
+        if self._store is not None and not reprofile:
+            for key, entry in self._store.load().items():
+                self._take(key, entry)
         self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
-        self._measured = 0
         # Profiling done through this model: step shapes measured and the seconds it took
         # (reported apart from a search's time, which does not count it).
         self.profiled = 0
@@ -213,9 +215,7 @@ class CostModel:
         run = self._bound_step(plan, graphs, step)
         if isinstance(run, NativeCalls):
             self.native.add(key)
-        self.seconds[key] = _median_seconds(run)
-        self.hot_seconds[key] = _median_seconds(run, stir_bytes=0)
-        self._measured += 1
+        self._keep(key, {"s": _median_seconds(run), "h": _median_seconds(run, stir_bytes=0), "n": key in self.native})
         code_key = CODE_KEY + _op_kind(graphs, step)
         touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
         if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
@@ -225,19 +225,31 @@ class CostModel:
 
     def record(self, key: str, seconds: float) -> None:
         """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""
-        self.seconds[key] = seconds
-        self._measured += 1
+        self._keep(key, {"s": seconds})
+
+    def _keep(self, key: str, entry: dict) -> None:
+        """Take a measured entry and save it at once (appended to the profile's journal)."""
+        self._take(key, entry)
+        self._new.setdefault(key, {}).update(entry)
+        if self._store is not None and self.path is not None:  # (a forked search's copy sets path None)
+            self._store.append(key, entry)
+
+    def _take(self, key: str, entry: dict) -> None:
+        if "s" in entry:
+            self.seconds[key] = entry["s"]
+        if "h" in entry:
+            self.hot_seconds[key] = entry["h"]
+        if entry.get("n"):
+            self.native.add(key)
 
     def save(self) -> None:
-        """Write new measurements (atomically: parallel processes may share a profile)."""
-        if self.path is None or not self._measured:
+        """Fold the journal into the profile file (written whole, atomically), merged under the
+        lock with what other processes sharing the profile measured. Every timing is on disk
+        already; this keeps the journal short."""
+        if self._store is None or self.path is None or not self._new:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"profile": self.id, "seconds": self.seconds, "hot": self.hot_seconds,
-                                   "native": sorted(self.native)}, sort_keys=True))
-        os.replace(tmp, self.path)
-        self._measured = 0
+        self._store.compact(self._new)
+        self._new = {}
 
     def _bound_step(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> Callable[[], None]:
         from tightfit.runtime.executor import buffer_view, compile_step, native_input, set_input
@@ -272,6 +284,12 @@ class CostModel:
             layer = g.layers[lid]
             self._params[key] = (g, get_op(layer.op).prepare_params(layer, [g.params[p] for p in layer.params]))
         return self._params[key][1]
+
+
+def _valid_entry(key: str, entry: dict) -> bool:
+    """The shape of one profile entry: stirred seconds "s", hot seconds "h", native "n"."""
+    return (bool(entry) and set(entry) <= {"s", "h", "n"} and all(is_seconds(entry[k]) for k in ("s", "h") if k in entry)
+            and isinstance(entry.get("n", False), bool))
 
 
 def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
@@ -441,15 +459,37 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
     overwritten), or with `stir_bytes` 0 back to back ("hot": a band repeated with little in
     between); `steps_seconds` blends the two."""
     stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
+    clock, offset = step_clock()
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
         times = []
         for _ in range(samples):
             if stir is not None:
                 stir.fill_(1.0)
-            t0 = time.perf_counter()
+            t0 = clock()
             run()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0 - offset)
+    return max(0.0, statistics.median(times))
+
+
+def step_clock() -> tuple[Callable[[], float], float]:
+    """The clock steps are timed by, and what an empty interval on it reads. At one torch thread
+    every kernel runs on the calling thread, so its CPU time is the step's own: on a shared
+    machine a timing then leaves out the time other processes held the core (a profile taken
+    under load measured layers up to 3x slow and stayed so). With more threads, wall time."""
+    if torch.get_num_threads() != 1:
+        return time.perf_counter, 0.0
+    return time.thread_time, _empty_interval(time.thread_time)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_interval(clock: Callable[[], float]) -> float:
+    """The median reading of two back-to-back calls (0.6 us for the thread CPU clock here,
+    which has no vDSO path: 12% of a 5 us step if not taken off)."""
+    times = []
+    for _ in range(2001):
+        t0 = clock()
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
