@@ -5,7 +5,10 @@ job = {"plan": Plan, "graph": Graph, "seed": int, "threads": int}. The worker lo
 parameters, builds the executor, runs once to warm up and prints "ready"; then for each line
 "N" on stdin it runs the plan N times and prints the seconds of each run as one JSON list.
 Each run starts after twice the last-level cache has been written, so that a run's time does
-not depend on which plan ran before it (in this worker or in another).
+not depend on which plan ran before it (in this worker or in another); with job["stir"] False
+the runs follow each other as frames of a stream do (what the cost model predicts); with
+job["clock"] "step", runs are timed on the clock the cost model times steps by (cost.step_clock:
+at one thread, the thread's CPU time).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import time
 def main() -> None:
     import torch
 
-    from tightfit.runtime.cost import CACHE_BYTES
+    from tightfit.runtime.cost import CACHE_BYTES, step_clock
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import load_params, random_input
 
@@ -30,15 +33,17 @@ def main() -> None:
     executor = ArenaExecutor(plan, [graph], [load_params(graph)])
     x = random_input(graph, plan.models[0].batch, job["seed"])
     stir = torch.empty(4 * CACHE_BYTES // 4)  # CACHE_BYTES is half the last-level cache
+    clock, offset = step_clock() if job.get("clock") == "step" else (time.perf_counter, 0.0)
     executor.run(x)
     print("ready", flush=True)
     for line in sys.stdin:
         seconds = []
         for _ in range(int(line)):
-            stir.fill_(1.0)
-            t0 = time.perf_counter()
+            if job.get("stir", True):
+                stir.fill_(1.0)
+            t0 = clock()
             executor.run(x)
-            seconds.append(time.perf_counter() - t0)
+            seconds.append(clock() - t0 - offset)
         print(json.dumps(seconds), flush=True)
 
 
