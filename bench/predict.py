@@ -63,7 +63,10 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
         budget = int(base * f)
         found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, deadline=Deadline.after(time_limit))
         plans.append(("parts", _label(f, found.fits, found.timed_out), parts_plan(model, found.chosen)))
-        found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0, deadline=Deadline.after(time_limit))
+        try:
+            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0, deadline=Deadline.after(time_limit))
+        except KeyError:  # the search fails when time is up before its plain segments are planned
+            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0)
         plans.append(("tiling", _label(f, found.fits, found.timed_out) + " " + found.chosen.spec[:28], tiling_plan(model, found.chosen)))
     if vbs:
         plans += vbs_plans(name, cost)

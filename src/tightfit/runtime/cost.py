@@ -144,7 +144,18 @@ class CostModel:
         total = sum(t for i, t in enumerate(per_part) if i not in together)
         total += sum(max(per_part[i] for i in c) for c in plan.concurrent)
         self.save()
-        return total
+        return total + len(plan.partitions) * self.partition_seconds
+
+    @property
+    def partition_seconds(self) -> float:
+        """The executor's cost of running a partition besides its steps (the run's no_grad
+        context, the input's checks and patches: 3 us here, 7% of minakova5's run)."""
+        return self._once("partition", _partition_overhead)
+
+    @property
+    def cache_bytes(self) -> float:
+        """The last-level cache a run can count on, measured (`_effective_cache_bytes`)."""
+        return self._once("cache_bytes", _effective_cache_bytes)
 
     @property
     def native_call_seconds(self) -> float:
@@ -173,11 +184,19 @@ class CostModel:
         # A step on our own kernels runs at its hot time: it fetches no interpreter or torch code
         # and data on the way (mobilenet_v2 by one-row bands: 4.9 ms predicted so, 5.8 blended
         # by the bytes since, 4.7 measured); what its data fetches from memory is `cold` below.
-        warm = sum(self.hot_seconds[k] + (0.0 if k in self.native else (self.seconds[k] - self.hot_seconds[k]) * min(1.0, d / WARM_BYTES))
-                   for k, d in zip(keys, since))
-        cold, cold_code = cold_fetches(prints)
+        warm = [self.hot_seconds[k] + (0.0 if k in self.native else (self.seconds[k] - self.hot_seconds[k]) * min(1.0, d / WARM_BYTES))
+                for k, d in zip(keys, since)]
+        cold, cold_code = cold_fetches(prints, int(self.cache_bytes))
         code = sum(self.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
-        return warm + self._call_seconds([k in self.native for k in keys]) + sum(cold) * self.cold_byte_seconds + code
+        evicted, evicted_code = preempted_fetches(prints, warm, self.preempt_seconds, int(self.cache_bytes))
+        code += sum(share * self.seconds.get(CODE_KEY + op, 0.0) for op, share in evicted_code.items())
+        return (sum(warm) + self._call_seconds([k in self.native for k in keys])
+                + (sum(cold) + evicted) * self.cold_byte_seconds + code)
+
+    @property
+    def preempt_seconds(self) -> float:
+        """CPU seconds a thread runs between preemptions on this machine (`_preempt_seconds`)."""
+        return self._once("preempt", _preempt_seconds)
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
@@ -354,6 +373,32 @@ def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) ->
     return cold, code
 
 
+def preempted_fetches(prints: Sequence[Footprint], seconds: Sequence[float], preempt_seconds: float,
+                      cache_bytes: int = CACHE_BYTES) -> tuple[float, dict[str, float]]:
+    """What other processes evict while this one is preempted, on a machine shared beyond its
+    cores: a block that `cold_fetches` finds in cache is fetched again with the chance that the
+    thread was preempted since its previous use, (the seconds of the steps since) /
+    `preempt_seconds`, at most 1. Returns the expected bytes so fetched, and per op kind the
+    expected number of fetches of its code. (At load 17 on 2 cores a thread here ran 1.4 ms
+    between preemptions, and mobilenet_v1_025's 2.3 ms run found its global pool's code evicted
+    on nearly every run: 250 us instead of 25.)"""
+    last_use: dict[tuple, tuple[int, float]] = {}
+    total, clock, fetched, code = 0, 0.0, 0.0, {}
+    for round_ in range(2):  # the first round only finds each block's last use in the previous run
+        for (touched, blocks), step_s in zip(prints, seconds):
+            for block, nbytes, access in blocks:
+                if round_ and access <= cache_bytes and total - last_use[block][0] <= cache_bytes:
+                    share = min(1.0, (clock - last_use[block][1]) / preempt_seconds)
+                    fetched += nbytes * share
+                    if block[0] == "code":
+                        code[block[1]] = code.get(block[1], 0.0) + share
+            total += touched
+            clock += step_s
+            for block, _, _ in blocks:
+                last_use[block] = (total, clock)
+    return fetched, code
+
+
 # Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
 # on the op's first step that touches at most CODE_PROBE_BYTES.
 CODE_KEY = "code:"
@@ -459,38 +504,49 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
     overwritten), or with `stir_bytes` 0 back to back ("hot": a band repeated with little in
     between); `steps_seconds` blends the two."""
     stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
-    clock, offset = step_clock()
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
         times = []
         for _ in range(samples):
             if stir is not None:
                 stir.fill_(1.0)
-            t0 = clock()
-            run()
-            times.append(clock() - t0 - offset)
+            times.append(timed(run))
     return max(0.0, statistics.median(times))
 
 
-def step_clock() -> tuple[Callable[[], float], float]:
-    """The clock steps are timed by, and what an empty interval on it reads. At one torch thread
-    every kernel runs on the calling thread, so its CPU time is the step's own: on a shared
-    machine a timing then leaves out the time other processes held the core (a profile taken
-    under load measured layers up to 3x slow and stayed so). With more threads, wall time."""
+def timed(run: Callable[[], object]) -> float:
+    """Seconds of one call of `run`, as steps and plans are timed. At one torch thread every
+    kernel runs on the calling thread, so the thread's CPU time is the run's own: on a shared
+    machine it leaves out the time other processes held the core (a 25 ms plan measured 3x slow
+    at load 10 on 2 cores; a profile timed so stayed slow). The CPU clock has no vDSO path (a
+    reading costs 0.6 us here, and its empty interval varies by a tenth of that, which hundreds
+    of one-row steps add up), so the wall interval is taken when it is the shorter: not
+    preempted. With more threads, wall time."""
     if torch.get_num_threads() != 1:
-        return time.perf_counter, 0.0
-    return time.thread_time, _empty_interval(time.thread_time)
+        t0 = time.perf_counter()
+        run()
+        return time.perf_counter() - t0
+    wall_empty, cpu_empty = _empty_intervals()
+    c0 = time.thread_time()
+    w0 = time.perf_counter()
+    run()
+    w1 = time.perf_counter()
+    c1 = time.thread_time()
+    return max(0.0, min(w1 - w0 - wall_empty, c1 - c0 - cpu_empty))
 
 
 @functools.lru_cache(maxsize=None)
-def _empty_interval(clock: Callable[[], float]) -> float:
-    """The median reading of two back-to-back calls (0.6 us for the thread CPU clock here,
-    which has no vDSO path: 12% of a 5 us step if not taken off)."""
-    times = []
+def _empty_intervals() -> tuple[float, float]:
+    """What `timed` reads on the wall and the CPU clock around nothing (medians)."""
+    wall, cpu = [], []
     for _ in range(2001):
-        t0 = clock()
-        times.append(clock() - t0)
-    return statistics.median(times)
+        c0 = time.thread_time()
+        w0 = time.perf_counter()
+        w1 = time.perf_counter()
+        c1 = time.thread_time()
+        wall.append(w1 - w0)
+        cpu.append(c1 - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 _STIR: dict[int, torch.Tensor] = {}
@@ -523,3 +579,57 @@ def _native_call_overhead() -> float:
         return 0.0
     calls = NativeCalls([])
     return _median_seconds(lambda: [calls() for _ in range(1000)], 21) / 1000
+
+
+def _partition_overhead() -> float:
+    """A run of an executor whose one partition has no steps, on the path a tensor input takes."""
+    from types import SimpleNamespace
+
+    from tightfit.runtime.executor import ArenaExecutor, _Partition
+
+    x = torch.empty(1, 1, 1, 1)
+    ex = ArenaExecutor.__new__(ArenaExecutor)
+    ex.plan = SimpleNamespace(partitions=[SimpleNamespace(model=0)])
+    ex.frames, ex._outputs = [[_Partition([], [], (), tuple(x.shape))]], [[{}]]
+    return _median_seconds(lambda: ex.run(x), 201, stir_bytes=0)
+
+
+def _effective_cache_bytes() -> float:
+    """The bytes that may be written before data read from the last-level cache comes from
+    memory instead: a 256 kB read timed after stirs of growing size, the first size at which it
+    takes more than halfway from its in-cache to its from-memory time. Measured, not read off
+    sysfs: the cache is shared with other cores and, on a VM, other tenants (here 10-16 MB of
+    the 32 MB L3; at half of sysfs' size, mobilenet_v1_025's global pool and classifier were
+    taken to find their code in cache, and its plans were predicted 17-22% fast)."""
+    probe = torch.ones(64 * 1024)
+    stir = torch.empty(4 * CACHE_BYTES // 4)
+
+    def read_after(nbytes: int) -> float:
+        times = []
+        for _ in range(9):
+            stir[:nbytes // 4].fill_(1.0)
+            times.append(timed(probe.sum))
+        return statistics.median(times)
+
+    in_cache, from_memory = read_after(WARM_BYTES), read_after(4 * CACHE_BYTES)
+    for size in range(WARM_BYTES + WARM_BYTES // 2, 4 * CACHE_BYTES, WARM_BYTES // 2):
+        if read_after(size) > (in_cache + from_memory) / 2:
+            return float(size)
+    return float(4 * CACHE_BYTES)
+
+
+def _preempt_seconds() -> float:
+    """CPU seconds of a busy thread between involuntary context switches (another process took
+    the core), over 0.2 s of CPU; 1e9 where none happened (a machine to itself)."""
+    def switches() -> int:
+        try:
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) for l in f if l.startswith("nonvoluntary_ctxt_switches"))
+        except (OSError, StopIteration, ValueError):
+            return 0
+
+    before, t0 = switches(), time.thread_time()
+    while time.thread_time() - t0 < 0.2:
+        pass
+    n = switches() - before
+    return (time.thread_time() - t0) / n if n else 1e9
