@@ -1,5 +1,6 @@
-"""The cost model's prediction error per technique on the zoo models (issue 20: median
-|pred/meas - 1| <= 5% and max <= 15% at one thread, tiling and parts included).
+"""The cost model's prediction error |pred/meas - 1| per technique on the zoo models, one thread.
+
+Target (issue 20): median <= 5% and max <= 15% per technique, tiling and parts included.
 
     python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--time-limit 20]
                             [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...] [--model-timeout 900]
