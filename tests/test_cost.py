@@ -12,8 +12,7 @@ from tightfit.ops.native import available as native_available
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
-from tightfit.runtime.cost import (CostModel, bytes_since_same_key, cold_fetches, footprints, preempted_fetches, profile_id,
-                                   step_key)
+from tightfit.runtime.cost import CostModel, bytes_since_same_key, cold_fetches, footprints, profile_id, step_key
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -73,13 +72,11 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     keys = [step_key(p, [g], s) for s in steps]
     since = bytes_since_same_key(keys, [touched for touched, _ in prints])
     warm = [1e-4 + (0.0 if k in cm.native else 1e-4 * min(1.0, d / cost.WARM_BYTES)) for k, d in zip(keys, since)]
-    cold, code = cold_fetches(prints, int(cm.cache_bytes))
+    cold, code = cold_fetches(prints)
     code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
-    evicted, evicted_code = preempted_fetches(prints, warm, cm.preempt_seconds, int(cm.cache_bytes))
-    code_seconds += sum(n * cm.seconds.get(cost.CODE_KEY + op, 0.0) for op, n in evicted_code.items())
     native, runs = _native_runs(cm, p, g)
     calls = (len(steps) - native) * cm.loop_seconds + (runs - native) * cm.native_call_seconds
-    assert total == pytest.approx(sum(warm) + calls + (sum(cold) + evicted) * cm.cold_byte_seconds + code_seconds
+    assert total == pytest.approx(sum(warm) + calls + sum(cold) * cm.cold_byte_seconds + code_seconds
                                   + cm.partition_seconds)
     assert native > runs > 0 or not native_available()
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
@@ -194,18 +191,3 @@ def test_identical_layers_share_a_key_and_border_bands_do_not():
     assert step_key(parts, [g], top) != step_key(parts, [g], middle)  # the top band is padded
     assert step_key(parts, [g], conv0[1]) == step_key(parts, [g], conv0[2])
 
-
-def test_preemption_evicts_by_the_seconds_since_a_blocks_last_use():
-    """A block in cache by bytes is fetched again with the chance the thread was preempted since
-    its last use; a block cold by bytes is left to cold_fetches."""
-    prints = [(100, [(("code", "conv"), 0.0, 0), (("weights", 0), 60.0, 60)]),
-              (100, [(("code", "pool"), 0.0, 0), (("arena", 0), 40.0, 40)])]
-    seconds = [1e-3, 3e-3]  # a run of 4 ms
-    fetched, code = preempted_fetches(prints, seconds, 1e9)  # never preempted
-    assert fetched == pytest.approx(0.0, abs=1e-3) and all(n < 1e-3 for n in code.values())
-    # 8 ms between preemptions: the first step's blocks were last used 3 ms of other steps ago
-    # (a chance of 3/8), the second's 1 ms ago (1/8).
-    fetched, code = preempted_fetches(prints, seconds, 8e-3)
-    assert fetched == pytest.approx(60 * 3 / 8 + 40 / 8) and code == {"conv": pytest.approx(3 / 8), "pool": pytest.approx(1 / 8)}
-    # A cache of 50 bytes: the 100 bytes of the other step evict every block anyway (cold_fetches counts them).
-    assert preempted_fetches(prints, seconds, 8e-3, cache_bytes=50) == (0.0, {})

@@ -153,11 +153,6 @@ class CostModel:
         return self._once("partition", _partition_overhead)
 
     @property
-    def cache_bytes(self) -> float:
-        """The last-level cache a run can count on, measured (`_effective_cache_bytes`)."""
-        return self._once("cache_bytes", _effective_cache_bytes)
-
-    @property
     def native_call_seconds(self) -> float:
         """The cost of calling a run of native steps from Python (a run of none)."""
         return self._once("native_call", _native_call_overhead)
@@ -186,17 +181,9 @@ class CostModel:
         # by the bytes since, 4.7 measured); what its data fetches from memory is `cold` below.
         warm = [self.hot_seconds[k] + (0.0 if k in self.native else (self.seconds[k] - self.hot_seconds[k]) * min(1.0, d / WARM_BYTES))
                 for k, d in zip(keys, since)]
-        cold, cold_code = cold_fetches(prints, int(self.cache_bytes))
+        cold, cold_code = cold_fetches(prints)
         code = sum(self.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
-        evicted, evicted_code = preempted_fetches(prints, warm, self.preempt_seconds, int(self.cache_bytes))
-        code += sum(share * self.seconds.get(CODE_KEY + op, 0.0) for op, share in evicted_code.items())
-        return (sum(warm) + self._call_seconds([k in self.native for k in keys])
-                + (sum(cold) + evicted) * self.cold_byte_seconds + code)
-
-    @property
-    def preempt_seconds(self) -> float:
-        """CPU seconds a thread runs between preemptions on this machine (`_preempt_seconds`)."""
-        return self._once("preempt", _preempt_seconds)
+        return sum(warm) + self._call_seconds([k in self.native for k in keys]) + sum(cold) * self.cold_byte_seconds + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
@@ -371,32 +358,6 @@ def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) ->
             for block, _, _ in blocks:
                 last_use[block] = total
     return cold, code
-
-
-def preempted_fetches(prints: Sequence[Footprint], seconds: Sequence[float], preempt_seconds: float,
-                      cache_bytes: int = CACHE_BYTES) -> tuple[float, dict[str, float]]:
-    """What other processes evict while this one is preempted, on a machine shared beyond its
-    cores: a block that `cold_fetches` finds in cache is fetched again with the chance that the
-    thread was preempted since its previous use, (the seconds of the steps since) /
-    `preempt_seconds`, at most 1. Returns the expected bytes so fetched, and per op kind the
-    expected number of fetches of its code. (At load 17 on 2 cores a thread here ran 1.4 ms
-    between preemptions, and mobilenet_v1_025's 2.3 ms run found its global pool's code evicted
-    on nearly every run: 250 us instead of 25.)"""
-    last_use: dict[tuple, tuple[int, float]] = {}
-    total, clock, fetched, code = 0, 0.0, 0.0, {}
-    for round_ in range(2):  # the first round only finds each block's last use in the previous run
-        for (touched, blocks), step_s in zip(prints, seconds):
-            for block, nbytes, access in blocks:
-                if round_ and access <= cache_bytes and total - last_use[block][0] <= cache_bytes:
-                    share = min(1.0, (clock - last_use[block][1]) / preempt_seconds)
-                    fetched += nbytes * share
-                    if block[0] == "code":
-                        code[block[1]] = code.get(block[1], 0.0) + share
-            total += touched
-            clock += step_s
-            for block, _, _ in blocks:
-                last_use[block] = (total, clock)
-    return fetched, code
 
 
 # Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
@@ -593,43 +554,3 @@ def _partition_overhead() -> float:
     ex.frames, ex._outputs = [[_Partition([], [], (), tuple(x.shape))]], [[{}]]
     return _median_seconds(lambda: ex.run(x), 201, stir_bytes=0)
 
-
-def _effective_cache_bytes() -> float:
-    """The bytes that may be written before data read from the last-level cache comes from
-    memory instead: a 256 kB read timed after stirs of growing size, the first size at which it
-    takes more than halfway from its in-cache to its from-memory time. Measured, not read off
-    sysfs: the cache is shared with other cores and, on a VM, other tenants (here 10-16 MB of
-    the 32 MB L3; at half of sysfs' size, mobilenet_v1_025's global pool and classifier were
-    taken to find their code in cache, and its plans were predicted 17-22% fast)."""
-    probe = torch.ones(64 * 1024)
-    stir = torch.empty(4 * CACHE_BYTES // 4)
-
-    def read_after(nbytes: int) -> float:
-        times = []
-        for _ in range(9):
-            stir[:nbytes // 4].fill_(1.0)
-            times.append(timed(probe.sum))
-        return statistics.median(times)
-
-    in_cache, from_memory = read_after(WARM_BYTES), read_after(4 * CACHE_BYTES)
-    for size in range(WARM_BYTES + WARM_BYTES // 2, 4 * CACHE_BYTES, WARM_BYTES // 2):
-        if read_after(size) > (in_cache + from_memory) / 2:
-            return float(size)
-    return float(4 * CACHE_BYTES)
-
-
-def _preempt_seconds() -> float:
-    """CPU seconds of a busy thread between involuntary context switches (another process took
-    the core), over 0.2 s of CPU; 1e9 where none happened (a machine to itself)."""
-    def switches() -> int:
-        try:
-            with open("/proc/self/status") as f:
-                return next(int(l.split()[1]) for l in f if l.startswith("nonvoluntary_ctxt_switches"))
-        except (OSError, StopIteration, ValueError):
-            return 0
-
-    before, t0 = switches(), time.thread_time()
-    while time.thread_time() - t0 < 0.2:
-        pass
-    n = switches() - before
-    return (time.thread_time() - t0) / n if n else 1e9
