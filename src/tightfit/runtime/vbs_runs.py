@@ -41,6 +41,8 @@ def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int
     distinct = list(dict.fromkeys(texts))
     timers = [PlanTimer(plans[texts.index(t)], graph, seed) for t in distinct]
     try:
+        for t in timers:  # every worker loaded before any is timed (a loading worker takes a core)
+            t.run(0)
         measured: list[list[float]] = [[] for _ in distinct]
         for r in range(repeats):
             order = range(len(distinct)) if r % 2 == 0 else reversed(range(len(distinct)))
