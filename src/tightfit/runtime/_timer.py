@@ -18,7 +18,7 @@ import time
 def main() -> None:
     import torch
 
-    from tightfit.runtime.cost import CACHE_BYTES
+    from tightfit.analysis.predict import CACHE_BYTES
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import load_params, random_input
 
