@@ -37,7 +37,7 @@ CONSTANTS = {"loop": 1e-6, "native_call": 2e-6, "cold_byte": 1e-10}
 def figures(case: tuple) -> dict:
     """The front, the search's pick (Alg. 9) and fit's pick (timed by the prediction) of a case."""
     import tightfit.fit as F
-    from tightfit.plan.fit import FitProblem
+    from tightfit.techniques.fit import FitProblem
 
     name, model, shape, fraction = case
     app = F.load_fit_app(model, shape)

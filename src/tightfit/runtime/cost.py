@@ -35,6 +35,7 @@ from tightfit.plan.schema import Plan, Step
 
 PROFILE_VERSION = 2
 SAMPLES = 7
+SAVE_EVERY = 32  # measure_missing saves the profile after this many step shapes
 STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
 
 
@@ -127,14 +128,16 @@ class CostModel:
         return Profile.frozen(self.id, self.seconds, self.hot_seconds, self.native)
 
     def measure_missing(self, missing: dict) -> int:
-        """Measure what a prediction found missing (`Predictor.missing`); the shapes measured."""
-        before = self.profiled
-        for key, how in missing.items():
+        """Measure what a prediction found missing (`Predictor.missing`); the keys measured."""
+        for n, (key, how) in enumerate(missing.items(), 1):
             if how is None:
                 getattr(self, self.CONSTANT_MEASURES[key])
             else:
                 self._measure(*how, key)
-        return self.profiled - before
+            if n % SAVE_EVERY == 0:  # a killed run keeps what it measured
+                self.save()
+        self.save()
+        return sum(1 for key in missing if key in self.seconds)
 
     def _live(self) -> Predictor:
         """A prediction over this model's own tables (measured first where they lack a key)."""
