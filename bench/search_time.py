@@ -70,6 +70,7 @@ def run(kind: str, model: str, budget: int, limit: float) -> dict:
 
 def main() -> None:
     from tightfit.frontend.zoo import names
+    from tightfit.units import human
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(names()))
@@ -78,7 +79,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args()
     header(f"search time: fit and plan --budget within --time-limit {args.time_limit:g} s (issue 20, acceptance 3)")
-    print(f"{'model':22} {'command':7} {'budget':>10} {'wall s':>7} {'search':>7} {'profile':>7} {'finding':>7} "
+    print(f"{'model':22} {'command':7} {'budget':>14} {'wall s':>7} {'search':>7} {'profile':>7} {'finding':>7} "
           f"{'rest':>6} {'shapes':>6} {'lines':>5} {'rc':>2}  within", flush=True)
     failed = 0
     for model in args.models.split(","):
@@ -89,7 +90,7 @@ def main() -> None:
                 r = run(kind, model, budget, args.time_limit)
                 rest = r["wall"] - r["search"] - r["profiling"] - r["finding"]
                 failed += not r["ok"]
-                print(f"{model:22} {kind:7} {'1/' + str(frac):>4} {budget / 1e6:5.2f}MB {r['wall']:7.1f} "
+                print(f"{model:22} {kind:7} {'1/' + str(frac):>4} {human(budget):>9} {r['wall']:7.1f} "
                       f"{r['search']:7.1f} {r['profiling']:7.1f} {r['finding']:7.1f} {rest:6.1f} {r['shapes']:6d} "
                       f"{r['progress']:5d} {r['status']:2d}  {'yes' if r['ok'] else 'NO: ' + r['last'][:80]}{loaded()}",
                       flush=True)

@@ -91,10 +91,6 @@ class CostModel:
         self.profiled = 0
         self.profiled_seconds = 0.0
 
-    def search_clock(self) -> float:
-        """A clock for search deadlines that stands still while this model profiles."""
-        return time.monotonic() - self.profiled_seconds
-
     @classmethod
     def default(cls, reprofile: bool = False) -> "CostModel":
         return cls(default_path(), reprofile)
