@@ -109,8 +109,9 @@ def unit_layers(unit) -> list[int]:
 
 def profile_seconds(model: PlannedModel, cost, max_batch: int, layout: str = "nhwc", dtype: str = "fp32") -> dict[int, list[float]]:
     """time(i, b) as seconds of one step of layer i on b whole samples (index b; 0 unused),
-    predicted by `cost` (a Predictor over a frozen profile, or the runtime's CostModel): the step bound as in a plan of this request, on buffers of
-    b samples, plus the executor's loop overhead; the first layer also loads its input chunk."""
+    predicted by `cost` (a Predictor over a frozen profile, or the runtime's CostModel): the
+    step bound as in a plan of this request, on buffers of b samples, plus the executor's loop
+    overhead; the first layer also loads its input chunk."""
     g = model.graph
     out: dict[int, list[float]] = {}
     for layer in g.layers:

@@ -232,8 +232,9 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
     answers several budgets: the fastest front point within each). A budget below the space of
     `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
-    of some of a plan's steps (`cost_seconds(CostModel.default(), graph)`). With `parts`, a budget
-    below the coarse space also gets the parts search's front there (the whole network by parts).
+    of some of a plan's steps (`cost_seconds(predictor, graph)`, a Predictor over a frozen
+    profile). With `parts`, a budget below the coarse space also gets the parts search's front
+    there (the whole network by parts).
     Past `deadline` (checked before each group option is planned) no more options are planned
     and the configurations are assembled from those planned so far; `progress` gets a line per
     stage."""
