@@ -24,7 +24,7 @@ constraint as analysed and as measured (fresh process, parameters added), its ou
 reference executor's, and every CNN's fps relative to our own no-reduction fps is at least the
 paper's relative to its no-reduction fps; at "min", our analysed and measured memory are below the
 paper's and the outputs are verified. The "min" rows are timing-independent: the smallest plan
-`fit` finds is the same under any cost profile (see tightfit.plan.fit).
+`fit` finds is the same under any cost profile (see tightfit.techniques.fit).
 
 Substitutions: Inception V2 and ResNet-50 are the ONNX model zoo graphs (onnxzoo-inception_v2,
 onnxzoo-resnet50, a ResNet v1); apps 3 and 4 split their CNN into two pipelined partitions at
@@ -46,7 +46,7 @@ from benchlib import header, loaded, verdict
 from tightfit import fit as F
 from tightfit.analysis.csdf import max_phases
 from tightfit.plan import windows
-from tightfit.plan.fit import FitApp
+from tightfit.techniques.fit import FitApp
 from tightfit.plan.parts import plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime.cost import CostModel

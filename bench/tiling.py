@@ -48,7 +48,7 @@ from benchlib import header, loaded, verdict, verified  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
-from tightfit.plan.tiling import (TileGroup, TilingPoint, cost_seconds, format_tiling, plan_point,  # noqa: E402
+from tightfit.techniques.tiling import (TileGroup, TilingPoint, cost_seconds, format_tiling, plan_point,  # noqa: E402
                                   plan_tiling, search_tiling, step_memory)
 from tightfit.runtime.cost import CostModel  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402

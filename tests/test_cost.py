@@ -12,7 +12,9 @@ from tightfit.ops.native import available as native_available
 from tightfit.plan.parts import phases_for_rows, plan_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime import cost
-from tightfit.runtime.cost import CostModel, bytes_since_same_key, cold_fetches, footprints, profile_id, step_key
+from tightfit.analysis import predict
+from tightfit.analysis.predict import bytes_since_same_key, cold_fetches, footprints, step_key
+from tightfit.runtime.cost import CostModel, profile_id
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -71,16 +73,16 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     prints = footprints(p, [g], steps)
     keys = [step_key(p, [g], s) for s in steps]
     since = bytes_since_same_key(keys, [touched for touched, _ in prints])
-    warm = [1e-4 + (0.0 if k in cm.native else 1e-4 * min(1.0, d / cost.WARM_BYTES)) for k, d in zip(keys, since)]
+    warm = [1e-4 + (0.0 if k in cm.native else 1e-4 * min(1.0, d / predict.WARM_BYTES)) for k, d in zip(keys, since)]
     cold, code = cold_fetches(prints)
-    code_seconds = sum(cm.seconds.get(cost.CODE_KEY + op, 0.0) for op in code if op)
+    code_seconds = sum(cm.seconds.get(predict.CODE_KEY + op, 0.0) for op in code if op)
     native, runs = _native_runs(cm, p, g)
     calls = (len(steps) - native) * cm.loop_seconds + (runs - native) * cm.native_call_seconds
     assert total == pytest.approx(sum(warm) + calls + sum(cold) * cm.cold_byte_seconds + code_seconds
                                   + cm.partition_seconds)
     assert native > runs > 0 or not native_available()
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
-    assert min(since) < cost.WARM_BYTES <= max(since)
+    assert min(since) < predict.WARM_BYTES <= max(since)
 
 
 def _native_runs(cm: CostModel, plan, g) -> tuple[int, int]:
@@ -164,7 +166,7 @@ def test_arena_spans_are_the_executors_views(layout):
                 continue
             first = v.data_ptr() - base
             last = first + sum((n - 1) * st for n, st in zip(v.shape, v.stride())) * v.element_size() + v.element_size()
-            assert cost._arena_span(p, a) == (first, last), (s, a)
+            assert predict._arena_span(p, a) == (first, last), (s, a)
 
 
 def test_profile_id_names_the_thread_count():

@@ -1,4 +1,4 @@
-"""`fit`: the search over every technique (tightfit.plan.fit) and the command that runs, verifies
+"""`fit`: the search over every technique (tightfit.techniques.fit) and the command that runs, verifies
 and reports its choice (tightfit.fit). The search runs with a deterministic stand-in for the cost
 model (steps and MACs), so fronts are exact and reproducible; the command runs with the real one."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import tightfit.fit as F
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
-from tightfit.plan.fit import Constraints, FitProblem, dominates, search
+from tightfit.techniques.fit import Constraints, FitProblem, dominates, search
 from tightfit.plan.place import place
 from test_parts_search import step_cost as parts_step_cost
 
@@ -173,6 +173,14 @@ class StepCost:
     plan_seconds = staticmethod(step_cost)
 
 
+class StepsCost(StepCost):
+    """A stand-in that predicts steps too (the tiling search times parts of plans)."""
+
+    @staticmethod
+    def steps_seconds(plan, graphs, steps) -> float:
+        return 50e-6 * len(steps)
+
+
 def test_pipelined_application_by_parts_runs_as_a_stream(tmp_path):
     """One CNN in two pipelined partitions: the chosen plan splits layers inside a partition,
     keeps the tensor crossing them whole (a FIFO of two copies) and runs as a pipeline."""
@@ -190,44 +198,39 @@ def test_pipelined_application_by_parts_runs_as_a_stream(tmp_path):
     assert len(fps) == 1 and fps[0] > 0
 
 
-def test_forked_sources_give_the_same_front(monkeypatch):
-    """Technique sources run in forked processes (as on a large CNN) give the candidates and the
-    front they give here; a source that fails in its process is run here instead."""
-    import os
+def test_the_search_over_a_frozen_profile_measures_nothing_and_notes_what_it_lacks():
+    """Searches are pure: over a frozen profile they never measure; a step shape the profile
+    lacks is noted (to be measured by the command layer) and the search is repeatable."""
+    from golden_fit import synthetic_profile
 
-    import tightfit.plan.fit as PF
+    from tightfit.analysis.predict import Predictor
+    from tightfit.runtime.profiling import profiled_search
 
     app = F.load_fit_app("minakova5")
-    here = os.getpid()
+    cost = synthetic_profile()
+    snapshot = cost.frozen()
 
-    def fails_when_forked(ctx):
-        if os.getpid() != here:
-            raise RuntimeError("only in the forked process")
-        return PF.parts_search_source(ctx)
+    def front(predict, deadline):
+        problem = FitProblem(app, predict.plan_seconds, cost=predict)
+        found = search(problem, Constraints(1, (0.0,)), seed=3, exhaustive_limit=0, generations=2, source_budget=4500,
+                       deadline=deadline)
+        return [(p.genes, p.memory_bytes, p.seconds, p.labels) for p in found.front]
 
-    def front(sources):
-        problem = FitProblem(app, step_cost)
-        found = search(problem, Constraints(1, (0.0,)), seed=3, exhaustive_limit=0, generations=2,
-                       sources=sources, source_budget=4500)
-        return [(p.genes, p.memory_bytes, p.seconds, p.labels) for p in found.front], problem
-
-    serial, problem = front({"parts_search": PF.parts_search_source})
-    assert problem.spaces[0].candidates
-    monkeypatch.setattr(PF, "FORK_MIN_LAYERS", 0)
-    forked_jobs = []
-    run_forked = PF._run_forked
-    monkeypatch.setattr(PF, "_run_forked", lambda jobs, meanwhile: forked_jobs.append(len(jobs)) or run_forked(jobs, meanwhile))
-    assert front({"parts_search": PF.parts_search_source})[0] == serial
-    assert front({"parts_search": fails_when_forked})[0] == serial
-    assert forked_jobs == ([1, 1] if (os.cpu_count() or 1) > 1 else [0, 0])
+    empty = Predictor(snapshot)
+    front(empty, None)
+    assert empty.missing and not cost.seconds  # nothing measured: only noted
+    first, profiling = profiled_search(cost, front)
+    assert profiling.complete and profiling.shapes >= len(empty.missing) and profiling.passes > 1
+    again = Predictor(cost.frozen())
+    assert front(again, None) == first and again.complete
 
 
 def test_smallest_of_each_combines_each_cnns_smallest_plans(two_cnn_app):
     """The seeds' two smallest plans of each CNN, in every combination, smallest first."""
-    from tightfit.plan.fit import SOURCES
+    from tightfit.techniques.registry import fit_sources
 
     problem = FitProblem(two_cnn_app, step_cost)
-    problem.add_candidates(SOURCES, 4500, lambda: None)
+    problem.add_candidates(fit_sources(), 4500, lambda: None)
     seeds = problem.seeds()
     combos = problem.smallest_of_each(seeds, per_cnn=2)
     per_cnn = [sorted({tuple(x) for x in slices}, key=lambda x, s=s: (s.memory(s.decode(x)), x))
@@ -242,27 +245,28 @@ def test_a_large_cnn_is_searched_quickly_unless_thorough(monkeypatch):
     """A CNN of QUICK_LAYERS layers or more: reuse and parts-everywhere seeds only, no parts
     search, a tiling search over the small grids and few cuts, no genetic search; `thorough`
     searches it as a small one."""
-    import tightfit.plan.fit as PF
-    import tightfit.plan.tiling as T
+    import tightfit.techniques.fit.space as PF
+    import tightfit.techniques.tiling as T
+    import tightfit.techniques.tiling.config_search as TS
 
     app = F.load_fit_app("minakova5")
     monkeypatch.setattr(PF, "QUICK_LAYERS", len(app.graphs[0].layers))
     asked = []
-    monkeypatch.setattr(T, "search_tiling", lambda *a, **k: asked.append(k) or T.TilingSearch(
+    monkeypatch.setattr(TS, "search_tiling", lambda *a, **k: asked.append(k) or T.TilingSearch(
         T.TilingPoint((), 1, 1.0), (), 0, True, 1))
 
     def searched(thorough):
-        problem = FitProblem(app, step_cost, cost=StepCost(), thorough=thorough)
+        problem = FitProblem(app, step_cost, cost=StepsCost(), thorough=thorough)
         search(problem, Constraints(1, (0.0,)), exhaustive_limit=0, generations=2, source_budget=4500)
         return problem
 
     quick = searched(False)
     assert quick.spaces[0].quick and len(FitProblem._layer_seeds(quick.spaces[0])) == 3
-    assert not any(c.technique == "parts_search" for c in quick.spaces[0].candidates)
-    assert max(n for n, m in asked[0]["grids"]) == PF.QUICK_GRID_LIMIT
-    assert asked[0]["cuts"] == T.candidate_cuts(app.graphs[0], PF.QUICK_CUTS)
+    assert not any(c.technique == "parts" for c in quick.spaces[0].candidates)
+    assert max(n for n, m in asked[0]["grids"]) == T.QUICK_GRID_LIMIT
+    assert asked[0]["cuts"] == T.candidate_cuts(app.graphs[0], T.QUICK_CUTS)
     assert len(quick.points) <= len(quick.seeds()) + 4  # the seeds and the combinations of the smallest
     full = searched(True)
     assert not full.spaces[0].quick and "grids" not in asked[1]
-    assert any(c.technique == "parts_search" for c in full.spaces[0].candidates)
+    assert any(c.technique == "parts" for c in full.spaces[0].candidates)
     assert len(full.points) > len(quick.points)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tightfit.fit as F
-from tightfit.plan.fit import FitError, FitPoint, FitProblem
+from tightfit.techniques.fit import FitError, FitPoint, FitProblem
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -93,5 +93,7 @@ def test_fit_says_when_the_minimum_fps_is_not_met_as_measured():
         F.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", **options)
     o = F.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", best_effort=True, **options)
     assert not o.fits and o.memory_bytes <= budget and "none of the" in o.choice.rule
-    text = F.report_text(F.report(o))
+    from tightfit.report import fit_report, fit_text
+
+    text = fit_text(fit_report(o))
     assert "chosen by memory" in text and "measured" in text

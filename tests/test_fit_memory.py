@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import tightfit.fit as F
-from tightfit.plan.fit import Constraints, FitApp, FitProblem, search
+from tightfit.techniques.fit import Constraints, FitApp, FitProblem, search
 from tightfit.plan.parts_search import search_parts
-from tightfit.plan.tiling import cost_seconds, search_tiling
+from tightfit.techniques.tiling import cost_seconds, search_tiling
 from tightfit.runtime.cost import CostModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -22,7 +22,7 @@ PACKAGE = "tightfit"
 ALLOWED: dict[str, set[str]] = {
     "face": {"techniques", "frontend", "analysis", "plan", "runtime", "export", "ops", "graph", "base"},
     "techniques": {"analysis", "plan", "ops", "graph", "base"},
-    "runtime": {"plan", "ops", "graph", "base"},
+    "runtime": {"analysis", "plan", "ops", "graph", "base"},
     "export": {"plan", "ops", "graph", "base"},
     "analysis": {"plan", "ops", "graph", "base"},
     "plan": {"ops", "graph", "base"},

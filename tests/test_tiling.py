@@ -16,7 +16,7 @@ from tightfit.plan import schema, windows
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.reuse import PlannedModel, plan_reuse
-from tightfit.plan.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
+from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
@@ -196,7 +196,7 @@ def test_narrow_border_columns_and_streamed_bands():
     border (so they pad no side); a tile loads its input in one step, asking a row-band source
     for bands no larger than half the tile buffer they fill (or one row); outputs equal the
     reference, from a whole input and from a row-band source."""
-    from tightfit.plan.tiling import clear_edge, tile_regions
+    from tightfit.techniques.tiling import clear_edge, tile_regions
     from tightfit.ops.base import Region
     from tightfit.runtime.executor import RowSource
 

@@ -9,10 +9,10 @@ import tightfit
 import tightfit.fit as F
 from tightfit.cli import main
 from tightfit.plan.deadline import Deadline
-from tightfit.plan.fit import Constraints, FitProblem, search
+from tightfit.techniques.fit import Constraints, FitProblem, search
 from tightfit.plan.parts_search import search_parts
 from tightfit.plan.reuse import PlannedModel
-from tightfit.plan.tiling import search_tiling
+from tightfit.techniques.tiling import search_tiling
 from test_parts_search import step_cost
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -56,7 +56,10 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
     method "tiling" runs groups of layers tile by tile: `tiling` "0-7:5x5,8-15:2x2:reuse" (layer
     ids, grid, optional overlap policy), or `budget` bytes: the fastest configuration the tiling
-    search finds within it (see plan.tiling).
+    search finds within it (see techniques/tiling).
+
+    Every method is a technique of the registry (techniques/registry.py): its `draft` plans the
+    settings given, its `search` the budget (`plan_for_budget`).
 
     method "vbs" runs the `batch` samples of a request with a variable batch size across layers
     (Choudhury et al.): the fastest schedule the dynamic program finds within `budget` bytes, at
@@ -64,9 +67,13 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import Config
+    from tightfit.techniques.registry import TECHNIQUES, technique
 
-    if method not in ("reuse", "naive", "parts", "tiling", "vbs"):
-        raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling, vbs")
+    if method == "naive":  # reuse without reuse: every buffer after the previous one
+        method, planner = "reuse", "naive"
+    if method not in TECHNIQUES:
+        raise OptionError(f"unknown method {method!r}; available: naive, {', '.join(TECHNIQUES)}")
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if tiling and method != "tiling":
@@ -81,142 +88,110 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     else:
         graphs = [load(model, input_shape)]
         models, parts, concurrent = [PlannedModel(graphs[0], model, batch)], None, ()
-    if method == "parts":
-        if len(models) != 1:
-            raise OptionError("--method parts plans one CNN (applications by parts come with `fit`)")
-        from tightfit.plan.parts import phases_for_rows, plan_parts
-
-        g = graphs[0]
+    if method == "reuse":
         if budget is not None:
-            if phases or rows is not None or held:
-                raise OptionError("give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)")
-            p = _parts_for_budget(models[0], budget, planner, layout, cost, time_limit, say)
-        else:
-            source = None
-            if rows is not None:
-                phases, source = phases_for_rows(g, rows)
-            elif not phases:
-                from tightfit.analysis.csdf import max_phases
-
-                phases, source = max_phases(g), g.shape(g.inputs[0])[2]
-            p = plan_parts(models[0], phases, source, planner, layout, held=held)
+            raise OptionError("--budget goes with --method parts, tiling or vbs")
+        # An application's CNNs share one arena (reuse is the one technique that plans several).
+        p = plan_reuse(models, planner, order, layout, partitions=parts, concurrent=concurrent)
         check_plan(p, graphs)
         return p, graphs
-    if method == "vbs":
-        if len(models) != 1:
-            raise OptionError("--method vbs plans one CNN")
-        p = _vbs_for_budget(models[0], budget, planner, layout, cost, unit_bytes, latency)
-        check_plan(p, graphs)
-        return p, graphs
-    if method == "tiling":
-        if len(models) != 1:
-            raise OptionError("--method tiling plans one CNN")
-        p = _tiling_plan(models[0], tiling, budget, planner, layout, cost, time_limit, say)
-        check_plan(p, graphs)
-        return p, graphs
-    if budget is not None:
-        raise OptionError("--budget goes with --method parts, tiling or vbs")
-    p = plan_reuse(models, "naive" if method == "naive" else planner, order, layout,
-                   partitions=parts, concurrent=concurrent)
+    if len(models) != 1:
+        raise OptionError(f"--method {method} plans one CNN" + (" (applications by parts come with `fit`)"
+                                                                  if method == "parts" else ""))
+    settings = {"parts": dict(phases=phases, rows=rows, held=tuple(held)), "tiling": dict(tiling=tiling),
+                "vbs": {}}.get(method, {})
+    config = Config(layout, "fp32", planner, order, {k: v for k, v in settings.items() if v})
+    if budget is None:
+        if method == "tiling" and not tiling:
+            raise OptionError("--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)")
+        if method == "vbs":
+            raise OptionError("--method vbs needs --budget SIZE (the memory the request may use)")
+        p = technique(method).draft(models[0], config)
+    else:
+        if config.settings:
+            raise OptionError({"parts": "give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)",
+                               "tiling": "--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)"
+                               }[method])
+        p = plan_for_budget(method, models[0], budget, config, cost, time_limit, say,
+                            dict(unit_bytes=unit_bytes, latency=latency) if method == "vbs" else {})
     check_plan(p, graphs)
     return p, graphs
 
 
-def _deadline(cost: CostModel, time_limit: float | None):
-    """A search deadline `time_limit` seconds of search from now (profiling not counted)."""
+def _deadline(time_limit: float | None):
+    """A new deadline `time_limit` seconds of search from now, per search pass (None: no limit)."""
     from tightfit.plan.deadline import Deadline
 
-    return None if time_limit is None else Deadline.after(time_limit, cost.search_clock)
+    return lambda: None if time_limit is None else Deadline.after(time_limit)
 
 
-def _profiling_line(cost: CostModel, before: tuple[int, float], t0: float) -> str:
-    shapes, spent = cost.profiled - before[0], cost.profiled_seconds - before[1]
-    return f"search {time.perf_counter() - t0 - spent:.1f} s; profiling {shapes} new step shapes {spent:.1f} s (not counted)"
+# How each technique's budget search names what it found when nothing fits (BudgetError).
+_NOT_FOUND = {"parts": ("no parts plan", "the smallest found needs", "plans tried"),
+              "tiling": ("no tiling", "the smallest reachable needs", "group tilings tried")}
 
 
-def _parts_for_budget(model, budget: int, planner: str, layout: str, cost: CostModel | None,
-                      time_limit: float | None = None, say=lambda line: None):
-    """The parts search's pick for `budget`, placed by `planner`; BudgetError if none fits."""
+def plan_for_budget(method: str, model, budget: int, config, cost: CostModel | None = None,
+                    time_limit: float | None = None, say=lambda line: None, settings: Mapping | None = None):
+    """The technique's search for the fastest plan within `budget` (run memory) over a frozen
+    profile of `cost` (default this machine's; profiled first where it lacks step shapes, see
+    runtime/profiling.py), stopped after `time_limit` seconds of search; its pick placed by
+    `config.planner`. BudgetError if nothing fits."""
     from dataclasses import replace
 
     from tightfit.errors import BudgetError
-    from tightfit.plan.parts_search import plan_point, search_parts
     from tightfit.runtime.cost import CostModel
+    from tightfit.runtime.profiling import profiled_search
+    from tightfit.techniques.interface import Problem, run_memory
+    from tightfit.techniques.registry import technique
     from tightfit.units import human
 
     cost = cost or CostModel.default()
-    g = model.graph
-    before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
-    found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, layout=layout,
-                         deadline=_deadline(cost, time_limit), progress=say)
-    say(f"parts search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
-    best = found.chosen
-    p = plan_point(model, best, planner, layout)
-    needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
+    settings = dict(settings or {})
+    if method == "tiling":
+        settings.setdefault("front_points", 0)  # one budget: no ladder of budgets for a front
+    if method == "vbs":
+        settings.update(_vbs_settings(model, budget, config, cost, settings, say))
+    tech = technique(method)
+    unplaced = replace(config, planner=None) if method != "vbs" else config
+    found, profiling = profiled_search(
+        cost, lambda predict, deadline: tech.search(Problem(model, budget, predict, unplaced, deadline, say,
+                                                            settings=settings)),
+        _deadline(time_limit), say, f"{method} search")
+    say(profiling.line(f"{method} search", time_limit) + (" (time is up: the best found so far)" if found.timed_out else ""))
+    if method == "vbs":
+        if not found.fits:
+            latency = settings.get("latency")
+            raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}"
+                              + (f" with every pivot within {latency} s" if latency is not None else ""))
+        return found.detail.plan
+    p = tech.draft(model, replace(found.chosen.config, planner=config.planner))
+    needs = run_memory(p)
     if needs > budget:  # also when nothing fits: the pick is then the smallest found
-        raise BudgetError(f"no parts plan of {model.spec} fits {human(budget)}: the smallest found needs "
-                          f"{human(needs)} ({len(best.phases)} layers split, {found.evaluated} plans tried)")
-    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=best.seconds)
+        what, smallest, tried = _NOT_FOUND[method]
+        raise BudgetError(f"{what} of {model.spec} fits {human(budget)}: {smallest} {human(needs)} "
+                          f"({found.chosen.labels[0]}; {found.evaluated} {tried})")
+    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds[0])
     return replace(p, knobs=knobs)
 
 
-def _tiling_plan(model, tiling: str | None, budget: int | None, planner: str, layout: str, cost: CostModel | None,
-                 time_limit: float | None = None, say=lambda line: None):
-    """An explicit tiling, or the tiling search's pick for `budget`; BudgetError if none fits."""
-    from dataclasses import replace
-
+def _vbs_settings(model, budget: int, config, cost, settings: Mapping, say) -> dict:
+    """What the variable-batch search needs measured before it: BudgetError naming the smallest
+    feasible budget (found from memory alone) if `budget` is below it; the step times of every
+    sub-batch profiled; the uniform plans calibrated by whole runs (times kept in the profile)."""
     from tightfit.errors import BudgetError
-    from tightfit.plan.tiling import cost_seconds, parse_tiling, plan_point, plan_tiling, search_tiling
-    from tightfit.runtime.cost import CostModel
+    from tightfit.plan.vbs_graph import DEFAULT_UNIT_BYTES, make_problem, memory_problem, smallest_feasible_budget
+    from tightfit.runtime.profiling import profiled_search
     from tightfit.units import human
+    from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
 
-    g = model.graph
-    if (tiling is None) == (budget is None):
-        raise OptionError("--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)")
-    if tiling is not None:
-        return plan_tiling(model, parse_tiling(tiling, g), planner, layout)
-    cost = cost or CostModel.default()
-    before, t0 = (cost.profiled, cost.profiled_seconds), time.perf_counter()
-    found = search_tiling(model, cost_seconds(cost, g), budget, layout=layout, front_points=0,
-                          deadline=_deadline(cost, time_limit), progress=say)
-    say(f"tiling search: {_profiling_line(cost, before, t0)}{' (time is up: the best found so far)' if found.timed_out else ''}")
-    cost.save()
-    p = plan_point(model, found.chosen, planner, layout)
-    needs = p.arena_bytes + max((s.scratch for s in p.steps()), default=0)
-    if needs > budget:  # also when nothing fits: the pick is then the smallest reachable
-        raise BudgetError(f"no tiling of {model.spec} fits {human(budget)}: the smallest reachable needs "
-                          f"{human(needs)} ({found.chosen.spec}; {found.evaluated} group tilings tried)")
-    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds)
-    return replace(p, knobs=knobs)
-
-
-def _vbs_for_budget(model, budget: int | None, planner: str, layout: str, cost: CostModel | None,
-                    unit_bytes: int | None, latency: float | None):
-    """The DP's plan for the request within `budget`; BudgetError naming the smallest feasible
-    budget (found from memory alone, before any profiling) if it does not fit."""
-    from tightfit.errors import BudgetError
-    from tightfit.plan.vbs_graph import DEFAULT_UNIT_BYTES, memory_problem, search_vbs, smallest_feasible_budget
-    from tightfit.runtime.cost import CostModel
-    from tightfit.units import human
-
-    if budget is None:
-        raise OptionError("--method vbs needs --budget SIZE (the memory the request may use)")
-    unit = unit_bytes or DEFAULT_UNIT_BYTES
-    least = smallest_feasible_budget(model, None, None, unit, layout, memory_problem(model), planner)
+    unit = settings.get("unit_bytes") or DEFAULT_UNIT_BYTES
+    least = smallest_feasible_budget(model, None, None, unit, config.layout, memory_problem(model), config.planner)
     if budget < least:
         raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}: "
                           f"the smallest feasible budget is {human(least)} ({least} bytes)")
-    from tightfit.plan.vbs_graph import make_problem
-    from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate
-
-    cost = cost or CostModel.default()
-    problem = make_problem(model, cost, layout, batch_factors=calibrate(model, cost, planner, layout))
-    found = search_vbs(model, None, budget, cost, unit, latency, planner, layout, problem, margin=MIXED_SCHEDULE_ERROR,
-                       fbs_margin=UNIFORM_SCHEDULE_ERROR)
-    if not found.fits:
-        raise BudgetError(f"no variable batch plan of {model.spec} for {model.batch} samples fits {human(budget)}"
-                          + (f" with every pivot within {latency} s" if latency is not None else ""))
-    return found.plan
+    profiled_search(cost, lambda predict, deadline: make_problem(model, predict, config.layout), say=say, what="vbs search")
+    factors = calibrate(model, cost, config.planner, config.layout)
+    return dict(unit_bytes=unit, batch_factors=factors, margin=MIXED_SCHEDULE_ERROR, fbs_margin=UNIFORM_SCHEDULE_ERROR)
 
 
 def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Graph] | None = None):

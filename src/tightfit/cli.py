@@ -42,8 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    p.add_argument("--method", default="reuse", help="reuse (default), naive (every tensor its own buffer), parts (layers by row bands), "
-                   "tiling (groups of layers by tiles), vbs (variable batch size across layers for a request of --batch samples)")
+    from tightfit.techniques.registry import TECHNIQUES
+
+    p.add_argument("--method", default="reuse", help="a technique: " + ", ".join(f"{t.name} ({t.summary})" for t in TECHNIQUES.values())
+                   + "; or naive (every tensor its own buffer); default reuse")
     p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
     p.add_argument("--hold", default="", help="with --method parts: layers (ID or NAME,...) whose outputs are held whole, "
@@ -80,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="search every technique for the plan that fits a budget; run, verify, measure, report")
     _model_args(p)
-    p.add_argument("--budget", required=True, help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters)")
+    p.add_argument("--budget", help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters); "
+                   "without it, --min-fps: the smallest plan whose measured fps meets it")
     p.add_argument("--with-params", action="store_true", help="the budget bounds parameters + run memory (as the papers count)")
     p.add_argument("--min-fps", help="minimum fps of every CNN, or one per CNN: 30 or 30,200 (checked as measured)")
     p.add_argument("--objective", choices=("speed", "memory"), default="speed",
@@ -373,7 +376,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from tightfit import fit as F
     from tightfit.units import parse_size
 
-    budget = parse_size(args.budget)
+    budget = parse_size(args.budget) if args.budget is not None else None
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
@@ -382,16 +385,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
         print(f"tightfit: internal error: {e}", file=sys.stderr)
         return 1
-    report = F.report(outcome)
+    from tightfit.report import fit_report, fit_text, write_fit_outputs
+
+    report = fit_report(outcome)
     if args.out:
-        F.write_outputs(outcome, args.out, report)
+        write_fit_outputs(outcome, args.out, report)
         report["written"] = args.out
     if args.export:
         from tightfit.export import export
 
         sources = export(outcome.plan, outcome.app.graphs, args.export)
         report["exported"] = {"folder": args.export, "name": sources.name, "steps": sources.steps}
-    print(json.dumps(report, indent=1) if args.json else F.report_text(report))
+    print(json.dumps(report, indent=1) if args.json else fit_text(report))
     return 0
 
 

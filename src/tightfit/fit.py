@@ -1,4 +1,4 @@
-"""`tightfit fit`: search every technique for the plan that fits (tightfit.plan.fit), then run it,
+"""`tightfit fit`: search every technique for the plan that fits (tightfit.techniques.fit), then run it,
 verify its outputs against the reference executor, measure its peak (fresh process) and fps,
 and explain why it fits. Planners never execute; this module is the face that does.
 
@@ -21,12 +21,11 @@ import torch
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan
 from tightfit.plan.deadline import Deadline
-from tightfit.plan.lifetimes import lifetimes
-from tightfit.plan.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, TechniqueSource,
-                               parse_min_fps, search, select)
+from tightfit.techniques.fit import Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, search, select
+from tightfit.techniques.interface import Technique
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.runtime.measure import PAGE_BYTES, Measurement
+from tightfit.runtime.measure import Measurement
 from tightfit.units import human
 
 MB = 1e6
@@ -97,23 +96,28 @@ def param_bytes(app: FitApp) -> int:
     return sum(tightfit.inspect(g).param_bytes for g in app.graphs)
 
 
-def fit(app: FitApp, budget_bytes: int, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
+def fit(app: FitApp, budget_bytes: int | None, with_params: bool = False, min_fps: str | None = None, seed: int = 0,
         best_effort: bool = False, cost=None, measure: bool = True, progress: Callable[[int, int], None] | None = None,
-        sources: dict[str, TechniqueSource] | None = None, thorough: bool = False, objective: str = "speed",
+        sources: dict[str, Technique] | None = None, thorough: bool = False, objective: str = "speed",
         timer: "Callable[[Plan, Sequence], Sequence[float]] | None" = None, time_limit: float | None = None,
         say: Callable[[str], None] = lambda line: None, **search_options) -> FitOutcome:
     """Search, choose (`choose`: the fastest measured plan that fits, or with `objective`
     "memory" and a minimum fps the smallest whose measured fps meets it, Alg. 9), place, check,
-    run and verify the chosen plan, measure. FitError when nothing fits the budget or no plan
+    run and verify the chosen plan, measure. Without a budget (`budget_bytes` None), the smallest
+    plan whose measured fps meets `min_fps`. FitError when nothing fits the budget or no plan
     that fits meets the minimum fps as measured (unless `best_effort`: the closest plan).
-    `thorough`: search large CNNs as fully as small ones (see plan.fit.QUICK_LAYERS). `timer`:
+    `thorough`: search large CNNs as fully as small ones (see techniques.fit.space.QUICK_LAYERS). `timer`:
     a plan's fps per CNN (default: measured here, CHOICE_RUNS runs). `time_limit`: seconds of
     search (profiling new step shapes not counted; None: no limit), after which the best plans
     found so far are chosen from; `say` gets a progress line per phase."""
     from tightfit.runtime.cost import CostModel
 
-    if budget_bytes <= 0:
+    if budget_bytes is None and not min_fps:
+        raise OptionError("fit needs --budget SIZE, --min-fps X, or both")
+    if budget_bytes is not None and budget_bytes <= 0:
         raise OptionError("--budget must be positive")
+    if budget_bytes is None:
+        objective = "memory"  # only a minimum fps: the smallest plan whose measured fps meets it
     if time_limit is not None and time_limit <= 0:
         raise OptionError("--time-limit must be positive")
     if objective not in OBJECTIVES:
@@ -137,30 +141,29 @@ def run_threads(measure: bool) -> int:
     return max(1, min(torch.get_num_threads(), free))
 
 
-def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
-         measure: bool, progress: Callable[[int, int], None] | None, sources: dict[str, TechniqueSource] | None,
+def _fit(app: FitApp, budget_bytes: int | None, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
+         measure: bool, progress: Callable[[int, int], None] | None, sources: dict[str, Technique] | None,
          thorough: bool, objective: str, timer: Callable, time_limit: float | None, say: Callable[[str], None],
          **search_options) -> FitOutcome:
     params = param_bytes(app)
     counted = params if with_params else 0
     constraints = Constraints(budget_bytes, parse_min_fps(min_fps, len(app.models)))
-    if counted >= budget_bytes and not best_effort:
+    if budget_bytes is not None and counted >= budget_bytes and not best_effort:
         raise FitError(f"nothing fits {human(budget_bytes)}: the parameters alone take {human(params)} "
                        f"({params / MB:.2f} MB)")
-    problem = FitProblem(app, cost.plan_seconds, counted, cost=cost, thorough=thorough)
+    from tightfit.runtime.profiling import profiled_search
+
+    def searched(predict, deadline) -> tuple[FitProblem, FitSearch]:
+        problem = FitProblem(app, predict.plan_seconds, counted, cost=predict, thorough=thorough)
+        return problem, search(problem, constraints, seed, sources=sources, source_budget=0 if budget_bytes is None else max(budget_bytes - counted, 0),
+                               progress=progress, deadline=deadline, say=say, **search_options)
+
     with _measuring(app, measure) as measurement:
         t0 = time.perf_counter()
-        clock = getattr(cost, "search_clock", time.monotonic)  # (stands still while the cost model profiles)
-        deadline = Deadline.after(time_limit, clock) if time_limit is not None else None
-        profiled = (getattr(cost, "profiled", 0), getattr(cost, "profiled_seconds", 0.0))
-        found = search(problem, constraints, seed, sources=sources, source_budget=max(budget_bytes - counted, 0),
-                       progress=progress, deadline=deadline, say=say, **search_options)
+        (problem, found), profiling = profiled_search(
+            cost, searched, lambda: None if time_limit is None else Deadline.after(time_limit), say, "fit")
         search_seconds = time.perf_counter() - t0
-        shapes, spent = getattr(cost, "profiled", 0) - profiled[0], getattr(cost, "profiled_seconds", 0.0) - profiled[1]
-        say(f"fit: search {search_seconds - spent:.1f} s" + (f" of {time_limit:g} s allowed" if time_limit else "")
-            + f"; profiling {shapes} new step shapes {spent:.1f} s (not counted)")
-        if hasattr(cost, "save"):
-            cost.save()
+        say(profiling.line("fit", time_limit))
         graphs = app.graphs
         placed: dict[tuple[int, ...], tuple[Plan, CheckReport]] = {}
 
@@ -169,13 +172,13 @@ def _fit(app: FitApp, budget_bytes: int, with_params: bool, min_fps: str | None,
             if point.genes not in placed:
                 placed[point.genes] = _placed(problem, point)
             plan, analysis = placed[point.genes]
-            return placed[point.genes] if analysis.peak_bytes + counted <= budget_bytes else None
+            return placed[point.genes] if budget_bytes is None or analysis.peak_bytes + counted <= budget_bytes else None
 
         def timed_fps(point: FitPoint) -> tuple[float, ...] | None:
             got = within_budget(point)
             return None if got is None else tuple(timer(got[0], graphs))
 
-        fitting = [p for p in found.front if p.memory_bytes <= budget_bytes]
+        fitting = [p for p in found.front if budget_bytes is None or p.memory_bytes <= budget_bytes]
         say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
         choice = choose(fitting, constraints.min_fps, objective, timed_fps)
         if choice.point is not None:
@@ -264,10 +267,10 @@ def choose(fitting: Sequence[FitPoint], min_fps: Sequence[float], objective: str
     return Choice(point, fps, False, f"{rule}: none of the {len(timed)} timed meets it; the fastest timed", len(timed))
 
 
-def unmet_fps_line(choice: Choice, constraints: Constraints, budget_bytes: int) -> str:
+def unmet_fps_line(choice: Choice, constraints: Constraints, budget_bytes: int | None) -> str:
     fps = ", ".join(f"{f:.1f}" for f in choice.measured_fps)
     need = ", ".join(f"{f:g}" for f in constraints.min_fps)
-    return (f"no plan that fits {human(budget_bytes)} meets min fps {need} as measured: the fastest of the "
+    return (f"no plan{'' if budget_bytes is None else f' that fits {human(budget_bytes)}'} meets min fps {need} as measured: the fastest of the "
             f"{choice.timed} timed runs at {fps} fps (predicted {', '.join(f'{f:.1f}' for f in choice.point.fps)}); "
             f"--best-effort reports it")
 
@@ -301,13 +304,14 @@ def _measuring(app: FitApp, measure: bool):
             measurement.cancel()
 
 
-def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: int) -> str:
+def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: int | None) -> str:
     smallest = min(found.front, key=lambda p: (p.memory_bytes, sum(p.seconds)))
     n = len(smallest.seconds)
     best = [max(p.fps[m] for p in found.front) for m in range(n)]
     fps = ", ".join(f"{f:.1f}" for f in best)
-    need = "" if not any(constraints.min_fps) else f" and min fps {', '.join(f'{f:g}' for f in constraints.min_fps)}"
-    return (f"no plan meets {human(budget_bytes)}{need}: the smallest reachable memory is {human(smallest.memory_bytes)} "
+    asked = ([human(budget_bytes)] if budget_bytes is not None else []) + (
+        [f"min fps {', '.join(f'{f:g}' for f in constraints.min_fps)}"] if any(constraints.min_fps) else [])
+    return (f"no plan meets {' and '.join(asked)}: the smallest reachable memory is {human(smallest.memory_bytes)} "
             f"({smallest.memory_bytes / MB:.2f} MB, at {', '.join(f'{f:.1f}' for f in smallest.fps)} fps); "
             f"the best reachable fps is {fps} ({found.evaluated} plans evaluated)")
 
@@ -417,182 +421,6 @@ def run_cnn(ex, m: int, x) -> dict[str, torch.Tensor]:
     return ex._outputs[0][m]
 
 
-# --- explaining ---------------------------------------------------------------------------------
-
-def peak_tensors(plan: Plan, graphs, top: int = 6) -> tuple[int, int, list[tuple[str, str, int, str]]]:
-    """(busiest step, its kernel temporaries, [(CNN index:tensor, buffer kind, bytes, partition)])
-    of the buffers live at the step where live bytes plus scratch are largest."""
-    live = memory_over_steps(plan, graphs)
-    step = max(range(len(live)), key=lambda i: live[i]) if live else 0
-    life = lifetimes(plan, graphs)
-    tensor_of: dict[int, tuple[int, str]] = {}
-    for s in plan.steps():
-        for a in (s.out, *s.inputs):
-            tensor_of.setdefault(a.buffer, (s.model, a.tensor))
-    rows = []
-    for (b, c), r in zip(life.keys, life.reqs):
-        if r.first_use <= step <= r.last_use:
-            m, t = tensor_of[b]
-            rows.append((f"{m}:{t}", plan.buffers[b].kind + (f" copy {c}" if plan.buffers[b].copies > 1 else ""), r.size))
-    rows.sort(key=lambda x: -x[2])
-    return step, life.step_scratch[step] if life.step_scratch else 0, rows[:top]
-
-
-def memory_over_steps(plan: Plan, graphs) -> list[int]:
-    """Bytes live at each step (every buffer copy from first to last use) plus its scratch."""
-    life = lifetimes(plan, graphs)
-    return [live + scratch for live, scratch in zip(life.live_bytes(), life.step_scratch)]
-
-
-def contributions(o: FitOutcome) -> list[str]:
-    """What each technique contributed to the chosen plan's memory."""
-    reuse = o.search.reuse.memory_bytes
-    lines = [f"no reduction (every tensor its own buffer, parameters included): {_mb(o.naive_bytes)}"]
-    if o.with_params:
-        lines.append(f"parameters (counted in the budget): {_mb(o.param_bytes)}")
-    lines.append(f"buffer reuse across the application (pipeline-aware), layer by layer: {_mb(reuse)}"
-                 f"{' (parameters included)' if o.with_params else ''}")
-    chosen = o.point
-    problem = o.problem
-    for m, (space, name) in enumerate(zip(problem.spaces, o.app.names)):
-        genes = list(chosen.genes)
-        start = sum(s.width for s in problem.spaces[:m])
-        whole = problem.reuse_genes()[start:start + space.width]
-        if tuple(genes[start:start + space.width]) == tuple(whole):
-            lines.append(f"{name}: {chosen.labels[m]}")
-            continue
-        genes[start:start + space.width] = whole
-        without = problem.evaluate(genes)
-        lines.append(f"{name}: {chosen.labels[m]} - saves {_mb(without.memory_bytes - chosen.memory_bytes)} "
-                     f"of the application's memory, predicted {chosen.fps[m]:.1f} fps (layer by layer {without.fps[m]:.1f})")
-    return lines
-
-
-def _mb(n: float) -> str:
-    return f"{n / MB:.3f} MB ({human(int(n))})"
-
-
-def report(o: FitOutcome) -> dict[str, Any]:
-    step, scratch, peak = peak_tensors(o.plan, o.app.graphs)
-    budget = o.constraints.budget_bytes
-    r = {
-        "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
-        "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
-        "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
-        "search_seconds": o.search_seconds, "threads": o.threads,
-        "chosen_by": o.choice.rule if o.choice else "", "timed_fps": list(o.choice.measured_fps) if o.choice else [],
-        "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
-                   "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
-                   "predicted_fps": list(o.point.fps), "max_rel_diff_vs_reference": o.max_abs_diff},
-        "front": [{"memory_bytes": p.memory_bytes, "predicted_fps": list(p.fps), "techniques": list(p.labels)} for p in o.search.front],
-        "reuse_only": {"memory_bytes": o.search.reuse.memory_bytes, "predicted_fps": list(o.search.reuse.fps)},
-        "naive_bytes": o.naive_bytes,
-        "peak": {"step": step, "scratch_bytes": scratch, "tensors": [{"tensor": t, "buffer": k, "bytes": b} for t, k, b in peak]},
-        "contributions": contributions(o),
-    }
-    if o.measured:
-        r["chosen"]["measured_run_bytes"] = o.measured["run_bytes"]
-        r["chosen"]["measured_memory_bytes"] = o.measured["run_bytes"] + o.counted_params
-        r["chosen"]["measured_fps"] = o.measured["fps"]
-    return r
-
-
-def report_text(r: dict[str, Any]) -> str:
-    c = r["chosen"]
-    what = "with parameters" if r["with_params"] else "run memory (arena + kernel temporaries)"
-    verdict = "fits" if r["fits"] else "does NOT fit (best effort: the closest plan)"
-    lines = [f"fit {' + '.join(r['cnns'])} in {_mb(r['budget_bytes'])}, {what}: {verdict}"
-             + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
-             f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
-             f"  chosen: {'; '.join(c['techniques'])}",
-             f"  chosen by {r['chosen_by']}",
-             f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
-             f"{human(c['lower_bound_bytes'])}, kernel temporaries {human(c['scratch_peak_bytes'])})"]
-    if "measured_memory_bytes" in c:
-        # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
-        small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
-        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
-                     f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
-    lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
-                 f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
-                 + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
-                 + (f" (minimum {', '.join(f'{f:g}' for f in r['min_fps'])})" if any(r["min_fps"]) else ""))
-    lines.append(f"  outputs equal the reference executor's (max diff {c['max_rel_diff_vs_reference']:.2g} x max value)")
-    lines.append("  why it fits:" if r["fits"] else "  why it doesn't:")
-    lines += [f"    {s}" for s in r["contributions"]]
-    if not r["fits"]:
-        if c["memory_bytes"] > r["budget_bytes"]:
-            lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
-        for m, (name, need) in enumerate(zip(r["cnns"], r["min_fps"])):
-            best = max(p["predicted_fps"][m] for p in r["front"])
-            if need and best < need:
-                lines.append(f"    {name}: the fastest plan found reaches {best:.1f} fps < the minimum {need:g}")
-            elif need and r["timed_fps"] and r["timed_fps"][m] < need:
-                lines.append(f"    {name}: measured {r['timed_fps'][m]:.1f} fps < the minimum {need:g}")
-    peak = r["peak"]
-    lines.append(f"  the peak (step {peak['step']}) is set by:")
-    lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]
-    if peak["scratch_bytes"]:
-        lines.append(f"    {peak['scratch_bytes'] / MB:9.3f} MB  kernel temporaries of that step")
-    lines.append("  Pareto front (predicted): memory MB | fps per CNN | techniques")
-    for p in r["front"]:
-        lines.append(f"    {p['memory_bytes'] / MB:9.3f} | {', '.join(f'{f:.1f}' for f in p['predicted_fps'])} | {'; '.join(p['techniques'])}")
-    return "\n".join(lines)
-
-
-def plot_memory(o: FitOutcome, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    live = memory_over_steps(o.plan, o.app.graphs)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.plot(range(len(live)), [v / MB for v in live], lw=1, label="live buffers + kernel temporaries")
-    run_budget = o.constraints.budget_bytes - o.counted_params
-    ax.axhline(run_budget / MB, color="red", ls="--", lw=1, label="budget" + (" minus parameters" if o.with_params else ""))
-    ax.axhline(o.search.reuse.memory_bytes / MB - o.counted_params / MB, color="gray", ls=":", lw=1, label="reuse only (peak)")
-    start = 0
-    for p in o.plan.partitions:
-        if start:
-            ax.axvline(start, color="black", lw=0.5, alpha=0.4)
-        start += len(p.steps)
-    ax.set_xlabel("step")
-    ax.set_ylabel("MB (10^6 bytes)")
-    ax.set_title(f"{' + '.join(o.app.names)}: memory over the chosen plan's steps")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
-    """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
-    moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
-    import json
-    import shutil
-
-    from tightfit.plan import schema
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "plan.json").write_text(schema.dumps(o.plan))
-        (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
-        (tmp / "report.txt").write_text(report_text(r) + "\n")
-        plot_memory(o, tmp / "memory.png")
-        if not out.exists():
-            tmp.rename(out)
-            return
-        if not out.is_dir():
-            raise OptionError(f"--out {out} is a file, not a folder")
-        for f in tmp.iterdir():
-            f.replace(out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def progress_bar(stream) -> Callable[[int, int], None]:
     """A one-line bar on a terminal; nothing elsewhere (so errors stay one line)."""
     if not stream.isatty():
@@ -607,3 +435,20 @@ def progress_bar(stream) -> Callable[[int, int], None]:
         stream.flush()
 
     return show
+
+
+def parse_min_fps(text: str | None, n: int) -> tuple[float, ...]:
+    """'' -> no minimum; 'X' -> every CNN; 'X,Y,...' -> one per CNN."""
+    from tightfit.errors import OptionError
+
+    if not text:
+        return (0.0,) * n
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise OptionError(f"cannot read --min-fps {text!r}: write a number, or one per CNN separated by commas") from None
+    if len(values) == 1:
+        values *= n
+    if len(values) != n or any(v < 0 or not math.isfinite(v) for v in values):
+        raise OptionError(f"--min-fps needs one non-negative number or {n} (one per CNN), got {text!r}")
+    return tuple(values)

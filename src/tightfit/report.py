@@ -1,10 +1,21 @@
 """Tables and JSON the CLI prints. Units are stated in every header."""
 from __future__ import annotations
 
-from typing import Any
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tightfit.analysis.memory import ModelMemory
+from tightfit.errors import OptionError
+from tightfit.plan.lifetimes import buffer_tensors, lifetimes, live_at
+from tightfit.plan.schema import Plan
+from tightfit.runtime.measure import PAGE_BYTES
 from tightfit.units import human, mib, round_half_up
+
+if TYPE_CHECKING:
+    from tightfit.fit import FitOutcome
+
+MB = 1e6
 
 
 def dims(shape: tuple[int, ...]) -> str:
@@ -137,3 +148,178 @@ def vbs_text(r: dict[str, Any], graph) -> str:
         lines.append(f"  {m:<8} {batch:>8} {human(row['run_bytes']):>12} {row['predicted_seconds_per_sample'] * 1e3:>20.2f} "
                      f"{measured * 1e3 if measured is not None else float('nan'):>19.2f}")
     return "\n".join(lines)
+
+
+# --- fit ----------------------------------------------------------------------------------------
+
+def peak_tensors(plan: Plan, graphs, top: int = 6) -> tuple[int, int, list[tuple[str, str, int, str]]]:
+    """(busiest step, its kernel temporaries, [(CNN index:tensor, buffer kind, bytes, partition)])
+    of the buffers live at the step where live bytes plus scratch are largest."""
+    live = memory_over_steps(plan, graphs)
+    step = max(range(len(live)), key=lambda i: live[i]) if live else 0
+    life = lifetimes(plan, graphs)
+    tensor_of = buffer_tensors(plan)
+    rows = []
+    for (b, c), r in live_at(life, [step]):
+        m, t = tensor_of[b]
+        rows.append((f"{m}:{t}", plan.buffers[b].kind + (f" copy {c}" if plan.buffers[b].copies > 1 else ""), r.size))
+    rows.sort(key=lambda x: -x[2])
+    return step, life.step_scratch[step] if life.step_scratch else 0, rows[:top]
+
+
+def memory_over_steps(plan: Plan, graphs) -> list[int]:
+    """Bytes live at each step (every buffer copy from first to last use) plus its scratch."""
+    life = lifetimes(plan, graphs)
+    return [live + scratch for live, scratch in zip(life.live_bytes(), life.step_scratch)]
+
+
+def contributions(o: FitOutcome) -> list[str]:
+    """What each technique contributed to the chosen plan's memory."""
+    reuse = o.search.reuse.memory_bytes
+    lines = [f"no reduction (every tensor its own buffer, parameters included): {_mb(o.naive_bytes)}"]
+    if o.with_params:
+        lines.append(f"parameters (counted in the budget): {_mb(o.param_bytes)}")
+    lines.append(f"buffer reuse across the application (pipeline-aware), layer by layer: {_mb(reuse)}"
+                 f"{' (parameters included)' if o.with_params else ''}")
+    chosen = o.point
+    problem = o.problem
+    for m, (space, name) in enumerate(zip(problem.spaces, o.app.names)):
+        genes = list(chosen.genes)
+        start = sum(s.width for s in problem.spaces[:m])
+        whole = problem.reuse_genes()[start:start + space.width]
+        if tuple(genes[start:start + space.width]) == tuple(whole):
+            lines.append(f"{name}: {chosen.labels[m]}")
+            continue
+        genes[start:start + space.width] = whole
+        without = problem.evaluate(genes)
+        lines.append(f"{name}: {chosen.labels[m]} - saves {_mb(without.memory_bytes - chosen.memory_bytes)} "
+                     f"of the application's memory, predicted {chosen.fps[m]:.1f} fps (layer by layer {without.fps[m]:.1f})")
+    return lines
+
+
+def _mb(n: float) -> str:
+    return f"{n / MB:.3f} MB ({human(int(n))})"
+
+
+def fit_report(o: FitOutcome) -> dict[str, Any]:
+    step, scratch, peak = peak_tensors(o.plan, o.app.graphs)
+    budget = o.constraints.budget_bytes
+    r = {
+        "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
+        "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
+        "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
+        "search_seconds": o.search_seconds, "threads": o.threads,
+        "chosen_by": o.choice.rule if o.choice else "", "timed_fps": list(o.choice.measured_fps) if o.choice else [],
+        "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
+                   "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
+                   "predicted_fps": list(o.point.fps), "max_rel_diff_vs_reference": o.max_abs_diff},
+        "front": [{"memory_bytes": p.memory_bytes, "predicted_fps": list(p.fps), "techniques": list(p.labels)} for p in o.search.front],
+        "reuse_only": {"memory_bytes": o.search.reuse.memory_bytes, "predicted_fps": list(o.search.reuse.fps)},
+        "naive_bytes": o.naive_bytes,
+        "peak": {"step": step, "scratch_bytes": scratch, "tensors": [{"tensor": t, "buffer": k, "bytes": b} for t, k, b in peak]},
+        "contributions": contributions(o),
+    }
+    if o.measured:
+        r["chosen"]["measured_run_bytes"] = o.measured["run_bytes"]
+        r["chosen"]["measured_memory_bytes"] = o.measured["run_bytes"] + o.counted_params
+        r["chosen"]["measured_fps"] = o.measured["fps"]
+    return r
+
+
+def fit_text(r: dict[str, Any]) -> str:
+    c = r["chosen"]
+    what = "with parameters" if r["with_params"] else "run memory (arena + kernel temporaries)"
+    verdict = "fits" if r["fits"] else "does NOT fit (best effort: the closest plan)"
+    within = (f"in {_mb(r['budget_bytes'])}" if r["budget_bytes"] is not None
+              else f"at min fps {', '.join(f'{f:g}' for f in r['min_fps'])}, the smallest")
+    lines = [f"fit {' + '.join(r['cnns'])} {within}, {what}: {verdict}"
+             + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
+             f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
+             f"  chosen: {'; '.join(c['techniques'])}",
+             f"  chosen by {r['chosen_by']}",
+             f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
+             f"{human(c['lower_bound_bytes'])}, kernel temporaries {human(c['scratch_peak_bytes'])})"]
+    if "measured_memory_bytes" in c:
+        # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
+        small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
+        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
+                     f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
+    lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
+                 f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
+                 + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
+                 + (f" (minimum {', '.join(f'{f:g}' for f in r['min_fps'])})" if any(r["min_fps"]) else ""))
+    lines.append(f"  outputs equal the reference executor's (max diff {c['max_rel_diff_vs_reference']:.2g} x max value)")
+    lines.append("  why it fits:" if r["fits"] else "  why it doesn't:")
+    lines += [f"    {s}" for s in r["contributions"]]
+    if not r["fits"]:
+        if r["budget_bytes"] is not None and c["memory_bytes"] > r["budget_bytes"]:
+            lines.append(f"    the smallest plan found needs {_mb(c['memory_bytes'])} > budget {_mb(r['budget_bytes'])}")
+        for m, (name, need) in enumerate(zip(r["cnns"], r["min_fps"])):
+            best = max(p["predicted_fps"][m] for p in r["front"])
+            if need and best < need:
+                lines.append(f"    {name}: the fastest plan found reaches {best:.1f} fps < the minimum {need:g}")
+            elif need and r["timed_fps"] and r["timed_fps"][m] < need:
+                lines.append(f"    {name}: measured {r['timed_fps'][m]:.1f} fps < the minimum {need:g}")
+    peak = r["peak"]
+    lines.append(f"  the peak (step {peak['step']}) is set by:")
+    lines += [f"    {t['bytes'] / MB:9.3f} MB  {t['buffer']:<8} {t['tensor']}" for t in peak["tensors"]]
+    if peak["scratch_bytes"]:
+        lines.append(f"    {peak['scratch_bytes'] / MB:9.3f} MB  kernel temporaries of that step")
+    lines.append("  Pareto front (predicted): memory MB | fps per CNN | techniques")
+    for p in r["front"]:
+        lines.append(f"    {p['memory_bytes'] / MB:9.3f} | {', '.join(f'{f:.1f}' for f in p['predicted_fps'])} | {'; '.join(p['techniques'])}")
+    return "\n".join(lines)
+
+
+def fit_plot(o: FitOutcome, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    live = memory_over_steps(o.plan, o.app.graphs)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(range(len(live)), [v / MB for v in live], lw=1, label="live buffers + kernel temporaries")
+    if o.constraints.budget_bytes is not None:
+        run_budget = o.constraints.budget_bytes - o.counted_params
+        ax.axhline(run_budget / MB, color="red", ls="--", lw=1, label="budget" + (" minus parameters" if o.with_params else ""))
+    ax.axhline(o.search.reuse.memory_bytes / MB - o.counted_params / MB, color="gray", ls=":", lw=1, label="reuse only (peak)")
+    start = 0
+    for p in o.plan.partitions:
+        if start:
+            ax.axvline(start, color="black", lw=0.5, alpha=0.4)
+        start += len(p.steps)
+    ax.set_xlabel("step")
+    ax.set_ylabel("MB (10^6 bytes)")
+    ax.set_title(f"{' + '.join(o.app.names)}: memory over the chosen plan's steps")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
+    """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
+    moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
+    import json
+    import shutil
+
+    from tightfit.plan import schema
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "plan.json").write_text(schema.dumps(o.plan))
+        (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
+        (tmp / "report.txt").write_text(fit_text(r) + "\n")
+        fit_plot(o, tmp / "memory.png")
+        if not out.exists():
+            tmp.rename(out)
+            return
+        if not out.is_dir():
+            raise OptionError(f"--out {out} is a file, not a folder")
+        for f in tmp.iterdir():
+            f.replace(out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

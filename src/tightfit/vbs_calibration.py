@@ -16,7 +16,8 @@ from tightfit.graph.ir import Graph
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.plan.vbs_graph import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
-                                     predicted_seconds, run_memory)
+                                     predicted_seconds)
+from tightfit.techniques.interface import run_memory
 from tightfit.runtime.vbs_runs import RUNS_VERSION, paired_medians, time_plans, time_rounds
 
 # How far off the calibrated prediction of a schedule mixing batch sizes was from its run here

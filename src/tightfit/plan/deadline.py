@@ -1,9 +1,9 @@
 """When a search must stop, as a value: planners stay pure functions of their inputs, and check the
 deadline between candidates (never inside one), returning the best found so far when it passes.
 
-The clock is the caller's: the command layer's clock leaves out the seconds the cost model spent
-profiling new step shapes (reported apart), so a first run that profiles searches as long as a
-warm one."""
+The clock is the caller's (monotonic by default). Searches never profile: the command layer
+measures new step shapes between search passes (runtime/profiling.py), each pass with its own
+deadline, so a first run that profiles searches as long as a warm one."""
 from __future__ import annotations
 
 import time

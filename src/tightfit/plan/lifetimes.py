@@ -11,9 +11,9 @@ Tensors in a layer order (no plan yet) are the IR's query: graph.ir.last_reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
-from tightfit.graph.ir import Graph
+from tightfit.graph.ir import Graph, last_reads
 from tightfit.ops.base import Region
 from tightfit.plan.offsets import BufferReq
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, PlanError
@@ -194,3 +194,28 @@ def row_lifetimes(plan: Plan, graphs: Sequence[Graph], eligible: Callable[[Buffe
     for _, a in output_accesses(plan, graphs):
         touch(a, end)
     return {b: [(w, l) for w, l in life] for b, life in out.items()}
+
+
+def tensor_last_use(graph: Graph) -> dict[str, int]:
+    """tensor -> id of its last consumer in the imported order (a graph output: one past the
+    last layer, it lives to the end)."""
+    last = dict(last_reads(graph))
+    for t in graph.outputs:
+        last[t] = len(graph.layers)
+    return last
+
+
+def buffer_tensors(plan: Plan) -> dict[int, tuple[int, str]]:
+    """buffer id -> (model, tensor) of the first access to it in step order."""
+    out: dict[int, tuple[int, str]] = {}
+    for s in plan.steps():
+        for a in (s.out,) + s.inputs:
+            out.setdefault(a.buffer, (s.model, a.tensor))
+    return out
+
+
+def live_at(life: Lifetimes, steps: Collection[int]) -> list[tuple[tuple[int, int], BufferReq]]:
+    """The (buffer, copy) keys and requests of the buffers live at any of `steps`."""
+    lo, hi = (min(steps), max(steps)) if steps else (0, -1)
+    return [(k, r) for k, r in zip(life.keys, life.reqs)
+            if r.first_use <= hi and r.last_use >= lo and any(r.first_use <= i <= r.last_use for i in steps)]

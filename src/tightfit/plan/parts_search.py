@@ -53,10 +53,10 @@ from typing import Callable, Iterable, Mapping
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.deadline import Deadline, TimeUp, check
-from tightfit.plan.lifetimes import Lifetimes, lifetimes
-from tightfit.plan.offsets import lower_bound
+from tightfit.plan.lifetimes import Lifetimes, buffer_tensors, lifetimes, live_at
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
+from tightfit.techniques.interface import pareto, run_memory
 
 Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
@@ -139,7 +139,7 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         life = lifetimes(plan, [g])
         # As the run needs it: the arena (the planners reach this bound) plus the largest step's
         # kernel temporaries, which are allocated outside the arena.
-        return lower_bound(life.reqs) + max(life.step_scratch, default=0), plan, life
+        return run_memory(plan, [g], life), plan, life
 
     # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
     # layers plan slowly; its holds come from the greedy stage's moves only).
@@ -212,7 +212,7 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     ok = [p for p in points if fits(p)]
     smallest = min(points, key=smallest_key)
     chosen = pick(ok) if ok else smallest
-    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest, timed_out)
+    return PartsSearch(chosen, pareto(points, lambda p: (p.peak_bytes, p.seconds)), len(seen), bool(ok), smallest, timed_out)
 
 
 def _time_limited(g: Graph, base: PartsPoint, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
@@ -498,14 +498,11 @@ def _peak_tensors(g: Graph, plan: Plan, life: Lifetimes | None = None) -> tuple[
     top = max(live, default=0)
     near = [i for i, v in enumerate(live) if v >= NEAR_PEAK * top]
     steps = plan.steps()
-    tensor_of = {}
-    for s in steps:
-        for a in (s.out,) + s.inputs:
-            tensor_of.setdefault(a.buffer, a.tensor)
+    tensor_of = buffer_tensors(plan)
     sizes: dict[str, int] = {}
-    for (b, _), r in zip(life.keys, life.reqs):
-        if any(r.first_use <= i <= r.last_use for i in near):
-            sizes[tensor_of[b]] = max(sizes.get(tensor_of[b], 0), r.size)
+    for (b, _), r in live_at(life, near):
+        t = tensor_of[b][1]
+        sizes[t] = max(sizes.get(t, 0), r.size)
     scratch = max(life.step_scratch, default=0)
     at = steps[life.step_scratch.index(scratch)].out.tensor if scratch else None
     return sorted(sizes.items(), key=lambda kv: -kv[1]), (at, scratch) if at is not None else None
@@ -540,12 +537,3 @@ def _refine(g: Graph, phases: dict[int, int], source: int, tensor: str,
     if out == phases and new_source == source:
         return None
     return out, new_source
-
-
-def pareto(points: list[PartsPoint]) -> tuple[PartsPoint, ...]:
-    """Points no other point beats in both peak bytes and seconds, by increasing peak."""
-    front: list[PartsPoint] = []
-    for p in sorted(points, key=lambda p: (p.peak_bytes, p.seconds)):
-        if not front or p.seconds < front[-1].seconds:
-            front.append(p)
-    return tuple(front)

@@ -27,8 +27,10 @@ from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
+from tightfit.plan.deadline import Deadline, expired
 from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
+from tightfit.techniques.interface import run_memory
 from tightfit.plan.vbs import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans
 
 PAPER_UNIT_BYTES = 2 * 10**6  # the paper's memory granularity for images
@@ -106,14 +108,14 @@ def unit_layers(unit) -> list[int]:
 # --- profiles ---------------------------------------------------------------------------------
 
 def profile_seconds(model: PlannedModel, cost, max_batch: int, layout: str = "nhwc", dtype: str = "fp32") -> dict[int, list[float]]:
-    """time(i, b) as seconds of one step of layer i on b whole samples (index b; 0 unused), from
-    the cost model (medians, on disk): the step bound as in a plan of this request, on buffers of
-    b samples, plus the executor's loop overhead; the first layer also loads its input chunk."""
+    """time(i, b) as seconds of one step of layer i on b whole samples (index b; 0 unused),
+    predicted by `cost` (a Predictor over a frozen profile, or the runtime's CostModel): the
+    step bound as in a plan of this request, on buffers of b samples, plus the executor's loop
+    overhead; the first layer also loads its input chunk."""
     g = model.graph
     out: dict[int, list[float]] = {}
     for layer in g.layers:
         out[layer.id] = [INF] + [_step_seconds(model, cost, layer.id, b, layout, dtype) for b in range(1, max_batch + 1)]
-    cost.save()
     return out
 
 
@@ -364,11 +366,6 @@ def plan_schedule(model: PlannedModel, steps: Sequence[tuple[int, int]], planner
     return place(draft, [g], planner)
 
 
-def run_memory(plan: Plan) -> int:
-    """Analysed run memory of a placed plan: the arena plus the largest step's scratch."""
-    return plan.arena_bytes + max((s.scratch for s in plan.steps()), default=0)
-
-
 def per_layer_profile(steps: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
     """Layer id -> its sub-batches in order (the paper's Fig. 9)."""
     out: dict[int, list[int]] = {}
@@ -441,6 +438,7 @@ class VbsResult:
     run_bytes: int
     solve_seconds: float
     lookup: tuple = field(default=())  # (memory bytes, seconds per sample, profile) per level
+    timed_out: bool = False  # the deadline passed: the best plan found by then
 
 
 def make_problem(model: PlannedModel, cost, layout: str = "nhwc", dtype: str = "fp32", smooth: bool = True,
@@ -474,7 +472,7 @@ def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
 def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
                latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
                problem: Problem | None = None, lookup: bool = True, margin: float = 0.0,
-               fbs_margin: float = 0.0) -> VbsResult:
+               fbs_margin: float = 0.0, deadline: Deadline | None = None) -> VbsResult:
     """The fastest variable-batch plan for `request` samples (default model.batch) whose
     analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
     `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
@@ -490,7 +488,11 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     the predictions for mixed schedules: a uniform one's time can be calibrated exactly). With an
     `fbs_margin`, any schedule is kept only if predicted faster than FBS's (the largest uniform
     batch that fits) by that fraction, the error of calibrated predictions: a smaller gain is
-    not one the prediction can promise, and FBS's schedule is returned instead."""
+    not one the prediction can promise, and FBS's schedule is returned instead.
+
+    Past `deadline` (checked between plans: the DP's one solve is not cut) no more memory
+    levels, lookup rows or uniform batches are planned, and the best plan found so far is
+    returned (`timed_out`)."""
     if request is not None and request != model.batch:
         model = replace(model, batch=request)
     problem = problem or make_problem(model, cost, layout)
@@ -499,14 +501,14 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     t0 = _time.perf_counter()
     solved = solve_problem(problem, memory, unit_bytes, latency)
     solve_seconds = _time.perf_counter() - t0
-    table = _lookup(problem, solved, memory) if lookup else ()
+    table = _lookup(problem, solved, memory) if lookup and not expired(deadline) else ()
     knobs = {"budget": budget_bytes, "unit_bytes": unit_bytes, "cost_profile": cost.id if cost is not None else "",
              "request": problem.request, "lookup": [list(x) for x in table]}
     if latency is not None:
         knobs["latency"] = latency
     found = None
     for m in range(memory, -1, -1):
-        if solved.per_sample(m) == INF:
+        if solved.per_sample(m) == INF or expired(deadline):
             break
         steps = solved.schedule(m)
         plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype,
@@ -516,7 +518,9 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
             found = (plan, steps, m * unit_bytes)
             break
     best = predicted_seconds(problem, found[1]) if found else INF
-    uniform = _fastest_uniform(problem, budget_bytes, latency, best / (1 - margin), planner, layout, knobs)
+    timed_out = expired(deadline)
+    uniform = _fastest_uniform(problem, budget_bytes, latency, best / (1 - margin), planner, layout, knobs,
+                               None if found is None else deadline)
     if uniform is not None:
         found = uniform + (0,)
     if found is not None and fbs_margin > 0 and latency is None:  # FBS knows no latency bound
@@ -526,16 +530,17 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
                                  dict(knobs, source="uniform", batch=fbs_batch, predicted_seconds_per_sample=fbs_seconds))
             found = (plan, fbs_steps_, 0)
     if found is None:
-        return VbsResult(None, (), INF, False, budget_bytes, 0, 0, solve_seconds, table)
+        return VbsResult(None, (), INF, False, budget_bytes, 0, 0, solve_seconds, table, timed_out)
     plan, steps, dp_bytes = found
     return VbsResult(plan, tuple(steps), predicted_seconds(problem, steps), True, budget_bytes, dp_bytes,
-                     run_memory(plan), solve_seconds, table)
+                     run_memory(plan), solve_seconds, table, timed_out)
 
 
 def _fastest_uniform(problem: Problem, budget: int, latency: float | None, faster_than: float, planner: str,
-                     layout: str, knobs: dict):
+                     layout: str, knobs: dict, deadline: Deadline | None = None):
     """(plan, steps) of the fastest uniform batch predicted faster than `faster_than` whose plan
-    fits (and each chunk within the latency bound); None if there is none."""
+    fits (and each chunk within the latency bound); None if there is none or `deadline` passed
+    before one was found."""
     candidates = []
     for b in range(1, problem.request + 1):
         steps = fbs_steps(problem, b)
@@ -543,7 +548,7 @@ def _fastest_uniform(problem: Problem, budget: int, latency: float | None, faste
         if latency is None or chunk <= latency:
             candidates.append((predicted_seconds(problem, steps), b, steps))
     for seconds, b, steps in sorted(candidates):
-        if seconds >= faster_than:
+        if seconds >= faster_than or expired(deadline):
             return None
         plan = plan_schedule(problem.model, steps, planner, layout, problem.dtype,
                              dict(knobs, source="uniform", batch=b, predicted_seconds_per_sample=seconds))

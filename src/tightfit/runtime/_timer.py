@@ -21,7 +21,8 @@ import time
 def main() -> None:
     import torch
 
-    from tightfit.runtime.cost import CACHE_BYTES, timed
+    from tightfit.analysis.predict import CACHE_BYTES
+    from tightfit.runtime.cost import timed
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import load_params, random_input
 

@@ -1,0 +1,296 @@
+"""The prediction: seconds of a plan's steps from a frozen profile of step times (measured by
+runtime/cost.py on this machine with tightfit's own kernels). Pure: it reads the profile and
+never measures; a step shape the profile lacks is noted (`Predictor.missing`, with a step to
+measure it by) and counts as no time, so the command layer can measure what a search needed
+and search again over the completed profile.
+
+Every step of a plan has a key: what it computes or copies and the shapes of the views it reads
+and writes (so the same layer settings share one entry, and a border band with its padding is
+timed apart from a middle band). The profile holds per key the median "stirred" time (the step's
+code and data in the last-level cache only) and the "hot" one (run back to back).
+
+A plan's predicted time walks its steps in order (`Predictor.steps_seconds`):
+- each step costs between its hot and its stirred time, by how many bytes the steps since the
+  same key last ran have touched (a one-row band repeated 100 times a run finds its code, weights
+  and neighbours in L2; a layer run once a run does not); a step on our own kernels, at its hot
+  time (it fetches no interpreter or torch code on the way);
+- plus the executor's per-step loop overhead (timed too), except that a run of consecutive steps
+  on our own kernels (ops/native.py) is one call from Python: such a step costs its time less
+  the cost of one such call (both timed), and each run costs one call;
+- plus the time to fetch from memory what the stirred timing found in cache: the layer's weights,
+  the arena bytes it reads and writes and the band of the input, when more than the cache holds
+  was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
+  9.4 MB convolutions 7 times with all other layers in between; a layer-by-layer plan writes its
+  first activations over arena bytes last used a whole run earlier);
+- plus, for a step whose op has not run for as long, the time to fetch the op's code and torch's
+  data on the way to it (measured once per op: a global pool run once a run takes 50-85 us
+  instead of its 13 us alone).
+Partitions that run concurrently count as their slowest member.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from tightfit.graph.ir import Graph
+from tightfit.ops import get_op
+from tightfit.plan.schema import Plan, Step
+
+
+def _sysfs_cache_bytes(index: int, default: int) -> int:
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text().strip()
+        return int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+    except (OSError, ValueError):
+        return default
+
+
+# The last-level cache a step can count on: half of it (it is shared with other cores and, on a
+# VM, other tenants).
+CACHE_BYTES = _sysfs_cache_bytes(3, 32 * 2**20) // 2
+# A key that ran this many bytes ago runs at its stirred time; nearer, it finds part of its code
+# and data still in L2 (twice L2: half of what an L2-sized stir writes still evicts).
+WARM_BYTES = 2 * _sysfs_cache_bytes(2, 2**20)
+# The profile constants (measured once per profile by runtime/cost.py).
+CONSTANTS = ("loop", "native_call", "cold_byte", "partition")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Step times of one profile, read-only: per key its stirred and hot seconds, the keys that
+    run on our own kernels, the constants (CONSTANTS) and the code keys (CODE_KEY) in `seconds`."""
+
+    id: str
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    hot: Mapping[str, float] = field(default_factory=dict)
+    native: frozenset[str] = frozenset()
+
+    @staticmethod
+    def frozen(id: str, seconds: Mapping[str, float], hot: Mapping[str, float], native) -> "Profile":
+        """A snapshot that later measurements do not change."""
+        return Profile(id, MappingProxyType(dict(seconds)), MappingProxyType(dict(hot)), frozenset(native))
+
+
+class Predictor:
+    """`plan_seconds(plan, graphs)` and its parts, over one profile. A key the profile lacks is
+    noted in `missing` (key -> (plan, graphs, step) to measure it by; a constant -> None) and
+    costs nothing; `complete` says whether every prediction so far had all it needed."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self.id = profile.id
+        self.missing: dict[str, tuple[Plan, Sequence[Graph], Step] | None] = {}
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def _constant(self, key: str) -> float:
+        if key not in self.profile.seconds:
+            self.missing.setdefault(key, None)
+            return 0.0
+        return self.profile.seconds[key]
+
+    @property
+    def loop_seconds(self) -> float:
+        """The executor's loop overhead per step (a call of a bound step that does nothing)."""
+        return self._constant("loop")
+
+    @property
+    def native_call_seconds(self) -> float:
+        """The cost of calling a run of native steps from Python (a run of none)."""
+        return self._constant("native_call")
+
+    @property
+    def cold_byte_seconds(self) -> float:
+        """Seconds per weight byte a convolution takes longer when its weights are not in cache."""
+        return self._constant("cold_byte")
+
+    @property
+    def partition_seconds(self) -> float:
+        """The executor's cost of running a partition besides its steps."""
+        return self._constant("partition")
+
+    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
+        """Predicted seconds of one run of the plan (one frame of every partition)."""
+        per_part = [self.steps_seconds(plan, graphs, p.steps) for p in plan.partitions]
+        together = {i for c in plan.concurrent for i in c}
+        total = sum(t for i, t in enumerate(per_part) if i not in together)
+        total += sum(max(per_part[i] for i in c) for c in plan.concurrent)
+        return total + len(plan.partitions) * self.partition_seconds
+
+    def _known(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> bool:
+        p = self.profile
+        if key in p.seconds and key in p.hot:
+            return True
+        self.missing.setdefault(key, (plan, graphs, step))
+        return False
+
+    def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
+        """Predicted seconds of `steps` run in order, again and again (one run of a stream)."""
+        p = self.profile
+        keys = [step_key(plan, graphs, s) for s in steps]
+        known = [self._known(plan, graphs, s, k) for k, s in zip(keys, steps)]
+        prints = footprints(plan, graphs, steps)
+        since = bytes_since_same_key(keys, [touched for touched, _ in prints])
+        # A step on our own kernels runs at its hot time: it fetches no interpreter or torch code
+        # and data on the way (mobilenet_v2 by one-row bands: 4.9 ms predicted so, 5.8 blended
+        # by the bytes since, 4.7 measured); what its data fetches from memory is `cold` below.
+        warm = sum(p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES))
+                   for k, d, ok in zip(keys, since, known) if ok)
+        cold, cold_code = cold_fetches(prints)
+        code = sum(p.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
+        return warm + self._call_seconds([k in p.native for k in keys]) + sum(cold) * self.cold_byte_seconds + code
+
+    def _call_seconds(self, native: Sequence[bool]) -> float:
+        """The executor's calls of the steps (`native`: which run on our own kernels): a loop
+        iteration per other step, one call per run of native steps, less the call that each native
+        step's own timing included."""
+        runs = sum(1 for i, n in enumerate(native) if n and (i == 0 or not native[i - 1]))
+        return (len(native) - sum(native)) * self.loop_seconds + (runs - sum(native)) * self.native_call_seconds
+
+    def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
+        """The step's stirred time (its code and data in the last-level cache only)."""
+        key = step_key(plan, graphs, step)
+        return self.profile.seconds[key] if self._known(plan, graphs, step, key) else 0.0
+
+
+def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
+    """What a step's time depends on: the op and its settings, parameter shapes, and for every
+    view the buffer block it lies in and the region (with border padding) it covers."""
+    def view(a) -> list:
+        b = plan.buffers[a.buffer]
+        r = a.region
+        return [list(b.shape), b.layout, [r.n, r.h, r.w]]
+
+    if step.kind != "compute":
+        # A shift within one buffer runs in chunks of the shift's size.
+        same = bool(step.inputs) and step.inputs[0].buffer == step.out.buffer
+        shift = [a - b for a, b in zip(step.inputs[0].at, step.out.at)] if same else 0
+        return json.dumps([step.kind, view(step.out), [view(a) for a in step.inputs], shift])
+    g = graphs[step.model]
+    layer = g.layers[step.layer]
+    batch = plan.models[step.model].batch
+    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+    windows = get_op(layer.op).input_windows(layer, step.out.region, in_shapes)
+    return json.dumps([layer.op, repr(sorted(layer.attrs.items())), [list(g.params[p].shape) for p in layer.params],
+                       in_shapes, view(step.out), [view(a) for a in step.inputs],
+                       [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
+
+
+Footprint = tuple[int, list[tuple[tuple, float, int]]]
+
+
+def bytes_since_same_key(keys: Sequence[str], touched: Sequence[int]) -> list[int]:
+    """Per step (its key and the bytes it touches), the bytes touched by the steps since the
+    previous step of the same key, in this run or the previous one."""
+    last: dict[str, int] = {}
+    total, since = 0, [0] * len(keys)
+    for round_ in range(2):  # the first round only finds each key's last step in the previous run
+        for i, key in enumerate(keys):
+            if round_:
+                since[i] = total - last[key]
+            total += touched[i]
+            last[key] = total
+    return since
+
+
+def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) -> tuple[list[float], list[str | None]]:
+    """Per step (its `footprints`), the bytes it reads or writes from memory although its stirred
+    timing found them in cache, and its op kind if the op's code was evicted too (else None). A
+    block (a layer's weights, a chunk of the arena, a chunk of the model input, an op's code)
+    whose access fits the cache is cold when the steps since its previous use, in this run or the
+    previous one, touched more than `cache_bytes`."""
+    last_use: dict[tuple, int] = {}
+    total, cold, code = 0, [0.0] * len(prints), [None] * len(prints)
+    for round_ in range(2):  # the first round only finds each block's last use in the previous run
+        for i, (touched, blocks) in enumerate(prints):
+            if round_:
+                for block, nbytes, access in blocks:
+                    if access <= cache_bytes and total - last_use[block] > cache_bytes:
+                        cold[i] += nbytes
+                        if block[0] == "code":
+                            code[i] = block[1]
+            total += touched
+            for block, _, _ in blocks:
+                last_use[block] = total
+    return cold, code
+
+
+# Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
+# on the op's first step that touches at most CODE_PROBE_BYTES.
+CODE_KEY = "code:"
+CODE_PROBE_BYTES = 2**20
+ARENA_CHUNK = 64 * 2**10  # the reuse walk follows the arena in chunks of at least this size
+MAX_CHUNKS = 1024  # and at most this many (a 500 MB arena in chunks of 0.5 MB)
+
+
+def footprints(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> list[Footprint]:
+    """Per step, the bytes it touches (views and weights) and what it reads and writes as
+    (block, bytes in it, bytes of the whole access); its op's code (and the interpreter's and
+    torch's data on the way to it) counts as a block of no bytes."""
+    chunk = max(ARENA_CHUNK, plan.arena_bytes // MAX_CHUNKS)
+    return [_footprint(plan, graphs, s, chunk) for s in steps]
+
+
+def _footprint(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> Footprint:
+    blocks: list[tuple[tuple, float, int]] = [(("code", _op_kind(graphs, step)), 0.0, 0)]
+    w = _weight_bytes(graphs, step)
+    if w:  # a convolution's weights are packed once per input shape (ops/conv.PackedWeights)
+        shapes = tuple((a.region.n, a.region.h, a.region.w) for a in step.inputs)
+        blocks.append((("weights", step.model, step.layer, shapes), w, w))
+    touched = w
+    for a in (step.out,) + step.inputs:
+        nbytes = _view_bytes(plan, a)
+        touched += nbytes
+        blocks += _chunked(("arena",), *_arena_span(plan, a), nbytes, chunk)
+    if step.kind == "input":  # the band of the model's input it reads (rows of the input tensor)
+        g = graphs[step.model]
+        shape = g.shape(g.inputs[0])
+        row = prod(shape[1:]) * plan.buffers[step.out.buffer].itemsize // (shape[2] if len(shape) == 4 else 1)
+        r = step.out.region
+        blocks += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
+    return touched, blocks
+
+
+def _chunked(space: tuple, first: int, end: int, nbytes: int, chunk: int) -> list[tuple[tuple, float, int]]:
+    ids = range(first // chunk, max(first, end - 1) // chunk + 1)
+    return [(space + (c,), nbytes / len(ids), nbytes) for c in ids]
+
+
+def _arena_span(plan: Plan, a) -> tuple[int, int]:
+    """The arena bytes from an access's first element to past its last (frame copy 0)."""
+    b = plan.buffers[a.buffer]
+    r, (n, h, w) = a.region, a.at
+    if len(b.shape) == 4 and b.layout == "nhwc":
+        _, c, hh, ww = b.shape
+        first = ((n * hh + h) * ww + w) * c
+        end = (((n + r.n - 1) * hh + h + r.h - 1) * ww + w + r.w) * c
+    elif len(b.shape) == 4:
+        _, c, hh, ww = b.shape
+        first = (n * c * hh + h) * ww + w
+        end = (((n + r.n - 1) * c + c - 1) * hh + h + r.h - 1) * ww + w + r.w
+    else:
+        row = prod(b.shape[1:])
+        first, end = n * row, (n + r.n) * row
+    return b.offsets[0] + first * b.itemsize, b.offsets[0] + end * b.itemsize
+
+
+def _op_kind(graphs: Sequence[Graph], step: Step) -> str:
+    return graphs[step.model].layers[step.layer].op if step.kind == "compute" else step.kind
+
+
+def _weight_bytes(graphs: Sequence[Graph], step: Step) -> int:
+    if step.kind != "compute":
+        return 0
+    g = graphs[step.model]
+    return sum(g.params[p].nbytes for p in g.layers[step.layer].params)
+
+
+def _view_bytes(plan: Plan, a) -> int:
+    b = plan.buffers[a.buffer]
+    return a.region.numel(b.shape) * b.itemsize

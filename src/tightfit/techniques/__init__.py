@@ -1,0 +1,5 @@
+"""The techniques, behind one interface (techniques/interface.py) and one registry
+(techniques/registry.py): each is a folder exposing `draft(model, config) -> Plan` and
+`search(problem) -> Front`; the CLI, the API and fit's search dispatch through the registry, so
+adding a technique touches its folder and one registry line. `fit` (techniques/fit/) searches
+over all of them."""

@@ -1,0 +1,64 @@
+"""Processing by parts (Minakova & Stefanov; plan/parts.py): layers compute their output in
+phases of a few rows, in the firing order of the model's cyclo-static dataflow graph, tensors
+held in windows; the parts search (plan/parts_search.py) picks the phases per layer."""
+from __future__ import annotations
+
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import Plan
+from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, pareto
+
+
+def draft(model: PlannedModel, config: Config) -> Plan:
+    """The plan of `config.settings`: "phases" {layer id or name: phases} and "source" (the
+    input's bands), or "rows" per phase everywhere, or neither (one row per phase everywhere, the
+    paper's setting); "align", "held" (layers whose outputs stay whole). Placed by
+    `config.planner` (None: unplaced, as a search drafts)."""
+    from tightfit.plan.parts import draft_parts, phases_for_rows, plan_parts
+
+    g = model.graph
+    phases, source = config.get("phases"), config.get("source")
+    if config.get("rows") is not None:
+        phases, source = phases_for_rows(g, config.get("rows"))
+    elif not phases:
+        from tightfit.analysis.csdf import max_phases
+
+        phases, source = max_phases(g), g.shape(g.inputs[0])[2]
+    options = dict(align=config.get("align", False), held=config.get("held", ()))
+    if config.planner is None:
+        return draft_parts(model, phases, source, config.layout, config.dtype, **options)
+    return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, **options)
+
+
+def config_of(point, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
+    """The Config that drafts a parts search's point (plan/parts_search.PartsPoint)."""
+    return Config(layout, dtype, planner, settings=dict(phases=point.phases_dict(), source=point.source_phases,
+                                                        align=point.align, held=point.held))
+
+
+def label(point) -> str:
+    return f"parts search: {len(point.phases)} layers split, source {point.source_phases}"
+
+
+def search(problem: Problem) -> Front:
+    """The parts search (plan/parts_search.search_parts) for the budget: its front, its pick and
+    its smallest (found by its memory side). As one of fit's sources (`brief`) it offers nothing
+    without a budget or on a CNN searched quickly (fit's parts-everywhere seed stands for it)."""
+    from tightfit.plan.parts_search import search_parts
+
+    if problem.brief and (problem.budget_bytes is None or problem.quick):
+        return None
+    c = problem.config
+    found = search_parts(problem.model, problem.seconds, problem.budget_bytes, layout=c.layout, dtype=c.dtype,
+                         deadline=problem.deadline, progress=problem.progress)
+
+    def point(p, exact: bool = False) -> Point:
+        return Point(config_of(p, c.layout, c.dtype), p.peak_bytes, (p.seconds,), (label(p),), exact)
+
+    smallest = point(found.smallest, not found.timed_out)
+    chosen = smallest if found.chosen == found.smallest else point(found.chosen)
+    return Front(pareto([point(p) for p in found.front]), chosen, smallest, found.fits, found.evaluated,
+                 found.timed_out, found)
+
+
+TECHNIQUE = Technique("parts", "layers by row bands in CSDF firing order (Minakova & Stefanov)", draft, search,
+                      fit_source=True)

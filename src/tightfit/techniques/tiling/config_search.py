@@ -1,0 +1,455 @@
+"""The fused-tiling configuration search: which groups, grids and overlap policies run fastest
+within a budget, predicted from memory read off each draft's lifetimes and a pure prediction of
+its steps' seconds (analysis/predict.py over a frozen profile)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from tightfit.graph.ir import Graph, spatial
+from tightfit.plan.deadline import Deadline, TimeUp, check, expired
+from tightfit.plan.reuse import PlannedModel
+from tightfit.plan.schema import Plan, Step
+from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, plan_tiling
+from tightfit.techniques.interface import pareto
+from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, cut_points, downsampling_cuts,
+                                               format_tiling, groupable_runs, tileable)
+
+if TYPE_CHECKING:
+    from tightfit.plan.parts_search import PartsPoint
+
+# --- predictor and configuration search ---------------------------------------------------------
+#
+# MAFAT's Alg. 3 searches a fixed space (no cut or one cut at 4, 8 or 12 of YOLOv2; square
+# grids) with a fitted memory predictor. Here: any number of groups up to `max_groups`, each
+# between two cut points (by default the cuts after downsampling, where merging tiles costs
+# least), any grid up to 8x8 (by default squares and grids one tile off square), either overlap
+# policy; memory read exactly off each plan's lifetimes and step scratch, time from a cost
+# function (the cost model).
+#
+# Bounding the work. Cut points separate the graph: at a step inside a group only the group's
+# own buffers (and model outputs) are live, so a group's memory (bytes live, step scratch) and
+# its steps' time do not depend on the other groups. Each (group, grid, overlap) is planned once,
+# as the only group of a draft plan (memoised), and a configuration's prediction is assembled:
+# peak = max live over its segments + max scratch over its segments (what check_plan reports),
+# seconds = sum over segments. Memory is evaluated for every option; time only for the options a
+# budget (the asked one, and a ladder of budgets for the front) can use: per segment and overlap,
+# the `timed_per_segment` coarsest grids that fit (more tiles usually cost more time; the answer
+# is the fastest of every configuration assembled, so a finer grid timed for a smaller ladder
+# budget still wins when it is faster), and never a grid whose memory is no lower than a coarser
+# grid's (dominated). A dynamic program over the cut points then picks, for each scratch cap S (the
+# distinct step scratches), the fastest chain whose live bytes fit budget - S. Finer grids of a
+# group stop once PLATEAU_GRIDS of them in a row lower neither its live bytes nor its scratch by
+# PLATEAU_GAIN: the group's whole input and output buffers, which no grid shrinks, then dominate.
+#
+# The fine space. When an asked budget (budget_bytes or one of extra_budgets) lies below every
+# configuration of the space above, the search adds: cuts at every cut point (not only after
+# downsampling; if there are at most MAX_FINE_CUTS), and per segment the families of
+# `fine_groups` (reused overlap, tiles one or two rows high, up to GRID_LIMIT columns, with and
+# without narrow border columns), each family stopped by the same plateau rule. A segment is
+# skipped when its whole input and output alone (live together in any tiling of it) exceed the
+# smallest asked budget, or when an option already planned for it fits that budget, so the fine
+# space costs only where it can help. Looking for the fastest
+# configuration tries at most TIME_CAPS scratch caps per budget.
+
+GRID_LIMIT = 8
+MAX_CUTS = 10  # candidate cut points kept (evenly spaced) when a graph has more
+MAX_FINE_CUTS = 24  # the fine space (asked budgets below the space above) cuts at every cut point if at most this many
+PLATEAU_GRIDS = 3  # finer grids stop after this many in a row lower a group's live bytes and scratch by < PLATEAU_GAIN
+PLATEAU_GAIN = 0.01
+TIME_CAPS = 12  # scratch caps tried per budget when looking for the fastest configuration
+
+StepSeconds = Callable[[Plan, Sequence[Step]], float]
+
+
+@dataclass(frozen=True)
+class TilingPoint:
+    """A configuration (its tiled groups; other layers run layer by layer) and its prediction:
+    run memory (arena lower bound + largest step scratch) and seconds."""
+
+    groups: tuple[TileGroup, ...]
+    peak_bytes: int
+    seconds: float
+    parts: "PartsPoint | None" = None  # the whole network by parts instead (no groups)
+
+    @property
+    def spec(self) -> str:
+        if self.parts is not None:
+            return _parts_spec(self.parts)
+        return format_tiling(self.groups) or "layer-by-layer"
+
+
+def smallest_key(p: TilingPoint) -> tuple:
+    """Smallest peak first; ties broken without a time (fewer tiles, then the spec)."""
+    return (p.peak_bytes, sum(g.tiles for g in p.groups), p.spec)
+
+
+def _parts_spec(p: "PartsPoint") -> str:
+    """Phases per layer (runs of equal phases as ranges), the input's bands, held layers:
+    "parts 0:512,1:304,2-5:152, input 256, held 11"."""
+    runs: list[list[int]] = []  # [first, last, phases]
+    for lid, n in p.phases:
+        if runs and runs[-1][1] == lid - 1 and runs[-1][2] == n:
+            runs[-1][1] = lid
+        else:
+            runs.append([lid, lid, n])
+    layers = ",".join(f"{a}:{n}" if a == b else f"{a}-{b}:{n}" for a, b, n in runs)
+    return (f"parts {layers}, input {p.source_phases}" + (", aligned" if p.align else "")
+            + (f", held {','.join(map(str, p.held))}" if p.held else ""))
+
+
+@dataclass(frozen=True)
+class TilingSearch:
+    chosen: TilingPoint  # fastest within the budget; if none fits, the smallest reachable
+    front: tuple[TilingPoint, ...]  # Pareto front (peak_bytes, seconds) of the configurations assembled
+    evaluated: int  # group options planned (memory); each timed at most once
+    fits: bool
+    smallest_bytes: int  # the smallest peak any configuration in the searched space reaches
+    points: tuple[TilingPoint, ...] = ()  # every configuration assembled (the front's superset)
+    timed_out: bool = False  # the deadline stopped the planning of group options
+
+
+def default_grids(limit: int = GRID_LIMIT) -> tuple[tuple[int, int], ...]:
+    """Grids 1x1 .. limit x limit, square or one tile off square, by tile count."""
+    grids = [(n, m) for n in range(1, limit + 1) for m in range(1, limit + 1) if abs(n - m) <= 1]
+    return tuple(sorted(grids, key=lambda x: (x[0] * x[1], x)))
+
+
+def candidate_cuts(graph: Graph, limit: int = MAX_CUTS) -> tuple[int, ...]:
+    """Where groups may start and end in the search: the model's ends, the cut points after
+    downsampling (all cut points if there are fewer than two of those), at most `limit`, and
+    the ends of every groupable run (the cut points around layers that cannot be tiled: a model
+    whose first layer is a layout transpose has no coarse group without the cut after it)."""
+    cuts = downsampling_cuts(graph)
+    if len(cuts) < 2:
+        cuts = tuple(p for p in cut_points(graph) if 0 < p < len(graph.layers))
+    if len(cuts) > limit:
+        cuts = tuple(cuts[round(k * (len(cuts) - 1) / (limit - 1))] for k in range(limit))
+    around = {p for first, last in groupable_runs(graph) for p in (first, last + 1)}
+    return tuple(sorted({0, len(graph.layers)} | set(cuts) | around))
+
+
+def fine_groups(g: Graph, first: int, last: int, limit: int = GRID_LIMIT) -> list[list[TileGroup]]:
+    """The small-memory space of one group, in families of grids by column count: overlap
+    reused, tiles one or two output rows high (reuse makes the row overlap free, so rows cost
+    little), 1..limit columns, each family also with border columns as narrow as `clear_edge`."""
+    h, w = spatial(g.shape(g.layers[last].output))
+    edge = clear_edge(g, TileGroup(first, last, (1, min(3, w)), "reuse"))
+    families = []
+    for n in sorted({h, -(-h // 2)} - {1}):
+        families.append([TileGroup(first, last, (n, m), "reuse") for m in range(1, min(limit, w) + 1)])
+        if edge:
+            families.append([TileGroup(first, last, (n, m), "reuse", edge) for m in range(3, min(limit, w) + 1)
+                             if w - 2 * edge >= m - 2])
+    return [f for f in families if f]
+
+
+def _whole_bytes(model: PlannedModel, a: int, b: int, dtype: str, overlay: bool = False) -> int:
+    """A lower bound of the memory of layers a..b-1 as one group: its whole input (unless it is
+    the model input, which may arrive tile by tile) and its whole output, live together; with
+    `overlay`, the larger of the two (the output may share the input's bytes)."""
+    g = model.graph
+    tensors = ([] if a == 0 else [g.layers[a - 1].output]) + [g.layers[b - 1].output]
+    sizes = [g.tensors[t].nbytes(dtype, model.batch) for t in tensors]
+    if overlay and len(tensors) == 2:
+        return max(sizes)
+    return sum(sizes)
+
+
+def _lags(draft: Plan, grp: TileGroup) -> tuple[int, int]:
+    """An overlaid group's block growth beyond its input and beyond its output (0, 0 if none)."""
+    from tightfit.plan.overlay import block_growth
+
+    if not grp.overlay:
+        return 0, 0
+    guest = next(b.id for b in draft.buffers if b.overlay is not None)
+    return block_growth(draft, guest)
+
+
+def _joins(prev: "_Option | None", opt: "_Option", live_cap: int) -> bool:
+    """Whether `opt` may follow `prev` within `live_cap`: an overlaid group's block also holds
+    bytes in the segments beside it, and a group's input may not be an overlay already."""
+    if prev is None:
+        return not opt.overlaid
+    if prev.overlaid and opt.overlaid:
+        return False
+    return prev.live + opt.lag_prev <= live_cap and opt.live + prev.lag_next <= live_cap
+
+
+def _live(opt: "_Option", prev: "_Option | None" = None) -> int:
+    """A segment's live bytes, bounded with its neighbours' overlay blocks (the DP's memory)."""
+    if prev is None:
+        return opt.live
+    return max(opt.live + prev.lag_next, prev.live + opt.lag_prev)
+
+
+def cost_seconds(cost, graph: Graph) -> StepSeconds:
+    """The cost model's predicted seconds of some steps of a plan."""
+    return lambda plan, steps: cost.steps_seconds(plan, [graph], steps)
+
+
+def step_memory(plan: Plan, graph: Graph) -> tuple[list[int], list[int]]:
+    """Per step: bytes of the buffers live at it, and its scratch."""
+    from tightfit.plan.lifetimes import lifetimes
+
+    life = lifetimes(plan, [graph], conflicts=False)
+    return life.live_bytes(), list(life.step_scratch)
+
+
+@dataclass
+class _Option:
+    """One way to run the layers between two cut points: layer by layer (group None) or a group."""
+
+    group: TileGroup | None
+    live: int
+    scratch: int
+    plan: Plan | None = None
+    steps: tuple[int, int] = (0, 0)
+    seconds: float | None = None
+    # An overlaid group's block: bytes beyond its input, live in the segment before it (from that
+    # input's first write), and beyond its output, live in the segment after it.
+    lag_prev: int = 0
+    lag_next: int = 0
+
+    @property
+    def overlaid(self) -> bool:
+        return self.group is not None and self.group.overlay
+
+    @property
+    def peak(self) -> int:
+        return self.live + self.scratch
+
+
+def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
+                  grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
+                  cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
+                  timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = (),
+                  parts: bool = True, deadline: Deadline | None = None,
+                  progress: Callable[[str], None] = lambda line: None) -> TilingSearch:
+    """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
+    (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
+    front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
+    to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
+    answers several budgets: the fastest front point within each). A budget below the space of
+    `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
+    of some of a plan's steps (`cost_seconds(predictor, graph)`, a Predictor over a frozen
+    profile). With `parts`, a budget below the coarse space also gets the parts search's front
+    there (the whole network by parts).
+    Past `deadline` (checked before each group option is planned) no more options are planned
+    and the configurations are assembled from those planned so far; `progress` gets a line per
+    stage."""
+    g = model.graph
+    L = len(g.layers)
+    cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
+    real = set(cut_points(g))
+    grids = tuple(sorted(grids or default_grids(), key=lambda x: (x[0] * x[1], x)))
+    base = draft_tiling(model, (), layout, dtype)
+    base_live, base_scratch = step_memory(base, g)
+    options: dict[tuple[int, int], list[list[_Option]]] = {}  # segment -> per overlap: memory-Pareto grids by tiles
+    plain: dict[tuple[int, int], _Option] = {}
+    evaluated = 0
+
+    def groupable(a: int, b: int) -> bool:
+        return a in real and b in real and all(tileable(g, l) for l in range(a, b))
+
+    def add_segments(points: Sequence[int], keep: Callable[[int, int], bool], groups_of) -> None:
+        """Plan the options of every segment between `points` that `keep` admits: layer by layer,
+        and each list of groups `groups_of(a, b)` gives (finer grids last), memory only."""
+        nonlocal evaluated
+        pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1:]]
+        for a, b in pairs:  # every segment can run layer by layer, whatever the deadline cuts off below
+            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+            plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
+        for a, b in pairs:
+            if not groupable(a, b) or not keep(a, b):
+                continue
+            for candidates in groups_of(a, b):
+                kept: list[_Option] = []
+                stale = 0
+                for grp in candidates:
+                    if stale >= PLATEAU_GRIDS:
+                        break
+                    check(deadline)
+                    try:
+                        draft = draft_tiling(model, [grp], layout, dtype)
+                    except TilingError:  # an overlay variant whose output cannot share its input
+                        break
+                    evaluated += 1
+                    live, scratch = step_memory(draft, g)
+                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
+                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
+                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None,
+                                  *_lags(draft, grp))
+                    gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
+                                            for f in ("live", "scratch"))
+                    stale = 0 if gains else stale + 1
+                    # Dominated: more tiles, no less live memory and no less scratch. (Scratch
+                    # counts once per configuration, live bytes per segment: both matter.)
+                    if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
+                        kept.append(opt)
+                options.setdefault((a, b), []).append(kept)
+
+    def coarse_groups(a: int, b: int) -> list[list[TileGroup]]:
+        h, w = spatial(g.shape(g.layers[b - 1].output))
+        return [[TileGroup(a, b - 1, (n, m), ov) for n, m in grids
+                 if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in overlaps]
+
+    timed_out = False
+
+    def add_until_deadline(*args) -> None:
+        nonlocal timed_out
+        try:
+            if not timed_out:
+                add_segments(*args)
+        except TimeUp:
+            timed_out = True
+        progress(f"tiling search: {evaluated} group options planned{' (time is up)' if timed_out else ''}")
+
+    add_until_deadline(cuts, lambda a, b: True, coarse_groups)
+
+    def timed(opt: _Option) -> float:
+        if opt.seconds is None:
+            plan = opt.plan or draft_tiling(model, [opt.group], layout, dtype)
+            opt.seconds = seconds(plan, plan.steps()[opt.steps[0]:opt.steps[1]])
+        return opt.seconds
+
+    def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int, first: int | None) -> list[_Option]:
+        out = [plain[seg]] if plain[seg].live <= live_cap and plain[seg].scratch <= scratch_cap else []
+        for kept in options.get(seg, ()):
+            out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:first]
+        return out
+
+    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option, "_Option | None"], float], combine,
+              first: int | None = timed_per_segment) -> tuple[float, list[_Option]] | None:
+        """The best chain of options over the cut points (at most max_groups groups), each
+        segment choosing among its `first` coarsest fitting grids per overlap (None: all)."""
+        best: dict[tuple[int, int], tuple[float, list[_Option]]] = {(0, 0): (0.0, [])}
+        for j, b in enumerate(cuts):
+            for a in cuts[:j]:
+                for opt in usable((a, b), live_cap, scratch_cap, first):
+                    for k in range(max_groups + 1):
+                        if (a, k) not in best:
+                            continue
+                        k2 = k + (opt.group is not None)
+                        prev = best[(a, k)][1][-1] if best[(a, k)][1] else None
+                        if k2 > max_groups or not _joins(prev, opt, live_cap):
+                            continue
+                        value = combine(best[(a, k)][0], cost(opt, prev))
+                        if (b, k2) not in best or value < best[(b, k2)][0]:
+                            best[(b, k2)] = (value, best[(a, k)][1] + [opt])
+        ends = [best[(L, k)] for k in range(max_groups + 1) if (L, k) in best]
+        return min(ends, key=lambda e: e[0], default=None)
+
+    def point(opts: list[_Option]) -> TilingPoint:
+        groups = tuple(o.group for o in opts if o.group is not None)
+        if any(o.overlaid for o in opts):
+            # A block spans segments, so per-segment figures only bound it: the plan is read.
+            live, scratch = step_memory(draft_tiling(model, groups, layout, dtype), g)
+            peak = max(live) + max(scratch)
+        else:
+            peak = max(o.live for o in opts) + max(o.scratch for o in opts)
+        return TilingPoint(groups, peak, sum(timed(o) for o in opts))
+
+    def caps() -> list[int]:
+        every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
+        return sorted({o.scratch for o in every})
+
+    scratch_caps = caps()
+
+    def fastest(budget: int) -> TilingPoint | None:
+        found = []
+        fitting = [s for s in scratch_caps if s <= budget]
+        # At most TIME_CAPS scratch caps (evenly over the sorted distinct ones, the largest kept):
+        # each cap may time other options, and the fine space has hundreds of distinct scratches.
+        # The smallest configuration is found over every cap (untimed) and competes anyway.
+        stride = max(1, -(-len(fitting) // TIME_CAPS))
+        for s in fitting[::-1][::stride][::-1]:
+            c = chain(budget - s, s, lambda o, _: timed(o), lambda x, y: x + y)
+            if c is not None:
+                found.append(point(c[1]))
+        return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
+
+    def smallest_point() -> TilingPoint:
+        best_small = None
+        for s in scratch_caps:
+            c = chain(1 << 62, s, _live, max, None)
+            if c is not None and (best_small is None or c[0] + s < best_small[0]):
+                best_small = (c[0] + s, c[1])
+        return point(best_small[1])
+
+    smallest = smallest_point()
+    asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    below = bool(asked) and min(asked) < smallest.peak_bytes  # a budget below the coarse space
+    # Parts configurations compete only where the tiles' coarse space cannot go.
+    by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype, deadline, progress)
+                 if p.peak_bytes < smallest.peak_bytes] if parts and below and not expired(deadline) else [])
+    if below and "reuse" in overlaps:
+        # Below the space above: the fine space, for the segments that can still fit.
+        target = min(asked)
+        every_cut = cut_points(g)
+        cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
+        if not any(_whole_bytes(model, a, b, dtype, overlay=True) <= target for i, a in enumerate(cuts) for b in cuts[i + 1:]):
+            # Nothing can fit (`fit` asks for its smallest plan with a budget of 0): look for the
+            # smallest reachable instead, in every segment that could lower it.
+            target = smallest.peak_bytes
+
+        def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
+            known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
+            return _whole_bytes(model, a, b, dtype, overlay=True) <= target and min(o.peak for o in known) > target
+
+        def fine_and_overlaid(a: int, b: int) -> list[list[TileGroup]]:
+            families = fine_groups(g, a, b - 1)
+            if a == 0:  # the model input arrives by tiles: nothing whole to overlay
+                return families
+            return families + [[replace(grp, overlay=True) for grp in f] for f in families]
+
+        add_until_deadline(cuts, worth, fine_and_overlaid)
+        scratch_caps = caps()
+        smallest = smallest_point()
+    top = fastest(1 << 62)
+    # The memory side: the smallest chain (no time looked at) and the parts search's smallest.
+    # A time-guided find below it depends on the cost profile: dropped, so the smallest
+    # configuration, and whether a budget is reachable, are the same under any profile.
+    smallest = min([smallest] + by_parts, key=smallest_key)
+    floor = 0 if timed_out else smallest.peak_bytes  # (cut off by the deadline: nothing is dropped)
+    seen = [smallest, top] + by_parts
+    if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
+        ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
+        ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
+    else:
+        ladder = []
+    for budget in ladder + list(extra_budgets):
+        p = fastest(budget)
+        if p is not None:
+            seen.append(p)
+    # Every assembled configuration competes: a ladder budget may have timed finer grids that
+    # turn out faster (smaller tiles stay in cache) than the coarsest that fit.
+    limit = 1 << 62 if budget_bytes is None else budget_bytes
+    p = fastest(limit)
+    seen += [p] if p is not None else []
+    seen = [q for q in seen if q.peak_bytes >= floor]
+    fitting = [q for q in seen if q.peak_bytes <= limit]
+    chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
+    distinct = tuple({(p.groups, p.parts): p for p in seen}.values())
+    smallest = min(seen, key=smallest_key)
+    return TilingSearch(chosen, pareto(list(distinct), lambda p: (p.peak_bytes, p.seconds)), evaluated, fits, smallest.peak_bytes, distinct, timed_out)
+
+
+def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str,
+                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> list[TilingPoint]:
+    """The parts search's front for `budget`, as configurations."""
+    from tightfit.plan.parts_search import search_parts
+
+    found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype,
+                         deadline=deadline, progress=progress)
+    return [TilingPoint((), p.peak_bytes, p.seconds, p) for p in found.front]
+
+
+def plan_point(model: PlannedModel, point: TilingPoint, planner: str = "improve", layout: str = "nhwc",
+               dtype: str = "fp32") -> Plan:
+    """The placed plan of a configuration the search assembled (tiled groups, or parts)."""
+    if point.parts is not None:
+        from tightfit.plan import parts_search
+
+        return parts_search.plan_point(model, point.parts, planner, layout, dtype)
+    return plan_tiling(model, point.groups, planner, layout, dtype)
