@@ -68,3 +68,14 @@ def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys
     assert main(["plan", "minakova5", "--method", "parts", "--budget", "5kB", "--time-limit", "30", "--progress"]) == 0
     err = capsys.readouterr().err
     assert "parts search:" in err and "not counted" in err
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_0"])
+def test_tiling_search_past_its_deadline_from_the_start_answers_layer_by_layer(name):
+    """Time up before the coarse pass: the fine pass's new segments still get their
+    layer-by-layer option (they had none, and the chain over them failed with a KeyError)."""
+    g = tightfit.load(name)
+    model = PlannedModel(g, name)
+    seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
+    cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline(0.0))
+    assert cut.timed_out and cut.evaluated == 0 and cut.chosen.peak_bytes == cut.smallest_bytes

@@ -298,9 +298,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 
     def add_until_deadline(*args) -> None:
         nonlocal timed_out
-        try:
-            if not timed_out:
-                add_segments(*args)
+        try:  # past the deadline too: its first loop gives every new segment its layer-by-layer option
+            add_segments(*args)
         except TimeUp:
             timed_out = True
         progress(f"tiling search: {evaluated} group options planned{' (time is up)' if timed_out else ''}")
