@@ -28,7 +28,8 @@ from tightfit.ops.conv import fold_batchnorm
 # Node types the importer handles itself rather than mapping to an op.
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
 # Ops that can absorb the elementwise activations that follow them.
-ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul")
+ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul",
+                    "conv_transpose")
 
 
 def supported_onnx_types() -> list[str]:
@@ -220,13 +221,20 @@ class _Builder:
             op = get_op(op_name)
             attrs, inputs = self._legacy_forms(node, label, _attrs(node), inputs)
             view = OnnxNode(node.op_type, label, attrs, tuple(inputs), tuple(node.output),
-                            self.consts.get, self.shapes.__getitem__)
+                            self.consts.get, self.shapes.__getitem__, self.opset)
             try:
-                spec = op.from_onnx(view)
+                specs = op.from_onnx_outputs(view)
             except (ValueError, KeyError) as e:
                 raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
-            spec_attrs, spec_inputs, params = spec.attrs, spec.inputs, spec.params
-        proto = _Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type)
+            if len(specs) > 1:  # one layer per output (Split)
+                for out, spec in zip(node.output, specs):
+                    self._add_proto(_Proto(op_name, label, spec.inputs, out, spec.attrs, spec.params, [label], node.op_type))
+                return
+            spec_attrs, spec_inputs, params = specs[0].attrs, specs[0].inputs, specs[0].params
+        self._add_proto(_Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type))
+
+    def _add_proto(self, proto: _Proto) -> None:
+        op_name = proto.op
         layer = _freeze(proto, 0, {})
         self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, [self.shapes[t] for t in proto.inputs]))
         self.protos.append(proto)
