@@ -398,3 +398,16 @@ def test_all_new_ops_export_to_portable_c(kw, tmp_path):
     sources = export(p, graphs, tmp_path / "out")
     c = check_export(p, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"], runs=1)
     assert c.ok, f"outputs differ: {c.max_abs_diff} > {c.tolerance}"
+
+
+@pytest.mark.slow
+def test_torchvision_shufflenet_v2_imports_and_matches():
+    """torchvision's shufflenet_v2_x1_0 as it exports (chunk -> Slice, the view/transpose/view
+    shuffle): before issue 22 its Slice was refused."""
+    torchvision = pytest.importorskip("torchvision")
+    module = torchvision.models.shufflenet_v2_x1_0(weights=None).eval()
+    g = tightfit.load(module, (1, 3, 224, 224))
+    assert {"slice", "channel_shuffle"} <= {l.op for l in g.layers}
+    x = random_input(g)
+    with torch.no_grad():
+        assert compare(run_reference(g, x)[g.outputs[0]], module(x)).ok
