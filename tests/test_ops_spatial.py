@@ -280,13 +280,14 @@ def test_refusals_name_the_node(name, tmp_path):
 # --- PyTorch: a U-Net-like module, and ShuffleNet's shuffle and chunk ------------------------------
 
 class TinyUNet(torch.nn.Module):
-    """Two levels down (stride-2 convs), ConvTranspose up, skip concatenations, bilinear head."""
+    """Two levels down (stride-2 convs), ConvTranspose up (one grouped, with a batch norm), skip
+    concatenations, bilinear head."""
 
     def __init__(self) -> None:
         super().__init__()
         conv = lambda i, o, s=1: torch.nn.Sequential(torch.nn.Conv2d(i, o, 3, s, 1), torch.nn.BatchNorm2d(o), torch.nn.ReLU())
         self.enc0, self.enc1, self.enc2 = conv(3, 8), conv(8, 16, 2), conv(16, 32, 2)
-        self.up1 = torch.nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.up1 = torch.nn.Sequential(torch.nn.ConvTranspose2d(32, 16, 2, stride=2, groups=2), torch.nn.BatchNorm2d(16))
         self.dec1 = conv(32, 16)
         self.up0 = torch.nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
         self.dec0 = conv(16, 8)
@@ -314,6 +315,7 @@ def unet_graph():
 def test_unet_through_pytorch_plans_match():
     module, g = unet_graph()
     assert {"conv_transpose", "concat", "resize"} <= {l.op for l in g.layers}
+    assert "batchnorm" not in {l.op for l in g.layers}  # folded into the convolutions, transposed ones too
     x = random_input(g)
     ref = run_reference(g, x)[g.outputs[0]]
     with torch.no_grad():

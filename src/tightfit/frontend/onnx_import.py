@@ -24,6 +24,7 @@ from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS
 from tightfit.ops.base import OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
+from tightfit.ops.conv_transpose import fold_batchnorm_transposed
 
 # Node types the importer handles itself rather than mapping to an op.
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
@@ -411,14 +412,18 @@ def _fuse_silu(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
 def _fuse_batchnorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
     drop: set[int] = set()
     for p in protos:
-        if p.op not in ("conv", "gemm") or p.attrs.get("act"):
+        if p.op not in ("conv", "gemm", "conv_transpose") or p.attrs.get("act"):
             continue
         bn = _sole_consumer(protos, p.output, keep)
         if bn is None or bn.op != "batchnorm" or bn.attrs.get("act"):
             continue
         scale, shift, mean, var = bn.params
         bias = p.params[1] if len(p.params) > 1 else None
-        w, b = fold_batchnorm(p.params[0], bias, scale, shift, mean, var, bn.attrs["epsilon"])
+        if p.op == "conv_transpose":
+            w, b = fold_batchnorm_transposed(p.params[0], bias, p.attrs["groups"], scale, shift, mean, var,
+                                             bn.attrs["epsilon"])
+        else:
+            w, b = fold_batchnorm(p.params[0], bias, scale, shift, mean, var, bn.attrs["epsilon"])
         p.params = [w, b]
         _merge(p, bn)
         drop.add(id(bn))

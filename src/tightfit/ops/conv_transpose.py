@@ -63,6 +63,17 @@ def _auto_pads(node: OnnxNode, kernel, stride, dilation, out_pad) -> tuple[int, 
     return begin[0], begin[1], end[0], end[1]
 
 
+def fold_batchnorm_transposed(weight: np.ndarray, bias: np.ndarray | None, groups: int, scale: np.ndarray,
+                              shift: np.ndarray, mean: np.ndarray, var: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """A batch norm after a transposed convolution folded into it: output channel g * C_out/g + k
+    is weight[g * C_in/g : (g + 1) * C_in/g, k] (float64 for accuracy)."""
+    cin, cog, kh, kw = weight.shape
+    k = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+    b = np.zeros_like(mean, dtype=np.float64) if bias is None else bias.astype(np.float64)
+    w = weight.astype(np.float64).reshape(groups, cin // groups, cog, kh, kw) * k.reshape(groups, 1, cog, 1, 1)
+    return w.reshape(weight.shape).astype(np.float32), ((b - mean) * k + shift).astype(np.float32)
+
+
 @register
 class ConvTranspose(Op):
     name = "conv_transpose"
