@@ -381,8 +381,8 @@ def all_ops_model() -> onnx.ModelProto:
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
-@pytest.mark.parametrize("kw", [{"method": "reuse"}, {"method": "parts", "rows": 1}, {"method": "tiling"}],
-                         ids=["reuse", "parts", "tiling"])
+@pytest.mark.parametrize("kw", [pytest.param({"method": "reuse"}, marks=pytest.mark.slow), {"method": "parts", "rows": 1},
+                                {"method": "tiling"}], ids=["reuse", "parts", "tiling"])
 def test_all_new_ops_export_to_portable_c(kw, tmp_path):
     from tightfit.api import check_export
     from tightfit.export import export
