@@ -202,6 +202,40 @@ def test_space_to_depth(tmp_path):
     check_model(sandwich([node], {}, x_shape=(1, 3, 12, 8)), tmp_path)
 
 
+SIX_D = {  # (split per sample, perm, joined per sample, op it fuses into or None) of 8 x 6 x 4 data
+    "dcr_depth_to_space": ((2, 2, 2, 6, 4), (0, 3, 4, 1, 5, 2), (2, 12, 8), "depth_to_space"),
+    "crd_depth_to_space": ((2, 2, 2, 6, 4), (0, 1, 4, 2, 5, 3), (2, 12, 8), "depth_to_space"),
+    "pixel_unshuffle": ((8, 3, 2, 2, 2), (0, 1, 3, 5, 2, 4), (32, 3, 2), "space_to_depth"),
+    "not_a_rearrangement": ((2, 2, 2, 6, 4), (0, 3, 4, 2, 5, 1), (2, 12, 8), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIX_D))
+def test_six_d_reshape_transpose_reshape(name, tmp_path):
+    """The 6-D spelling of a depth <-> space rearrangement becomes one splittable layer; a
+    permutation that is none stays three whole-tensor layers (and still runs)."""
+    split, perm, joined, op = SIX_D[name]
+    nodes = [helper.make_node("Reshape", ["a", "s6"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=list(perm)),
+             helper.make_node("Reshape", ["t", "s4"], ["b"])]
+    inits = {"s6": np.array((1,) + split, I64), "s4": np.array((1,) + joined, I64)}
+    model = sandwich(nodes, inits, x_shape=(1, 3, 6, 4))
+    path = tmp_path / "six.onnx"
+    onnx.save(model, str(path))
+    ops = [l.op for l in tightfit.load(str(path)).layers]
+    assert (ops == ["conv", op, "conv"]) if op else ("transpose" in ops)
+    check_model(model, tmp_path, plans=PLANS if op else PLANS[:1])
+
+
+@pytest.mark.parametrize("module", [torch.nn.PixelShuffle(2), torch.nn.PixelUnshuffle(2)], ids=["shuffle", "unshuffle"])
+def test_pytorch_pixel_shuffle_and_unshuffle(module):
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), module, torch.nn.ReLU()).eval()
+    g = tightfit.load(net, (1, 3, 6, 4))
+    assert {l.op for l in g.layers} & {"depth_to_space", "space_to_depth"}
+    x = random_input(g)
+    with torch.no_grad():
+        assert compare(run_reference(g, x)[g.outputs[0]], net(x)).ok
+
+
 # --- Resize / Upsample ---------------------------------------------------------------------------
 
 RESIZES = {

@@ -376,6 +376,7 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
+    protos = _fuse_depth_space(protos, keep, shapes)
     steps = (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm else (_fuse_silu, _fuse_affine, _fuse_pad)
     for step in steps:
         protos = step(protos, keep)
@@ -506,6 +507,29 @@ def _fuse_channel_shuffle(protos: list[_Proto], keep: set[str], shapes: dict[str
         back.op, back.inputs, back.attrs = "channel_shuffle", [p.inputs[0]], {"groups": int(split[0])}
         back.nodes = p.nodes + t.nodes + back.nodes
         back.params = []
+        drop.update((id(p), id(t)))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_depth_space(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
+    """Reshape to 6-D -> Transpose -> Reshape to 4-D that moves elements as DepthToSpace or
+    SpaceToDepth does (PyTorch's pixel_unshuffle): one splittable layer of that op."""
+    from tightfit.ops.slice import depth_space_equivalent
+
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "reshape" or id(p) in drop or len(shapes.get(p.inputs[0], ())) != 4:
+            continue
+        t = _sole_consumer(protos, p.output, keep)
+        back = _sole_consumer(protos, t.output, keep) if t is not None and t.op == "transpose" else None
+        if back is None or back.op != "reshape":
+            continue
+        found = depth_space_equivalent(shapes[p.inputs[0]], p.attrs["sample_shape"], t.attrs["perm"],
+                                       back.attrs["sample_shape"])
+        if found is None:
+            continue
+        back.op, back.attrs = found
+        back.inputs, back.params, back.nodes = [p.inputs[0]], [], p.nodes + t.nodes + back.nodes
         drop.update((id(p), id(t)))
     return [p for p in protos if id(p) not in drop]
 

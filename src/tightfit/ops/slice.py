@@ -245,3 +245,36 @@ class SpaceToDepth(_BlockOp):
                 y = ((first, depth, stride), (0, out.h, 1), (0, out.w, 1))
                 moves.append(Move(0, ((0, depth, 1), (i, out.h, b), (j, out.w, b)), y))
         return moves
+
+
+def depth_space_equivalent(in_shape: Shape, split_shape: Sequence[int], perm: Sequence[int],
+                           out_shape: Sequence[int]) -> tuple[str, dict] | None:
+    """The depth_to_space or space_to_depth layer (op name, attrs) that a Reshape of an (N, C, H, W)
+    tensor to (N, *split_shape) (5 dims per sample), a Transpose by `perm` and a Reshape to
+    (N, *out_shape) compute, or None. PyTorch spells pixel_unshuffle (and older exporters
+    pixel_shuffle) so. Checked on the element indices, not by matching shapes: the pattern is
+    the op exactly when it moves every element where the op does."""
+    import torch
+
+    from tightfit.ops import run_layer
+
+    _, c, h, w = in_shape
+    if len(split_shape) != 5 or len(out_shape) != 3 or tuple(sorted(perm)) != tuple(range(6)) or perm[0] != 0:
+        return None
+    if int(np.prod(split_shape)) != c * h * w or int(np.prod(out_shape)) != c * h * w:
+        return None
+    ratio = out_shape[1] / h
+    block = round(ratio if ratio >= 1 else 1 / ratio)
+    op = "depth_to_space" if ratio > 1 else "space_to_depth"
+    if block < 2 or tuple(out_shape) != ((c // block**2, h * block, w * block) if op == "depth_to_space"
+                                         else (c * block**2, h // block, w // block)):
+        return None
+    index = torch.arange(c * h * w, dtype=torch.float64).reshape(1, c, h, w)
+    moved = index.reshape(1, *split_shape).permute(*perm).reshape(1, *out_shape)
+    for mode in ("DCR", "CRD"):
+        attrs = {"block": block, "mode": mode}
+        out = torch.empty_like(moved)
+        run_layer(Layer(0, "probe", op, ("x",), "y", attrs), [index], [], out)
+        if torch.equal(out, moved):
+            return op, attrs
+    return None
