@@ -265,6 +265,12 @@ def test_resize_sizes_linear(tmp_path):
     check_model(sandwich([node], {"sz": np.array([1, 8, 17, 7], I64)}), tmp_path)
 
 
+@pytest.mark.parametrize("policy", ["not_larger", "not_smaller"])
+def test_resize_keep_aspect_ratio(policy, tmp_path):
+    node = helper.make_node("Resize", ["a", "", "", "sz"], ["b"], mode="linear", axes=[2, 3], keep_aspect_ratio_policy=policy)
+    check_model(sandwich([node], {"sz": np.array([17, 9], I64)}, opset=18), tmp_path, plans=PLANS[1:2])
+
+
 def test_resize_opset11_tf_half_pixel_for_nn(tmp_path):
     node = helper.make_node("Resize", ["a", "roi", "sc"], ["b"], mode="nearest",
                             coordinate_transformation_mode="tf_half_pixel_for_nn")

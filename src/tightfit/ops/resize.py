@@ -5,8 +5,8 @@ coordinate_transformation_mode but tf_crop_and_resize, from scales or sizes.
 Interpolation is separable: output row o reads input rows taps(o) (1 for nearest, 2 for linear, 4
 for cubic) with weights, and likewise columns; a band of output rows reads exactly the input rows
 its taps name, so it splits by rows and tiles. Refused with a message: tf_crop_and_resize
-(reads a region of interest, and its extrapolation value outside the input), antialias (a
-downscaling filter as wide as the scale), keep_aspect_ratio_policy other than stretch."""
+(reads a region of interest, and its extrapolation value outside the input) and antialias (a
+downscaling filter as wide as the scale)."""
 from __future__ import annotations
 
 import math
@@ -210,19 +210,25 @@ def _scale_and_size(node: OnnxNode, in_shape: Shape, scales, sizes) -> tuple[tup
     if len(set(axes)) != len(axes):
         raise ValueError(f"resize axes {axes} repeat a dim")
     if sizes is not None and sizes.size:
-        if node.attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise ValueError("resize with keep_aspect_ratio_policy other than 'stretch' is not supported")
+        policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+        if policy not in ("stretch", "not_larger", "not_smaller"):
+            raise ValueError(f"keep_aspect_ratio_policy {policy!r}")
         full = list(in_shape)
         given = [int(v) for v in sizes.reshape(-1)]
         if len(given) != len(axes):
             raise ValueError(f"resize sizes {given} do not match axes {axes}")
         for a, v in zip(axes, given):
             full[a] = v
+        scale = [full[a] / in_shape[a] for a in range(rank)]
+        if policy != "stretch":  # one scale for the given axes, the sizes rounded (opset 18)
+            kept = float(np.float32((min if policy == "not_larger" else max)(scale[a] for a in axes)))
+            for a in axes:
+                scale[a], full[a] = kept, int(math.floor(np.float32(kept) * np.float32(in_shape[a]) + np.float32(0.5)))
         if rank != 4 or full[0] != in_shape[0] or full[1] != in_shape[1]:
             raise ValueError("resize may only scale H and W")
         if min(full[2:]) < 1:
             raise ValueError(f"resize to an empty size {full}")
-        return (full[2] / in_shape[2], full[3] / in_shape[3]), (full[2], full[3])
+        return (scale[2], scale[3]), (full[2], full[3])
     if scales is not None and np.size(scales):
         given = [float(v) for v in np.asarray(scales).reshape(-1)]
         if len(given) != len(axes):
