@@ -8,9 +8,9 @@ ceil((o0 + pad - (K-1)d) / s) .. floor((o1 - 1 + pad) / s), and decoder layers s
 tiles like a convolution."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-import numpy as np
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.activation import apply_activations
@@ -153,14 +153,16 @@ class ConvTranspose(Op):
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
                         channels_last: bool = False) -> int:
-        """torch: the window's whole transposed convolution before it is placed."""
+        """torch: the window's whole transposed convolution before it is placed, and oneDNN's
+        reorder of the weight for the call (as large as the weight, as for a convolution)."""
         if model != "torch":
             return 0
         a = layer.attrs
         (h0, h1, _), (w0, w1, _) = self._spans(layer, out, in_shapes)
         rows = (h1 - h0 - 1) * a["stride"][0] + (a["kernel"][0] - 1) * a["dilation"][0] + 1
         cols = (w1 - w0 - 1) * a["stride"][1] + (a["kernel"][1] - 1) * a["dilation"][1] + 1
-        return out.n * a["out_channels"] * rows * cols * itemsize
+        weight = in_shapes[0][1] * (a["out_channels"] // a["groups"]) * a["kernel"][0] * a["kernel"][1]
+        return (out.n * a["out_channels"] * rows * cols + weight) * itemsize
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         """Every input of the window times every kernel tap and the output channels of its group."""

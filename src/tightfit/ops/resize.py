@@ -181,8 +181,14 @@ class Resize(Op):
         cw = torch.tensor(col_w, dtype=x.dtype)
 
         def run() -> None:
-            along_rows = sum(rw[:, t].view(1, 1, -1, 1) * x.index_select(2, rows[:, t]) for t in range(rows.shape[1]))
-            out.copy_(sum(cw[:, t].view(1, 1, 1, -1) * along_rows.index_select(3, cols[:, t]) for t in range(cols.shape[1])))
+            # Each tap gathered and weighted in place, summed into one accumulator (then into the
+            # output view itself): at most two temporaries of the pass along rows at once.
+            along_rows = x.index_select(2, rows[:, 0]).mul_(rw[:, 0].view(1, 1, -1, 1))
+            for t in range(1, rows.shape[1]):
+                along_rows.add_(x.index_select(2, rows[:, t]).mul_(rw[:, t].view(1, 1, -1, 1)))
+            out.copy_(along_rows.index_select(3, cols[:, 0]).mul_(cw[:, 0].view(1, 1, 1, -1)))
+            for t in range(1, cols.shape[1]):
+                out.add_(along_rows.index_select(3, cols[:, t]).mul_(cw[:, t].view(1, 1, 1, -1)))
 
         return run
 
@@ -191,15 +197,15 @@ class Resize(Op):
         return out.numel(out_shape) * taps
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        """torch: the gathered rows and columns (and, interpolating, the sums and the pass along
-        rows over the window's columns)."""
+        """torch: the gathered rows and columns; interpolating, the pass along rows (over the
+        window's columns) with one gathered tap, then it with one gathered tap of the output."""
         if model != "torch":
             return 0
         if layer.attrs.get("mode", "nearest") == "nearest":
             return 2 * out.numel(out_shape) * itemsize
         win = self.input_windows(layer, out, in_shapes)[0].region
         along_rows = out.n * out_shape[1] * out.h * win.w
-        return (3 * along_rows + 2 * out.numel(out_shape)) * itemsize
+        return max(2 * along_rows, along_rows + out.numel(out_shape)) * itemsize
 
 
 def _scale_and_size(node: OnnxNode, in_shape: Shape, scales, sizes) -> tuple[tuple[float, float], tuple[int, int]]:
