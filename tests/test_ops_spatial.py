@@ -178,6 +178,13 @@ def test_split(name, tmp_path):
     check_model(sandwich([node, join], inits, opset=opset), tmp_path)
 
 
+def test_split_output_nothing_reads_has_no_layer(tmp_path):
+    node = helper.make_node("Split", ["a", "sp"], ["p0", "p1"], axis=1)
+    model = sandwich([node, helper.make_node("Relu", ["p1"], ["b"])], {"sp": np.array([3, 5], I64)})
+    check_model(model, tmp_path)
+    assert [l.op for l in tightfit.load(str(tmp_path / "case.onnx")).layers] == ["conv", "slice", "activation", "conv"]
+
+
 @pytest.mark.parametrize("axis", [2, 3, -1])
 def test_concat_along_rows_and_columns(axis, tmp_path):
     """A tensor and its pooled copy (half the rows or columns) joined along that axis: a region

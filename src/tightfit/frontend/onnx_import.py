@@ -227,9 +227,12 @@ class _Builder:
                 specs = op.from_onnx_outputs(view)
             except (ValueError, KeyError) as e:
                 raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
-            if len(specs) > 1:  # one layer per output (Split)
+            if len(specs) > 1:  # one layer per output (Split), none for an output nothing reads
+                g = self.model.graph
+                used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
                 for out, spec in zip(node.output, specs):
-                    self._add_proto(_Proto(op_name, label, spec.inputs, out, spec.attrs, spec.params, [label], node.op_type))
+                    if out in used:
+                        self._add_proto(_Proto(op_name, label, spec.inputs, out, spec.attrs, spec.params, [label], node.op_type))
                 return
             spec_attrs, spec_inputs, params = specs[0].attrs, specs[0].inputs, specs[0].params
         self._add_proto(_Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type))
