@@ -517,7 +517,7 @@ def _fuse_channel_shuffle(protos: list[_Proto], keep: set[str], shapes: dict[str
 def _fuse_depth_space(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
     """Reshape to 6-D -> Transpose -> Reshape to 4-D that moves elements as DepthToSpace or
     SpaceToDepth does (PyTorch's pixel_unshuffle): one splittable layer of that op."""
-    from tightfit.ops.slice import depth_space_equivalent
+    from tightfit.ops.rearrange import depth_space_equivalent
 
     drop: set[int] = set()
     for p in protos:
