@@ -256,8 +256,6 @@ def depth_space_equivalent(in_shape: Shape, split_shape: Sequence[int], perm: Se
     the op exactly when it moves every element where the op does."""
     import torch
 
-    from tightfit.ops import run_layer
-
     _, c, h, w = in_shape
     if len(split_shape) != 5 or len(out_shape) != 3 or tuple(sorted(perm)) != tuple(range(6)) or perm[0] != 0:
         return None
@@ -271,10 +269,13 @@ def depth_space_equivalent(in_shape: Shape, split_shape: Sequence[int], perm: Se
         return None
     index = torch.arange(c * h * w, dtype=torch.float64).reshape(1, c, h, w)
     moved = index.reshape(1, *split_shape).permute(*perm).reshape(1, *out_shape)
+    kernel = DepthToSpace() if op == "depth_to_space" else SpaceToDepth()
     for mode in ("DCR", "CRD"):
         attrs = {"block": block, "mode": mode}
+        layer = Layer(0, "probe", op, ("x",), "y", attrs)
+        region = Region.whole(tuple(moved.shape))
         out = torch.empty_like(moved)
-        run_layer(Layer(0, "probe", op, ("x",), "y", attrs), [index], [], out)
+        kernel.compute(layer, [index], kernel.input_windows(layer, region, [tuple(index.shape)]), out, region, [])
         if torch.equal(out, moved):
             return op, attrs
     return None
