@@ -352,8 +352,17 @@ def concat_cases(draw):
     n = draw(st.integers(1, 3))
     rank2 = draw(st.integers(0, 5)) == 0
     hw = () if rank2 else (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
-    inputs = {f"x{i}": _randn(rng, (n, draw(st.integers(1, 3))) + hw) for i in range(draw(st.integers(1, 3)))}
-    axis = 1 if rank2 or draw(st.booleans()) else -3
+    axis = 1 if rank2 else draw(st.sampled_from([1, -3, 2, 3, -1]))
+    c = draw(st.integers(1, 3))
+
+    def shape() -> tuple[int, ...]:  # along H or W (issue 22) the inputs differ in that dim only
+        if axis % 4 == 1:
+            return (n, draw(st.integers(1, 3))) + hw
+        dims = [n, c, *hw]
+        dims[axis % 4] = draw(st.integers(1, 5))
+        return tuple(dims)
+
+    inputs = {f"x{i}": _randn(rng, shape()) for i in range(draw(st.integers(1, 3)))}
     node = helper.make_node("Concat", list(inputs), ["y0"], axis=axis)
     return onnx_case("concat", [node], 0, inputs, {}, opset=13, acts=draw(CHAINS))
 
@@ -470,7 +479,8 @@ def pad_cases(draw):
     return onnx_case("pad", [node], 0, {"x": x}, inits, opset=13)
 
 
-COORD_MODES = ["asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn"]
+COORD_MODES = ["asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn",
+               "half_pixel_symmetric"]
 NEAREST_MODES = ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"]
 
 
@@ -494,8 +504,16 @@ def resize_cases(draw):
     if style == "opset10":
         node = helper.make_node("Resize", ["x", "s"], ["y0"], mode="nearest")
         return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=10)
-    kw = dict(mode="nearest", coordinate_transformation_mode=draw(st.sampled_from(COORD_MODES)),
-              nearest_mode=draw(st.sampled_from(NEAREST_MODES)))
+    mode = draw(st.sampled_from(["nearest", "nearest", "linear", "cubic"]))
+    kw = dict(mode=mode, coordinate_transformation_mode=draw(st.sampled_from(COORD_MODES)))
+    if mode == "nearest":
+        kw["nearest_mode"] = draw(st.sampled_from(NEAREST_MODES))
+    elif mode == "cubic":
+        kw.update(cubic_coeff_a=draw(st.sampled_from([-0.75, -0.5])), exclude_outside=draw(st.sampled_from([0, 1])))
+    if kw["coordinate_transformation_mode"] == "half_pixel_symmetric":
+        opset_min = 19
+    else:
+        opset_min = 13
     if draw(st.booleans()):  # opset 18: scales/sizes for the listed axes only
         axes = draw(st.sampled_from([[2, 3], [3, 2], [-2, -1]]))
         idx = [a % 4 for a in axes]
@@ -509,9 +527,9 @@ def resize_cases(draw):
     if style == "sizes":
         sizes = np.array([n, c, draw(st.integers(1, 12)), draw(st.integers(1, 12))], np.int64)
         node = helper.make_node("Resize", ["x", "", "", "sz"], ["y0"], **kw)
-        return onnx_case("resize", [node], 0, {"x": x}, {"sz": sizes}, opset=13)
+        return onnx_case("resize", [node], 0, {"x": x}, {"sz": sizes}, opset=opset_min)
     node = helper.make_node("Resize", ["x", "", "s"], ["y0"], **kw)
-    return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=13)
+    return onnx_case("resize", [node], 0, {"x": x}, {"s": s_arr}, opset=opset_min)
 
 
 @st.composite
@@ -563,6 +581,79 @@ def channel_shuffle_cases(draw):
 
 
 @st.composite
+def conv_transpose_cases(draw):
+    rng = _rng(draw)
+    n = draw(st.integers(1, 2))
+    g = draw(st.sampled_from([1, 1, 2, 3]))
+    cin, cog = g * draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    d = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    x = _randn(rng, (n, cin, draw(st.integers(1, 5)), draw(st.integers(1, 5))))
+    kw = dict(kernel_shape=list(k), strides=list(s), dilations=list(d), group=g)
+    ext = [(k[i] - 1) * d[i] + 1 for i in range(2)]
+    full = [(x.shape[2 + i] - 1) * s[i] + ext[i] for i in range(2)]
+    style = draw(st.sampled_from(["pads", "pads", "SAME_UPPER", "SAME_LOWER", "output_shape"]))
+    if style == "pads":  # pads leave at least one output place
+        pads = [draw(st.integers(0, 2)) for _ in range(4)]
+        kw["pads"] = [min(pads[i], max(0, full[i % 2] - 1 - pads[(i + 2) % 4])) for i in range(4)]
+        kw["output_padding"] = [draw(st.integers(0, max(s[i], d[i]) - 1)) for i in range(2)]
+    elif style == "output_shape":
+        kw["output_shape"] = [draw(st.integers(max(1, full[i] - 2), full[i])) for i in range(2)]
+    else:
+        kw["auto_pad"] = style
+    inits = {"w": _randn(rng, (cin, cog, k[0], k[1]))}
+    if draw(st.booleans()):
+        inits["b"] = _randn(rng, (cog * g,))
+    node = helper.make_node("ConvTranspose", ["x"] + list(inits), ["y0"], **kw)
+    return onnx_case("conv_transpose", [node], 0, {"x": x}, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def slice_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 7)), draw(st.integers(1, 7))))
+    axes = draw(st.lists(st.sampled_from([1, 2, 3, -1]), min_size=1, max_size=3, unique_by=lambda a: a % 4))
+    starts, ends, steps = [], [], []
+    for a in axes:
+        size = x.shape[a % 4]
+        step = draw(st.sampled_from([1, 1, 2, 3, -1, -2]))
+        first = draw(st.integers(0, size - 1))
+        count = draw(st.integers(1, len(range(first, size if step > 0 else -1, step))))
+        last = first + (count - 1) * step
+        # Ends as exporters write them: exact, negative, or clamped (INT64 extremes).
+        end = draw(st.sampled_from(["exact", "big"]))
+        if end == "big" and step > 0 and first + count * step >= size:
+            ends.append(2**62)
+        elif step < 0 and last == 0:  # an end of -1 would mean the last place
+            ends.append(-(2**62))
+        else:
+            ends.append(last + (1 if step > 0 else -1))
+        starts.append(first - size if draw(st.booleans()) else first)
+        steps.append(step)
+    inits = {"st": np.array(starts, np.int64), "en": np.array(ends, np.int64), "ax": np.array(axes, np.int64),
+             "sp": np.array(steps, np.int64)}
+    node = helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["y0"])
+    return onnx_case("slice", [node], 0, {"x": x}, inits, opset=13)
+
+
+@st.composite
+def depth_space_cases(draw, op_type: str):
+    rng = _rng(draw)
+    b = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 2))
+    if op_type == "DepthToSpace":
+        shape = (n, b * b * draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+        kw = dict(blocksize=b, mode=draw(st.sampled_from(["DCR", "CRD"])))
+    else:
+        shape = (n, draw(st.integers(1, 3)), b * draw(st.integers(1, 3)), b * draw(st.integers(1, 3)))
+        kw = dict(blocksize=b)
+    node = helper.make_node(op_type, ["x"], ["y0"], **kw)
+    name = "depth_to_space" if op_type == "DepthToSpace" else "space_to_depth"
+    return onnx_case(name, [node], 0, {"x": _randn(rng, shape)}, {}, opset=13)
+
+
+@st.composite
 def activation_cases(draw):
     rng = _rng(draw)
     n = draw(st.integers(1, 3))
@@ -593,6 +684,11 @@ CASES = {
     "transpose": transpose_cases(),
     "channel_shuffle": channel_shuffle_cases(),
     "activation": activation_cases(),
+    # issue 22: spatial and structural ops
+    "conv_transpose": conv_transpose_cases(),
+    "slice": slice_cases(),
+    "depth_to_space": depth_space_cases("DepthToSpace"),
+    "space_to_depth": depth_space_cases("SpaceToDepth"),
 }
 
 

@@ -290,6 +290,72 @@ def _resize(ctx, s, g, layer, xs, y):
     return "TF_STEP_RESIZE", "tf_resize_args", f"{{{xs[0].c()}, {y.c()}, {rows}, {cols}}}"
 
 
+def _moved(v: View, spans) -> View:
+    """The block of view `v` a Move's (C, H, W) spans name (a negative step: a negative stride)."""
+    (c0, cc, sc), (h0, hc, sh), (w0, wc, sw) = spans
+    sn, s_c, s_h, s_w = v.strides
+    return View(v.off + c0 * s_c + h0 * s_h + w0 * s_w, (v.dims[0], cc, hc, wc), (sn, s_c * sc, s_h * sh, s_w * sw))
+
+
+def _block_moves(xs: list[View], y: View, moves, act=()):
+    """Block moves (ops/moves.py) as two arrays of views of their own, named after the step."""
+    moves = [m for m in moves if not m.is_empty()]
+    src = f"(const tf_view[]){{{', '.join(_moved(xs[m.src], m.x).c() for m in moves) or '{0}'}}}"
+    dst = f"(const tf_view[]){{{', '.join(_moved(y, m.y).c() for m in moves) or '{0}'}}}"
+    return "TF_STEP_MOVES", "tf_moves_args", f"{{{y.c()}, {len(moves)}, {src}, {dst}, {acts_c(act)}}}"
+
+
+def _slice(ctx, s, g, layer, xs, y):
+    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)
+    return _block_moves(xs, y, get_op("slice").moves(layer, s.out.region, win))  # type: ignore[attr-defined]
+
+
+def _depth_space(ctx, s, g, layer, xs, y):
+    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)
+    depth = g.shape(layer.inputs[0])[1]
+    return _block_moves(xs, y, get_op(layer.op).moves(layer, s.out.region, win, depth))  # type: ignore[attr-defined]
+
+
+def _concat_any(ctx, s, g, layer, xs, y):
+    if layer.attrs.get("axis", 1) == 1:
+        return _concat(ctx, s, g, layer, xs, y)
+    moves = get_op("concat").moves(layer, s.out.region, g.shape(layer.inputs[0])[1])  # type: ignore[attr-defined]
+    return _block_moves(xs, y, moves, layer.attrs["act"])
+
+
+def _conv_transpose(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0].region
+    w = g.params[layer.params[0]]
+    cin, cog, kh, kw = w.shape
+    groups = a["groups"]
+    w_off = ctx.weights.add((s.model, layer.id, "w"),
+                            lambda: w.reshape(groups, cin // groups, cog, kh, kw).transpose(0, 3, 4, 1, 2))
+    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cog * groups, np.float32)
+    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
+    r = s.out.region
+    fields = [xs[0].c(), y.c(), w_off, b_off, groups, kh, kw, *a["stride"], *a["dilation"],
+              r.h0 + a["pads"][0], r.w0 + a["pads"][1], win.h0, win.w0, acts_c(a["act"])]
+    return "TF_STEP_DECONV", "tf_deconv_args", "{" + ", ".join(map(str, fields)) + "}"
+
+
+def _resize_any(ctx, s, g, layer, xs, y):
+    """Nearest: an index table per axis; linear and cubic: index and weight tables of their taps."""
+    if layer.attrs.get("mode", "nearest") == "nearest":
+        return _resize(ctx, s, g, layer, xs, y)
+    op: Resize = get_op("resize")  # type: ignore[assignment]
+    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0].region
+    r = s.out.region
+    (row_at, row_w), (col_at, col_w) = op.taps(layer, 0, r.h0, r.h1), op.taps(layer, 1, r.w0, r.w1)
+    key = (s.model, layer.id, r.h0, r.h1, r.w0, r.w1)
+    rows = ctx.indices.add(("interp rows", *key), lambda: np.asarray(row_at) - win.h0)
+    cols = ctx.indices.add(("interp cols", *key), lambda: np.asarray(col_at) - win.w0)
+    rw = ctx.weights.add(("interp row weights", *key), lambda: np.asarray(row_w))
+    cw = ctx.weights.add(("interp col weights", *key), lambda: np.asarray(col_w))
+    fields = [xs[0].c(), y.c(), len(row_at[0]), rows, cols, rw, cw]
+    return "TF_STEP_INTERP", "tf_interp_args", "{" + ", ".join(map(str, fields)) + "}"
+
+
 def _reshape(ctx, s, g, layer, xs, y):
     return "TF_STEP_COPY", "tf_copy_args", f"{{{xs[0].c()}, {y.c()}}}"
 
@@ -308,6 +374,11 @@ EMITTERS = {
     "concat": _concat, "pad": _pad, "resize": _resize, "flatten": _reshape, "reshape": _reshape,
     "transpose": _transpose, "channel_shuffle": _shuffle,
 }
+# Issue 22's spatial and structural ops (concat along H and W, resize's linear and cubic modes).
+EMITTERS.update({
+    "concat": _concat_any, "resize": _resize_any, "slice": _slice, "depth_to_space": _depth_space,
+    "space_to_depth": _depth_space, "conv_transpose": _conv_transpose,
+})
 
 
 # --- the files --------------------------------------------------------------------------------

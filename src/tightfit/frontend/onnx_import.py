@@ -24,11 +24,13 @@ from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS
 from tightfit.ops.base import OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
+from tightfit.ops.conv_transpose import fold_batchnorm_transposed
 
 # Node types the importer handles itself rather than mapping to an op.
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
 # Ops that can absorb the elementwise activations that follow them.
-ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul")
+ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul",
+                    "conv_transpose")
 
 
 def supported_onnx_types() -> list[str]:
@@ -220,13 +222,23 @@ class _Builder:
             op = get_op(op_name)
             attrs, inputs = self._legacy_forms(node, label, _attrs(node), inputs)
             view = OnnxNode(node.op_type, label, attrs, tuple(inputs), tuple(node.output),
-                            self.consts.get, self.shapes.__getitem__)
+                            self.consts.get, self.shapes.__getitem__, self.opset)
             try:
-                spec = op.from_onnx(view)
+                specs = op.from_onnx_outputs(view)
             except (ValueError, KeyError) as e:
                 raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
-            spec_attrs, spec_inputs, params = spec.attrs, spec.inputs, spec.params
-        proto = _Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type)
+            if len(specs) > 1:  # one layer per output (Split), none for an output nothing reads
+                g = self.model.graph
+                used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+                for out, spec in zip(node.output, specs):
+                    if out in used:
+                        self._add_proto(_Proto(op_name, label, spec.inputs, out, spec.attrs, spec.params, [label], node.op_type))
+                return
+            spec_attrs, spec_inputs, params = specs[0].attrs, specs[0].inputs, specs[0].params
+        self._add_proto(_Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type))
+
+    def _add_proto(self, proto: _Proto) -> None:
+        op_name = proto.op
         layer = _freeze(proto, 0, {})
         self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, [self.shapes[t] for t in proto.inputs]))
         self.protos.append(proto)
@@ -367,6 +379,7 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
+    protos = _fuse_depth_space(protos, keep, shapes)
     steps = (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm else (_fuse_silu, _fuse_affine, _fuse_pad)
     for step in steps:
         protos = step(protos, keep)
@@ -403,14 +416,18 @@ def _fuse_silu(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
 def _fuse_batchnorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
     drop: set[int] = set()
     for p in protos:
-        if p.op not in ("conv", "gemm") or p.attrs.get("act"):
+        if p.op not in ("conv", "gemm", "conv_transpose") or p.attrs.get("act"):
             continue
         bn = _sole_consumer(protos, p.output, keep)
         if bn is None or bn.op != "batchnorm" or bn.attrs.get("act"):
             continue
         scale, shift, mean, var = bn.params
         bias = p.params[1] if len(p.params) > 1 else None
-        w, b = fold_batchnorm(p.params[0], bias, scale, shift, mean, var, bn.attrs["epsilon"])
+        if p.op == "conv_transpose":
+            w, b = fold_batchnorm_transposed(p.params[0], bias, p.attrs["groups"], scale, shift, mean, var,
+                                             bn.attrs["epsilon"])
+        else:
+            w, b = fold_batchnorm(p.params[0], bias, scale, shift, mean, var, bn.attrs["epsilon"])
         p.params = [w, b]
         _merge(p, bn)
         drop.add(id(bn))
@@ -493,6 +510,29 @@ def _fuse_channel_shuffle(protos: list[_Proto], keep: set[str], shapes: dict[str
         back.op, back.inputs, back.attrs = "channel_shuffle", [p.inputs[0]], {"groups": int(split[0])}
         back.nodes = p.nodes + t.nodes + back.nodes
         back.params = []
+        drop.update((id(p), id(t)))
+    return [p for p in protos if id(p) not in drop]
+
+
+def _fuse_depth_space(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
+    """Reshape to 6-D -> Transpose -> Reshape to 4-D that moves elements as DepthToSpace or
+    SpaceToDepth does (PyTorch's pixel_unshuffle): one splittable layer of that op."""
+    from tightfit.ops.rearrange import depth_space_equivalent
+
+    drop: set[int] = set()
+    for p in protos:
+        if p.op != "reshape" or id(p) in drop or len(shapes.get(p.inputs[0], ())) != 4:
+            continue
+        t = _sole_consumer(protos, p.output, keep)
+        back = _sole_consumer(protos, t.output, keep) if t is not None and t.op == "transpose" else None
+        if back is None or back.op != "reshape":
+            continue
+        found = depth_space_equivalent(shapes[p.inputs[0]], p.attrs["sample_shape"], t.attrs["perm"],
+                                       back.attrs["sample_shape"])
+        if found is None:
+            continue
+        back.op, back.attrs = found
+        back.inputs, back.params, back.nodes = [p.inputs[0]], [], p.nodes + t.nodes + back.nodes
         drop.update((id(p), id(t)))
     return [p for p in protos if id(p) not in drop]
 

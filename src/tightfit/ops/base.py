@@ -161,6 +161,11 @@ class Op:
         """Default: every input is an activation, no attributes."""
         return OnnxSpec({}, list(node.inputs))
 
+    def from_onnx_outputs(self, node: OnnxNode) -> list[OnnxSpec]:
+        """One spec per output of the node, each a layer of its own (Split); default: the one
+        output `from_onnx` describes."""
+        return [self.from_onnx(node)]
+
     def output_shape(self, layer: Layer, in_shapes: Sequence[Shape], graph: "Graph | None" = None) -> Shape:
         raise NotImplementedError
 

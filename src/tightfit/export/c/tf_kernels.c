@@ -495,6 +495,69 @@ static void resize(float *arena, const int32_t *idx, const tf_resize_args *a) {
     }
 }
 
+static void moves(float *arena, const tf_moves_args *a) {
+    for (int i = 0; i < a->count; i++) copy_same(arena, &a->x[i], &a->to[i]);
+    acts_view(arena, &a->y, &a->act);
+}
+
+/* The place in x (whose first place is input place i0, `size` places) that tap k of padded output
+ * place q reads, or -1 where (q - k * d) / s is not a whole input place inside x. */
+static long deconv_place(long q, long k, long s, long d, long i0, long size) {
+    const long t = q - k * d;
+    if (t < 0 || t % s) return -1;
+    return t / s - i0 >= 0 && t / s - i0 < size ? t / s - i0 : -1;
+}
+
+static void deconv(float *arena, const float *wts, const tf_deconv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long cig = x->c / a->groups, cog = y->c / a->groups;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long g = 0; g < a->groups; g++) {
+            const float *w = wts + a->w + g * a->kh * a->kw * cig * cog, *b = wts + a->b + g * cog;
+            float *o = out + g * cog * y->sc;
+            for (long k = 0; k < cog; k++) o[k * y->sc] = b[k];
+            for (long ky = 0; ky < a->kh; ky++) {
+                const long iy = deconv_place(a->oy0 + oy, ky, a->sh, a->dh, a->iy0, x->h);
+                if (iy < 0) continue;
+                for (long kx = 0; kx < a->kw; kx++) {
+                    const long ix = deconv_place(a->ox0 + ox, kx, a->sw, a->dw, a->ix0, x->w);
+                    if (ix < 0) continue;
+                    const float *in = arena + x->off + n * x->sn + iy * x->sh + ix * x->sw + g * cig * x->sc;
+                    const float *wr = w + (ky * a->kw + kx) * cig * cog;
+                    for (long ci = 0; ci < cig; ci++) {
+                        const float xv = in[ci * x->sc];
+                        for (long k = 0; k < cog; k++) o[k * y->sc] += xv * wr[ci * cog + k];
+                    }
+                }
+            }
+        }
+        acts_pixel(out, y->c, y->sc, &a->act);
+    }
+}
+
+static void interp(float *arena, const float *wts, const int32_t *idx, const tf_interp_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long T = a->taps;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        for (long c = 0; c < y->c; c++) {
+            float sum = 0.0f;
+            for (long i = 0; i < T; i++) {
+                const float *row = arena + x->off + n * x->sn + c * x->sc + idx[a->rows + oy * T + i] * x->sh;
+                float along = 0.0f;
+                for (long j = 0; j < T; j++) along += wts[a->col_w + ox * T + j] * row[idx[a->cols + ox * T + j] * x->sw];
+                sum += wts[a->row_w + oy * T + i] * along;
+            }
+            out[c * y->sc] = sum;
+        }
+    }
+}
+
 /* --- the step loop ---------------------------------------------------------------------------- */
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
@@ -515,6 +578,9 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
         case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
         case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
         case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
+        case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
+        case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
+        case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
         case TF_STEP_INPUT: {
             const tf_input_args *a = (const tf_input_args *)p;
             const tf_view *y = &a->y;

@@ -76,9 +76,26 @@ typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w
                            float *dst, long sn, long sc, long sh, long sw);
 typedef struct { tf_view y; long n0, h0, w0; } tf_input_args;
 
+/* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i] for each
+ * of `count` pairs of views (negative strides walk backwards), then the activations over y. */
+typedef struct { tf_view y; int count; const tf_view *x, *to; tf_acts act; } tf_moves_args;
+
+/* Transposed convolution: weight (groups, kh, kw, C_in/g, C_out/g); y's first row and column are
+ * padded output places (oy0, ox0) (output place + pad); x's first row and column are input places
+ * (iy0, ix0). Input place i adds into padded output places i * s + k * d. */
+typedef struct {
+    tf_view x, y;
+    long w, b, groups, kh, kw, sh, sw, dh, dw, oy0, ox0, iy0, ix0;
+    tf_acts act;
+} tf_deconv_args;
+
+/* Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t] of x
+ * with weights wts[row_w + oy * taps + t]; columns likewise. */
+typedef struct { tf_view x, y; long taps, rows, cols, row_w, col_w; } tf_interp_args;
+
 enum { TF_STEP_CONV, TF_STEP_POOL, TF_STEP_GLOBAL, TF_STEP_GEMM, TF_STEP_SOFTMAX, TF_STEP_ELTWISE,
        TF_STEP_AFFINE, TF_STEP_LRN, TF_STEP_CONCAT, TF_STEP_PAD, TF_STEP_RESIZE, TF_STEP_COPY,
-       TF_STEP_SHUFFLE, TF_STEP_INPUT };
+       TF_STEP_SHUFFLE, TF_STEP_INPUT, TF_STEP_MOVES, TF_STEP_DECONV, TF_STEP_INTERP };
 typedef struct { int kind; const void *args; } tf_step;
 
 /* Runs `count` steps; returns 0, or the input callback's non-zero status. */
