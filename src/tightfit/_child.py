@@ -3,6 +3,7 @@
 loads those models, then reads its job as one line on stdin (an empty line: nothing to do).
 
 job = {"kind": "reference", "model": spec, "input_shape": [..] | null, "batch": int | null}
+job = {"kind": "plan", "plan": path, "allow_code": bool (its models by module:factory), "enforce_bytes": int | null}
 The model is loaded and its input made before the high-water mark is reset.
 
 A face module, not part of runtime/: it loads models and plans by name (the frontend and
@@ -60,7 +61,7 @@ def _plan_job(job: dict) -> Job:
     from tightfit.runtime.measure import release_pages
     from tightfit.runtime.reference import load_params
 
-    plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED)
+    plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED, bool(job.get("allow_code")))
     params = [load_params(g) for g in graphs]
     # A plan that holds only a window of its input gets it as row bands, so the whole input
     # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
@@ -84,7 +85,8 @@ def _preload(models: list) -> None:
 
     for spec, shape in models:
         try:
-            PRELOADED[(spec, tuple(shape))] = tightfit.api.load_ref(spec, shape)
+            # The caller names what it loaded already (its own command line or a file it vetted).
+            PRELOADED[(spec, tuple(shape))] = tightfit.api.load_ref(spec, shape, allow_code=True)
         except Exception:  # the job loads it again, and reports what fails then
             pass
 

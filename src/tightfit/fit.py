@@ -72,16 +72,17 @@ class FitOutcome:
         return self.analysis.peak_bytes + self.counted_params
 
 
-def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1) -> FitApp:
-    """A model (zoo name, .onnx, module:factory) or an application file; `batch` samples per
-    request for every CNN."""
+def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+                 allow_code: bool = False) -> FitApp:
+    """A model (zoo name, .onnx, module:factory) or an application file (its CNNs by
+    module:factory only with `allow_code`); `batch` samples per request for every CNN."""
     import tightfit
     from tightfit.frontend.app import is_app_file, load_app
 
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if is_app_file(spec):
-        app, graphs = load_app(spec)
+        app, graphs = load_app(spec, allow_code)
         return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),
                       tuple(c.name for c in app.cnns), tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
     if spec.lower().endswith((".yaml", ".yml", ".json")):
@@ -369,7 +370,7 @@ def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.json"
         path.write_text(schema.dumps(plan))
-        job = {"kind": "plan", "plan": str(path)}
+        job = {"kind": "plan", "plan": str(path), "allow_code": True}  # written here, from models loaded here
         if measurement is None:
             measurement = Measurement(job)
         else:
@@ -570,27 +571,23 @@ def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
     """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
     moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
     import json
-    import shutil
 
+    from tightfit import atomic
     from tightfit.plan import schema
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"--out {out} is a file, not a folder")
+    with atomic.temporary_dir(out) as tmp:  # OSError: one line (atomic.OutputError), nothing left
         (tmp / "plan.json").write_text(schema.dumps(o.plan))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(report_text(r) + "\n")
         plot_memory(o, tmp / "memory.png")
         if not out.exists():
-            tmp.rename(out)
+            os.replace(tmp, out)
             return
-        if not out.is_dir():
-            raise OptionError(f"--out {out} is a file, not a folder")
-        for f in tmp.iterdir():
+        for f in tmp.iterdir():  # each file whole: renamed over the old one
             f.replace(out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def progress_bar(stream) -> Callable[[int, int], None]:

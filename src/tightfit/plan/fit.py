@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from tightfit import children
 from tightfit.errors import TightfitError
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.deadline import Deadline, expired
@@ -203,8 +204,9 @@ def _run_forked(jobs: Sequence[Callable[[], Any]], meanwhile: Callable[[], None]
         while todo and len(running) < limit:
             i = todo.pop(0)
             receive, send = fork.Pipe(duplex=False)
-            proc = fork.Process(target=_forked_job, args=(jobs[i], send), daemon=True)
+            proc = fork.Process(target=_forked_job, args=(jobs[i], send, os.getpid()), daemon=True)
             proc.start()
+            children.adopt(proc)
             send.close()
             running[receive] = (i, proc)
 
@@ -220,16 +222,19 @@ def _run_forked(jobs: Sequence[Callable[[], Any]], meanwhile: Callable[[], None]
                     results[i] = (False, f"process ended with {proc.exitcode}")
                 conn.close()
                 proc.join()
+                children.LIVE.pop(proc.pid, None)
             start()
     finally:  # after an error here: no process is left behind
         for conn, (_, proc) in running.items():
             proc.terminate()
             proc.join()
             conn.close()
+            children.LIVE.pop(proc.pid, None)
     return results
 
 
-def _forked_job(job: Callable[[], Any], send) -> None:
+def _forked_job(job: Callable[[], Any], send, parent: int) -> None:
+    children.in_forked_child(parent)
     try:
         send.send((True, job()))
     except BaseException as e:  # reported to the parent, which runs the job itself

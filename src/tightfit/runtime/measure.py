@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from tightfit import children
+
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
@@ -110,9 +112,9 @@ class Measurement:
         env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
         args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit._child", *args],
-                                     stdin=subprocess.PIPE if job is None else None,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = children.popen([sys.executable, "-m", "tightfit._child", *args],
+                                   stdin=subprocess.PIPE if job is None else None,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     def send(self, job: dict[str, Any]) -> None:
         self.job = job
@@ -125,14 +127,14 @@ class Measurement:
     def result(self, timeout: float = 900) -> Measured:
         try:
             stdout, stderr = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or a signal on its way to the CLI
             self.cancel()
             raise
+        children.LIVE.pop(self.proc.pid, None)
         return _measured(self.job, self.proc.returncode, stdout, stderr)
 
     def cancel(self) -> None:
-        self.proc.kill()
-        self.proc.communicate()
+        children.kill(self.proc)
 
 
 def _measured(job: dict[str, Any], returncode: int, stdout: str, stderr: str) -> Measured:
