@@ -72,12 +72,17 @@ def release_pages(t: "torch.Tensor") -> None:
         raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
 
 
-def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None) -> Measured:
+def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None,
+                            limit_bytes: int | None = None) -> Measured:
     """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess).
     `settle` runs after the warm-up, before the baseline is read (a plan job releases its
-    arena's pages there)."""
+    arena's pages there). `limit_bytes`: the measured run alone under RLIMIT_DATA = the data
+    segment before it + this (--enforce); the measuring code allocates before and after."""
+    import contextlib
     import gc
     import time
+
+    from tightfit.runtime.enforce import Limited
 
     for _ in range(warmup):
         run()
@@ -86,12 +91,18 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
         settle()
     _release_free_heap()
     baseline = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    t0 = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - t0
-    return Measured(baseline, _status_kib("VmHWM"), seconds)
+    clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
+    limit = Limited(limit_bytes) if limit_bytes is not None else contextlib.nullcontext()
+    clock = time.perf_counter
+    try:
+        os.write(clear_refs, b"5")
+        with limit:
+            t0 = clock()
+            run()
+            t1 = clock()
+    finally:
+        os.close(clear_refs)
+    return Measured(baseline, _status_kib("VmHWM"), t1 - t0)
 
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
