@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
 PLAN_FORMAT = {"schema", "check", "lifetimes", "offsets", "overlay", "place"}
 FACE = {"tightfit", "tightfit.api", "tightfit.cli", "tightfit.report", "tightfit.fit", "tightfit.verify",
         "tightfit.vbs_calibration", "tightfit._child"}
-BASE = {"tightfit.errors", "tightfit.units", "tightfit.cache", "tightfit.tolerance"}
+BASE = {"tightfit.errors", "tightfit.units", "tightfit.cache", "tightfit.tolerance", "tightfit.atomic", "tightfit.children"}
 
 
 def module_files(src: Path) -> dict[str, Path]:

@@ -3,6 +3,7 @@
 loads those models, then reads its job as one line on stdin (an empty line: nothing to do).
 
 job = {"kind": "reference", "model": spec, "input_shape": [..] | null, "batch": int | null}
+job = {"kind": "plan", "plan": path, "allow_code": bool (its models by module:factory), "enforce_bytes": int | null}
 The model is loaded and its input made before the high-water mark is reset.
 
 A face module, not part of runtime/: it loads models and plans by name (the frontend and
@@ -60,7 +61,7 @@ def _plan_job(job: dict) -> Job:
     from tightfit.runtime.measure import release_pages
     from tightfit.runtime.reference import load_params
 
-    plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED)
+    plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED, bool(job.get("allow_code")))
     params = [load_params(g) for g in graphs]
     # A plan that holds only a window of its input gets it as row bands, so the whole input
     # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
@@ -84,7 +85,8 @@ def _preload(models: list) -> None:
 
     for spec, shape in models:
         try:
-            PRELOADED[(spec, tuple(shape))] = tightfit.api.load_ref(spec, shape)
+            # The caller names what it loaded already (its own command line or a file it vetted).
+            PRELOADED[(spec, tuple(shape))] = tightfit.api.load_ref(spec, shape, allow_code=True)
         except Exception:  # the job loads it again, and reports what fails then
             pass
 
@@ -103,14 +105,12 @@ def main() -> None:
     torch.set_grad_enabled(False)
     j = JOBS[job["kind"]](job)
     if job.get("enforce_bytes") is not None:
-        from tightfit.runtime.enforce import enforce_limit
-
         j.run()  # warm-up first: weights are prepacked on the first run and stay loaded
         try:
             if j.held_bytes > int(job["enforce_bytes"]):
                 raise MemoryError(f"the arena alone is {j.held_bytes} bytes")
-            enforce_limit(None, int(job["enforce_bytes"]) - j.held_bytes)
-            m = measure_in_this_process(j.run, warmup=0, settle=j.settle)
+            # The arena is mapped already (counted in the data segment the limit starts from).
+            m = measure_in_this_process(j.run, warmup=0, settle=j.settle, limit_bytes=int(job["enforce_bytes"]) - j.held_bytes)
         except (MemoryError, RuntimeError) as e:
             print(json.dumps({"out_of_memory": str(e).splitlines()[0][:300]}))
             sys.exit(OUT_OF_MEMORY)

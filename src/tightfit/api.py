@@ -45,7 +45,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
          phases: dict | None = None, rows: int | None = None, budget: int | None = None,
          cost: CostModel | None = None, tiling: str | None = None, unit_bytes: int | None = None,
          latency: float | None = None, held: Sequence[int | str] = (), time_limit: float | None = None,
-         say=lambda line: None):
+         say=lambda line: None, allow_code: bool = False):
     """Plan a model or an application file; returns (Plan, graphs). The plan is checked.
 
     method "parts" runs layers by parts: `phases` {layer id or name: phases}, or `rows` output
@@ -63,7 +63,9 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
     method "vbs" runs the `batch` samples of a request with a variable batch size across layers
     (Choudhury et al.): the fastest schedule the dynamic program finds within `budget` bytes, at
-    `unit_bytes` memory granularity, each pivot's latency within `latency` seconds if given."""
+    `unit_bytes` memory granularity, each pivot's latency within `latency` seconds if given.
+
+    `model` may be module:factory; an application file's CNNs may only with `allow_code`."""
     from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel, plan_reuse
@@ -81,7 +83,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     if held and method != "parts":
         raise OptionError("--hold goes with --method parts")
     if is_app_file(model):
-        app, graphs = load_app(model)
+        app, graphs = load_app(model, allow_code)
         models = [PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)]
         parts = [(p.cnn, p.layers) for p in app.partitions]
         concurrent = app.pipelines
@@ -194,9 +196,11 @@ def _vbs_settings(model, budget: int, config, cost, settings: Mapping, say) -> d
     return dict(unit_bytes=unit, batch_factors=factors, margin=MIXED_SCHEDULE_ERROR, fbs_margin=UNIFORM_SCHEDULE_ERROR)
 
 
-def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Graph] | None = None):
+def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Graph] | None = None,
+              allow_code: bool = False):
     """Read a plan file, load the models it names (or take them from `loaded`, keyed by spec and
-    input shape), check fingerprints and the plan itself."""
+    input shape), check fingerprints and the plan itself. A model named by module:factory is
+    loaded only with `allow_code` (a file carries data, not code)."""
     from tightfit.plan import schema
     from tightfit.plan.check import check_plan
 
@@ -206,7 +210,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     plan_ = schema.loads(p.read_text())
     graphs = []
     for ref in plan_.models:
-        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape)
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape, allow_code, f"plan {p}")
         if fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
         graphs.append(g)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -24,6 +25,12 @@ def _shape(text: str) -> tuple[int, ...]:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (see `tightfit zoo`), path to .onnx, or package.module:factory")
     p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs)")
+    _allow_code_arg(p)
+
+
+def _allow_code_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-code", action="store_true",
+                   help="let a plan or application file name a model by module:factory (imports and runs that code)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
     p.add_argument("plan", help="a plan made by `tightfit plan --out` or `tightfit fit --out`")
+    _allow_code_arg(p)
     p.add_argument("--out", required=True, help="folder to write (replaced whole; nothing partial is left)")
     p.add_argument("--name", help="C identifier prefix of the library (default: the model's name)")
     p.add_argument("--weights", default="auto", choices=("auto", "c", "file"),
@@ -133,18 +141,55 @@ def _say(args: argparse.Namespace):
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived: unwinds the command so that its `finally` blocks run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, frame) -> None:
+    """End every child first (they could outlive us or write on), then unwind; a second signal
+    waits until the cleanup is done."""
+    from tightfit import children
+
+    for s in children.HANDLED_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    children.kill_all()
+    raise Interrupted(signum)
+
+
+def _stopped(signum: int) -> int:
+    """After an interruption: no child, no temporary left; the conventional status 128 + signal."""
+    from tightfit import atomic, children
+
+    children.kill_all()
+    atomic.remove_temporaries()
+    print(f"tightfit: interrupted ({signal.Signals(signum).name}); nothing partial was left", file=sys.stderr)
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from tightfit import children
+
     args = build_parser().parse_args(argv)
+    before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
         return COMMANDS[args.command](args)
     except TightfitError as e:
         print(f"tightfit: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        return _stopped(e.signum)
     except KeyboardInterrupt:
-        return 130
+        return _stopped(signal.SIGINT)
     except BrokenPipeError:  # e.g. `tightfit zoo | head`
         sys.stderr.close()
         return 0
+    finally:  # a caller's own handlers again (main() called in a test, say)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -205,7 +250,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
                                   budget, cost, args.tiling, unit, args.latency,
                                   [int(h) if h.isdigit() else h for h in args.hold.split(",") if h],
-                                  time_limit=args.time_limit if budget is not None else None, say=_say(args))
+                                  time_limit=args.time_limit if budget is not None else None, say=_say(args),
+                                  allow_code=args.allow_code)
     seconds = time.perf_counter() - t0
     report = plan_report(p, graphs, check_plan(p, graphs), seconds)
     if args.method == "vbs":
@@ -213,8 +259,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(schema.dumps(p))
+        from tightfit import atomic
+
+        atomic.write_text(args.out, schema.dumps(p))
         report["written"] = args.out
     if args.json:
         print(json.dumps(report, indent=1))
@@ -333,7 +380,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     from tightfit.plan.check import check_plan
     from tightfit.report import plan_run_text
 
-    plan_, graphs = tightfit.api.load_plan(args.model)
+    plan_, graphs = tightfit.api.load_plan(args.model, allow_code=args.allow_code)
     analysis = check_plan(plan_, graphs)
     report: dict = {"plan": args.model, "arena_bytes": analysis.arena_bytes, "scratch_peak_bytes": analysis.scratch_peak,
                     "analysed_peak_bytes": analysis.peak_bytes, "lower_bound_bytes": analysis.lower_bound}
@@ -343,7 +390,8 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         from tightfit.units import parse_size
 
         limit = parse_size(args.limit) if args.limit else analysis.peak_bytes + MARGIN
-        m = measure_subprocess({"kind": "plan", "plan": args.model, "enforce_bytes": limit})
+        m = measure_subprocess({"kind": "plan", "plan": args.model, "enforce_bytes": limit,
+                                "allow_code": args.allow_code})
         report["enforced_limit_bytes"] = limit
         report["enforced_run_bytes"] = m.run_bytes
     elif args.limit:
@@ -366,7 +414,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     if args.measure:
         from tightfit.runtime.measure import measure_subprocess
 
-        m = measure_subprocess({"kind": "plan", "plan": args.model})
+        m = measure_subprocess({"kind": "plan", "plan": args.model, "allow_code": args.allow_code})
         report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
     print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
@@ -377,7 +425,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from tightfit.units import parse_size
 
     budget = parse_size(args.budget) if args.budget is not None else None
-    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch)
+    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
+                         allow_code=args.allow_code)
     try:
         outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
                         thorough=args.thorough,
@@ -412,7 +461,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
     if args.runs < 1:
         raise OptionError("--runs must be at least 1")
-    plan_, graphs = tightfit.api.load_plan(args.plan)
+    plan_, graphs = tightfit.api.load_plan(args.plan, allow_code=args.allow_code)
     weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
     sources = export(plan_, graphs, args.out, args.name, weights)
     report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,

@@ -71,16 +71,17 @@ class FitOutcome:
         return self.analysis.peak_bytes + self.counted_params
 
 
-def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1) -> FitApp:
-    """A model (zoo name, .onnx, module:factory) or an application file; `batch` samples per
-    request for every CNN."""
+def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+                 allow_code: bool = False) -> FitApp:
+    """A model (zoo name, .onnx, module:factory) or an application file (its CNNs by
+    module:factory only with `allow_code`); `batch` samples per request for every CNN."""
     import tightfit
     from tightfit.frontend.app import is_app_file, load_app
 
     if batch < 1:
         raise OptionError("--batch must be at least 1")
     if is_app_file(spec):
-        app, graphs = load_app(spec)
+        app, graphs = load_app(spec, allow_code)
         return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),
                       tuple(c.name for c in app.cnns), tuple((p.cnn, p.layers) for p in app.partitions), app.pipelines)
     if spec.lower().endswith((".yaml", ".yml", ".json")):
@@ -373,7 +374,7 @@ def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.json"
         path.write_text(schema.dumps(plan))
-        job = {"kind": "plan", "plan": str(path)}
+        job = {"kind": "plan", "plan": str(path), "allow_code": True}  # written here, from models loaded here
         if measurement is None:
             measurement = Measurement(job)
         else:

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tightfit import atomic, children
 from tightfit.export.codegen import Sources
 from tightfit.export.errors import ExportError, ToolchainMissingError
 
@@ -32,23 +33,18 @@ def write_dir(sources: Sources, out: Path) -> Path:
     renamed over it."""
     out = Path(out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:
-        raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
-    try:
-        for name, data in sources.files.items():
-            (tmp / name).write_bytes(data)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
+        with atomic.temporary_dir(out) as tmp:  # removed on the way out, unless renamed to `out`
+            for name, data in sources.files.items():
+                (tmp / name).write_bytes(data)
+            if out.exists():
+                old = atomic.track(out.with_name(f".{out.name}.old.{os.getpid()}"))
+                os.replace(out, old)
+                os.replace(tmp, out)
+                atomic.discard(old)
+            else:
+                os.replace(tmp, out)
+    except atomic.OutputError as e:
+        raise ExportError(str(e)) from None
     return out
 
 
@@ -82,18 +78,21 @@ def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[st
             obj = Path(tmp) / (Path(src).stem + ".o")
             _run_cc([compiler(cc), *flags, "-fstack-usage", "-c", str(directory / src), "-o", str(obj)], timeout)
             objects.append(str(obj))
+        linked = Path(tmp) / binary.name  # linked aside, renamed in: never a half-written program
         try:  # static: the process then maps only the libc pages it uses (~0.8 MiB against ~1.8)
-            _run_cc([compiler(cc), *flags, "-static", "-o", str(binary), *objects, "-lm"], timeout)
+            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, "-lm"], timeout)
         except ExportError:
-            _run_cc([compiler(cc), *flags, "-o", str(binary), *objects, "-lm"], timeout)
+            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, "-lm"], timeout)
         stack = _stack_bound(Path(tmp))
+        with atomic.replacing(binary) as aside:
+            shutil.copy2(linked, aside)
     text, data, bss = _size(binary)
     return Built(binary, text, data, bss, stack)
 
 
 def _run_cc(cmd: list[str], timeout: float) -> None:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = children.run(cmd, timeout=timeout, text=True)
     except subprocess.TimeoutExpired:
         raise ExportError(f"the C build timed out after {timeout:.0f} s") from None
     except OSError as e:
@@ -120,7 +119,7 @@ def _size(binary: Path) -> tuple[int, int, int]:
     tool = shutil.which("size")
     if tool is None:
         return (0, 0, 0)
-    out = subprocess.run([tool, str(binary)], capture_output=True, text=True).stdout.splitlines()
+    out = children.run([tool, str(binary)], timeout=60, text=True).stdout.splitlines()
     text, data, bss = (int(v) for v in out[1].split()[:3])
     return text, data, bss
 
@@ -143,13 +142,17 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
         cmd = [str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
         killed = threading.Event()
         with open(Path(tmp) / "stdout", "wb") as so, open(Path(tmp) / "stderr", "wb") as se:
-            proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=env)
+            proc = children.popen(cmd, stdout=so, stderr=se, env=env)
             timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))
             timer.start()
             try:
                 proc.wait()
+            except BaseException:  # a signal on its way to the CLI
+                children.kill(proc)
+                raise
             finally:
                 timer.cancel()
+            children.LIVE.pop(proc.pid, None)
         stdout, stderr = (Path(tmp) / "stdout").read_bytes(), (Path(tmp) / "stderr").read_bytes()
         if killed.is_set():
             raise ExportError(f"the exported program ran past {timeout:.0f} s")

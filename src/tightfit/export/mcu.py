@@ -28,6 +28,7 @@ from string import Template
 
 import numpy as np
 
+from tightfit import children
 from tightfit.export.errors import DoesNotFitError, ExportError, ToolchainMissingError
 from tightfit.units import human
 
@@ -149,11 +150,11 @@ def _toolchain_problem(with_qemu: bool) -> str | None:
         missing.append(QEMU)
     if missing:
         return f"not installed: {', '.join(missing)} (Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm)"
-    specs = subprocess.run([CC, "-print-file-name=nano.specs"], capture_output=True, text=True).stdout.strip()
+    specs = children.run([CC, "-print-file-name=nano.specs"], text=True).stdout.strip()
     if not os.path.isabs(specs):
         return f"{CC} has no newlib (nano.specs not found; Debian: apt-get install libnewlib-arm-none-eabi)"
     if with_qemu:
-        machines = subprocess.run([QEMU, "-M", "help"], capture_output=True, text=True).stdout
+        machines = children.run([QEMU, "-M", "help"], text=True).stdout
         absent = [t.qemu_machine for t in TARGETS.values() if t.qemu_machine not in machines]
         if absent:
             return f"{QEMU} lacks the boards {', '.join(absent)} (qemu 6.0 or later has them)"
@@ -287,7 +288,7 @@ def build_mcu(
 
 
 def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    return children.run(command, text=True, cwd=cwd)
 
 
 def _check_library(export_dir: Path, name: str) -> None:
@@ -475,7 +476,7 @@ def qemu_command(core: McuTarget, elf: Path) -> list[str]:
 def _run_board(core: McuTarget, elf: Path, workdir: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     command = qemu_command(core, elf)
     try:
-        return subprocess.run(command, capture_output=True, text=True, cwd=workdir, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        return children.run(command, timeout=timeout_s, text=True, cwd=workdir, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise ExportError(
             f"{core.name}: the program on qemu {core.qemu_machine} did not finish within {timeout_s:g} s "

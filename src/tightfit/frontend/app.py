@@ -4,7 +4,7 @@ which partitions run in parallel (pipeline sets J), and per-partition schedules.
 File format (YAML or JSON):
 
     cnns:
-      - {name: big, model: resnet18}              # zoo name, .onnx path (relative to the file) or module:factory
+      - {name: big, model: resnet18}              # zoo name or .onnx path (relative to the file); module:factory with --allow-code
       - {name: small, model: mobilenet_v1_025, input_shape: 1x3x224x224}
     partitions:
       - {cnn: big, layers: 0-14}
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tightfit.errors import TightfitError
-from tightfit.frontend.load import load
+from tightfit.frontend.load import load, named_in_file
 
 
 class AppError(TightfitError):
@@ -122,8 +122,9 @@ def parse_app(data: dict[str, Any], layer_counts: Sequence[int]) -> App:
     return App(cnns, tuple(partitions), tuple(pipelines))
 
 
-def load_app(path: str):
-    """(App, graphs) with every CNN loaded; unknown models give one clear error."""
+def load_app(path: str, allow_code: bool = False):
+    """(App, graphs) with every CNN loaded; unknown models give one clear error. A CNN named by
+    module:factory is refused unless `allow_code` (files carry data, not code)."""
     data = read_app(path)
     graphs = []
     for c in data["cnns"]:
@@ -133,6 +134,7 @@ def load_app(path: str):
         if isinstance(shape, str):
             shape = tuple(int(d) for d in shape.split("x"))
         try:
+            named_in_file(c["model"], f"application file {path}", allow_code)
             graphs.append(load(c["model"], shape))
         except TightfitError as e:
             raise AppError(f"CNN {c['name']!r}: {e}") from None

@@ -50,9 +50,29 @@ def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
     return from_module(module, input_shape, attr)
 
 
-def load_ref(spec: str, input_shape: Sequence[int]) -> Graph:
-    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone."""
+def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, where: str = "the plan") -> Graph:
+    """A model as a plan names it: a zoo model at its default input shape is loaded by name alone.
+    A file carries data, not code: `module:factory` only with `allow_code` (see `named_in_file`)."""
     from tightfit.frontend import zoo
 
+    named_in_file(spec, where, allow_code)
     default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
     return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)
+
+
+def names_code(spec: str) -> bool:
+    """Whether loading `spec` would import a module and call it (not a zoo name, not a file)."""
+    from tightfit.frontend import zoo
+
+    return ":" in spec and spec not in zoo.names() and not spec.endswith(".onnx") and not Path(spec).exists()
+
+
+def named_in_file(spec: object, where: str, allow_code: bool) -> None:
+    """A model named by a file (a plan, an application) is a zoo name or a file path: a file
+    that names `module:factory` would make us import and run code of the file's choosing, so it
+    is refused unless the user asked for it (--allow-code, allow_code=True)."""
+    if not isinstance(spec, str):
+        raise ModelLoadError(f"{where} names a model by {type(spec).__name__}, not by a zoo name or file path")
+    if names_code(spec) and not allow_code:
+        raise ModelLoadError(f"{where} names model {spec!r} by module:factory; a file names models by zoo name or "
+                             f"file path (pass --allow-code to import and run {spec.partition(':')[0]!r})")

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 import torch
 
+from tightfit.errors import TightfitError
+
 SOURCE = Path(__file__).with_name("_conv.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 
@@ -49,9 +51,12 @@ def _library() -> ctypes.CDLL | None:
         else:
             path = base / "native" / f"conv-{digest}.so"
             if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _check_private(path.parent)
                 with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed in: builds race safely
                     os.replace(_build(compiler, Path(tmp) / path.name), path)
+            for part in (base, path.parent, path):  # a writable folder above could swap the one below
+                _check_private(part)
             lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError):
         return None
@@ -60,8 +65,26 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
+class UnsafeLibraryError(TightfitError):
+    """The native library's folder or file could be replaced by another user."""
+
+
+def _check_private(path: Path) -> None:
+    """Code is loaded only from a file and folder that this user owns and nobody else may write:
+    anyone who can write there could make every run execute their code."""
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise UnsafeLibraryError(
+            f"refusing to load native kernels from {path}: it must be owned by you and not writable by group or others "
+            f"(owner uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}); chmod go-w it, set TIGHTFIT_CACHE, or TIGHTFIT_NATIVE=0")
+
+
 def _build(compiler: str, path: Path) -> Path:
-    subprocess.run([compiler, *FLAGS, "-o", str(path), str(SOURCE)], check=True, capture_output=True, timeout=120)
+    from tightfit import children
+
+    done = children.run([compiler, *FLAGS, "-o", str(path), str(SOURCE)], timeout=120)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
     return path
 
 

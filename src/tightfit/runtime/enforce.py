@@ -25,6 +25,24 @@ def _vm_data() -> int:
     raise RuntimeError("VmData missing from /proc/self/status")
 
 
+class Limited:
+    """`with Limited(allowed):` the data segment capped at its size on entry + `allowed`, and the
+    cap lifted on exit. Everything it needs is made before the cap is set, so that the code run
+    inside is the only thing measured against it."""
+
+    def __init__(self, allowed: int):
+        self.allowed = allowed
+        self.before = resource.getrlimit(resource.RLIMIT_DATA)
+
+    def __enter__(self) -> "Limited":
+        cap = (_vm_data() + self.allowed, self.before[1])
+        resource.setrlimit(resource.RLIMIT_DATA, cap)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, self.before)
+
+
 def enforce_limit(analysed_peak: int | None, limit: int | None = None) -> int:
     """Cap this process's data segment at current + (limit or analysed peak + MARGIN). Returns
     the bytes allowed above the current mappings."""

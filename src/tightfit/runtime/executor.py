@@ -231,22 +231,34 @@ def set_input(x: "torch.Tensor | RowSource | None") -> None:
 class RowSource:
     """An input delivered by parts, as a camera or decoder delivers row bands: `band(h0, h1)`
     returns rows [h0, h1) of the (N, C, H, W) input; the executor asks for the bands its input
-    steps need, so the whole input never has to exist."""
+    steps need, so the whole input never has to exist. A source with `rows_into(out, region)`
+    writes a region's rows straight into the view `out`, through a line buffer of its own (a
+    camera's line, allocated with the source), so a run allocates no band."""
 
-    def __init__(self, shape: Sequence[int], band: Callable[[int, int], torch.Tensor]):
+    def __init__(self, shape: Sequence[int], band: Callable[[int, int], torch.Tensor],
+                 rows_into: "Callable[[torch.Tensor, object], None] | None" = None):
         self.shape = tuple(shape)
         self.band = band
+        self.rows_into = rows_into
 
     @staticmethod
     def seeded(shape: Sequence[int], seed: int = 0) -> "RowSource":
         """Random rows, each row drawn from its own seed (so any band split gives the same input)."""
         n, c, _, w = shape
+        line = torch.empty((n, c, 1, w))
+        generator = torch.Generator()
+
+        def draw(h: int) -> torch.Tensor:
+            return torch.randn((n, c, 1, w), generator=generator.manual_seed(seed * 100003 + h), out=line)
 
         def band(h0: int, h1: int) -> torch.Tensor:
-            rows = [torch.randn((n, c, 1, w), generator=torch.Generator().manual_seed(seed * 100003 + h)) for h in range(h0, h1)]
-            return torch.cat(rows, dim=2)
+            return torch.cat([draw(h).clone() for h in range(h0, h1)], dim=2)
 
-        return RowSource(shape, band)
+        def rows_into(out: torch.Tensor, region) -> None:
+            for h in range(region.h0, region.h1):
+                out[:, :, h - region.h0 : h - region.h0 + 1].copy_(draw(h)[region.n0 : region.n1, :, :, region.w0 : region.w1])
+
+        return RowSource(shape, band, rows_into)
 
     def whole(self) -> torch.Tensor:
         return self.band(0, self.shape[2])
@@ -268,6 +280,9 @@ def _load_input(out: torch.Tensor, region, rows_per_band: int) -> None:
     x = _INPUT.x
     if not isinstance(x, RowSource):
         out.copy_(region.slice(x))
+        return
+    if x.rows_into is not None:
+        x.rows_into(out, region)
         return
     for h0 in range(region.h0, region.h1, rows_per_band):
         h1 = min(h0 + rows_per_band, region.h1)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from tightfit import children
+
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
@@ -70,12 +72,17 @@ def release_pages(t: "torch.Tensor") -> None:
         raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
 
 
-def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None) -> Measured:
+def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None,
+                            limit_bytes: int | None = None) -> Measured:
     """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess).
     `settle` runs after the warm-up, before the baseline is read (a plan job releases its
-    arena's pages there)."""
+    arena's pages there). `limit_bytes`: the measured run alone under RLIMIT_DATA = the data
+    segment before it + this (--enforce); the measuring code allocates before and after."""
+    import contextlib
     import gc
     import time
+
+    from tightfit.runtime.enforce import Limited
 
     for _ in range(warmup):
         run()
@@ -84,12 +91,18 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
         settle()
     _release_free_heap()
     baseline = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    t0 = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - t0
-    return Measured(baseline, _status_kib("VmHWM"), seconds)
+    clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
+    limit = Limited(limit_bytes) if limit_bytes is not None else contextlib.nullcontext()
+    clock = time.perf_counter
+    try:
+        os.write(clear_refs, b"5")
+        with limit:
+            t0 = clock()
+            run()
+            t1 = clock()
+    finally:
+        os.close(clear_refs)
+    return Measured(baseline, _status_kib("VmHWM"), t1 - t0)
 
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
@@ -110,9 +123,9 @@ class Measurement:
         env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
         args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit._child", *args],
-                                     stdin=subprocess.PIPE if job is None else None,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = children.popen([sys.executable, "-m", "tightfit._child", *args],
+                                   stdin=subprocess.PIPE if job is None else None,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     def send(self, job: dict[str, Any]) -> None:
         self.job = job
@@ -125,14 +138,14 @@ class Measurement:
     def result(self, timeout: float = 900) -> Measured:
         try:
             stdout, stderr = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or a signal on its way to the CLI
             self.cancel()
             raise
+        children.LIVE.pop(self.proc.pid, None)
         return _measured(self.job, self.proc.returncode, stdout, stderr)
 
     def cancel(self) -> None:
-        self.proc.kill()
-        self.proc.communicate()
+        children.kill(self.proc)
 
 
 def _measured(job: dict[str, Any], returncode: int, stdout: str, stderr: str) -> Measured:

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import replace
 from typing import Sequence
 
+from tightfit import atomic, children
 from tightfit.graph.ir import Graph
 from tightfit.plan.schema import Plan, dumps
 
@@ -65,12 +66,13 @@ class PlanTimer:
         import torch
 
         with tempfile.NamedTemporaryFile("wb", suffix=".pickle", delete=False) as f:
+            atomic.track(f.name)
             pickle.dump({"plan": plan, "graph": graph, "seed": seed, "threads": torch.get_num_threads(),
                          "stir": stir, "clock": clock}, f)
         self._job = f.name
         env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
-        self.proc = subprocess.Popen([sys.executable, "-m", "tightfit.runtime._timer", self._job], env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = children.popen([sys.executable, "-m", "tightfit.runtime._timer", self._job], env=env, text=True,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._ready = False
 
     def run(self, n: int) -> list[float]:
@@ -92,8 +94,7 @@ class PlanTimer:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait()
-        if os.path.exists(self._job):
-            os.remove(self._job)
+        atomic.discard(self._job)
 
 
 def paired_medians(rounds: list[list[float]]) -> list[float]:
