@@ -1,7 +1,6 @@
 """Tables and JSON the CLI prints. Units are stated in every header."""
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -302,24 +301,21 @@ def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
     """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
     moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
     import json
-    import shutil
+    import os
 
+    from tightfit import atomic
     from tightfit.plan import schema
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"--out {out} is a file, not a folder")
+    with atomic.temporary_dir(out) as tmp:  # OSError: one line (atomic.OutputError), nothing left
         (tmp / "plan.json").write_text(schema.dumps(o.plan))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(fit_text(r) + "\n")
         fit_plot(o, tmp / "memory.png")
         if not out.exists():
-            tmp.rename(out)
+            os.replace(tmp, out)
             return
-        if not out.is_dir():
-            raise OptionError(f"--out {out} is a file, not a folder")
-        for f in tmp.iterdir():
+        for f in tmp.iterdir():  # each file whole: renamed over the old one
             f.replace(out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
