@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tightfit.frontend import folding
 from tightfit.ops.activation import ONNX_ACTIVATIONS
 from tightfit.ops.normalize import OVER_CHANNELS
 
@@ -32,11 +33,22 @@ def _perm(node: onnx.NodeProto) -> list[int] | None:
     return [int(p) for p in _attrs(node).get("perm", [])] if node.op_type == "Transpose" else None
 
 
-def _constants(nodes: Iterable[onnx.NodeProto], consts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _constants(nodes: Iterable[onnx.NodeProto], consts: dict[str, np.ndarray], opset: int) -> dict[str, np.ndarray]:
+    """The constants, those of Constant nodes, and what simple nodes make of them (exporters
+    write a Linear's weight as Transpose(W), and alias weights through Identity)."""
     out = dict(consts)
     for n in nodes:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        elif n.input and all(t in out for t in n.input if t) and len(n.output) == 1:
+            values = [out[t] if t else None for t in n.input]
+            try:
+                value = (np.transpose(values[0], _attrs(n).get("perm")) if n.op_type == "Transpose"
+                         else folding.fold(n.op_type, _attrs(n), values, opset))
+            except Exception:  # left to the importer's folding, which names the node
+                value = None
+            if value is not None:
+                out[n.output[0]] = np.asarray(value)
     return out
 
 
@@ -119,9 +131,10 @@ def _rewritten(n: onnx.NodeProto, consts: dict[str, np.ndarray], new: dict[str, 
     return helper.make_node(n.op_type, inputs, list(n.output), name=n.name, domain=n.domain, **a)
 
 
-def rewrite(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], outputs: set[str]) -> list[onnx.NodeProto]:
+def rewrite(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray], outputs: set[str],
+            opset: int = 17) -> list[onnx.NodeProto]:
     """The nodes with every channels-last block rewritten for NCHW; new constants go into `consts`."""
-    known = _constants(nodes, consts)
+    known = _constants(nodes, consts, opset)
     readers: dict[str, list[int]] = {}
     for j, n in enumerate(nodes):
         for t in dict.fromkeys(n.input):

@@ -89,7 +89,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = 13
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape)
-    b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output})
+    b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
     b.check_supported()
     b.walk()
     return b.finish(fuse_batchnorm)
