@@ -387,3 +387,15 @@ def test_invalid_nodes_are_one_clear_error(body, inits, message):
         import_model(model, None, "bad")
     text = str(err.value)
     assert message in text and body[-1].name in text, text
+
+
+def test_readme_lists_every_supported_onnx_type():
+    import re
+
+    from tightfit.frontend.onnx_import import supported_onnx_types
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Supported operators", 1)[1].split("\n## ", 1)[0]
+    paragraph = next(p for p in section.split("\n\n") if p.startswith("`"))  # the list itself
+    listed = set(re.findall(r"`([A-Za-z]+)`", paragraph))
+    assert listed == set(supported_onnx_types()), (sorted(set(supported_onnx_types()) - listed), sorted(listed - set(supported_onnx_types())))

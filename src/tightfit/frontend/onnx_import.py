@@ -36,8 +36,8 @@ ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "g
 
 
 def supported_onnx_types() -> list[str]:
-    """The ONNX node types the importer takes: the ops' own and the structural ones."""
-    return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES))
+    """The ONNX node types the importer takes: the ops' own, the activations and the structural ones."""
+    return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES) | set(ONNX_ACTIVATIONS))
 
 
 def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
