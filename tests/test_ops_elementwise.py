@@ -108,6 +108,11 @@ CASES = {
     "layernorm_channels": ([_n("Transpose", ["a"], "t", perm=[0, 2, 3, 1]), _n("LayerNormalization", ["t", "ln_s", "ln_b"], "n",
                                                                                  axis=-1, epsilon=1e-6),
                             _n("Transpose", ["n"], perm=[0, 3, 1, 2])], {"ln_s": _const(C), "ln_b": _const(C)}, 17),
+    "layernorm_decomposed": ([_n("ReduceMean", ["a"], "m", axes=[1], keepdims=1), _n("Sub", ["a", "m"], "d"),
+                              _n("Pow", ["d", "two"], "p"), _n("ReduceMean", ["p"], "v", axes=[1], keepdims=1),
+                              _n("Add", ["v", "eps"], "e"), _n("Sqrt", ["e"], "s"), _n("Div", ["d", "s"], "q"),
+                              _n("Mul", ["q", "ln_s"], "r"), _n("Add", ["r", "ln_b"])],
+                             {"two": _scalar(2.0), "eps": _scalar(1e-5), "ln_s": _const((C, 1, 1)), "ln_b": _const((C, 1, 1))}, 13),
     "reducemean_c": ([_n("ReduceMean", ["a"], "m", axes=[1], keepdims=1), _n("Sub", ["a", "m"])], {}, 17),
     "reducemax_c_axes_input": ([_n("ReduceMax", ["a", "ax"], "m", keepdims=1), _n("Mul", ["b", "m"])],
                                {"ax": np.array([1], np.int64)}, 18),
@@ -287,8 +292,8 @@ def _convnext_pieces() -> torch.nn.Module:
 def test_convnext_block_imports_as_an_nchw_chain_that_splits(tmp_path, opset):
     """torchvision's CNBlock (dwconv -> Permute -> LayerNorm -> Linear -> GELU -> Linear -> Permute
     -> layer scale) and the LayerNorm2d of its downsampling: no transpose is left, the block is
-    channel LayerNorms (opset 17; before, their decomposition into channel reductions and
-    elementwise layers), 1x1 convs with GELU fused; plans by rows and tiles match."""
+    channel LayerNorms (at opset 13 from their decomposition into ReduceMean, Sub, Pow, ...),
+    1x1 convs with GELU fused; plans by rows and tiles match."""
     import io
     import warnings
 
@@ -303,7 +308,7 @@ def test_convnext_block_imports_as_an_nchw_chain_that_splits(tmp_path, opset):
     g = tightfit.load(str(path))
     ops = [l.op for l in g.layers]
     assert "transpose" not in ops and all(get_op(op).splittable for op in ops), ops
-    assert ops.count("channel_norm" if opset >= 17 else "channel_reduce") == (3 if opset >= 17 else 6), ops
+    assert ops.count("channel_norm") == 3, ops
     assert any(l.attrs.get("act") == (("gelu",),) and l.attrs["kernel"] == (1, 1) for l in g.layers if l.op == "conv")
     x = torch.randn(1, 3, 32, 24)
     with torch.no_grad():
@@ -311,6 +316,13 @@ def test_convnext_block_imports_as_an_nchw_chain_that_splits(tmp_path, opset):
     ref = run_reference(g, x)
     torch.testing.assert_close(ref[g.outputs[0]], expected, rtol=1e-4, atol=1e-4)
     _assert_plans_match(str(path), g, x, ref)
+
+
+def test_layernorm_spelled_out_is_one_channel_norm():
+    body, inits, opset = CASES["layernorm_decomposed"]
+    g = import_model(_model(body, inits, opset=opset), None, "ln")
+    assert [l.op for l in g.layers] == ["conv", "channel_norm", "conv"]
+    assert g.layers[1].attrs["epsilon"] == pytest.approx(1e-5)
 
 
 # --- shape arithmetic folded at import -----------------------------------------------------------

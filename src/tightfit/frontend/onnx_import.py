@@ -414,8 +414,8 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
-    steps = ((_fuse_silu, _fuse_functions, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
-             else (_fuse_silu, _fuse_functions, _fuse_affine, _fuse_pad))
+    steps = ((_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
+             else (_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
@@ -492,6 +492,80 @@ def _fuse_functions(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
         p.op, p.inputs, p.attrs, p.params = "activation", [root[p.output]], {"act": (kind,)}, []
         p.nodes = [n for m in group for n in m.nodes]
         drop.update(id(m) for m in group if m is not p)
+    return [p for p in protos if id(p) not in drop]
+
+
+def _scalar_param(p: _Proto) -> float | None:
+    if len(p.inputs) != 1 or len(p.params) != 1 or np.asarray(p.params[0]).size != 1 or p.attrs.get("act"):
+        return None
+    return float(np.asarray(p.params[0]).reshape(-1)[0])
+
+
+def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, list[_Proto]],
+                     keep: set[str]) -> tuple[str, float, list[_Proto]] | None:
+    """(x, epsilon, the layers) of (x - mean_C x) / sqrt(mean_C (x - mean_C x)^2 + eps) ending in
+    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None."""
+    def made(t: str, op: str, **attrs) -> _Proto | None:
+        p = by_out.get(t)
+        ok = p is not None and p.op == op and all(p.attrs.get(k) == v for k, v in attrs.items())
+        return p if ok and t not in keep else None
+
+    if div.op != "eltwise" or div.attrs.get("fn") != "div" or tuple(div.attrs["order"]) != (0, 1) or div.params:
+        return None
+    d, s = div.inputs
+    sub, sqrt = made(d, "eltwise", fn="sub"), made(s, "activation", act=(("sqrt",),))
+    add = made(sqrt.inputs[0], "add") if sqrt else None
+    eps = _scalar_param(add) if add else None
+    var = made(add.inputs[0], "channel_reduce", kind="mean") if eps is not None else None
+    square = made(var.inputs[0], "eltwise", fn="pow") if var else None
+    if sub is None or square is None or square.inputs != [d] or _scalar_param(square) != 2.0 or tuple(sub.attrs["order"]) != (0, 1):
+        return None
+    x, m = sub.inputs
+    mean = made(m, "channel_reduce", kind="mean")
+    if mean is None or mean.inputs != [x] or sub.params:
+        return None
+    chain = [mean, sub, square, var, add, sqrt, div]
+    sole = {m: sub, square.output: var, var.output: add, add.output: sqrt, s: div}
+    if any(readers.get(t, []) != [r] for t, r in sole.items()) or {id(r) for r in readers.get(d, [])} != {id(square), id(div)}:
+        return None
+    return x, eps, chain
+
+
+def _fuse_layernorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """LayerNorm over channels spelled as reductions and arithmetic (ReduceMean, Sub, Pow,
+    ReduceMean, Add, Sqrt, Div, then Mul by the scale and Add of the bias: opsets before 17,
+    inside a channels-last block made NCHW) becomes one channel_norm layer: one tensor instead
+    of eight between x and the normalized output."""
+    by_out = {p.output: p for p in protos}
+    readers = _consumers(protos)
+    drop: set[int] = set()
+    for div in protos:
+        found = _layernorm_chain(div, by_out, readers, keep)
+        if found is None or any(id(p) in drop for p in found[2]):
+            continue
+        x, eps, chain = found
+        channels = None
+        tail = chain[-1]
+        scale = bias = None
+        nxt = _sole_consumer(protos, tail.output, keep)
+        if nxt is not None and nxt.op == "mul" and nxt.inputs == [tail.output]:
+            channels = int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None
+            scale = _channel_vector(nxt, channels) if channels else None
+            if scale is not None:
+                chain, tail = chain + [nxt], nxt
+                nxt = _sole_consumer(protos, tail.output, keep)
+        if nxt is not None and nxt.op == "add" and nxt.inputs == [tail.output] and len(nxt.params) == 1:
+            channels = channels or int(np.asarray(nxt.params[0]).size)
+            bias = _channel_vector(nxt, channels)
+            if bias is not None:
+                chain, tail = chain + [nxt], nxt
+        if channels is None or channels == 1:
+            continue  # the channel count is not known here without a per-channel scale or bias
+        tail.op, tail.inputs, tail.attrs = "channel_norm", [x], {"epsilon": eps, "act": ()}
+        tail.params = [np.ones(channels, np.float32) if scale is None else scale.astype(np.float32),
+                       np.zeros(channels, np.float32) if bias is None else bias.astype(np.float32)]
+        tail.nodes = [n for p in chain for n in p.nodes]
+        drop.update(id(p) for p in chain if p is not tail)
     return [p for p in protos if id(p) not in drop]
 
 
