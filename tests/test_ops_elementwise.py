@@ -411,3 +411,11 @@ def test_readme_lists_every_supported_onnx_type():
     paragraph = next(p for p in section.split("\n\n") if p.startswith("`"))  # the list itself
     listed = set(re.findall(r"`([A-Za-z]+)`", paragraph))
     assert listed == set(supported_onnx_types()), (sorted(set(supported_onnx_types()) - listed), sorted(listed - set(supported_onnx_types())))
+
+
+def test_unsupported_type_lists_each_supported_type_once():
+    with pytest.raises(UnsupportedOpsError) as err:
+        import_model(_model([_n("Sin", ["a"])], {}), None, "sin")
+    text = str(err.value)
+    supported = text.split("supported:")[1].strip().split(", ")
+    assert "sin_z" in text and len(supported) == len(set(supported)) and "Gelu" in supported, text

@@ -176,7 +176,7 @@ class _Builder:
             elif node.domain not in ("", "ai.onnx"):
                 unsupported.setdefault(f"{node.domain}.{node.op_type}", node.name or node.output[0])
         if unsupported:
-            raise UnsupportedOpsError(unsupported, supported_onnx_types() + sorted(ONNX_ACTIVATIONS))
+            raise UnsupportedOpsError(unsupported, supported_onnx_types())
 
     # --- the walk -----------------------------------------------------------------------
     def resolve(self, t: str) -> str:
