@@ -231,6 +231,23 @@ def test_every_op_exports_to_portable_c(tmp_path, kw):
     assert c.ok, f"outputs differ: {c.max_abs_diff} > {c.tolerance}"
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+def test_tiled_constant_operands_export_to_portable_c(tmp_path):
+    """Tiles of a 2x2 grid: a constant operand varying over H and W (1, C, 1, W), first in the
+    fold (k / x), is read from each tile's own rows and columns; and a channel LayerNorm."""
+    from tightfit.api import check_export
+    from tightfit.export import export
+
+    body = [_n("Abs", ["a"], "aa"), _n("Add", ["aa", "one"], "d"), _n("Div", ["k", "d"], "q"),
+            _n("Transpose", ["q"], "t", perm=[0, 2, 3, 1]), _n("LayerNormalization", ["t", "ln_s", "ln_b"], "n", axis=-1),
+            _n("Transpose", ["n"], perm=[0, 3, 1, 2])]
+    path = _save(tmp_path, _model(body, {"one": _scalar(1.0), "k": _const((1, C, 1, W)), "ln_s": _const(C), "ln_b": _const(C)}))
+    plan, graphs = tightfit.api.plan(path, method="tiling", tiling=f"0-{len(tightfit.load(path).layers) - 1}:2x2:reuse")
+    sources = export(plan, graphs, tmp_path / "out")
+    c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"], runs=1)
+    assert c.ok, f"outputs differ: {c.max_abs_diff} > {c.tolerance}"
+
+
 # --- the PyTorch path: activation modules as torch.onnx exports them ----------------------------
 
 @pytest.mark.parametrize("act, kind", [
@@ -419,3 +436,10 @@ def test_unsupported_type_lists_each_supported_type_once():
     text = str(err.value)
     supported = text.split("supported:")[1].strip().split(", ")
     assert "sin_z" in text and len(supported) == len(set(supported)) and "Gelu" in supported, text
+
+
+def test_every_registered_op_has_a_c_kernel():
+    from tightfit.export.codegen import EMITTERS
+    from tightfit.ops import op_names
+
+    assert not set(op_names()) - set(EMITTERS), sorted(set(op_names()) - set(EMITTERS))
