@@ -136,35 +136,16 @@ class Eltwise(_Elementwise):
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         fn = ELTWISE_FNS[node.op_type]
-        names = list(node.inputs)
-        if fn == "clip":
-            names += [""] * (3 - len(names))
-        arity = {"sub": 2, "div": 2, "pow": 2, "prelu": 2, "clip": 3}.get(fn)
-        if (arity is not None and len(names) != arity) or not names:
-            raise ValueError(f"{node.op_type} takes {arity} inputs, this node has {len(names)}")
-        if fn != "clip" and any(not t for t in names):
-            raise ValueError(f"{node.op_type} with an empty input name")
+        names = _operand_names(node, fn)
         dynamic = [t for t in names if t and node.const(t) is None]
         if not dynamic:
             raise ValueError("no data input (constants alone are folded)")
-        out_rank = max(len(node.shape(t)) for t in dynamic)
-        if any(len(node.shape(t)) != out_rank for t in dynamic):
-            raise ValueError(f"data inputs of ranks {[len(node.shape(t)) for t in dynamic]}; only equal ranks are supported")
-        order, consts = [], []
-        for k, t in enumerate(names):
-            if t and node.const(t) is None:
-                order.append(dynamic.index(t))
-                continue
-            c = np.asarray(node.const(t), dtype=np.float32) if t else np.float32(-np.inf if k == 1 else np.inf)
-            if c.ndim > out_rank:
-                raise ValueError(f"constant {t!r} of shape {c.shape} has a higher rank than the data ({out_rank})")
-            c = c.reshape((1,) * (out_rank - c.ndim) + c.shape)
-            if c.shape[0] != 1:
-                raise ValueError(f"constant {t!r} of shape {c.shape} varies over the batch")
-            order.append(-1 - len(consts))
-            consts.append(c)
         if len(set(dynamic)) != len(dynamic):
             raise ValueError("the same tensor twice as an operand (x - x, x / x) is not supported")
+        ranks = [len(node.shape(t)) for t in dynamic]
+        if len(set(ranks)) != 1:
+            raise ValueError(f"data inputs of ranks {ranks}; only equal ranks are supported")
+        order, consts = _order_and_constants(node, names, dynamic, ranks[0])
         shapes = [tuple(node.shape(t)) for t in dynamic] + [c.shape for c in consts]
         try:
             np.broadcast_shapes(*shapes)
@@ -208,6 +189,39 @@ class Eltwise(_Elementwise):
         if target is not out:
             out.copy_(target)
         apply_activations(out, a["act"])
+
+
+def _operand_names(node: OnnxNode, fn: str) -> list[str]:
+    """The node's operands in order; Clip's missing bounds as empty names (no bound)."""
+    names = list(node.inputs)
+    if fn == "clip":
+        names += [""] * (3 - len(names))
+    arity = {"sub": 2, "div": 2, "pow": 2, "prelu": 2, "clip": 3}.get(fn)
+    if (arity is not None and len(names) != arity) or not names:
+        raise ValueError(f"{node.op_type} takes {arity or 'at least 1'} inputs, this node has {len(names)}")
+    if fn != "clip" and any(not t for t in names):
+        raise ValueError(f"{node.op_type} with an empty input name")
+    return names
+
+
+def _order_and_constants(node: OnnxNode, names: list[str], dynamic: list[str],
+                         rank: int) -> tuple[list[int], list[np.ndarray]]:
+    """Each operand as data input i (i >= 0) or constant j (-1 - j), and the constants at the
+    data's rank (a missing Clip bound is -inf or +inf)."""
+    order, consts = [], []
+    for k, t in enumerate(names):
+        if t and node.const(t) is None:
+            order.append(dynamic.index(t))
+            continue
+        c = np.asarray(node.const(t), dtype=np.float32) if t else np.float32(-np.inf if k == 1 else np.inf)
+        if c.ndim > rank:
+            raise ValueError(f"constant {t!r} of shape {c.shape} has a higher rank than the data ({rank})")
+        c = c.reshape((1,) * (rank - c.ndim) + c.shape)
+        if c.shape[0] != 1:
+            raise ValueError(f"constant {t!r} of shape {c.shape} varies over the batch")
+        order.append(-1 - len(consts))
+        consts.append(c)
+    return order, consts
 
 
 def _is_view_of(x: torch.Tensor, out: torch.Tensor) -> bool:
