@@ -117,9 +117,28 @@ ACTIVATIONS = st.one_of(
     st.tuples(st.sampled_from([0.125, 0.25, 0.5]), st.sampled_from([0.25, 0.5, 0.75])).map(lambda t: ("hardsigmoid",) + t),
     st.just(("hardswish",)),
     st.just(("silu",)),
+    st.sampled_from([("mish",), ("gelu",), ("gelu_tanh",), ("softplus",), ("sqrt",), ("exp",), ("log",), ("neg",), ("abs",),
+                     ("reciprocal",), ("erf",)]),
+    st.sampled_from([0.25, 1.0, 1.5]).map(lambda a: ("elu", a)),
+    st.tuples(st.sampled_from([1.0, 1.5]), st.sampled_from([0.5, 1.25])).map(lambda t: ("selu",) + t),
 )
-CHAINS = st.lists(ACTIVATIONS, min_size=0, max_size=3).map(tuple)
-ACTIVATION_KINDS = {"relu", "leakyrelu", "clip", "sigmoid", "tanh", "hardsigmoid", "hardswish", "silu"}
+# Functions defined on part of the line get their input brought into it first (the chain as
+# the layer carries it, spelled the same in ONNX): |x| clipped to [0.25, 6] before sqrt, log and
+# reciprocal, tanh before exp.
+DOMAIN = {"sqrt": (("abs",), ("clip", 0.25, 6.0)), "log": (("abs",), ("clip", 0.25, 6.0)),
+          "reciprocal": (("abs",), ("clip", 0.25, 6.0)), "exp": (("tanh",),)}
+
+
+def _in_domain(chain: tuple) -> tuple:
+    return tuple(a for act in chain for a in DOMAIN.get(act[0], ()) + (act,))
+
+
+CHAINS = st.lists(ACTIVATIONS, min_size=0, max_size=3).map(tuple).map(_in_domain)
+ACTIVATION_KINDS = {"relu", "leakyrelu", "clip", "sigmoid", "tanh", "hardsigmoid", "hardswish", "silu", "mish", "gelu",
+                    "gelu_tanh", "softplus", "sqrt", "exp", "log", "neg", "abs", "reciprocal", "erf", "elu", "selu"}
+# Unary ONNX types that spell an activation of the same name, no attributes.
+UNARY_ONNX = {"softplus": "Softplus", "sqrt": "Sqrt", "exp": "Exp", "log": "Log", "neg": "Neg", "abs": "Abs",
+              "reciprocal": "Reciprocal", "erf": "Erf"}
 
 
 def _act_nodes(chain, src: str, prefix: str = "act"):
@@ -146,6 +165,33 @@ def _act_nodes(chain, src: str, prefix: str = "act"):
         elif kind == "silu":
             nodes.append(helper.make_node("Sigmoid", [cur], [out + "_s"]))
             nodes.append(helper.make_node("Mul", [cur, out + "_s"], [out]))
+        elif kind in UNARY_ONNX:
+            nodes.append(helper.make_node(UNARY_ONNX[kind], [cur], [out]))
+        elif kind == "elu":
+            nodes.append(helper.make_node("Elu", [cur], [out], alpha=args[0]))
+        elif kind == "selu":
+            nodes.append(helper.make_node("Selu", [cur], [out], alpha=args[0], gamma=args[1]))
+        elif kind == "mish":  # x * tanh(softplus(x)): the Mish node needs opset 18
+            nodes.append(helper.make_node("Softplus", [cur], [out + "_sp"]))
+            nodes.append(helper.make_node("Tanh", [out + "_sp"], [out + "_t"]))
+            nodes.append(helper.make_node("Mul", [cur, out + "_t"], [out]))
+        elif kind in ("gelu", "gelu_tanh"):  # decomposed as exporters write it: the Gelu node needs opset 20
+            c = {k: f"{out}_{k}" for k in ("half", "one", "a", "b", "three")}
+            inits.update({c["half"]: np.array(0.5, np.float32), c["one"]: np.array(1.0, np.float32),
+                          c["a"]: np.array(2 ** -0.5 if kind == "gelu" else (2 / np.pi) ** 0.5, np.float32),
+                          c["b"]: np.array(0.044715, np.float32), c["three"]: np.array(3.0, np.float32)})
+            if kind == "gelu":
+                nodes.append(helper.make_node("Mul", [cur, c["a"]], [out + "_u"]))
+                nodes.append(helper.make_node("Erf", [out + "_u"], [out + "_e"]))
+            else:
+                nodes.append(helper.make_node("Pow", [cur, c["three"]], [out + "_p"]))
+                nodes.append(helper.make_node("Mul", [out + "_p", c["b"]], [out + "_pb"]))
+                nodes.append(helper.make_node("Add", [cur, out + "_pb"], [out + "_s"]))
+                nodes.append(helper.make_node("Mul", [out + "_s", c["a"]], [out + "_u"]))
+                nodes.append(helper.make_node("Tanh", [out + "_u"], [out + "_e"]))
+            nodes.append(helper.make_node("Add", [out + "_e", c["one"]], [out + "_e1"]))
+            nodes.append(helper.make_node("Mul", [cur, out + "_e1"], [out + "_m"]))
+            nodes.append(helper.make_node("Mul", [out + "_m", c["half"]], [out]))
         else:  # pragma: no cover - a new activation needs its ONNX spelling here
             raise AssertionError(f"no ONNX spelling for activation {kind!r}")
         cur = out
@@ -399,12 +445,107 @@ def gemm_cases(draw):
 def softmax_cases(draw):
     rng = _rng(draw)
     n, c = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    kind = draw(st.sampled_from(["Softmax", "LogSoftmax"]))
+    if draw(st.booleans()):  # over C at every pixel (opset 13 on: the axis alone)
+        x = _randn(rng, (n, c, draw(st.integers(1, 5)), draw(st.integers(1, 5)))) * 3
+        return onnx_case("softmax", [helper.make_node(kind, ["x"], ["y0"], axis=1)], 0, {"x": x}, {}, opset=13)
     four = draw(st.booleans())
     x = _randn(rng, (n, c, 1, 1) if four else (n, c)) * 3
     opset = draw(st.sampled_from([11, 13]))
     axis = draw(st.sampled_from([1, None] if four and opset == 11 else [1] if four else [1, -1, None]))
     kw = {} if axis is None else {"axis": axis}  # opset 11's default axis is 1, opset 13's -1
-    return onnx_case("softmax", [helper.make_node("Softmax", ["x"], ["y0"], **kw)], 0, {"x": x}, {}, opset=opset)
+    return onnx_case("softmax", [helper.make_node(kind, ["x"], ["y0"], **kw)], 0, {"x": x}, {}, opset=opset)
+
+
+def _bounded(draw, rng, shape, low: float, high: float) -> np.ndarray:
+    return rng.uniform(low, high, shape).astype(np.float32)
+
+
+@st.composite
+def eltwise_cases(draw):
+    """Sub, Div, Pow, Min, Max, PRelu over 1-3 operands that broadcast into each other, data or
+    constant, in any order (a constant first: 1 - x, 6 / x)."""
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    full = (n, c) if draw(st.integers(0, 5)) == 0 else (n, c, draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    onnx_type = draw(st.sampled_from(["Sub", "Div", "Pow", "Min", "Max", "PRelu"]))
+    count = draw(st.integers(1, 3)) if onnx_type in ("Min", "Max") else 2
+    shapes = [full] + [_broadcast_shape(draw, full) for _ in range(count - 1)]
+    if onnx_type != "PRelu" and draw(st.booleans()):
+        shapes = shapes[::-1]
+    # Divisors and bases away from zero, exponents in [-2, 2]: every value finite.
+    def values(position: int, shape) -> np.ndarray:
+        low, high = {("Div", True): (0.5, 2.0), ("Pow", False): (0.25, 2.0)}.get((onnx_type, position > 0), (-2.0, 2.0))
+        return _bounded(draw, rng, shape, low, high)
+
+    names = [f"x{i}" for i in range(len(shapes))]
+    inputs = {name: values(i, s) for i, (name, s) in enumerate(zip(names, shapes))}
+    inits = {}
+    if count == 2 and draw(st.booleans()) or len(names) == 1:  # one operand a constant, of any broadcasting shape
+        k = draw(st.integers(0 if onnx_type != "PRelu" else 1, len(names) - 1)) if len(names) > 1 else 1
+        cshape = _broadcast_shape(draw, (1,) + full[1:])
+        cshape = draw(st.sampled_from([cshape, cshape[1:], ()]))
+        if k < len(names):
+            del inputs[names[k]]
+            names[k] = "k"
+        else:
+            names.append("k")
+        inits["k"] = values(k, cshape)
+        if not inputs:
+            return draw(eltwise_cases())
+    node = helper.make_node(onnx_type, names, ["y0"])
+    return onnx_case("eltwise", [node], 0, inputs, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def channel_norm_cases(draw):
+    """LayerNormalization over C: of (N, C) or (N, C, 1, 1) as a node of its own, and of
+    (N, C, H, W) as the channels-last block ConvNeXt has (Transpose, LayerNorm over the last
+    axis, Transpose back), which the importer turns into this op."""
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.5]))
+    inits = {"s": _randn(rng, (c,)), "b": _randn(rng, (c,))}
+    acts = draw(CHAINS)
+    style = draw(st.sampled_from(["2d", "1x1", "nhwc"]))
+    if style != "nhwc":
+        x = _randn(rng, (n, c) if style == "2d" else (n, c, 1, 1)) * 3
+        if style == "1x1":  # scale and bias broadcast to X.shape[axis:]
+            inits = {k: v.reshape(c, 1, 1) for k, v in inits.items()}
+        node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y0"], axis=1 if style == "1x1" else -1, epsilon=eps)
+        return onnx_case("channel_norm", [node], 0, {"x": x}, inits, opset=17, acts=acts)
+    x = _randn(rng, (n, c, draw(st.integers(1, 6)), draw(st.integers(1, 6)))) * 3
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "s", "b"], ["u"], axis=-1, epsilon=eps),
+             helper.make_node("Transpose", ["u"], ["y0"], perm=[0, 3, 1, 2])]
+    act_nodes, act_inits, out = _act_nodes(acts, "y0")
+    model = _model(nodes + act_nodes, {"x": x}, {**inits, **act_inits}, out, 17)
+    layer = Layer(0, "main", "channel_norm", ("x",), "y", {"epsilon": eps, "act": acts}, ("p0", "p1"))
+    params = get_op("channel_norm").prepare_params(layer, [inits["s"], inits["b"]])
+    return Case(layer, [torch.from_numpy(x.copy())], params, model, {"x": x})
+
+
+@st.composite
+def instancenorm_cases(draw):
+    rng = _rng(draw)
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    x = _randn(rng, (n, c, draw(st.integers(1, 6)), draw(st.integers(2, 6)))) * 3
+    inits = {"s": _randn(rng, (c,)), "b": _randn(rng, (c,))}
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y0"], epsilon=draw(st.sampled_from([1e-5, 0.5])))
+    return onnx_case("instancenorm", [node], 0, {"x": x}, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def channel_reduce_cases(draw):
+    rng = _rng(draw)
+    x = _randn(rng, (draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6)), draw(st.integers(1, 6))))
+    kind = draw(st.sampled_from(["ReduceMean", "ReduceMax"]))
+    axes = draw(st.sampled_from([[1], [-3]]))
+    if draw(st.booleans()):
+        return onnx_case("channel_reduce", [helper.make_node(kind, ["x"], ["y0"], axes=axes, keepdims=1)], 0, {"x": x}, {},
+                         opset=13, acts=draw(CHAINS))
+    node = helper.make_node(kind, ["x", "axes"], ["y0"], keepdims=1)  # opset 18: axes as an input
+    return onnx_case("channel_reduce", [node], 0, {"x": x}, {"axes": np.array(axes, np.int64)}, opset=18, acts=draw(CHAINS))
 
 
 @st.composite
@@ -660,7 +801,7 @@ def activation_cases(draw):
     shape = (n, draw(st.integers(1, 8))) if draw(st.integers(0, 4)) == 0 else \
         (n, draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6)))
     x = _randn(rng, shape) * 4
-    chain = draw(st.lists(ACTIVATIONS, min_size=1, max_size=3).map(tuple))
+    chain = draw(st.lists(ACTIVATIONS, min_size=1, max_size=3).map(tuple).map(_in_domain))
     nodes, inits, out = _act_nodes(chain, "x")
     return _hand_case("activation", {"act": chain}, {"x": x}, nodes, out, inits=inits)
 
@@ -689,6 +830,10 @@ CASES = {
     "slice": slice_cases(),
     "depth_to_space": depth_space_cases("DepthToSpace"),
     "space_to_depth": depth_space_cases("SpaceToDepth"),
+    "eltwise": eltwise_cases(),
+    "channel_norm": channel_norm_cases(),
+    "instancenorm": instancenorm_cases(),
+    "channel_reduce": channel_reduce_cases(),
 }
 
 
@@ -823,8 +968,9 @@ def test_region_equals_slice_of_whole(op_name, data):
         _compute_region(case, region, whole, data.draw(formats), data.draw(formats))
     if op.inplace_ok:
         same = [i for i, s in enumerate(case.in_shapes) if s == tuple(whole.shape)]
-        if same and (same[0] == 0 or op_name in ("add", "mul")):
-            over = data.draw(st.sampled_from(same)) if op_name in ("add", "mul") else 0
+        any_input = op_name in ("add", "mul", "eltwise")  # the planner may reuse any operand's buffer
+        if same and (same[0] == 0 or any_input):
+            over = data.draw(st.sampled_from(same)) if any_input else 0
             _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole, over)
 
 

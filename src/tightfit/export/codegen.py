@@ -29,7 +29,11 @@ SIMD_SOURCE = Path(__file__).parents[1] / "ops" / "_conv.c"
 # the weights go to a file read once by the program instead.
 C_WEIGHTS_LIMIT = 4_000_000
 
-ACTS = {"relu": 1, "leakyrelu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "hardsigmoid": 6, "hardswish": 7, "silu": 8}
+ACTS = {"relu": 1, "leakyrelu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "hardsigmoid": 6, "hardswish": 7, "silu": 8,
+        "mish": 9, "gelu": 10, "gelu_tanh": 11, "softplus": 12, "elu": 13, "selu": 14, "sqrt": 15, "exp": 16, "log": 17,
+        "neg": 18, "abs": 19, "reciprocal": 20, "erf": 21}
+# tf_kernels.h's TF_ELT_*: how an elementwise layer's operands combine.
+ELT_FNS = {"add": 0, "mul": 1, "sub": 2, "div": 3, "pow": 4, "min": 5, "max": 6, "prelu": 7, "clip": 8}
 MAX_ACTS = 4
 MAX_OPERANDS = 8
 
@@ -226,7 +230,20 @@ def _gemm(ctx, s, g, layer, xs, y):
 
 
 def _softmax(ctx, s, g, layer, xs, y):
-    return "TF_STEP_SOFTMAX", "tf_copy_args", f"{{{xs[0].c()}, {y.c()}}}"
+    return "TF_STEP_SOFTMAX", "tf_softmax_args", f"{{{xs[0].c()}, {y.c()}, {int(bool(layer.attrs.get('log')))}}}"
+
+
+def _norm(ctx, s, g, layer, xs, y):
+    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: g.params[layer.params[0]])
+    b_off = ctx.weights.add((s.model, layer.id, "bias"), lambda: g.params[layer.params[1]])
+    kind = "TF_STEP_CHANNEL_NORM" if layer.op == "channel_norm" else "TF_STEP_INSTANCE_NORM"
+    return kind, "tf_norm_args", (f"{{{xs[0].c()}, {y.c()}, {s_off}, {b_off}, {c_float(layer.attrs['epsilon'])}, "
+                                  f"{acts_c(layer.attrs['act'])}}}")
+
+
+def _channel_reduce(ctx, s, g, layer, xs, y):
+    kind = "TF_GLOBAL_MAX" if layer.attrs["kind"] == "max" else "TF_GLOBAL_MEAN"
+    return "TF_STEP_CHANNEL_REDUCE", "tf_global_args", f"{{{xs[0].c()}, {y.c()}, {kind}, {acts_c(layer.attrs['act'])}}}"
 
 
 def _eltwise(ctx, s, g, layer, xs, y):
@@ -239,9 +256,11 @@ def _eltwise(ctx, s, g, layer, xs, y):
         operands.append(f"{{1, {{0}}, {off}, {c}, {h}, {w}, {r.h0 if h > 1 else 0}, {r.w0 if w > 1 else 0}}}")
     if len(operands) > MAX_OPERANDS:
         raise ExportError(f"layer {layer.id}: {len(operands)} operands (at most {MAX_OPERANDS} are exported)")
-    product = int(layer.op == "mul")
+    if "order" in layer.attrs:  # data input i >= 0, constant -1 - j: the node's own operand order
+        operands = [operands[i] if i >= 0 else operands[len(xs) - 1 - i] for i in layer.attrs["order"]]
+    fn = ELT_FNS[layer.attrs.get("fn", layer.op)]
     return ("TF_STEP_ELTWISE", "tf_eltwise_args",
-            f"{{{y.c()}, {product}, {len(operands)}, {{{', '.join(operands)}}}, {acts_c(layer.attrs['act'])}}}")
+            f"{{{y.c()}, {fn}, {len(operands)}, {{{', '.join(operands)}}}, {acts_c(layer.attrs['act'])}}}")
 
 
 def _activation(ctx, s, g, layer, xs, y):
@@ -370,9 +389,10 @@ def _shuffle(ctx, s, g, layer, xs, y):
 
 EMITTERS = {
     "conv": _conv, "maxpool": _pool, "avgpool": _pool, "global_pool": _global, "gemm": _gemm, "softmax": _softmax,
-    "add": _eltwise, "mul": _eltwise, "activation": _activation, "batchnorm": _batchnorm, "lrn": _lrn,
+    "add": _eltwise, "mul": _eltwise, "eltwise": _eltwise, "activation": _activation, "batchnorm": _batchnorm, "lrn": _lrn,
     "concat": _concat, "pad": _pad, "resize": _resize, "flatten": _reshape, "reshape": _reshape,
     "transpose": _transpose, "channel_shuffle": _shuffle,
+    "channel_norm": _norm, "instancenorm": _norm, "channel_reduce": _channel_reduce,
 }
 # Issue 22's spatial and structural ops (concat along H and W, resize's linear and cubic modes).
 EMITTERS.update({

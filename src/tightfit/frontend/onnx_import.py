@@ -21,21 +21,24 @@ from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
 from tightfit.frontend.validate import validate
 from tightfit.graph.ir import Graph, Layer, Tensor
 from tightfit.ops import get_op, onnx_op_for, onnx_types
-from tightfit.ops.activation import ONNX_ACTIVATIONS
+from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
 from tightfit.ops.base import OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
+from tightfit.frontend import channels_last, folding
 
-# Node types the importer handles itself rather than mapping to an op.
-STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape")
+# Node types the importer handles itself rather than mapping to an op. Cast (to a float type)
+# and Expand (to the shape the data has) of activations are no-ops; any node computed from
+# constants alone (Shape, Gather, Range, ...) is folded (frontend/folding.py).
+STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape", "Cast", "Expand")
 # Ops that can absorb the elementwise activations that follow them.
 ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul",
-                    "conv_transpose")
+                    "conv_transpose", "eltwise", "channel_norm", "instancenorm", "channel_reduce")
 
 
 def supported_onnx_types() -> list[str]:
-    """The ONNX node types the importer takes: the ops' own and the structural ones."""
-    return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES))
+    """The ONNX node types the importer takes: the ops' own, the activations and the structural ones."""
+    return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES) | set(ONNX_ACTIVATIONS))
 
 
 def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
@@ -87,6 +90,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = 13
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape)
+    b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
     b.check_supported()
     b.walk()
     return b.finish(fuse_batchnorm)
@@ -128,6 +132,7 @@ class _Builder:
         self.alias: dict[str, str] = {}
         self.protos: list[_Proto] = []
         self.original: list[str] = []
+        self.nodes: list[onnx.NodeProto] = list(g.node)
 
     # --- inputs -------------------------------------------------------------------------
     def set_inputs(self, input_shape: Sequence[int] | None) -> None:
@@ -160,7 +165,7 @@ class _Builder:
     def check_supported(self) -> None:
         const = set(self.consts)
         unsupported: dict[str, str] = {}
-        for node in self.model.graph.node:
+        for node in self.nodes:
             is_const = node.op_type == "Constant" or all(not i or i in const for i in node.input)
             if is_const or node.op_type == "Shape":
                 const.update(node.output)
@@ -172,7 +177,7 @@ class _Builder:
             elif node.domain not in ("", "ai.onnx"):
                 unsupported.setdefault(f"{node.domain}.{node.op_type}", node.name or node.output[0])
         if unsupported:
-            raise UnsupportedOpsError(unsupported, supported_onnx_types() + sorted(ONNX_ACTIVATIONS))
+            raise UnsupportedOpsError(unsupported, supported_onnx_types())
 
     # --- the walk -----------------------------------------------------------------------
     def resolve(self, t: str) -> str:
@@ -181,7 +186,7 @@ class _Builder:
         return t
 
     def walk(self) -> None:
-        for node in self.model.graph.node:
+        for node in self.nodes:
             inputs = [self.resolve(i) if i else "" for i in node.input]
             if node.op_type == "Constant":
                 self.consts[node.output[0]] = _constant_value(node)
@@ -191,11 +196,46 @@ class _Builder:
                 self._fold(node, inputs)
             elif node.op_type in ("Identity", "Dropout"):
                 self.alias[node.output[0]] = inputs[0]
+            elif node.op_type in ("Cast", "Expand"):
+                self.alias[node.output[0]] = self._no_op(node, inputs)
             else:
                 self._add_layer(node, inputs)
 
+    def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str:
+        """The data a Cast or Expand of activations passes on unchanged, or a clear error."""
+        label = node.name or node.output[0]
+        x = inputs[0]
+        if node.op_type == "Cast":
+            to = int(_attrs(node).get("to", 0))
+            if to not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16):
+                raise UnsupportedOpsError({"Cast": f"{label}: a cast of activations to {onnx.TensorProto.DataType.Name(to)}"
+                                           " (only float casts, which change nothing here)"}, supported_onnx_types())
+            return x
+        target = self.consts.get(inputs[1]) if len(inputs) > 1 else None
+        shape = self.shapes.get(x)
+        if target is None or shape is None:
+            raise UnsupportedOpsError({"Expand": f"{label}: an Expand of activations to a shape that is not a constant"},
+                                      supported_onnx_types())
+        try:
+            grown = np.broadcast_shapes(shape, tuple(int(d) for d in target.reshape(-1)))
+        except ValueError:
+            grown = None
+        if grown != shape:
+            raise UnsupportedOpsError({"Expand": f"{label}: an Expand of activations {shape} to {tuple(target.reshape(-1))}"
+                                       " (only to the shape they have)"}, supported_onnx_types())
+        return x
+
     def _fold(self, node: onnx.NodeProto, inputs: list[str]) -> None:
         from onnx.reference import ReferenceEvaluator
+
+        values = [self.consts[i] if i else None for i in inputs]
+        try:
+            folded = folding.fold(node.op_type, _attrs(node), values, self.opset)
+        except Exception as e:
+            raise ModelLoadError(f"could not fold constant node {node.name or node.output[0]!r} ({node.op_type}): {e}") from None
+        if folded is not None:
+            self.consts[node.output[0]] = folded
+            return
 
         clone = onnx.helper.make_node(node.op_type, [i for i in node.input], list(node.output), domain=node.domain)
         clone.attribute.extend(node.attribute)
@@ -214,11 +254,16 @@ class _Builder:
 
     def _add_layer(self, node: onnx.NodeProto, inputs: list[str]) -> None:
         label = node.name or node.output[0]
-        if node.op_type in ONNX_ACTIVATIONS:
-            op_name, spec_attrs = "activation", {"act": (_activation_spec(node, self.consts, inputs),)}
+        if node.op_type in ONNX_ACTIVATIONS and not _tensor_bounds(node, inputs, self.consts):
+            op_name = "activation"
+            try:
+                spec_attrs = {"act": (_activation_spec(node, self.consts, inputs),)}
+            except (ValueError, KeyError) as e:
+                raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
             spec_inputs, params = [inputs[0]], []
         else:
-            op_name = onnx_op_for(node.op_type)
+            # Clip with bounds that are data or per-element constants is an elementwise max, min.
+            op_name = "eltwise" if node.op_type == "Clip" else onnx_op_for(node.op_type)
             op = get_op(op_name)
             attrs, inputs = self._legacy_forms(node, label, _attrs(node), inputs)
             view = OnnxNode(node.op_type, label, attrs, tuple(inputs), tuple(node.output),
@@ -232,9 +277,11 @@ class _Builder:
                 used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
                 for out, spec in zip(node.output, specs):
                     if out in used:
-                        self._add_proto(_Proto(op_name, label, spec.inputs, out, spec.attrs, spec.params, [label], node.op_type))
+                        self._add_proto(_Proto(spec.op or op_name, label, spec.inputs, out, spec.attrs, spec.params,
+                                               [label], node.op_type))
                 return
             spec_attrs, spec_inputs, params = specs[0].attrs, specs[0].inputs, specs[0].params
+            op_name = specs[0].op or op_name
         self._add_proto(_Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type))
 
     def _add_proto(self, proto: _Proto) -> None:
@@ -249,7 +296,7 @@ class _Builder:
         """Rewrite attribute forms of older opsets into the current ones the ops read, so that
         no op needs to know the model's opset."""
         t = node.op_type
-        if t == "Softmax" and self.opset < 13 and "axis" not in attrs:
+        if t in ("Softmax", "LogSoftmax") and self.opset < 13 and "axis" not in attrs:
             # Before opset 13 the default axis is 1 (the input is coerced to 2-D at the axis); the
             # softmax op takes axis 1 of (N, C) or (N, C, 1, 1) data, where both forms agree.
             attrs["axis"] = 1
@@ -342,18 +389,18 @@ def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
     return np.asarray(shape[start:end], dtype=np.int64)
 
 
+def _tensor_bounds(node: onnx.NodeProto, inputs: list[str], consts: dict[str, np.ndarray]) -> bool:
+    """Whether a Clip has a bound that is data or a constant of more than one value."""
+    return node.op_type == "Clip" and any(t and (t not in consts or consts[t].size != 1) for t in inputs[1:3])
+
+
 def _activation_spec(node: onnx.NodeProto, consts: dict[str, np.ndarray], inputs: list[str]) -> tuple:
     a = _attrs(node)
-    kind = ONNX_ACTIVATIONS[node.op_type]
-    if kind == "leakyrelu":
-        return (kind, float(a.get("alpha", 0.01)))
-    if kind == "hardsigmoid":
-        return (kind, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
-    if kind == "clip":
+    if node.op_type == "Clip":
         lo = a.get("min", consts[inputs[1]] if len(inputs) > 1 and inputs[1] else -np.inf)
         hi = a.get("max", consts[inputs[2]] if len(inputs) > 2 and inputs[2] else np.inf)
-        return (kind, float(lo), float(hi))
-    return (kind,)
+        return ("clip", float(np.asarray(lo).reshape(-1)[0]), float(np.asarray(hi).reshape(-1)[0]))
+    return onnx_activation(node.op_type, a)
 
 
 # --- fusion passes: each takes and returns the proto list -------------------------------------
@@ -380,7 +427,8 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
     protos = _fuse_depth_space(protos, keep, shapes)
-    steps = (_fuse_silu, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm else (_fuse_silu, _fuse_affine, _fuse_pad)
+    steps = ((_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
+             else (_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
@@ -410,6 +458,127 @@ def _fuse_silu(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
                 p.nodes = g.nodes + p.nodes
                 drop.add(id(g))
                 break
+    return [p for p in protos if id(p) not in drop]
+
+
+# Elementwise layers that may be a step of a function of one tensor spelled as several nodes.
+POINTWISE_OPS = ("activation", "add", "mul", "eltwise")
+
+
+def _pointwise(p: _Proto) -> bool:
+    return p.op in POINTWISE_OPS and bool(p.inputs) and all(np.asarray(a).size == 1 for a in p.params)
+
+
+def _fuse_functions(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """Elementwise layers that together compute a known activation of one tensor x (GELU as
+    x * 0.5 * (1 + erf(x / sqrt 2)) or its tanh form, hard-swish as x * relu6(x + 3) / 6, Mish as
+    x * tanh(softplus(x)), SiLU, ...) become that activation, which then fuses into the layer
+    producing x. Recognised by value, whatever the exporter's node order or constants: the
+    layers run on sample points and must give the activation's values."""
+    from tightfit.frontend.functions import recognise
+
+    position = {id(p): i for i, p in enumerate(protos)}
+    root: dict[str, str] = {}
+    members: dict[str, list[_Proto]] = {}
+    for p in protos:
+        if not _pointwise(p):
+            continue
+        roots = {root.get(t, t) for t in p.inputs}
+        if len(roots) != 1:
+            continue
+        group = {id(m): m for t in p.inputs for m in members.get(t, ())}
+        group[id(p)] = p
+        members[p.output] = sorted(group.values(), key=lambda m: position[id(m)])
+        root[p.output] = roots.pop()
+    readers = _consumers(protos)
+    drop: set[int] = set()
+    for p in reversed(protos):
+        group = members.get(p.output, [])
+        if len(group) < 2 or id(p) in drop or any(id(m) in drop for m in group):
+            continue
+        inside = {id(m) for m in group}
+        if any(m.output in keep or any(id(r) not in inside for r in readers.get(m.output, ())) for m in group if m is not p):
+            continue
+        kind = recognise(group, root[p.output], lambda m: _freeze(m, 0, {}))
+        if kind is None:
+            continue
+        p.op, p.inputs, p.attrs, p.params = "activation", [root[p.output]], {"act": (kind,)}, []
+        p.nodes = [n for m in group for n in m.nodes]
+        drop.update(id(m) for m in group if m is not p)
+    return [p for p in protos if id(p) not in drop]
+
+
+def _scalar_param(p: _Proto) -> float | None:
+    if len(p.inputs) != 1 or len(p.params) != 1 or np.asarray(p.params[0]).size != 1 or p.attrs.get("act"):
+        return None
+    return float(np.asarray(p.params[0]).reshape(-1)[0])
+
+
+def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, list[_Proto]],
+                     keep: set[str]) -> tuple[str, float, list[_Proto]] | None:
+    """(x, epsilon, the layers) of (x - mean_C x) / sqrt(mean_C (x - mean_C x)^2 + eps) ending in
+    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None."""
+    def made(t: str, op: str, **attrs) -> _Proto | None:
+        p = by_out.get(t)
+        ok = p is not None and p.op == op and all(p.attrs.get(k) == v for k, v in attrs.items())
+        return p if ok and t not in keep else None
+
+    if div.op != "eltwise" or div.attrs.get("fn") != "div" or tuple(div.attrs["order"]) != (0, 1) or div.params:
+        return None
+    d, s = div.inputs
+    sub, sqrt = made(d, "eltwise", fn="sub"), made(s, "activation", act=(("sqrt",),))
+    add = made(sqrt.inputs[0], "add") if sqrt else None
+    eps = _scalar_param(add) if add else None
+    var = made(add.inputs[0], "channel_reduce", kind="mean") if eps is not None else None
+    square = made(var.inputs[0], "eltwise", fn="pow") if var else None
+    if sub is None or square is None or square.inputs != [d] or _scalar_param(square) != 2.0 or tuple(sub.attrs["order"]) != (0, 1):
+        return None
+    x, m = sub.inputs
+    mean = made(m, "channel_reduce", kind="mean")
+    if mean is None or mean.inputs != [x] or sub.params:
+        return None
+    chain = [mean, sub, square, var, add, sqrt, div]
+    sole = {m: sub, square.output: var, var.output: add, add.output: sqrt, s: div}
+    if any(readers.get(t, []) != [r] for t, r in sole.items()) or {id(r) for r in readers.get(d, [])} != {id(square), id(div)}:
+        return None
+    return x, eps, chain
+
+
+def _fuse_layernorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+    """LayerNorm over channels spelled as reductions and arithmetic (ReduceMean, Sub, Pow,
+    ReduceMean, Add, Sqrt, Div, then Mul by the scale and Add of the bias: opsets before 17,
+    inside a channels-last block made NCHW) becomes one channel_norm layer: one tensor instead
+    of eight between x and the normalized output."""
+    by_out = {p.output: p for p in protos}
+    readers = _consumers(protos)
+    drop: set[int] = set()
+    for div in protos:
+        found = _layernorm_chain(div, by_out, readers, keep)
+        if found is None or any(id(p) in drop for p in found[2]):
+            continue
+        x, eps, chain = found
+        channels = None
+        tail = chain[-1]
+        scale = bias = None
+        nxt = _sole_consumer(protos, tail.output, keep)
+        if nxt is not None and nxt.op == "mul" and nxt.inputs == [tail.output]:
+            channels = int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None
+            scale = _channel_vector(nxt, channels) if channels else None
+            if scale is not None:
+                chain, tail = chain + [nxt], nxt
+                nxt = _sole_consumer(protos, tail.output, keep)
+        if nxt is not None and nxt.op == "add" and nxt.inputs == [tail.output] and len(nxt.params) == 1:
+            channels = channels or int(np.asarray(nxt.params[0]).size)
+            bias = _channel_vector(nxt, channels)
+            if bias is not None:
+                chain, tail = chain + [nxt], nxt
+        if channels is None or channels == 1:
+            continue  # the channel count is not known here without a per-channel scale or bias
+        tail.op, tail.inputs, tail.attrs = "channel_norm", [x], {"epsilon": eps, "act": ()}
+        tail.params = [np.ones(channels, np.float32) if scale is None else scale.astype(np.float32),
+                       np.zeros(channels, np.float32) if bias is None else bias.astype(np.float32)]
+        tail.nodes = [n for p in chain for n in p.nodes]
+        drop.update(id(p) for p in chain if p is not tail)
     return [p for p in protos if id(p) not in drop]
 
 

@@ -12,7 +12,7 @@ from tightfit.ops.base import InputWindow, Op, Region, WORKSPACE_MODELS
 from tightfit.ops.registry import get_op, onnx_op_for, onnx_types, op_names, register
 
 # Import the op families so they register (order does not matter).
-from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize  # noqa: F401
+from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize, normalize  # noqa: F401
 from tightfit.ops import conv_transpose, rearrange  # noqa: F401
 
 

@@ -119,6 +119,9 @@ class OnnxSpec:
     attrs: dict[str, Any]
     inputs: list[str]
     params: list[np.ndarray] = field(default_factory=list)
+    # The op to build the layer as, where it is not the op the node's type maps to (a
+    # ReduceMean over C is a per-pixel channel reduction, not a global pooling).
+    op: str | None = None
 
 
 @dataclass(frozen=True)

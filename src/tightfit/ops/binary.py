@@ -97,3 +97,132 @@ class Mul(_Elementwise):
     name = "mul"
     onnx_types = ("Mul",)
     combine = "mul"
+
+
+# --- the other elementwise functions of several operands ---------------------------------------
+
+# ONNX type -> the function; each folds over its operands in order: ((a f b) f c) ...
+ELTWISE_FNS = {"Sub": "sub", "Div": "div", "Pow": "pow", "Min": "min", "Max": "max", "PRelu": "prelu", "Clip": "clip"}
+COMMUTATIVE = ("min", "max")
+
+
+def _fold_into(fn: str, i: int, r: torch.Tensor, v: torch.Tensor) -> None:
+    """r = r f v in place, `v` operand number i (>= 1) of the fold."""
+    if fn == "sub":
+        r.sub_(v)
+    elif fn == "div":
+        r.div_(v)
+    elif fn == "pow":
+        r.pow_(v)
+    elif fn == "min" or (fn == "clip" and i == 2):
+        torch.minimum(r, v, out=r)
+    elif fn == "max" or (fn == "clip" and i == 1):
+        torch.maximum(r, v, out=r)
+    elif fn == "prelu":
+        r.copy_(torch.where(r < 0, r * v, r))
+    else:  # pragma: no cover - from_onnx only makes the functions above
+        raise AssertionError(f"unknown elementwise function {fn!r}")
+
+
+@register
+class Eltwise(_Elementwise):
+    """Sub, Div, Pow, Min, Max, PRelu and Clip with tensor bounds: operands broadcast as numpy
+    does, in the order the node gives them (`order`: i >= 0 is data input i, -1 - j is constant
+    j), so a constant may come first (1 - x, 6 / x)."""
+
+    name = "eltwise"
+    onnx_types = ("Sub", "Div", "Pow", "Min", "Max", "PRelu")
+    combine = "fold"
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        fn = ELTWISE_FNS[node.op_type]
+        names = _operand_names(node, fn)
+        dynamic = [t for t in names if t and node.const(t) is None]
+        if not dynamic:
+            raise ValueError("no data input (constants alone are folded)")
+        if len(set(dynamic)) != len(dynamic):
+            raise ValueError("the same tensor twice as an operand (x - x, x / x) is not supported")
+        ranks = [len(node.shape(t)) for t in dynamic]
+        if len(set(ranks)) != 1:
+            raise ValueError(f"data inputs of ranks {ranks}; only equal ranks are supported")
+        order, consts = _order_and_constants(node, names, dynamic, ranks[0])
+        shapes = [tuple(node.shape(t)) for t in dynamic] + [c.shape for c in consts]
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise ValueError(f"operands of shapes {shapes} do not broadcast") from None
+        attrs = {"fn": fn, "order": tuple(order), "act": ()}
+        if consts:
+            attrs["param_shape"] = tuple(int(d) for d in np.broadcast_shapes(*[c.shape for c in consts]))
+        return OnnxSpec(attrs, dynamic, consts)
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return out.numel(out_shape) * max(1, len(layer.attrs["order"]) - 1)
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
+                        channels_last: bool = False) -> int:
+        """A temporary of the output when the output may lie over a data operand the fold
+        reads after the first (the planner puts outputs over any input of their shape); PRelu's
+        select takes two."""
+        if model != "torch":
+            return 0
+        a = layer.attrs
+        late = any(i >= 0 and k > 0 and tuple(in_shapes[i][1:]) == tuple(out_shape[1:]) for k, i in enumerate(a["order"]))
+        temps = (1 if late and a["fn"] not in COMMUTATIVE else 0) + (2 if a["fn"] == "prelu" else 0)
+        return temps * out.numel(out_shape) * itemsize
+
+    def bind(self, layer, inputs, windows, out, out_region, params):
+        return Op.bind(self, layer, inputs, windows, out, out_region, params)
+
+    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        a = layer.attrs
+        operands = [inputs[i] if i >= 0 else _param_region(params[-1 - i], out_region) for i in a["order"]]
+        over = [k for k, x in enumerate(operands) if _is_view_of(x, out)]
+        target = out if not over or over == [0] or a["fn"] in COMMUTATIVE else torch.empty_like(out)
+        if over and a["fn"] in COMMUTATIVE:
+            operands.insert(0, operands.pop(over[0]))
+        first = operands[0]
+        if not _is_view_of(first, target):
+            target.copy_(first.expand_as(target))
+        for k, v in enumerate(operands[1:], 1):
+            _fold_into(a["fn"], k, target, v)
+        if target is not out:
+            out.copy_(target)
+        apply_activations(out, a["act"])
+
+
+def _operand_names(node: OnnxNode, fn: str) -> list[str]:
+    """The node's operands in order; Clip's missing bounds as empty names (no bound)."""
+    names = list(node.inputs)
+    if fn == "clip":
+        names += [""] * (3 - len(names))
+    arity = {"sub": 2, "div": 2, "pow": 2, "prelu": 2, "clip": 3}.get(fn)
+    if (arity is not None and len(names) != arity) or not names:
+        raise ValueError(f"{node.op_type} takes {arity or 'at least 1'} inputs, this node has {len(names)}")
+    if fn != "clip" and any(not t for t in names):
+        raise ValueError(f"{node.op_type} with an empty input name")
+    return names
+
+
+def _order_and_constants(node: OnnxNode, names: list[str], dynamic: list[str],
+                         rank: int) -> tuple[list[int], list[np.ndarray]]:
+    """Each operand as data input i (i >= 0) or constant j (-1 - j), and the constants at the
+    data's rank (a missing Clip bound is -inf or +inf)."""
+    order, consts = [], []
+    for k, t in enumerate(names):
+        if t and node.const(t) is None:
+            order.append(dynamic.index(t))
+            continue
+        c = np.asarray(node.const(t), dtype=np.float32) if t else np.float32(-np.inf if k == 1 else np.inf)
+        if c.ndim > rank:
+            raise ValueError(f"constant {t!r} of shape {c.shape} has a higher rank than the data ({rank})")
+        c = c.reshape((1,) * (rank - c.ndim) + c.shape)
+        if c.shape[0] != 1:
+            raise ValueError(f"constant {t!r} of shape {c.shape} varies over the batch")
+        order.append(-1 - len(consts))
+        consts.append(c)
+    return order, consts
+
+
+def _is_view_of(x: torch.Tensor, out: torch.Tensor) -> bool:
+    return x.shape == out.shape and x.data_ptr() == out.data_ptr() and x.stride() == out.stride()

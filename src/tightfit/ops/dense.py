@@ -1,5 +1,5 @@
-"""Dense layers (Gemm, MatMul with a constant weight) and Softmax. Both need whole samples, so
-they split only along N."""
+"""Dense layers (Gemm, MatMul with a constant weight), which need whole samples (they split only
+along N), and Softmax over channels, which is per pixel."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,28 +64,32 @@ class Gemm(Op):
 
 @register
 class Softmax(Op):
+    """Softmax and LogSoftmax over C: of (N, C) class scores, or at every pixel of (N, C, H, W)
+    (per-pixel class maps of segmentation heads), which splits by rows and tiles."""
+
     name = "softmax"
-    onnx_types = ("Softmax",)
-    splittable = False
+    onnx_types = ("Softmax", "LogSoftmax")
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         shape = node.shape(node.inputs[0])
-        # Default axis: 1 before opset 13 (softmax over the flattened dims from 1 on), -1 since.
-        # Either way only a softmax over C of (N, C) or (N, C, 1, 1) is accepted below.
+        # Default axis: 1 before opset 13, -1 since. Before opset 13 the input is coerced to 2-D
+        # at the axis (a softmax over all of C x H x W): that is over C only where H x W is 1.
         old = node.opset is not None and node.opset < 13
-        axis = int(node.attrs.get("axis", 1 if len(shape) == 2 or old else -1)) % len(shape)
-        if axis != 1 or any(d != 1 for d in shape[2:]):
-            raise ValueError("softmax only over the class axis (1) of (N, C) or (N, C, 1, 1) data")
-        return OnnxSpec({}, [node.inputs[0]])
+        axis = int(node.attrs.get("axis", 1 if len(shape) == 2 or old else -1))
+        if not -len(shape) <= axis < len(shape):
+            raise ValueError(f"axis {axis} out of range for rank {len(shape)}")
+        axis %= len(shape)
+        if axis != 1 or len(shape) not in (2, 4) or (old and any(d != 1 for d in shape[2:])):
+            raise ValueError(f"{node.op_type} over axis {axis} of {shape}{' (opset < 13: over all dims from it)' if old else ''};"
+                             " only over C (axis 1) of (N, C) or (N, C, H, W) data is supported")
+        return OnnxSpec({"log": node.op_type == "LogSoftmax"}, [node.inputs[0]])
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
-
-    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
-        return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        out.copy_(torch.softmax(inputs[0], dim=1))
+        fn = torch.log_softmax if layer.attrs.get("log") else torch.softmax
+        out.copy_(fn(inputs[0], dim=1))

@@ -190,8 +190,13 @@ class GlobalPool(Op):
                 c = node.const_input(1)
                 axes = None if c is None else [int(v) for v in c.reshape(-1)]
             rank = len(node.shape(node.inputs[0]))
+            if axes is not None and rank == 4 and [a % rank for a in axes] == [1]:
+                from tightfit.ops.registry import get_op
+
+                spec = get_op("channel_reduce").from_onnx(node)
+                return OnnxSpec(spec.attrs, spec.inputs, spec.params, "channel_reduce")
             if axes is None or sorted(a % rank for a in axes) != [2, 3] or rank != 4:
-                raise ValueError(f"{node.op_type} {node.name!r}: only reductions over H and W (axes 2, 3) are supported")
+                raise ValueError(f"{node.op_type} {node.name!r}: only reductions over H and W (axes 2, 3) or over C (axis 1) are supported")
             keepdims = bool(node.attrs.get("keepdims", 1))
         return OnnxSpec({"kind": kind, "keepdims": keepdims, "act": ()}, [node.inputs[0]])
 

@@ -49,6 +49,19 @@ static float act1(int kind, float a, float b, float v) {
     case TF_ACT_HARDSIGMOID: t = a * v + b; return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
     case TF_ACT_HARDSWISH: t = v + 3.0f; t = t < 0.0f ? 0.0f : (t > 6.0f ? 6.0f : t); return v * t / 6.0f;
     case TF_ACT_SILU: return v / (1.0f + expf(-v));
+    case TF_ACT_MISH: t = v > 0.0f ? v + log1pf(expf(-v)) : log1pf(expf(v)); return v * tanhf(t);
+    case TF_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case TF_ACT_GELU_TANH: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case TF_ACT_SOFTPLUS: return v > 0.0f ? v + log1pf(expf(-v)) : log1pf(expf(v));
+    case TF_ACT_ELU: return v >= 0.0f ? v : a * expm1f(v);
+    case TF_ACT_SELU: return v > 0.0f ? b * v : b * a * expm1f(v);
+    case TF_ACT_SQRT: return sqrtf(v);
+    case TF_ACT_EXP: return expf(v);
+    case TF_ACT_LOG: return logf(v);
+    case TF_ACT_NEG: return -v;
+    case TF_ACT_ABS: return fabsf(v);
+    case TF_ACT_RECIPROCAL: return 1.0f / v;
+    case TF_ACT_ERF: return erff(v);
     default: return v;
     }
 }
@@ -302,14 +315,76 @@ static void gemm(float *arena, const float *wts, const tf_gemm_args *a) {
     }
 }
 
-static void softmax(float *arena, const tf_copy_args *a) {
+static void softmax(float *arena, const tf_softmax_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
-    for (long n = 0; n < x->n; n++) {
-        const float *in = arena + x->off + n * x->sn;
-        float *out = arena + y->off + n * y->sn, top = -INFINITY, sum = 0.0f;
+    for (long n = 0; n < x->n; n++)
+    for (long h = 0; h < x->h; h++)
+    for (long w = 0; w < x->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw, top = -INFINITY, sum = 0.0f;
         for (long c = 0; c < x->c; c++) top = in[c * x->sc] > top ? in[c * x->sc] : top;
         for (long c = 0; c < x->c; c++) sum += out[c * y->sc] = expf(in[c * x->sc] - top);
-        for (long c = 0; c < x->c; c++) out[c * y->sc] /= sum;
+        if (a->log) {
+            const float shift = top + logf(sum);
+            for (long c = 0; c < x->c; c++) out[c * y->sc] = in[c * x->sc] - shift;
+        } else {
+            for (long c = 0; c < x->c; c++) out[c * y->sc] /= sum;
+        }
+    }
+}
+
+/* Over C at each pixel: LayerNorm over channels (two passes: mean, then variance). */
+static void channel_norm(float *arena, const float *wts, const tf_norm_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < x->n; n++)
+    for (long h = 0; h < x->h; h++)
+    for (long w = 0; w < x->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
+        double mean = 0.0, var = 0.0;
+        for (long c = 0; c < x->c; c++) mean += in[c * x->sc];
+        mean /= (double)x->c;
+        for (long c = 0; c < x->c; c++) var += (in[c * x->sc] - mean) * (in[c * x->sc] - mean);
+        const float inv = (float)(1.0 / sqrt(var / (double)x->c + a->eps)), m = (float)mean;
+        for (long c = 0; c < x->c; c++) out[c * y->sc] = (in[c * x->sc] - m) * inv * wts[a->scale + c] + wts[a->bias + c];
+        acts_pixel(out, y->c, y->sc, &a->act);
+    }
+}
+
+/* Over H x W of each sample and channel: InstanceNormalization. */
+static void instance_norm(float *arena, const float *wts, const tf_norm_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const double count = (double)(x->h * x->w);
+    for (long n = 0; n < x->n; n++)
+    for (long c = 0; c < x->c; c++) {
+        const float *in = arena + x->off + n * x->sn + c * x->sc;
+        float *out = arena + y->off + n * y->sn + c * y->sc;
+        double mean = 0.0, var = 0.0;
+        for (long h = 0; h < x->h; h++)
+            for (long w = 0; w < x->w; w++) mean += in[h * x->sh + w * x->sw];
+        mean /= count;
+        for (long h = 0; h < x->h; h++)
+            for (long w = 0; w < x->w; w++) var += (in[h * x->sh + w * x->sw] - mean) * (in[h * x->sh + w * x->sw] - mean);
+        const float inv = (float)(1.0 / sqrt(var / count + a->eps)) * wts[a->scale + c], m = (float)mean, b = wts[a->bias + c];
+        for (long h = 0; h < x->h; h++)
+            for (long w = 0; w < x->w; w++) out[h * y->sh + w * y->sw] = acts(&a->act, (in[h * x->sh + w * x->sw] - m) * inv + b);
+    }
+}
+
+/* Mean or max over C at each pixel, into the one channel of y. */
+static void channel_reduce(float *arena, const tf_global_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < x->n; n++)
+    for (long h = 0; h < x->h; h++)
+    for (long w = 0; w < x->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float r = a->kind == TF_GLOBAL_MAX ? -INFINITY : 0.0f;
+        for (long c = 0; c < x->c; c++) {
+            const float v = in[c * x->sc];
+            r = a->kind == TF_GLOBAL_MAX ? (v > r || v != v ? v : r) : r + v;
+        }
+        if (a->kind == TF_GLOBAL_MEAN) r /= (float)x->c;
+        arena[y->off + n * y->sn + h * y->sh + w * y->sw] = acts(&a->act, r);
     }
 }
 
@@ -337,8 +412,23 @@ static strided operand(const float *arena, const float *wts, const tf_operand *o
     return r;
 }
 
-/* y = acts(op0 + op1 + ...) or the product; y may be an operand exactly (in place): each element
- * is read from every operand before it is written. */
+/* r f v for operand i >= 1 of a fold (tf_kernels.h's TF_ELT_*); MIN and MAX pass NaN on. */
+static float combine(int fn, int i, float r, float v) {
+    switch (fn) {
+    case TF_ELT_PRODUCT: return r * v;
+    case TF_ELT_SUB: return r - v;
+    case TF_ELT_DIV: return r / v;
+    case TF_ELT_POW: return powf(r, v);
+    case TF_ELT_MIN: return v < r || v != v ? v : r;
+    case TF_ELT_MAX: return v > r || v != v ? v : r;
+    case TF_ELT_PRELU: return r < 0.0f ? r * v : r;
+    case TF_ELT_CLIP: return i == 1 ? (v > r ? v : r) : (v < r ? v : r);
+    default: return r + v;
+    }
+}
+
+/* y = acts(op0 f op1 f ...); y may be an operand exactly (in place): each element is read from
+ * every operand before it is written. */
 static void eltwise(float *arena, const float *wts, const tf_eltwise_args *a) {
     const tf_view *y = &a->y;
     strided ops[TF_MAX_OPERANDS];
@@ -349,13 +439,13 @@ static void eltwise(float *arena, const float *wts, const tf_eltwise_args *a) {
         const float *p[TF_MAX_OPERANDS];
         for (int i = 0; i < a->count; i++) p[i] = ops[i].p + n * ops[i].sn + h * ops[i].sh + w * ops[i].sw;
         float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
-        if (a->count == 2 && !a->product && ops[0].sc == 1 && ops[1].sc == 1 && y->sc == 1) {
+        if (a->count == 2 && a->fn == TF_ELT_SUM && ops[0].sc == 1 && ops[1].sc == 1 && y->sc == 1) {
             const float *p0 = p[0], *p1 = p[1]; /* a residual sum: one vector loop */
             for (long c = 0; c < y->c; c++) out[c] = p0[c] + p1[c];
         } else {
             for (long c = 0; c < y->c; c++) {
                 float r = p[0][c * ops[0].sc];
-                for (int i = 1; i < a->count; i++) r = a->product ? r * p[i][c * ops[i].sc] : r + p[i][c * ops[i].sc];
+                for (int i = 1; i < a->count; i++) r = combine(a->fn, i, r, p[i][c * ops[i].sc]);
                 out[c * y->sc] = r;
             }
         }
@@ -569,7 +659,10 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
         case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
         case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
         case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
-        case TF_STEP_SOFTMAX: softmax(arena, (const tf_copy_args *)p); break;
+        case TF_STEP_SOFTMAX: softmax(arena, (const tf_softmax_args *)p); break;
+        case TF_STEP_CHANNEL_NORM: channel_norm(arena, weights, (const tf_norm_args *)p); break;
+        case TF_STEP_INSTANCE_NORM: instance_norm(arena, weights, (const tf_norm_args *)p); break;
+        case TF_STEP_CHANNEL_REDUCE: channel_reduce(arena, (const tf_global_args *)p); break;
         case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
         case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
         case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;

@@ -18,7 +18,9 @@
 typedef struct { long off, n, c, h, w, sn, sc, sh, sw; } tf_view;
 
 enum { TF_ACT_RELU = 1, TF_ACT_LEAKYRELU, TF_ACT_CLIP, TF_ACT_SIGMOID, TF_ACT_TANH,
-       TF_ACT_HARDSIGMOID, TF_ACT_HARDSWISH, TF_ACT_SILU };
+       TF_ACT_HARDSIGMOID, TF_ACT_HARDSWISH, TF_ACT_SILU,
+       TF_ACT_MISH, TF_ACT_GELU, TF_ACT_GELU_TANH, TF_ACT_SOFTPLUS, TF_ACT_ELU, TF_ACT_SELU, /* selu: a alpha, b gamma */
+       TF_ACT_SQRT, TF_ACT_EXP, TF_ACT_LOG, TF_ACT_NEG, TF_ACT_ABS, TF_ACT_RECIPROCAL, TF_ACT_ERF };
 #define TF_MAX_ACTS 4
 /* An activation chain applied in order after a layer (kind 0 ends it). */
 typedef struct { int kind[TF_MAX_ACTS]; float a[TF_MAX_ACTS], b[TF_MAX_ACTS]; } tf_acts;
@@ -47,6 +49,7 @@ typedef struct {
 } tf_pool_args;
 
 enum { TF_GLOBAL_MEAN, TF_GLOBAL_MAX };
+/* Mean or max over H x W (TF_STEP_GLOBAL) or over C at each pixel (TF_STEP_CHANNEL_REDUCE). */
 typedef struct { tf_view x, y; int kind; tf_acts act; } tf_global_args;
 
 typedef struct { tf_view x, y; long w, b, in_features; tf_acts act; } tf_gemm_args; /* w: (out, in); b < 0: none */
@@ -55,9 +58,16 @@ typedef struct { tf_view x, y; long w, b, in_features; tf_acts act; } tf_gemm_ar
  * constant of (1, c, h, w) in the weights, its rows and columns from (h0, w0). */
 typedef struct { int is_const; tf_view v; long w, c, h, w_, h0, w0; } tf_operand;
 #define TF_MAX_OPERANDS 8
-typedef struct { tf_view y; int product, count; tf_operand op[TF_MAX_OPERANDS]; tf_acts act; } tf_eltwise_args;
+/* How operands combine, folded left to right: ((op0 f op1) f op2) ...; PRELU: op1 is the slope;
+ * CLIP: op1 the lower bound, op2 the upper. */
+enum { TF_ELT_SUM, TF_ELT_PRODUCT, TF_ELT_SUB, TF_ELT_DIV, TF_ELT_POW, TF_ELT_MIN, TF_ELT_MAX, TF_ELT_PRELU, TF_ELT_CLIP };
+typedef struct { tf_view y; int fn, count; tf_operand op[TF_MAX_OPERANDS]; tf_acts act; } tf_eltwise_args;
 
 typedef struct { tf_view x, y; long scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
+/* (x - mean) / sqrt(var + eps) * scale[c] + bias[c]; CHANNEL_NORM: statistics over C at each pixel
+ * (LayerNorm over channels), INSTANCE_NORM: over H x W of each sample and channel. */
+typedef struct { tf_view x, y; long scale, bias; float eps; tf_acts act; } tf_norm_args;
+typedef struct { tf_view x, y; int log; } tf_softmax_args; /* over C at every pixel; log: LogSoftmax */
 typedef struct { tf_view x, y; long size; float alpha, beta, bias; } tf_lrn_args;
 typedef struct { tf_view y; int count; const tf_view *x; tf_acts act; } tf_concat_args; /* x: count views */
 
@@ -95,7 +105,8 @@ typedef struct { tf_view x, y; long taps, rows, cols, row_w, col_w; } tf_interp_
 
 enum { TF_STEP_CONV, TF_STEP_POOL, TF_STEP_GLOBAL, TF_STEP_GEMM, TF_STEP_SOFTMAX, TF_STEP_ELTWISE,
        TF_STEP_AFFINE, TF_STEP_LRN, TF_STEP_CONCAT, TF_STEP_PAD, TF_STEP_RESIZE, TF_STEP_COPY,
-       TF_STEP_SHUFFLE, TF_STEP_INPUT, TF_STEP_MOVES, TF_STEP_DECONV, TF_STEP_INTERP };
+       TF_STEP_SHUFFLE, TF_STEP_INPUT, TF_STEP_MOVES, TF_STEP_DECONV, TF_STEP_INTERP,
+       TF_STEP_CHANNEL_NORM, TF_STEP_INSTANCE_NORM, TF_STEP_CHANNEL_REDUCE };
 typedef struct { int kind; const void *args; } tf_step;
 
 /* Runs `count` steps; returns 0, or the input callback's non-zero status. */
