@@ -133,6 +133,7 @@ def test_plan_out_on_a_full_disk(tmp_path, capsys, monkeypatch):
 
 def test_fit_outputs_on_a_full_disk(tmp_path, monkeypatch):
     from tightfit import fit as F
+    from tightfit import report as R
 
     app = F.load_fit_app("minakova5")
     outcome = F.fit(app, 16_000, cost=StepCost(), measure=False, timer=lambda plan, graphs: [1000.0] * len(graphs))
@@ -141,9 +142,9 @@ def test_fit_outputs_on_a_full_disk(tmp_path, monkeypatch):
         Path(path).write_bytes(b"\x89PNG partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(F, "plot_memory", full)
+    monkeypatch.setattr(R, "fit_plot", full)
     with pytest.raises(atomic.OutputError, match="No space left on device"):
-        F.write_outputs(outcome, tmp_path / "out", F.report(outcome))
+        R.write_fit_outputs(outcome, tmp_path / "out", R.fit_report(outcome))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -199,13 +200,14 @@ def test_a_signal_while_measuring_leaves_nothing(m5_plan, tmp_path):
     _interrupt(["run", str(m5_plan), "--measure"], signal.SIGTERM, delay, tmp_path)
 
 
-def test_forked_search_processes_die_with_their_parent(tmp_path):
-    """The search's forked processes have a parent-death signal: SIGKILL of the parent (no
-    handler can run) still ends them."""
+def test_children_die_with_their_parent(tmp_path):
+    """Our children (measuring child, timing workers, cc, exported programs: all started by
+    children.popen) have a parent-death signal: SIGKILL of the parent (no handler can run)
+    still ends them."""
     mark = new_mark()
-    script = ("import time\nfrom tightfit.plan.fit import _run_forked\n"
-              "print('started', flush=True)\n"
-              "_run_forked([lambda: time.sleep(300)] * 2, lambda: time.sleep(300))\n")
+    script = ("import sys, time\nfrom tightfit import children\n"
+              "kids = [children.popen([sys.executable, '-c', 'import time; time.sleep(300)']) for _ in range(2)]\n"
+              "print('started', flush=True)\ntime.sleep(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], env=_env(mark, tmp_path), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "started"

@@ -69,29 +69,6 @@ def kill(proc: subprocess.Popen) -> None:
     LIVE.pop(proc.pid, None)
 
 
-def adopt(proc: Any) -> None:
-    """In the parent, right after a forked child (multiprocessing) started: its own group (set
-    on both sides, whichever runs first), ended by `kill_all`."""
-    try:
-        os.setpgid(proc.pid, proc.pid)
-    except OSError:  # it already set it itself, or already exited
-        pass
-    LIVE[proc.pid] = proc
-
-
-def in_forked_child(parent: int) -> None:
-    """First thing in a forked child: its own group, death with `parent`, the default signal
-    actions (not the parent's handler) and none of the parent's children to kill."""
-    LIVE.clear()
-    for s in HANDLED_SIGNALS:
-        signal.signal(s, signal.SIG_DFL)
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
-    die_with_parent(parent)
-
-
 def _killpg(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
