@@ -578,7 +578,9 @@ def write_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "plan.json").write_text(schema.dumps(o.plan))
+        from tightfit.api import portable
+
+        (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(report_text(r) + "\n")
         plot_memory(o, tmp / "memory.png")
