@@ -9,6 +9,7 @@ patterns); freeze into a validated Graph.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,10 +37,12 @@ def supported_onnx_types() -> list[str]:
     return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES))
 
 
-def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
-    """Import an ONNX file. External data may only live beside the model (same folder or below)."""
+def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None,
+              nchw_shape: bool = False) -> Graph:
+    """Import an ONNX file. External data may only live beside the model (same folder or below).
+    `input_shape` is in the input's own layout, or NCHW with `nchw_shape` (a plan's record)."""
     model = _read_model(Path(path))
-    return import_model(model, input_shape, name or Path(path).stem)
+    return import_model(model, input_shape, name or Path(path).stem, nchw_shape=nchw_shape)
 
 
 def _read_model(path: Path) -> onnx.ModelProto:
@@ -76,15 +79,16 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
 
 
 def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
-                 fuse_batchnorm: bool = True) -> Graph:
+                 fuse_batchnorm: bool = True, nchw_shape: bool = False) -> Graph:
     """`fuse_batchnorm=False` keeps every batch norm a layer of its own (with its ONNX node's
-    name as the layer's first node), for tools that need to see batch-norm inputs."""
+    name as the layer's first node), for tools that need to see batch-norm inputs.
+    `nchw_shape`: `input_shape` is the graph's NCHW shape even where the file's input is NHWC."""
     try:
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
     b = _Builder(model, opset, name)
-    b.set_inputs(input_shape)
+    b.set_inputs(input_shape, nchw_shape)
     b.check_supported()
     b.walk()
     return b.finish(fuse_batchnorm)
@@ -128,17 +132,32 @@ class _Builder:
         self.original: list[str] = []
 
     # --- inputs -------------------------------------------------------------------------
-    def set_inputs(self, input_shape: Sequence[int] | None) -> None:
+    def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
+        """The input's shape, from the file or `input_shape` (in the input's own layout: NHWC for
+        a model that starts with a Transpose from NHWC, whose graph input is then the NCHW
+        tensor that Transpose makes, so the first layers can still be split by rows)."""
         inputs = [i for i in self.model.graph.input if i.name not in self.consts]
         if len(inputs) != 1:
             raise ModelLoadError(f"tightfit takes models with one input; this one has {len(inputs)}")
         inp = inputs[0]
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                 for d in inp.type.tensor_type.shape.dim]
+        self.nhwc_transpose = _nhwc_transpose(self.model.graph, inp.name) if len(dims) == 4 else None
+        layout = "NHWC" if self.nhwc_transpose is not None else "NCHW"
+        if nchw_shape and layout == "NHWC" and input_shape is not None and len(input_shape) == 4:
+            n, c, h, w = input_shape
+            input_shape = (n, h, w, c)
         if input_shape is None:
+            if len(dims) > 1 and dims[0] is None and all(d is not None for d in dims[1:]):
+                dims[0] = 1
+                _say_once(f"tightfit: input {inp.name!r} of {self.name} has a dynamic batch dimension; using batch 1 "
+                          "(--input-shape gives another)")
             if not dims or any(d is None for d in dims):
                 shown = "x".join("?" if d is None else str(d) for d in dims)
-                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}); give --input-shape, e.g. 1x3x224x224")
+                example = (1, 224, 224, 3) if layout == "NHWC" else (1, 3, 224, 224)
+                hint = [e if d is None or i == 0 else d for i, (d, e) in enumerate(zip(dims, example))] if len(dims) == 4 else example
+                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}, {layout}); give --input-shape "
+                                      f"in that layout, e.g. {'x'.join(map(str, hint))}")
             shape = tuple(dims)
         else:
             shape = tuple(int(d) for d in input_shape)
@@ -150,7 +169,12 @@ class _Builder:
         if len(shape) != 4:
             raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
         self.input = inp.name
-        self.declared_batch = dims[0] if dims else None
+        self.declared_batch = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
+        self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+        if self.nhwc_transpose is not None:
+            self.input_forms = ((inp.name, "nhwc", shape),)
+            shape = (shape[0], shape[3], shape[1], shape[2])
+            self.alias[self.nhwc_transpose.output[0]] = inp.name
         self.shapes[inp.name] = shape
         self.original.append(inp.name)
 
@@ -180,9 +204,14 @@ class _Builder:
 
     def walk(self) -> None:
         for node in self.model.graph.node:
+            if node is self.nhwc_transpose:
+                continue  # the input arrives in NCHW (see set_inputs)
             inputs = [self.resolve(i) if i else "" for i in node.input]
             if node.op_type == "Constant":
-                self.consts[node.output[0]] = _constant_value(node)
+                value = _constant_value(node)
+                self.consts[node.output[0]] = value
+                if value.dtype.kind == "f":  # weights held in Constant nodes are parameters too
+                    self.original_params += int(value.size)
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
                 self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
             elif all(not i or i in self.consts for i in inputs):
@@ -277,7 +306,7 @@ class _Builder:
 
     # --- fusion and freezing --------------------------------------------------------------
     def finish(self, fuse_batchnorm: bool = True) -> Graph:
-        outputs = [self.resolve(o.name) for o in self.model.graph.output]
+        outputs = self._output_names()
         for t in outputs:
             if t not in self.shapes:
                 raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
@@ -292,9 +321,33 @@ class _Builder:
             name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
             outputs=tuple(outputs), params=params,
             original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
-            original_param_count=self.original_params,
+            original_param_count=self.original_params, input_forms=self.input_forms,
         )
         return validate(graph)
+
+    def _output_names(self) -> list[str]:
+        """The model's outputs by their own names: a layer whose result reaches an output
+        through Identity nodes is renamed to the output (every result, JSON and API then speak
+        of the model's names)."""
+        declared = [o.name for o in self.model.graph.output]
+        outputs = []
+        for name in declared:
+            t = self.resolve(name)
+            if t == self.input:
+                raise ModelLoadError(f"model output {name!r} is the input itself; nothing to run")
+            if t != name and t in self.shapes and t not in declared and t not in outputs:
+                self._rename(t, name)
+                t = name
+            outputs.append(t)
+        return outputs
+
+    def _rename(self, old: str, new: str) -> None:
+        for p in self.protos:
+            p.inputs = [new if t == old else t for t in p.inputs]
+            if p.output == old:
+                p.output = new
+        self.shapes[new] = self.shapes.pop(old)
+        self.original = [new if t == old else t for t in self.original]
 
 
 def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:
@@ -314,6 +367,25 @@ def _dedupe_names(layers: list[Layer]) -> None:
             new = f"{layer.name}_{i}"
             layers[i] = Layer(layer.id, new, layer.op, layer.inputs, layer.output, layer.attrs, layer.params, layer.nodes)
         seen[layers[i].name] = i
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """A note on stderr, once per process (a model is loaded many times by one command)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr)
+
+
+def _nhwc_transpose(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
+    """The Transpose (0, 3, 1, 2) that is the only reader of input `name`, if there is one."""
+    readers = [n for n in graph.node if name in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Transpose" or name in {o.name for o in graph.output}:
+        return None
+    perm = next((list(a.ints) for a in readers[0].attribute if a.name == "perm"), None)
+    return readers[0] if perm == [0, 3, 1, 2] else None
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
