@@ -227,3 +227,49 @@ def test_old_and_new_opsets(opset, tmp_path):
     got = run_reference(g, x)[g.outputs[0]]
     want = onnxruntime_outputs(model.SerializeToString(), model_input(g, x))
     assert compare(got, want[g.outputs[0]]).ok
+
+
+@pytest.mark.parametrize("form", ["identity", "chw", "flat"])
+def test_reshapes_and_identity_at_the_input(form, tmp_path, capsys):
+    """An Identity, an Unsqueeze of a CHW image or a Reshape of a flat one: the graph's input is
+    the NCHW tensor they make, under the model's input name; onnxruntime gets the file's form."""
+    if form == "identity":
+        dims, head = [1, 3, 16, 16], [helper.make_node("Identity", ["x"], ["x4"])]
+        inits = {}
+    elif form == "chw":
+        dims, head = [3, 16, 16], [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"])]
+        inits = {"axes": np.asarray([0], np.int64)}
+    else:
+        dims = [1, 3 * 16 * 16]
+        head = [helper.make_node("Reshape", ["x", "s"], ["x3"]), helper.make_node("Reshape", ["x3", "s4"], ["x4"])]
+        inits = {"s": np.asarray([3, 16, 16], np.int64), "s4": np.asarray([1, 3, 16, 16], np.int64)}
+    path = _save(tmp_path, _model(head + _two_convs(x="x4"), {**_inits(), **inits}, dims, ["y"]))
+    g = load_onnx(path)
+    assert g.inputs == ("x",) and g.shape("x") == (1, 3, 16, 16) and g.layers[0].op == "conv"
+    assert _run_json(["run", path, "--verify"], capsys)["verify"]["ok"]
+    _plan_and_verify(path, tmp_path, capsys)
+
+
+class _Rank5Head(nn.Module):
+    """YOLOv5's export without its decoder: each head reshaped to (N, anchors, H, W, 5 + classes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.d = nn.Conv2d(3, 8, 3, 2, 1), nn.Conv2d(8, 3 * 7, 1)
+
+    def forward(self, x):
+        y = self.d(torch.relu(self.c(x)))
+        n, _, h, w = y.shape
+        return y.view(n, 3, 7, h, w).permute(0, 1, 3, 4, 2).contiguous()
+
+
+def test_a_chain_of_reshapes_at_the_output(tmp_path, capsys):
+    torch.manual_seed(2)
+    path = tmp_path / "head.onnx"
+    torch.onnx.export(_Rank5Head().eval(), (torch.zeros(1, 3, 32, 32),), str(path), dynamo=False, opset_version=17,
+                      input_names=["images"], output_names=["out"])
+    g = load_onnx(path)
+    assert g.outputs == ("out",) and g.shape("out") == (1, 3, 16, 16, 7)
+    report = _run_json(["run", path, "--verify"], capsys)
+    assert report["verify"]["ok"] and list(report["outputs"]) == ["out"], report
+    _plan_and_verify(str(path), tmp_path, capsys)

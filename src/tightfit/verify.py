@@ -29,10 +29,13 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
 
 def model_input(graph: Graph, x: torch.Tensor) -> np.ndarray:
     """The graph's NCHW input as the model file takes it (channels-last where it starts with a
-    Transpose from NHWC)."""
-    forms = {name: form for name, form, _ in graph.input_forms}
-    if forms.get(graph.inputs[0]) == "nhwc":
+    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW)."""
+    forms = {name: (form, shape) for name, form, shape in graph.input_forms}
+    form, shape = forms.get(graph.inputs[0], ("nchw", ()))
+    if form == "nhwc":
         return x.permute(0, 2, 3, 1).contiguous().numpy()
+    if form == "reshape":
+        return x.reshape(shape).numpy()
     return x.numpy()
 
 

@@ -147,6 +147,8 @@ class _Builder:
         if nchw_shape and layout == "NHWC" and input_shape is not None and len(input_shape) == 4:
             n, c, h, w = input_shape
             input_shape = (n, h, w, c)
+        elif nchw_shape and len(dims) != 4 and all(d is not None for d in dims):
+            input_shape = None  # reshaped to NCHW in the file: its own shape (a fingerprint checks the result)
         if input_shape is None:
             if len(dims) > 1 and dims[0] is None and all(d is not None for d in dims[1:]):
                 dims[0] = 1
@@ -166,15 +168,25 @@ class _Builder:
             for i, (given, known) in enumerate(zip(shape, dims)):
                 if i > 0 and known is not None and given != known:
                     raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
-        if len(shape) != 4:
-            raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
         self.input = inp.name
         self.declared_batch = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
         self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-        if self.nhwc_transpose is not None:
+        self.absorbed: set[str] = set()  # outputs of the nodes that only change the input's form
+        if len(shape) != 4:
+            # A chain of reshapes to NCHW (a CHW or flat input): the graph's input is its end.
+            chain = _reshape_chain(self.model.graph, inp.name, shape, self.consts, self.opset)
+            if chain is None:
+                raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
+            nodes, nchw = chain
+            self.input_forms, self.declared_batch = ((inp.name, "reshape", shape),), None
+            self.alias[nodes[-1].output[0]] = inp.name
+            self.absorbed = {n.output[0] for n in nodes}
+            shape = nchw
+        elif self.nhwc_transpose is not None:
             self.input_forms = ((inp.name, "nhwc", shape),)
             shape = (shape[0], shape[3], shape[1], shape[2])
             self.alias[self.nhwc_transpose.output[0]] = inp.name
+            self.absorbed = {self.nhwc_transpose.output[0]}
         self.shapes[inp.name] = shape
         self.original.append(inp.name)
 
@@ -204,7 +216,7 @@ class _Builder:
 
     def walk(self) -> None:
         for node in self.model.graph.node:
-            if node is self.nhwc_transpose:
+            if node.output and node.output[0] in self.absorbed:
                 continue  # the input arrives in NCHW (see set_inputs)
             inputs = [self.resolve(i) if i else "" for i in node.input]
             if node.op_type == "Constant":
@@ -386,6 +398,40 @@ def _nhwc_transpose(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
         return None
     perm = next((list(a.ints) for a in readers[0].attribute if a.name == "perm"), None)
     return readers[0] if perm == [0, 3, 1, 2] else None
+
+
+RESHAPE_TYPES = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+def _reshape_chain(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], consts: dict[str, np.ndarray],
+                   opset: int) -> tuple[list[onnx.NodeProto], tuple[int, ...]] | None:
+    """The nodes that take input `name` of `shape` to a rank-4 tensor by reshapes alone (each
+    the only reader of what it reads), and that tensor's shape; None if there is no such chain."""
+    known = dict(consts)
+    known.update({n.output[0]: _constant_value(n) for n in graph.node if n.op_type == "Constant"})
+    nodes: list[onnx.NodeProto] = []
+    t, s = name, tuple(shape)
+    for _ in range(8):
+        readers = [n for n in graph.node if t in n.input]
+        if len(readers) != 1 or readers[0].op_type not in RESHAPE_TYPES or readers[0].input[0] != t:
+            return None
+        node = readers[0]
+        if any(i and i != t and i not in known for i in node.input):
+            return None
+        s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        nodes.append(node)
+        t = node.output[0]
+        if len(s) == 4:
+            return nodes, s
+    return None
+
+
+def _output_shape(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int) -> tuple[int, ...]:
+    from onnx.reference import ReferenceEvaluator
+
+    graph = onnx.helper.make_graph([node], "shape", [onnx.helper.make_empty_tensor_value_info(i) for i in feeds],
+                                   [onnx.helper.make_empty_tensor_value_info(node.output[0])])
+    return tuple(np.asarray(ReferenceEvaluator(graph, opsets={"": opset}).run(None, feeds)[0]).shape)
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:

@@ -88,8 +88,9 @@ class Graph:
     # (every original tensor in its own buffer, as DL frameworks do).
     original_tensors: tuple[Tensor, ...] = ()
     original_param_count: int = 0
-    # How the model file's own inputs differ from the graph's NCHW inputs: (graph input, "nhwc",
-    # the file's shape) for an input the file takes channels-last (its Transpose absorbed).
+    # How the model file's own inputs differ from the graph's NCHW inputs: (graph input, form,
+    # the file's shape), form "nhwc" for an input the file takes channels-last (its Transpose
+    # absorbed) or "reshape" for one it reshapes to NCHW (CHW, flat; the reshapes absorbed).
     input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
