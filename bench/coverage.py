@@ -43,7 +43,7 @@ from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
 from tightfit.runtime.reference import random_input, run_reference  # noqa: E402
 from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
 
-SEARCH_SECONDS = 30.0  # each search's limit (a search stopped by it answers with its best so far)
+SEARCH_SECONDS = 60.0  # the parts search's limit and fit's --time-limit (a stopped search answers with its best so far)
 
 
 @dataclass
@@ -68,6 +68,7 @@ class Row:
     tiling_ok: bool = False
     fit: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
 
     @property
     def half(self) -> int:
@@ -131,8 +132,9 @@ def smallest_parts(model: PlannedModel):
 def smallest_tiling(model: PlannedModel):
     from tightfit.plan.tiling import plan_point, search_tiling
 
-    found = search_tiling(model, lambda plan, steps: float(len(steps)), 1, front_points=0,
-                          deadline=Deadline.after(SEARCH_SECONDS))
+    # No deadline: the tiling search stopped by one before it planned every plain segment fails
+    # with KeyError in smallest_point (plan/tiling.py, seen on alexnet under load).
+    found = search_tiling(model, lambda plan, steps: float(len(steps)), 1, front_points=0)
     return plan_point(model, found.chosen)
 
 
@@ -170,10 +172,13 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
     if split:
         for kind, search in (("parts", smallest_parts), ("tiling", smallest_tiling)):
             t0 = time.perf_counter()
-            plan = search(model)
-            check_plan(plan, [g])
-            setattr(row, f"{kind}_bytes", run_memory(plan))
-            setattr(row, f"{kind}_ok", matches_reference(plan, g, x, want))
+            try:
+                plan = search(model)
+                check_plan(plan, [g])
+                setattr(row, f"{kind}_bytes", run_memory(plan))
+                setattr(row, f"{kind}_ok", matches_reference(plan, g, x, want))
+            except Exception as e:  # a planner's bug: shown in the table, the other stages still run
+                row.problems.append(f"{kind}: {type(e).__name__}: {str(e)[:120]}")
             row.seconds[kind] = time.perf_counter() - t0
     if fit:
         t0 = time.perf_counter()
@@ -210,7 +215,8 @@ def line(row: Row) -> str:
     tiling = f"{_mb(row.tiling_bytes):>7} {half(row.tiling_bytes)} {'ok' if row.tiling_ok else 'DIFF'}" if row.tiling_bytes else f"{'-':>16}"
     return (f"{row.name:<30} {row.opset:>2} {row.layers:>6} {row.ops:>4} {row.params / 1e6:>8.3f} {params:>12}  "
             f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f}  "
-            f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}")
+            f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
+            + "".join(f"\n{'':<33}{p}" for p in row.problems))
 
 
 HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'torch':>12}  {'onnxruntime':<11}  "

@@ -89,6 +89,7 @@ def test_whole_corpus(name, opset):
     assert row.torch_path_ok, "the PyTorch path's graph differs from the module"
     assert row.ort_ok, f"differs from onnxruntime: {row.ort_diff}"
     assert row.reuse == row.lower_bound, row.reuse / row.lower_bound
+    assert not row.problems, row.problems
     assert row.parts_ok and row.tiling_ok, "a split plan differs from the reference executor"
     assert row.parts_bytes <= row.reuse and row.tiling_bytes <= row.reuse
     assert row.fit == "ok" or "smallest" in row.fit, row.fit  # fits half, or says the smallest reachable in one line
