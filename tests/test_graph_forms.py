@@ -169,6 +169,12 @@ def test_several_outputs(tmp_path, capsys):
     got = run_reference(g, random_input(g))
     for name, w in zip(g.outputs, want):
         assert compare(got[name], w).ok
+    from tightfit.frontend.torch_import import from_module
+
+    through_torch = from_module(module, (1, 3, 32, 32))  # the PyTorch path names them in the module's order
+    assert through_torch.outputs == ("output", "output1", "output2")
+    got = run_reference(through_torch, random_input(through_torch))
+    assert all(compare(got[t], w).ok for t, w in zip(through_torch.outputs, want))
     for i, method in enumerate((["--method", "reuse"], ["--method", "parts", "--rows", "1"],
                                 ["--method", "tiling", "--tiling", "0-0:2x2"])):
         plan = tmp_path / f"plan{i}.json"
