@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import sys
@@ -33,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import header  # noqa: E402
-from tightfit.errors import TightfitError  # noqa: E402
+from tightfit.errors import TightfitError, UnsupportedOpsError  # noqa: E402
 from tightfit.frontend import corpus  # noqa: E402
 from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
 from tightfit.graph.ir import Graph  # noqa: E402
@@ -93,6 +94,7 @@ def file_parameters(path: Path) -> int:
     return sum(int(a.size) for a in arrays if a.dtype.kind == "f")
 
 
+@functools.lru_cache(maxsize=None)  # (the same for every opset of a model)
 def torch_path(name: str) -> tuple[int, int, bool]:
     """(torch's count, `inspect`'s count on the PyTorch path, whether that graph's reference run
     matches the module's own output)."""
@@ -144,6 +146,10 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
     t0 = time.perf_counter()
     try:
         path, g = load(name, opset)
+    except UnsupportedOpsError as e:  # the ops alone (the first node of each is in the error itself)
+        row.error = "unsupported " + ", ".join(f"{op}" if ":" not in node else f"{op} ({node.split(': ', 1)[1]})"
+                                               for op, node in sorted(e.unsupported.items()))
+        return row
     except TightfitError as e:
         row.error = str(e)
         return row
@@ -206,7 +212,7 @@ def _mb(n: int) -> str:
 
 def line(row: Row) -> str:
     if row.error:
-        return f"{row.name:<30} {row.opset:>2}  does not import: {row.error[:150]}"
+        return f"{row.name:<30} {row.opset:>2}  does not import: {row.error[:200]}"
     params = "=" if row.torch_path_params == row.torch_params else f"{row.torch_path_params - row.torch_params:+d}"
     params += "" if row.params == row.file_params else f" file{row.params - row.file_params:+d}"
     params += "" if row.torch_path_ok else " DIFF"
