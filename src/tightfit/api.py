@@ -235,8 +235,8 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
         spec = _model_file(ref, p.parent)
         g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.input_shape)
         if fingerprint(g) != ref.fingerprint:
-            raise schema.PlanError(f"model {spec} is not the one plan {p} was made for (fingerprint {fingerprint(g)}, "
-                                   f"plan {ref.fingerprint}): plan it again")
+            raise schema.PlanError(f"plan {p} was made for another model than {spec} (fingerprint {fingerprint(g)}, "
+                                   f"the plan's {ref.fingerprint}): was it changed? plan it again")
         graphs.append(g)
     check_plan(plan_, graphs)
     return plan_, graphs
