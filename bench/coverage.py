@@ -91,7 +91,7 @@ def file_parameters(path: Path) -> int:
     model = onnx.load(str(path))
     arrays = [numpy_helper.to_array(i) for i in model.graph.initializer]
     arrays += [numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
-    return sum(int(a.size) for a in arrays if a.dtype.kind == "f")
+    return sum(int(a.size) for a in arrays if a.dtype.kind == "f" and a.ndim > 0)  # (float scalars are operands)
 
 
 @functools.lru_cache(maxsize=None)  # (the same for every opset of a model)

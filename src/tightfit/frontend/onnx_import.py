@@ -125,7 +125,7 @@ class _Builder:
         self.model, self.opset, self.name = model, opset, name
         g = model.graph
         self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-        self.original_params = sum(int(a.size) for a in self.consts.values() if a.dtype.kind == "f")
+        self.original_params = sum(_weight_size(a) for a in self.consts.values())
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.alias: dict[str, str] = {}
         self.protos: list[_Proto] = []
@@ -222,8 +222,7 @@ class _Builder:
             if node.op_type == "Constant":
                 value = _constant_value(node)
                 self.consts[node.output[0]] = value
-                if value.dtype.kind == "f":  # weights held in Constant nodes are parameters too
-                    self.original_params += int(value.size)
+                self.original_params += _weight_size(value)  # weights held in Constant nodes are parameters too
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
                 self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
             elif all(not i or i in self.consts for i in inputs):
@@ -379,6 +378,12 @@ def _dedupe_names(layers: list[Layer]) -> None:
             new = f"{layer.name}_{i}"
             layers[i] = Layer(layer.id, new, layer.op, layer.inputs, layer.output, layer.attrs, layer.params, layer.nodes)
         seen[layers[i].name] = i
+
+
+def _weight_size(a: np.ndarray) -> int:
+    """How many parameters a constant holds: the values of a float tensor; a float scalar (a
+    Clip bound, the 6 of `x / 6`) is an operand of an op, not a weight."""
+    return int(a.size) if a.dtype.kind == "f" and a.ndim > 0 else 0
 
 
 _SAID: set[str] = set()
