@@ -124,8 +124,7 @@ class ArenaExecutor:
         outs: list[dict[str, torch.Tensor]] = [dict() for _ in self.graphs]
         for m, a in output_accesses(self.plan, self.graphs):
             outs[m][a.tensor] = access_view(views[a.buffer], a)
-        # in the model's order of outputs (a detector's heads as it declares them)
-        return [{t: o[t] for t in dict.fromkeys(g.outputs) if t in o} for g, o in zip(self.graphs, outs)]
+        return outs
 
     # --- running --------------------------------------------------------------------------------
     def run(self, inputs: torch.Tensor | Sequence[torch.Tensor], frame: int = 0) -> list[dict[str, torch.Tensor]]:
