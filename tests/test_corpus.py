@@ -99,3 +99,15 @@ def test_whole_corpus(name, opset):
     assert row.parts_ok and row.tiling_ok, "a split plan differs from the reference executor"
     assert row.parts_bytes <= row.reuse and row.tiling_bytes <= row.reuse
     assert row.fit == "ok" or "smallest" in row.fit, row.fit  # fits half, or says the smallest reachable in one line
+
+
+def test_tiling_search_stopped_by_its_deadline_answers():
+    """Found by the corpus under load: a tiling search whose deadline passed before the fine
+    space had its layer-by-layer options for the new cut points failed with KeyError."""
+    from tightfit.plan.deadline import Deadline
+    from tightfit.plan.tiling import search_tiling
+
+    g = load_onnx(corpus.onnx_path("squeezenet1_1", 17))
+    found = search_tiling(PlannedModel(g, "squeezenet1_1"), lambda plan, steps: float(len(steps)), 1,
+                          front_points=0, deadline=Deadline.after(0.0))
+    assert found.timed_out and found.chosen.peak_bytes > 0

@@ -780,6 +780,8 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
         for a, b in pairs:  # every segment can run layer by layer, whatever the deadline cuts off below
             lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
             plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
+        if timed_out:  # (the fine space's new cut points still need their layer-by-layer options)
+            return
         for a, b in pairs:
             if not groupable(a, b) or not keep(a, b):
                 continue
@@ -819,8 +821,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     def add_until_deadline(*args) -> None:
         nonlocal timed_out
         try:
-            if not timed_out:
-                add_segments(*args)
+            add_segments(*args)
         except TimeUp:
             timed_out = True
         progress(f"tiling search: {evaluated} group options planned{' (time is up)' if timed_out else ''}")
