@@ -125,7 +125,8 @@ class _Builder:
         self.model, self.opset, self.name = model, opset, name
         g = model.graph
         self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-        self.original_params = sum(_weight_size(a) for a in self.consts.values())
+        self.operands = _resize_operands(g, set(self.consts))
+        self.original_params = sum(_weight_size(a) for k, a in self.consts.items() if k not in self.operands)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.alias: dict[str, str] = {}
         self.protos: list[_Proto] = []
@@ -222,7 +223,8 @@ class _Builder:
             if node.op_type == "Constant":
                 value = _constant_value(node)
                 self.consts[node.output[0]] = value
-                self.original_params += _weight_size(value)  # weights held in Constant nodes are parameters too
+                if node.output[0] not in self.operands:  # weights held in Constant nodes are parameters too
+                    self.original_params += _weight_size(value)
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
                 self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
             elif all(not i or i in self.consts for i in inputs):
@@ -378,6 +380,25 @@ def _dedupe_names(layers: list[Layer]) -> None:
             new = f"{layer.name}_{i}"
             layers[i] = Layer(layer.id, new, layer.op, layer.inputs, layer.output, layer.attrs, layer.params, layer.nodes)
         seen[layers[i].name] = i
+
+
+def _resize_operands(graph: onnx.GraphProto, consts: set[str]) -> set[str]:
+    """The constants a Resize's roi and scales are computed from: operands, not weights."""
+    const = set(consts)
+    producer = {}
+    for n in graph.node:
+        if n.op_type == "Constant" or all(not i or i in const for i in n.input):
+            const.update(n.output)
+            for o in n.output:
+                producer[o] = n
+    todo = [t for n in graph.node if n.op_type in ("Resize", "Upsample") for t in n.input[1:] if t in const]
+    seen: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t not in seen:
+            seen.add(t)
+            todo += [i for i in producer[t].input if i] if t in producer else []
+    return seen
 
 
 def _weight_size(a: np.ndarray) -> int:
