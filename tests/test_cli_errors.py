@@ -64,10 +64,17 @@ def test_unsupported_ops_all_listed_before_running(capsys, tmp_path):
 
 
 def test_dynamic_input_needs_input_shape(capsys, tmp_path):
+    """A dynamic batch alone defaults to 1 (one line on stderr, issue 22); a dynamic image size
+    needs --input-shape."""
     p = tmp_path / "dyn.onnx"
     onnx.save(_conv_model(batch="N"), str(p))
-    assert "--input-shape" in _err(["inspect", str(p)], capsys)
     assert main(["inspect", str(p), "--input-shape", "2x3x8x8"]) == 0
+    assert main(["inspect", str(p)]) == 0
+    assert "dynamic batch" in capsys.readouterr().err
+    model = _conv_model()
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    onnx.save(model, str(p))
+    assert "--input-shape" in _err(["inspect", str(p)], capsys)
 
 
 @pytest.mark.parametrize("shape", ["1x3x8", "1x4x8x8", "1xthreex8x8", "0x3x8x8"])

@@ -1,6 +1,7 @@
 """The small public API; the CLI is built on it."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,12 +211,62 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     plan_ = schema.loads(p.read_text())
     graphs = []
     for ref in plan_.models:
-        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape, allow_code, f"plan {p}")
+        spec = _model_file(ref, p.parent)
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.input_shape, allow_code, f"plan {p}")
         if fingerprint(g) != ref.fingerprint:
-            raise schema.PlanError(f"plan was made for another model than {ref.spec!r} (fingerprint differs)")
+            raise schema.PlanError(f"plan {p} was made for another model than {spec} (fingerprint {fingerprint(g)}, "
+                                   f"the plan's {ref.fingerprint}): was it changed? plan it again")
         graphs.append(g)
     check_plan(plan_, graphs)
     return plan_, graphs
+
+
+def _model_file(ref, folder: Path) -> str:
+    """Where a plan's model is: a zoo name or module:factory as written; a file relative to the
+    plan's folder, else as written (relative to the working folder), else where it was when the
+    plan was written. A missing file is one line naming every place looked at."""
+    from tightfit.frontend import zoo
+    from tightfit.plan import schema
+
+    if ref.spec in zoo.names() or not _looks_like_file(ref.spec):
+        return ref.spec
+    candidates = [folder / ref.spec, Path(ref.spec)] + ([Path(ref.location)] if ref.location else [])
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise schema.PlanError(f"model file of the plan not found: looked at {', '.join(dict.fromkeys(map(str, candidates)))}")
+
+
+def _looks_like_file(spec: str) -> bool:
+    return spec.lower().endswith(".onnx") or Path(spec).is_file() or ("/" in spec and ":" not in spec)
+
+
+def portable(plan_, folder: str | Path):
+    """The plan with each model file named relative to `folder` (where the plan file goes) and by
+    its absolute path, so the plan folder can be run from anywhere and moved (see load_plan)."""
+    from dataclasses import replace
+
+    from tightfit.frontend import zoo
+
+    folder = Path(folder).resolve()
+    models = []
+    for ref in plan_.models:
+        if ref.spec in zoo.names() or not Path(ref.spec).is_file():
+            models.append(ref)
+            continue
+        target = Path(ref.spec).resolve()
+        models.append(replace(ref, spec=Path(os.path.relpath(target, folder)).as_posix(), location=str(target)))
+    return replace(plan_, models=tuple(models))
+
+
+def write_plan(plan_, path: str | Path) -> None:
+    """Write a plan file (its model paths made portable), to a temporary name renamed into place
+    (OSError: atomic.OutputError, one line)."""
+    from tightfit import atomic
+    from tightfit.plan import schema
+
+    path = Path(path)
+    atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
 def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:

@@ -221,7 +221,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import time
 
     import tightfit
-    from tightfit.plan import schema
     from tightfit.plan.check import check_plan
     from tightfit.report import plan_report, plan_text
 
@@ -259,9 +258,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
     if args.out:
-        from tightfit import atomic
-
-        atomic.write_text(args.out, schema.dumps(p))
+        tightfit.api.write_plan(p, args.out)
         report["written"] = args.out
     if args.json:
         print(json.dumps(report, indent=1))

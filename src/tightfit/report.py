@@ -310,7 +310,9 @@ def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
     if out.exists() and not out.is_dir():
         raise OptionError(f"--out {out} is a file, not a folder")
     with atomic.temporary_dir(out) as tmp:  # OSError: one line (atomic.OutputError), nothing left
-        (tmp / "plan.json").write_text(schema.dumps(o.plan))
+        from tightfit.api import portable
+
+        (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(fit_text(r) + "\n")
         fit_plot(o, tmp / "memory.png")

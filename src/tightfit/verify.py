@@ -27,10 +27,31 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()
 
 
-def onnxruntime_outputs(model_bytes: bytes, x: np.ndarray, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
+def model_input(graph: Graph, x: torch.Tensor) -> np.ndarray:
+    """The graph's NCHW input as the model file takes it (channels-last where it starts with a
+    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW)."""
+    forms = {name: (form, shape) for name, form, shape in graph.input_forms}
+    form, shape = forms.get(graph.inputs[0], ("nchw", ()))
+    if form == "nhwc":
+        return x.permute(0, 2, 3, 1).contiguous().numpy()
+    if form == "reshape":
+        return x.reshape(shape).numpy()
+    return x.numpy()
+
+
+def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """`model_bytes` may be a file path (a model with external data is opened where it lies)."""
     import onnx
     import onnxruntime as ort
 
+    if isinstance(model_bytes, str) and not extra:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
+    if isinstance(model_bytes, str):
+        model_bytes = open(model_bytes, "rb").read()
     model = onnx.load_from_string(model_bytes)
     have = {o.name for o in model.graph.output}
     for name in extra:
@@ -45,7 +66,12 @@ def onnxruntime_outputs(model_bytes: bytes, x: np.ndarray, extra: Sequence[str] 
 
 
 def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
-    ref = onnxruntime_outputs(onnx_bytes_for(spec, input_shape), x.numpy())
+    from pathlib import Path
+
+    from tightfit.frontend import zoo
+
+    model = spec if spec not in zoo.names() and spec.lower().endswith(".onnx") and Path(spec).is_file() else onnx_bytes_for(spec, input_shape)
+    ref = onnxruntime_outputs(model, model_input(graph, x))
     worst = None
     for name in graph.outputs:
         c = compare(outputs[name], ref[name])

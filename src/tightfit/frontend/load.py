@@ -12,8 +12,11 @@ from tightfit.errors import ModelLoadError, OptionError
 from tightfit.graph.ir import Graph
 
 
-def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None) -> Graph:
-    """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape)."""
+def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None,
+         nchw_shape: bool = False) -> Graph:
+    """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape).
+    `input_shape` is in the model input's own layout (NHWC for a file that takes NHWC), or the
+    graph's NCHW shape with `nchw_shape`."""
     from tightfit.frontend import zoo
     from tightfit.frontend.onnx_import import load_onnx
     from tightfit.frontend.torch_import import from_module
@@ -28,7 +31,7 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
     if spec in zoo.names():
         return zoo.load(spec, input_shape)
     if spec.endswith(".onnx") or Path(spec).exists():
-        return load_onnx(spec, input_shape)
+        return load_onnx(spec, input_shape, nchw_shape=nchw_shape)
     if ":" in spec:
         return _load_factory(spec, input_shape)
     raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
@@ -57,7 +60,7 @@ def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, wh
 
     named_in_file(spec, where, allow_code)
     default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
-    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape)
+    return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape, nchw_shape=True)
 
 
 def names_code(spec: str) -> bool:

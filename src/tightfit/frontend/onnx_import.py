@@ -9,6 +9,7 @@ patterns); freeze into a validated Graph.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,10 +42,12 @@ def supported_onnx_types() -> list[str]:
     return sorted(set(onnx_types()) | set(STRUCTURAL_TYPES) | set(ONNX_ACTIVATIONS))
 
 
-def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None) -> Graph:
-    """Import an ONNX file. External data may only live beside the model (same folder or below)."""
+def load_onnx(path: str | os.PathLike, input_shape: Sequence[int] | None = None, name: str | None = None,
+              nchw_shape: bool = False) -> Graph:
+    """Import an ONNX file. External data may only live beside the model (same folder or below).
+    `input_shape` is in the input's own layout, or NCHW with `nchw_shape` (a plan's record)."""
     model = _read_model(Path(path))
-    return import_model(model, input_shape, name or Path(path).stem)
+    return import_model(model, input_shape, name or Path(path).stem, nchw_shape=nchw_shape)
 
 
 def _read_model(path: Path) -> onnx.ModelProto:
@@ -81,15 +84,16 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
 
 
 def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
-                 fuse_batchnorm: bool = True) -> Graph:
+                 fuse_batchnorm: bool = True, nchw_shape: bool = False) -> Graph:
     """`fuse_batchnorm=False` keeps every batch norm a layer of its own (with its ONNX node's
-    name as the layer's first node), for tools that need to see batch-norm inputs."""
+    name as the layer's first node), for tools that need to see batch-norm inputs.
+    `nchw_shape`: `input_shape` is the graph's NCHW shape even where the file's input is NHWC."""
     try:
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
     b = _Builder(model, opset, name)
-    b.set_inputs(input_shape)
+    b.set_inputs(input_shape, nchw_shape)
     b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
     b.check_supported()
     b.walk()
@@ -127,7 +131,8 @@ class _Builder:
         self.model, self.opset, self.name = model, opset, name
         g = model.graph
         self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-        self.original_params = sum(int(a.size) for a in self.consts.values() if a.dtype.kind == "f")
+        self.operands = _resize_operands(g, set(self.consts))
+        self.original_params = sum(_weight_size(a) for k, a in self.consts.items() if k not in self.operands)
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.alias: dict[str, str] = {}
         self.protos: list[_Proto] = []
@@ -135,17 +140,34 @@ class _Builder:
         self.nodes: list[onnx.NodeProto] = list(g.node)
 
     # --- inputs -------------------------------------------------------------------------
-    def set_inputs(self, input_shape: Sequence[int] | None) -> None:
+    def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
+        """The input's shape, from the file or `input_shape` (in the input's own layout: NHWC for
+        a model that starts with a Transpose from NHWC, whose graph input is then the NCHW
+        tensor that Transpose makes, so the first layers can still be split by rows)."""
         inputs = [i for i in self.model.graph.input if i.name not in self.consts]
         if len(inputs) != 1:
             raise ModelLoadError(f"tightfit takes models with one input; this one has {len(inputs)}")
         inp = inputs[0]
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                 for d in inp.type.tensor_type.shape.dim]
+        self.nhwc_transpose = _nhwc_transpose(self.model.graph, inp.name) if len(dims) == 4 else None
+        layout = "NHWC" if self.nhwc_transpose is not None else "NCHW"
+        if nchw_shape and layout == "NHWC" and input_shape is not None and len(input_shape) == 4:
+            n, c, h, w = input_shape
+            input_shape = (n, h, w, c)
+        elif nchw_shape and len(dims) != 4 and all(d is not None for d in dims):
+            input_shape = None  # reshaped to NCHW in the file: its own shape (a fingerprint checks the result)
         if input_shape is None:
+            if len(dims) > 1 and dims[0] is None and all(d is not None for d in dims[1:]):
+                dims[0] = 1
+                _say_once(f"tightfit: input {inp.name!r} of {self.name} has a dynamic batch dimension; using batch 1 "
+                          "(--input-shape gives another)")
             if not dims or any(d is None for d in dims):
                 shown = "x".join("?" if d is None else str(d) for d in dims)
-                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}); give --input-shape, e.g. 1x3x224x224")
+                example = (1, 224, 224, 3) if layout == "NHWC" else (1, 3, 224, 224)
+                hint = [e if d is None or i == 0 else d for i, (d, e) in enumerate(zip(dims, example))] if len(dims) == 4 else example
+                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}, {layout}); give --input-shape "
+                                      f"in that layout, e.g. {'x'.join(map(str, hint))}")
             shape = tuple(dims)
         else:
             shape = tuple(int(d) for d in input_shape)
@@ -154,10 +176,25 @@ class _Builder:
             for i, (given, known) in enumerate(zip(shape, dims)):
                 if i > 0 and known is not None and given != known:
                     raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
-        if len(shape) != 4:
-            raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
         self.input = inp.name
-        self.declared_batch = dims[0] if dims else None
+        self.declared_batch = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
+        self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+        self.absorbed: set[str] = set()  # outputs of the nodes that only change the input's form
+        if len(shape) != 4:
+            # A chain of reshapes to NCHW (a CHW or flat input): the graph's input is its end.
+            chain = _reshape_chain(self.model.graph, inp.name, shape, self.consts, self.opset)
+            if chain is None:
+                raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
+            nodes, nchw = chain
+            self.input_forms, self.declared_batch = ((inp.name, "reshape", shape),), None
+            self.alias[nodes[-1].output[0]] = inp.name
+            self.absorbed = {n.output[0] for n in nodes}
+            shape = nchw
+        elif self.nhwc_transpose is not None:
+            self.input_forms = ((inp.name, "nhwc", shape),)
+            shape = (shape[0], shape[3], shape[1], shape[2])
+            self.alias[self.nhwc_transpose.output[0]] = inp.name
+            self.absorbed = {self.nhwc_transpose.output[0]}
         self.shapes[inp.name] = shape
         self.original.append(inp.name)
 
@@ -187,9 +224,14 @@ class _Builder:
 
     def walk(self) -> None:
         for node in self.nodes:
+            if node.output and node.output[0] in self.absorbed:
+                continue  # the input arrives in NCHW (see set_inputs)
             inputs = [self.resolve(i) if i else "" for i in node.input]
             if node.op_type == "Constant":
-                self.consts[node.output[0]] = _constant_value(node)
+                value = _constant_value(node)
+                self.consts[node.output[0]] = value
+                if node.output[0] not in self.operands:  # weights held in Constant nodes are parameters too
+                    self.original_params += _weight_size(value)
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
                 self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
             elif all(not i or i in self.consts for i in inputs):
@@ -336,7 +378,7 @@ class _Builder:
 
     # --- fusion and freezing --------------------------------------------------------------
     def finish(self, fuse_batchnorm: bool = True) -> Graph:
-        outputs = [self.resolve(o.name) for o in self.model.graph.output]
+        outputs = self._output_names()
         for t in outputs:
             if t not in self.shapes:
                 raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
@@ -351,9 +393,33 @@ class _Builder:
             name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
             outputs=tuple(outputs), params=params,
             original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
-            original_param_count=self.original_params,
+            original_param_count=self.original_params, input_forms=self.input_forms,
         )
         return validate(graph)
+
+    def _output_names(self) -> list[str]:
+        """The model's outputs by their own names: a layer whose result reaches an output
+        through Identity nodes is renamed to the output (every result, JSON and API then speak
+        of the model's names)."""
+        declared = [o.name for o in self.model.graph.output]
+        outputs = []
+        for name in declared:
+            t = self.resolve(name)
+            if t == self.input:
+                raise ModelLoadError(f"model output {name!r} is the input itself; nothing to run")
+            if t != name and t in self.shapes and t not in declared and t not in outputs:
+                self._rename(t, name)
+                t = name
+            outputs.append(t)
+        return outputs
+
+    def _rename(self, old: str, new: str) -> None:
+        for p in self.protos:
+            p.inputs = [new if t == old else t for t in p.inputs]
+            if p.output == old:
+                p.output = new
+        self.shapes[new] = self.shapes.pop(old)
+        self.original = [new if t == old else t for t in self.original]
 
 
 def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:
@@ -373,6 +439,84 @@ def _dedupe_names(layers: list[Layer]) -> None:
             new = f"{layer.name}_{i}"
             layers[i] = Layer(layer.id, new, layer.op, layer.inputs, layer.output, layer.attrs, layer.params, layer.nodes)
         seen[layers[i].name] = i
+
+
+def _resize_operands(graph: onnx.GraphProto, consts: set[str]) -> set[str]:
+    """The constants a Resize's roi and scales are computed from: operands, not weights."""
+    const = set(consts)
+    producer = {}
+    for n in graph.node:
+        if n.op_type == "Constant" or all(not i or i in const for i in n.input):
+            const.update(n.output)
+            for o in n.output:
+                producer[o] = n
+    todo = [t for n in graph.node if n.op_type in ("Resize", "Upsample") for t in n.input[1:] if t in const]
+    seen: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t not in seen:
+            seen.add(t)
+            todo += [i for i in producer[t].input if i] if t in producer else []
+    return seen
+
+
+def _weight_size(a: np.ndarray) -> int:
+    """How many parameters a constant holds: the values of a float tensor; a float scalar (a
+    Clip bound, the 6 of `x / 6`) is an operand of an op, not a weight."""
+    return int(a.size) if a.dtype.kind == "f" and a.ndim > 0 else 0
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """A note on stderr, once per process (a model is loaded many times by one command)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr)
+
+
+def _nhwc_transpose(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
+    """The Transpose (0, 3, 1, 2) that is the only reader of input `name`, if there is one."""
+    readers = [n for n in graph.node if name in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Transpose" or name in {o.name for o in graph.output}:
+        return None
+    perm = next((list(a.ints) for a in readers[0].attribute if a.name == "perm"), None)
+    return readers[0] if perm == [0, 3, 1, 2] else None
+
+
+RESHAPE_TYPES = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+def _reshape_chain(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], consts: dict[str, np.ndarray],
+                   opset: int) -> tuple[list[onnx.NodeProto], tuple[int, ...]] | None:
+    """The nodes that take input `name` of `shape` to a rank-4 tensor by reshapes alone (each
+    the only reader of what it reads), and that tensor's shape; None if there is no such chain."""
+    known = dict(consts)
+    known.update({n.output[0]: _constant_value(n) for n in graph.node if n.op_type == "Constant"})
+    nodes: list[onnx.NodeProto] = []
+    t, s = name, tuple(shape)
+    for _ in range(8):
+        readers = [n for n in graph.node if t in n.input]
+        if len(readers) != 1 or readers[0].op_type not in RESHAPE_TYPES or readers[0].input[0] != t:
+            return None
+        node = readers[0]
+        if any(i and i != t and i not in known for i in node.input):
+            return None
+        s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        nodes.append(node)
+        t = node.output[0]
+        if len(s) == 4:
+            return nodes, s
+    return None
+
+
+def _output_shape(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int) -> tuple[int, ...]:
+    from onnx.reference import ReferenceEvaluator
+
+    graph = onnx.helper.make_graph([node], "shape", [onnx.helper.make_empty_tensor_value_info(i) for i in feeds],
+                                   [onnx.helper.make_empty_tensor_value_info(node.output[0])])
+    return tuple(np.asarray(ReferenceEvaluator(graph, opsets={"": opset}).run(None, feeds)[0]).shape)
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:

@@ -26,7 +26,21 @@ def export_onnx(module: torch.nn.Module, input_shape: Sequence[int]) -> onnx.Mod
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (torch.zeros(*input_shape),), buf, dynamo=False, opset_version=OPSET,
                           do_constant_folding=False, input_names=["input"], output_names=["output"])
-    return onnx.load_from_string(buf.getvalue())
+    return _name_outputs(onnx.load_from_string(buf.getvalue()))
+
+
+def _name_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A module with several outputs (a detector's heads): "output", "output1", "output2", ...
+    in the module's order, rather than the exporter's numbers for all but the first."""
+    renames = {o.name: f"output{i}" for i, o in enumerate(model.graph.output) if i}
+    for o in model.graph.output:
+        o.name = renames.get(o.name, o.name)
+    for node in model.graph.node:
+        for i, t in enumerate(node.output):
+            node.output[i] = renames.get(t, t)
+        for i, t in enumerate(node.input):
+            node.input[i] = renames.get(t, t)
+    return model
 
 
 def from_module(module: torch.nn.Module, input_shape: Sequence[int], name: str = "module") -> Graph:

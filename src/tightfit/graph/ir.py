@@ -88,6 +88,10 @@ class Graph:
     # (every original tensor in its own buffer, as DL frameworks do).
     original_tensors: tuple[Tensor, ...] = ()
     original_param_count: int = 0
+    # How the model file's own inputs differ from the graph's NCHW inputs: (graph input, form,
+    # the file's shape), form "nhwc" for an input the file takes channels-last (its Transpose
+    # absorbed) or "reshape" for one it reshapes to NCHW (CHW, flat; the reshapes absorbed).
+    input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
@@ -105,7 +109,7 @@ class Graph:
     def __reduce__(self):
         """Pickled by its fields (a worker process gets the graph itself, not a model name)."""
         return Graph, (self.name, self.layers, dict(self.tensors), self.inputs, self.outputs, dict(self.params),
-                       self.original_tensors, self.original_param_count)
+                       self.original_tensors, self.original_param_count, self.input_forms)
 
     def layer(self, key: int | str) -> Layer:
         if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):

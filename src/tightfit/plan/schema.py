@@ -52,12 +52,17 @@ class PlanError(TightfitError):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model a plan runs: how to load it, and the imported graph's fingerprint (graph/fingerprint.py)."""
+    """A model a plan runs: how to load it, and the imported graph's fingerprint (graph/fingerprint.py).
+    A model file is named, in a written plan, by its path relative to the plan file's folder
+    (`spec`) and by its absolute path when the plan was written (`location`), so that a plan
+    folder runs from any working folder, and after it is moved away from the model; the
+    fingerprint says whether the file found is still the model the plan was made for."""
 
     spec: str
     input_shape: tuple[int, ...]
     fingerprint: str
     batch: int = 1
+    location: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,8 +159,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     return {
         "format": FORMAT, "version": VERSION, "dtype": plan.dtype, "arena_bytes": plan.arena_bytes,
         "cost_profile": plan.cost_profile, "knobs": dict(plan.knobs),
-        "models": [{"spec": m.spec, "input_shape": list(m.input_shape), "fingerprint": m.fingerprint, "batch": m.batch}
-                   for m in plan.models],
+        "models": [{"spec": m.spec, "input_shape": list(m.input_shape), "fingerprint": m.fingerprint, "batch": m.batch,
+                    **({"location": m.location} if m.location else {})} for m in plan.models],
         "buffers": [{"id": b.id, "kind": b.kind, "shape": list(b.shape), "layout": b.layout, "offsets": list(b.offsets),
                      "itemsize": b.itemsize, "mode": b.mode, "overlay": None if b.overlay is None else list(b.overlay)}
                     for b in plan.buffers],
@@ -202,7 +207,8 @@ def plan_from_json(d: Any) -> Plan:
     if d.get("version") != VERSION:
         raise PlanError(f"plan format version {d.get('version')!r} is not supported (this tightfit reads {VERSION})")
     models = tuple(ModelRef(_need(m, "spec", str, "model"), _ints(_need(m, "input_shape", list, "model"), None, "model"),
-                            _need(m, "fingerprint", str, "model"), _need(m, "batch", int, "model"))
+                            _need(m, "fingerprint", str, "model"), _need(m, "batch", int, "model"),
+                            _need(m, "location", str, "model") if "location" in m else "")
                    for m in _need(d, "models", list, "top"))
     buffers = []
     for i, b in enumerate(_need(d, "buffers", list, "top")):

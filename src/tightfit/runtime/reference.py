@@ -20,11 +20,11 @@ def run_reference(
     graph: Graph, inputs: Mapping[str, torch.Tensor] | torch.Tensor,
     keep: Iterable[str] = (), params: dict[int, list[torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Run the graph; return its outputs and any tensors named in `keep`."""
+    """Run the graph; return its outputs (in the model's order) and any tensors named in `keep`."""
     if isinstance(inputs, torch.Tensor):
         inputs = {graph.inputs[0]: inputs}
     params = load_params(graph) if params is None else params
-    keep = set(keep) | set(graph.outputs)
+    keep = dict.fromkeys(list(graph.outputs) + list(keep))
     batch = next(iter(inputs.values())).shape[0]
     live: dict[str, torch.Tensor] = {k: v.contiguous() for k, v in inputs.items()}
     last = last_reads(graph)

@@ -1,0 +1,259 @@
+"""Coverage of the corpus (issue 22): every model of tightfit.frontend.corpus, exported to ONNX
+at opset 17 (and 11 with --opsets 17,11), through every stage tightfit has.
+
+    python bench/coverage.py                      # the whole corpus, opset 17
+    python bench/coverage.py resnet18 crnn        # some models
+    python bench/coverage.py --opsets 17,11 --fit # both exports, and `fit --budget` (half the reuse arena)
+
+Columns: layers (after fusion) and distinct ops; parameters counted by `inspect` against torch's
+count (parameters and batch-norm statistics); the reference executor against onnxruntime; the
+reuse arena over its lower bound; the smallest run memory (arena + kernel temporaries) the parts
+search and the tiling search reach, over the reuse arena, and whether their plans (the smallest,
+which is at most half the reuse arena where "<=1/2" shows) run and match the reference executor;
+with --fit, `tightfit fit --budget <half the reuse arena>` (exit status and its verification).
+A model that does not import shows its error (the unsupported ops and the first node of each).
+
+The searches' times come from a stand-in (one unit per step): they pick by memory alone here,
+so the table does not depend on the machine's load; `fit` uses the real cost model.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import header  # noqa: E402
+from tightfit.errors import TightfitError, UnsupportedOpsError  # noqa: E402
+from tightfit.frontend import corpus  # noqa: E402
+from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
+from tightfit.graph.ir import Graph  # noqa: E402
+from tightfit.plan.check import check_plan  # noqa: E402
+from tightfit.plan.deadline import Deadline  # noqa: E402
+from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
+from tightfit.runtime.reference import random_input, run_reference  # noqa: E402
+from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
+
+SEARCH_SECONDS = 60.0  # the parts search's limit and fit's --time-limit (a stopped search answers with its best so far)
+
+
+@dataclass
+class Row:
+    name: str
+    opset: int
+    error: str = ""
+    layers: int = 0
+    ops: int = 0
+    params: int = 0  # the ONNX file's weights as `inspect` counts them
+    file_params: int = 0  # the same counted from the file directly (initializers and Constant nodes)
+    torch_params: int = 0  # torch's parameters and batch-norm statistics
+    torch_path_params: int = 0  # `inspect` on the PyTorch path (exported without constant folding)
+    torch_path_ok: bool = False  # the PyTorch path's reference run against the module itself
+    ort_ok: bool = False
+    ort_diff: float = 0.0
+    reuse: int = 0
+    lower_bound: int = 0
+    parts_bytes: int = 0
+    parts_ok: bool = False
+    tiling_bytes: int = 0
+    tiling_ok: bool = False
+    fit: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def half(self) -> int:
+        return self.reuse // 2
+
+
+def load(name: str, opset: int) -> tuple[Path, Graph]:
+    path = corpus.onnx_path(name, opset)
+    with contextlib.redirect_stderr(io.StringIO()):  # opset 11's dynamic batch note: said once per model, not here
+        return path, load_onnx(path)
+
+
+def file_parameters(path: Path) -> int:
+    """Float weights in the file: initializers and Constant nodes (an exporter's folding merges
+    batch norms into convolutions, so this is not torch's count)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    operands = {t for n in model.graph.node if n.op_type in ("Resize", "Upsample") for t in n.input[1:]}
+    arrays = [numpy_helper.to_array(i) for i in model.graph.initializer if i.name not in operands]
+    arrays += [numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant" and n.output[0] not in operands
+               for a in n.attribute if a.name == "value"]
+    return sum(int(a.size) for a in arrays if a.dtype.kind == "f" and a.ndim > 0)  # (float scalars are operands)
+
+
+@functools.lru_cache(maxsize=None)  # (the same for every opset of a model)
+def torch_path(name: str) -> tuple[int, int, bool]:
+    """(torch's count, `inspect`'s count on the PyTorch path, whether that graph's reference run
+    matches the module's own output)."""
+    from tightfit.frontend.torch_import import from_module
+
+    module = corpus.module(name)
+    shape = corpus.entry(name).input_shape
+    g = from_module(module, shape, name)
+    x = random_input(g)
+    got = run_reference(g, x)
+    with torch.no_grad():
+        want = module(x)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    ok = len(want) == len(g.outputs) and all(compare(got[t], w).ok for t, w in zip(g.outputs, want))
+    return corpus.parameter_count(name), g.original_param_count, ok
+
+
+def matches_reference(plan, graph: Graph, x: torch.Tensor, want: dict[str, torch.Tensor]) -> bool:
+    """The plan run by the arena executor (arena filled with NaN first) against the reference."""
+    from tightfit.api import execute
+
+    outs, _ = execute(plan, [graph], [x], fill_nan=True)
+    return all(compare(outs[0][t], want[t]).ok for t in graph.outputs)
+
+
+def run_memory(plan) -> int:
+    return plan.arena_bytes + max((s.scratch for s in plan.steps()), default=0)
+
+
+def smallest_parts(model: PlannedModel):
+    from tightfit.plan.parts_search import plan_point, search_parts
+
+    found = search_parts(model, lambda p: float(len(p.steps())), 1, deadline=Deadline.after(SEARCH_SECONDS))
+    return plan_point(model, found.chosen)
+
+
+def smallest_tiling(model: PlannedModel):
+    from tightfit.plan.tiling import plan_point, search_tiling
+
+    # No deadline: the smallest it reaches, not what it reaches in a time on a loaded machine.
+    found = search_tiling(model, lambda plan, steps: float(len(steps)), 1, front_points=0)
+    return plan_point(model, found.chosen)
+
+
+def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = True) -> Row:
+    """Every stage on one corpus model; a stage that raises a tightfit error ends the row there."""
+    row = Row(name, opset)
+    t0 = time.perf_counter()
+    try:
+        path, g = load(name, opset)
+    except UnsupportedOpsError as e:  # the ops alone (the first node of each is in the error itself)
+        row.error = "unsupported " + ", ".join(f"{op}" if ":" not in node else f"{op} ({node.split(': ', 1)[1]})"
+                                               for op, node in sorted(e.unsupported.items()))
+        return row
+    except TightfitError as e:
+        row.error = str(e)
+        return row
+    row.seconds["import"] = time.perf_counter() - t0
+    row.layers, row.ops = len(g.layers), len({l.op for l in g.layers})
+    row.params, row.file_params = g.original_param_count, file_parameters(path)
+    t0 = time.perf_counter()
+    try:
+        row.torch_params, row.torch_path_params, row.torch_path_ok = torch_path(name)
+    except TightfitError as e:
+        row.error = f"the PyTorch path: {e}"
+        return row
+    row.seconds["torch"] = time.perf_counter() - t0
+    x = random_input(g)
+    t0 = time.perf_counter()
+    want = run_reference(g, x)
+    c = verify_with_onnxruntime(str(path), None, g, x, want)
+    row.ort_ok, row.ort_diff = c.ok, c.max_abs_diff / max(c.max_abs_ref, 1e-30)
+    row.seconds["verify"] = time.perf_counter() - t0
+    model = PlannedModel(g, str(path))
+    t0 = time.perf_counter()
+    reuse = plan_reuse(model, "improve")
+    report = check_plan(reuse, [g])
+    row.reuse, row.lower_bound = report.arena_bytes, report.lower_bound
+    row.seconds["reuse"] = time.perf_counter() - t0
+    if split:
+        for kind, search in (("parts", smallest_parts), ("tiling", smallest_tiling)):
+            t0 = time.perf_counter()
+            try:
+                plan = search(model)
+                check_plan(plan, [g])
+                setattr(row, f"{kind}_bytes", run_memory(plan))
+                setattr(row, f"{kind}_ok", matches_reference(plan, g, x, want))
+            except Exception as e:  # a planner's bug: shown in the table, the other stages still run
+                row.problems.append(f"{kind}: {type(e).__name__}: {str(e)[:120]}")
+            row.seconds[kind] = time.perf_counter() - t0
+    if fit:
+        t0 = time.perf_counter()
+        row.fit = fit_half(path, row.half)
+        row.seconds["fit"] = time.perf_counter() - t0
+    return row
+
+
+def fit_half(path: Path, budget: int) -> str:
+    """`tightfit fit PATH --budget B`: 'ok' (ran and verified), or its one error line."""
+    from tightfit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["fit", str(path), "--budget", str(budget), "--time-limit", str(int(SEARCH_SECONDS)), "--json"])
+    if code != 0:
+        return f"exit {code}: {err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ''}"
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return "ok" if report.get("chosen") is not None or code == 0 else "no plan"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f}"
+
+
+def line(row: Row) -> str:
+    if row.error:
+        return f"{row.name:<30} {row.opset:>2}  does not import: {row.error[:200]}"
+    params = "=" if row.torch_path_params == row.torch_params else f"{row.torch_path_params - row.torch_params:+d}"
+    params += "" if row.params == row.file_params else f" file{row.params - row.file_params:+d}"
+    params += "" if row.torch_path_ok else " DIFF"
+    half = lambda b: "<=1/2" if b and b <= row.half else ">1/2 "  # noqa: E731
+    parts = f"{_mb(row.parts_bytes):>7} {half(row.parts_bytes)} {'ok' if row.parts_ok else 'DIFF'}" if row.parts_bytes else f"{'-':>16}"
+    tiling = f"{_mb(row.tiling_bytes):>7} {half(row.tiling_bytes)} {'ok' if row.tiling_ok else 'DIFF'}" if row.tiling_bytes else f"{'-':>16}"
+    return (f"{row.name:<30} {row.opset:>2} {row.layers:>6} {row.ops:>4} {row.params / 1e6:>8.3f} {params:>12}  "
+            f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f}  "
+            f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
+            + "".join(f"\n{'':<33}{p}" for p in row.problems))
+
+
+HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'torch':>12}  {'onnxruntime':<11}  "
+        f"{'reuse MB':>7} {'/LB':>6}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'fit':<6} {'s':>6}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help=f"corpus models (default: all {len(corpus.names())})")
+    ap.add_argument("--opsets", default="17", help="comma-separated export opsets (17, 11)")
+    ap.add_argument("--fit", action="store_true", help="also `tightfit fit --budget` half the reuse arena")
+    ap.add_argument("--no-split", action="store_true", help="skip the parts and tiling searches")
+    args = ap.parse_args(argv)
+    header("corpus coverage (issue 22): import, onnxruntime, reuse vs lower bound, smallest parts and tiling")
+    print("params: the ONNX file's weights as inspect counts them (M; 'fileN': N more than the file holds); torch: the PyTorch\n"
+          "path's count against torch's parameters + batch-norm statistics ('=' equal; 'DIFF': its run differs from the module's)")
+    print("parts / tiling: smallest run memory found (MB = 1e6 bytes), whether at most half the reuse arena, "
+          "and the plan run against the reference executor\n")
+    print(HEAD, flush=True)
+    rows = []
+    for name in args.models or corpus.names():
+        for opset in (int(o) for o in args.opsets.split(",")):
+            row = check_model(name, opset, fit=args.fit, split=not args.no_split)
+            rows.append(row)
+            print(line(row), flush=True)
+    ok = [r for r in rows if not r.error]
+    print(f"\n{len(ok)} of {len(rows)} exports import; {sum(r.ort_ok for r in ok)} match onnxruntime; "
+          f"{sum(r.reuse == r.lower_bound for r in ok)} reuse plans at the lower bound")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

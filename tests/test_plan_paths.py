@@ -1,0 +1,88 @@
+"""A plan names its model file by a path relative to the plan file and by where the file was
+(issue 22, acceptance 4): `tightfit run DIR/plan.json` works from any folder after `fit --out
+DIR` and after DIR is moved; a model changed since is one clear line."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch.nn as nn
+
+from tightfit.cli import main
+from tightfit.frontend import zoo
+from tightfit.frontend.torch_import import export_onnx
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def ok(argv, capsys) -> str:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    assert code == 0, (argv, out.out, out.err)
+    return out.out
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m5.onnx").write_bytes(zoo.onnx_model("minakova5"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    return tmp_path
+
+
+def test_fit_out_runs_from_any_folder_and_after_a_move(model_dir, monkeypatch, capsys):
+    monkeypatch.chdir(model_dir / "work")
+    ok(["fit", "../models/m5.onnx", "--budget", "6kB", "--out", "fitted", "--time-limit", "5"], capsys)
+    plan = json.loads((model_dir / "work" / "fitted" / "plan.json").read_text())
+    assert plan["models"][0]["spec"] == "../../models/m5.onnx"  # relative to the plan's folder
+    monkeypatch.chdir(model_dir / "elsewhere")
+    assert "max abs diff" in ok(["run", model_dir / "work" / "fitted" / "plan.json", "--verify"], capsys)
+    moved = model_dir / "elsewhere" / "moved" / "deeper"
+    moved.parent.mkdir()
+    shutil.move(str(model_dir / "work" / "fitted"), moved)
+    assert "max abs diff" in ok(["run", moved / "plan.json", "--verify"], capsys)
+    monkeypatch.chdir(moved)
+    ok(["run", "plan.json", "--verify"], capsys)
+
+
+def test_plan_out_beside_the_model_moves_with_it(model_dir, monkeypatch, capsys):
+    """A plan folder that holds its model too can be moved anywhere, the model's old place gone."""
+    monkeypatch.chdir(model_dir / "models")
+    ok(["plan", "m5.onnx", "--out", "plan.json"], capsys)
+    assert json.loads((model_dir / "models" / "plan.json").read_text())["models"][0]["spec"] == "m5.onnx"
+    shutil.move(str(model_dir / "models"), model_dir / "elsewhere" / "bundle")
+    monkeypatch.chdir(model_dir / "work")
+    ok(["run", model_dir / "elsewhere" / "bundle" / "plan.json", "--verify"], capsys)
+
+
+def test_zoo_plans_keep_the_zoo_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ok(["plan", "minakova5", "--out", "p.json"], capsys)
+    assert json.loads((tmp_path / "p.json").read_text())["models"][0]["spec"] == "minakova5"
+
+
+class _Other(nn.Module):
+    """Minakova5's input, another structure (3 output channels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n2 = nn.Conv2d(1, 4, 17)
+        self.n4 = nn.Conv2d(4, 3, 16)
+
+    def forward(self, x):
+        return self.n4(self.n2(x))
+
+
+def test_a_changed_model_is_one_line(model_dir, monkeypatch, capsys):
+    monkeypatch.chdir(model_dir / "work")
+    ok(["plan", "../models/m5.onnx", "--out", "plan.json"], capsys)
+    (model_dir / "models" / "m5.onnx").write_bytes(export_onnx(_Other(), (1, 1, 32, 32)).SerializeToString())
+    assert main(["run", "plan.json"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "another model" in lines[0] and "fingerprint" in lines[0], lines
+    (model_dir / "models" / "m5.onnx").unlink()
+    assert main(["run", "plan.json"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "model file of the plan not found" in lines[0], lines
