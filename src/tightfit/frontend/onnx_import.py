@@ -18,11 +18,11 @@ import onnx
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
-from tightfit.frontend.validate import validate
+from tightfit.frontend.validate import check_layer, check_layer_shape, check_wiring, validate
 from tightfit.graph.ir import Graph, Layer, Tensor
 from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS
-from tightfit.ops.base import OnnxNode, Region
+from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 
 # Node types the importer handles itself rather than mapping to an op.
@@ -83,6 +83,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
+    check_wiring(model)
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape)
     b.check_supported()
@@ -109,7 +110,10 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
         if isinstance(v, bytes):
-            v = v.decode()
+            try:
+                v = v.decode()
+            except UnicodeDecodeError:
+                raise ModelLoadError(f"node {node.name or node.output[0]!r} ({node.op_type}): attribute {a.name!r} is not UTF-8 text") from None
         elif isinstance(v, onnx.TensorProto):
             v = numpy_helper.to_array(v)
         out[a.name] = v
@@ -120,7 +124,7 @@ class _Builder:
     def __init__(self, model: onnx.ModelProto, opset: int, name: str):
         self.model, self.opset, self.name = model, opset, name
         g = model.graph
-        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+        self.consts: dict[str, np.ndarray] = {i.name: _initializer(i) for i in g.initializer}
         self.original_params = sum(int(a.size) for a in self.consts.values() if a.dtype.kind == "f")
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.alias: dict[str, str] = {}
@@ -149,6 +153,10 @@ class _Builder:
                     raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
         if len(shape) != 4:
             raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
+        elem = inp.type.tensor_type.elem_type
+        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
+            raise ModelLoadError(f"input {inp.name!r} holds {onnx.TensorProto.DataType.Name(elem).lower()}; tightfit takes float32 inputs")
+        check_layer_shape(f"input {inp.name!r}", shape)
         self.input = inp.name
         self.declared_batch = dims[0] if dims else None
         self.shapes[inp.name] = shape
@@ -223,12 +231,21 @@ class _Builder:
                             self.consts.get, self.shapes.__getitem__)
             try:
                 spec = op.from_onnx(view)
-            except (ValueError, KeyError) as e:
+            except InvalidNode as e:
+                raise ModelLoadError(f"node {label!r} ({node.op_type}): {e}") from None
+            except KeyError as e:  # an attribute the op needs
+                raise ModelLoadError(f"node {label!r} ({node.op_type}) lacks the attribute or input {e}") from None
+            except ValueError as e:
                 raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
+            except (IndexError, TypeError, ZeroDivisionError, OverflowError, AttributeError) as e:  # malformed attributes
+                raise ModelLoadError(f"node {label!r} ({node.op_type}) cannot be read: {type(e).__name__}: {e}") from None
             spec_attrs, spec_inputs, params = spec.attrs, spec.inputs, spec.params
         proto = _Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type)
+        in_shapes = [self.shapes[t] for t in proto.inputs]
         layer = _freeze(proto, 0, {})
-        self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, [self.shapes[t] for t in proto.inputs]))
+        check_layer(layer, in_shapes, [np.asarray(p) for p in params], f"node {label!r} ({node.op_type})")
+        self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, in_shapes))
+        check_layer_shape(f"node {label!r} ({node.op_type}) output", self.shapes[proto.output])
         self.protos.append(proto)
         self.original.append(proto.output)
 
@@ -316,10 +333,22 @@ def _dedupe_names(layers: list[Layer]) -> None:
         seen[layers[i].name] = i
 
 
+def _initializer(t: onnx.TensorProto) -> np.ndarray:
+    """An initializer's array; one whose data does not fill its dims (a short or corrupt
+    initializer) is a model error, not numpy's."""
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # numpy_helper raises ValueError, TypeError or others on inconsistent data
+        raise ModelLoadError(f"initializer {t.name!r} of dims {list(t.dims)} cannot be read ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'inconsistent data'})") from None
+
+
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    if len(node.attribute) != 1:
+        raise ModelLoadError(f"Constant node {node.name or node.output[0]!r} needs exactly one value attribute")
     a = node.attribute[0]
     if a.name == "value":
-        return numpy_helper.to_array(a.t)
+        return _initializer(a.t)
     v = onnx.helper.get_attribute_value(a)
     return np.asarray(v, dtype=np.float32 if "float" in a.name else np.int64)
 
@@ -338,9 +367,15 @@ def _activation_spec(node: onnx.NodeProto, consts: dict[str, np.ndarray], inputs
     if kind == "hardsigmoid":
         return (kind, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
     if kind == "clip":
+        for i in inputs[1:3]:
+            if i and i not in consts:
+                raise UnsupportedOpsError({node.op_type: f"{node.name or node.output[0]}: bounds must be constants"},
+                                          supported_onnx_types())
+            if i and np.size(consts[i]) != 1:
+                raise ModelLoadError(f"node {node.name or node.output[0]!r} (Clip): a bound of shape {np.shape(consts[i])}, not a scalar")
         lo = a.get("min", consts[inputs[1]] if len(inputs) > 1 and inputs[1] else -np.inf)
         hi = a.get("max", consts[inputs[2]] if len(inputs) > 2 and inputs[2] else np.inf)
-        return (kind, float(lo), float(hi))
+        return (kind, float(np.asarray(lo).reshape(-1)[0]), float(np.asarray(hi).reshape(-1)[0]))
     return (kind,)
 
 

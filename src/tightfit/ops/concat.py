@@ -4,7 +4,7 @@ from __future__ import annotations
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect
 
 
 @register
@@ -20,6 +20,13 @@ class Concat(Op):
         if any(node.const(t) is not None for t in node.inputs):
             raise ValueError("concatenation with a constant is not supported")
         return OnnxSpec({"act": ()}, list(node.inputs))
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """Inputs alike but in channels."""
+        expect(len(in_shapes) >= 1 and not params, "takes one or more data inputs and no constants")
+        first = tuple(in_shapes[0])
+        expect(len(first) in (2, 4) and all(len(s) == len(first) and s[0] == first[0] and tuple(s[2:]) == first[2:] for s in in_shapes),
+               f"inputs of shapes {[tuple(s) for s in in_shapes]} differ in more than their channels")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         first = tuple(in_shapes[0])

@@ -9,7 +9,7 @@ import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
 
 COORD_MODES = ("asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn")
@@ -95,6 +95,8 @@ class Resize(Op):
             if rank != 4 or s[0] != 1 or s[1] != 1:
                 raise ValueError("resize may only scale H and W")
             scale = (s[2], s[3])
+            if not all(math.isfinite(v) and v > 0 for v in scale):
+                raise ValueError(f"resize scales {given} must be finite and positive")
             out_hw = (int(math.floor(in_shape[2] * s[2])), int(math.floor(in_shape[3] * s[3])))
         else:
             raise ValueError("resize needs constant scales or sizes")
@@ -104,6 +106,14 @@ class Resize(Op):
             raise ValueError(f"nearest_mode {nearest!r} is not supported")
         return OnnxSpec({"scale": scale, "out_hw": out_hw, "coord": coord, "nearest": nearest,
                          "in_hw": tuple(in_shape[2:])}, [node.inputs[0]])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        a = layer.attrs
+        expect_rank(in_shapes[0], (4,))
+        expect(all(isinstance(d, int) and d >= 1 for d in a["out_hw"]), f"output size {tuple(a['out_hw'])} must be >= 1")
+        expect(all(math.isfinite(s) and s > 0 for s in a["scale"]), f"scales {tuple(a['scale'])} must be finite and positive")
+        expect(tuple(a["in_hw"]) == tuple(in_shapes[0][2:]), f"imported for input size {tuple(a['in_hw'])}, given {tuple(in_shapes[0][2:])}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, c = in_shapes[0][:2]
