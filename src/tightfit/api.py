@@ -225,10 +225,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     from tightfit.plan import schema
     from tightfit.plan.check import check_plan
 
-    p = Path(path)
-    if not p.is_file():
-        raise schema.PlanError(f"plan file not found: {p}")
-    plan_ = schema.loads(p.read_text())
+    plan_ = schema.read_plan(path)
     graphs = []
     for ref in plan_.models:
         g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(ref.spec, ref.input_shape)
