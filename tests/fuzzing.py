@@ -461,7 +461,7 @@ def cli_values(model: str, seed: int) -> list[str]:
     tiling option: every value with every option in turn, as the seed counts up."""
     value = JUNK[seed % len(JUNK)]
     commands = (
-        ["plan", model, "--method", "parts", "--budget", value],
+        ["plan", model, "--method", "parts", "--budget", value, "--time-limit", "5"],
         ["plan", model, "--method", "parts", "--phases", value],
         ["plan", model, "--method", "parts", "--rows", value],
         ["plan", model, "--method", "tiling", "--tiling", value],
@@ -497,7 +497,7 @@ def _alarm(signum, frame):
     raise _Hang()
 
 
-def run_cli(argv: list[str], seconds: float = 30.0) -> tuple[int | None, str, str]:
+def run_cli(argv: list[str], seconds: float = 60.0) -> tuple[int | None, str, str]:
     """tightfit.cli.main in this process with stdout and stderr captured and an alarm; status
     None on a hang. An exception main lets out is a traceback, as `python -m` would print."""
     from tightfit.cli import main
@@ -620,7 +620,9 @@ def valid_plan(folder: Path, seed: int = 1) -> tuple[Path, str]:
     model = folder / "base.onnx"
     model.write_bytes(m.SerializeToString())
     out = folder / "base.json"
-    status, _, err = run_cli(["plan", str(model), "--method", "parts", "--rows", "2", "--out", str(out)])
+    # The first command imports torch, onnx and onnxruntime and may build our kernels: no hang limit to speak of.
+    status, _, err = run_cli(["plan", str(model), "--method", "parts", "--rows", "2", "--out", str(out)], seconds=600.0)
+    run_cli(["run", str(model), "--verify"], seconds=600.0)
     if status != 0:
         raise RuntimeError(f"the base plan could not be made: {err}")
     return model, out.read_text()
@@ -646,7 +648,9 @@ def app_case(seed: int, models: list[str], folder: Path, layers: int = 3) -> Out
 
 def cli_case(seed: int, model: str, folder: Path) -> Outcome:
     argv = cli_values(model, seed)
-    status, out, err = run_cli(argv + ["--json"] if argv[0] != "csdf" else argv)
+    # A budget that parses starts a search (cost profiling of new step shapes is not bounded by
+    # --time-limit): a long limit, as a hang is a case that never answers.
+    status, out, err = run_cli(argv + ["--json"] if argv[0] != "csdf" else argv, seconds=120.0)
     outcome = classify(status, out, err, verified_on_success=False)
     extra = leftovers(folder, set())
     return Outcome("leftover", outcome.status, ", ".join(extra)) if extra and outcome.kind in ("ok", "refused") else outcome

@@ -67,8 +67,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
     if method not in ("reuse", "naive", "parts", "tiling", "vbs"):
         raise OptionError(f"unknown method {method!r}; available: reuse, naive, parts, tiling, vbs")
-    if batch < 1:
-        raise OptionError("--batch must be at least 1")
+    if not 1 <= batch <= 4096:  # the plan checker's bound on a plan's batch
+        raise OptionError(f"--batch {batch} must be 1-4096")
     if tiling and method != "tiling":
         raise OptionError("--tiling goes with --method tiling")
     if held and method != "parts":
