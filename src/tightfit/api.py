@@ -77,8 +77,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
         method, planner = "reuse", "naive"
     if method not in TECHNIQUES:
         raise OptionError(f"unknown method {method!r}; available: naive, {', '.join(TECHNIQUES)}")
-    if batch < 1:
-        raise OptionError("--batch must be at least 1")
+    if not 1 <= batch <= 4096:  # the plan checker's bound on a plan's batch
+        raise OptionError(f"--batch {batch} must be 1-4096")
     if tiling and method != "tiling":
         raise OptionError("--tiling goes with --method tiling")
     if held and method != "parts":
@@ -206,9 +206,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     from tightfit.plan.check import check_plan
 
     p = Path(path)
-    if not p.is_file():
-        raise schema.PlanError(f"plan file not found: {p}")
-    plan_ = schema.loads(p.read_text())
+    plan_ = schema.read_plan(p)
     graphs = []
     for ref in plan_.models:
         spec = _model_file(ref, p.parent)

@@ -78,8 +78,8 @@ def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int
     import tightfit
     from tightfit.frontend.app import is_app_file, load_app
 
-    if batch < 1:
-        raise OptionError("--batch must be at least 1")
+    if not 1 <= batch <= 4096:  # the plan checker's bound on a plan's batch
+        raise OptionError(f"--batch {batch} must be 1-4096")
     if is_app_file(spec):
         app, graphs = load_app(spec, allow_code)
         return FitApp(tuple(PlannedModel(g, c.model, batch) for g, c in zip(graphs, app.cnns)),

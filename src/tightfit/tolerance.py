@@ -25,10 +25,14 @@ def compare(got, ref, rtol: float = RTOL) -> Comparison:
     ref_a = np.asarray(ref, dtype=np.float64)
     if got_a.shape != ref_a.shape:
         return Comparison(False, float("inf"), float(np.abs(ref_a).max(initial=0)), 0.0)
-    scale = float(np.abs(ref_a).max(initial=0.0))
-    diff = float(np.abs(got_a - ref_a).max(initial=0.0))
+    # Non-finite reference values (a model whose weights overflow or hold NaN) must be matched
+    # exactly, NaN by NaN and infinity by the same infinity; the rest within the tolerance.
+    finite = np.isfinite(ref_a)
+    same_special = bool(np.array_equal(got_a[~finite], ref_a[~finite], equal_nan=True))
+    scale = float(np.abs(ref_a[finite]).max(initial=0.0))
+    diff = float(np.abs(got_a[finite] - ref_a[finite]).max(initial=0.0))
     tol = rtol * scale
-    return Comparison(bool(diff <= tol and np.isfinite(got_a).all()), diff, scale, tol)
+    return Comparison(bool(diff <= tol and np.isfinite(got_a[finite]).all() and same_special), diff, scale, tol)
 
 
 def worst(comparisons) -> Comparison:

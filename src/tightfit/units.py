@@ -11,6 +11,7 @@ _UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9,
     "kib": 2**10, "mib": 2**20, "gib": 2**30,
 }
+MAX_SIZE = 2**60
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -22,6 +23,8 @@ def parse_size(text: str) -> int:
     value = float(m.group(1)) * _UNITS[unit]
     if value <= 0:
         raise OptionError(f"size {text!r} must be positive")
+    if not value <= MAX_SIZE:  # also a number of 400 digits, which float makes infinite
+        raise OptionError(f"size {text[:24]!r}{'...' if len(text) > 24 else ''} is larger than any memory (at most 1 EiB)")
     return int(round(value))
 
 

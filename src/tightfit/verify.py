@@ -59,10 +59,16 @@ def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence
             model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    inp = sess.get_inputs()[0].name
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, {inp: x})))
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0].name
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, {inp: x})))
+    except Exception as e:  # onnxruntime's own exception types: the model is one it rejects
+        from tightfit.errors import ModelLoadError
+
+        reason = " ".join(str(e).split())[:300]
+        raise ModelLoadError(f"onnxruntime, the reference of --verify, rejects this model: {reason}") from None
 
 
 def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:

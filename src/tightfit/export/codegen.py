@@ -180,6 +180,9 @@ def _conv(ctx: Context, s: Step, g: Graph, layer: Layer, xs: list[View], y: View
     w = g.params[layer.params[0]]
     cout, cin_g, kh, kw = w.shape
     groups = a["groups"]
+    # The C kernel reads the weight for the views' channels: they must agree (import checks it).
+    _expect(cin_g * groups == g.shape(layer.inputs[0])[1] and cout == g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
+            layer, f"weight {w.shape} for {g.shape(layer.inputs[0])[1]} -> {g.shape(layer.output)[1]} channels")
     kind = ("TF_CONV_DENSE" if groups == 1 and tuple(a["dilation"]) == (1, 1) else
             "TF_CONV_DEPTHWISE" if groups == cout == cin_g * groups and cin_g == 1 else "TF_CONV_GROUPED")
     bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
@@ -204,6 +207,11 @@ def _conv(ctx: Context, s: Step, g: Graph, layer: Layer, xs: list[View], y: View
     return "TF_STEP_CONV", "tf_conv_args", "{" + ", ".join(map(str, fields)) + "}"
 
 
+def _expect(condition: bool, layer: Layer, what: str) -> None:
+    if not condition:
+        raise ExportError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
+
+
 def _pool(ctx: Context, s: Step, g: Graph, layer: Layer, xs: list[View], y: View):
     a = layer.attrs
     win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0]
@@ -223,6 +231,8 @@ def _global(ctx, s, g, layer, xs, y):
 
 def _gemm(ctx, s, g, layer, xs, y):
     w = g.params[layer.params[0]]
+    features = int(np.prod(g.shape(layer.inputs[0])[1:]))
+    _expect(w.shape == (g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
     w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w)
     b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     fields = [xs[0].c(), y.c(), w_off, b_off, w.shape[1], acts_c(layer.attrs["act"])]

@@ -19,11 +19,11 @@ import onnx
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
-from tightfit.frontend.validate import validate
+from tightfit.frontend.validate import check_layer, check_layer_shape, check_wiring, validate
 from tightfit.graph.ir import Graph, Layer, Tensor
 from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
-from tightfit.ops.base import OnnxNode, Region
+from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
 from tightfit.frontend import channels_last, folding
@@ -92,6 +92,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
+    check_wiring(model)
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
     b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
@@ -119,7 +120,10 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
         if isinstance(v, bytes):
-            v = v.decode()
+            try:
+                v = v.decode()
+            except UnicodeDecodeError:
+                raise ModelLoadError(f"node {node.name or node.output[0]!r} ({node.op_type}): attribute {a.name!r} is not UTF-8 text") from None
         elif isinstance(v, onnx.TensorProto):
             v = numpy_helper.to_array(v)
         out[a.name] = v
@@ -130,7 +134,7 @@ class _Builder:
     def __init__(self, model: onnx.ModelProto, opset: int, name: str):
         self.model, self.opset, self.name = model, opset, name
         g = model.graph
-        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+        self.consts: dict[str, np.ndarray] = {i.name: _initializer(i) for i in g.initializer}
         self.operands = _resize_operands(g, set(self.consts))
         self.original_params = sum(_weight_size(a) for k, a in self.consts.items() if k not in self.operands)
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -176,6 +180,10 @@ class _Builder:
             for i, (given, known) in enumerate(zip(shape, dims)):
                 if i > 0 and known is not None and given != known:
                     raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
+        elem = inp.type.tensor_type.elem_type
+        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
+            raise ModelLoadError(f"input {inp.name!r} holds {onnx.TensorProto.DataType.Name(elem).lower()}; tightfit takes float32 inputs")
+        check_layer_shape(f"input {inp.name!r}", shape)
         self.input = inp.name
         self.declared_batch = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
         self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
@@ -312,8 +320,14 @@ class _Builder:
                             self.consts.get, self.shapes.__getitem__, self.opset)
             try:
                 specs = op.from_onnx_outputs(view)
-            except (ValueError, KeyError) as e:
+            except InvalidNode as e:
+                raise ModelLoadError(f"node {label!r} ({node.op_type}): {e}") from None
+            except KeyError as e:  # an attribute the op needs
+                raise ModelLoadError(f"node {label!r} ({node.op_type}) lacks the attribute or input {e}") from None
+            except ValueError as e:
                 raise UnsupportedOpsError({node.op_type: f"{label}: {e}"}, supported_onnx_types()) from None
+            except (IndexError, TypeError, ZeroDivisionError, OverflowError, AttributeError) as e:  # malformed attributes
+                raise ModelLoadError(f"node {label!r} ({node.op_type}) cannot be read: {type(e).__name__}: {e}") from None
             if len(specs) > 1:  # one layer per output (Split), none for an output nothing reads
                 g = self.model.graph
                 used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
@@ -327,9 +341,13 @@ class _Builder:
         self._add_proto(_Proto(op_name, label, spec_inputs, node.output[0], spec_attrs, params, [label], node.op_type))
 
     def _add_proto(self, proto: _Proto) -> None:
-        op_name = proto.op
+        op_name, label, params = proto.op, proto.name, proto.params
+        where = f"node {label!r} ({proto.onnx_type})"
+        in_shapes = [self.shapes[t] for t in proto.inputs]
         layer = _freeze(proto, 0, {})
-        self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, [self.shapes[t] for t in proto.inputs]))
+        check_layer(layer, in_shapes, [np.asarray(p) for p in params], where)
+        self.shapes[proto.output] = tuple(get_op(op_name).output_shape(layer, in_shapes))
+        check_layer_shape(f"{where} output", self.shapes[proto.output])
         self.protos.append(proto)
         self.original.append(proto.output)
 
@@ -519,10 +537,22 @@ def _output_shape(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int
     return tuple(np.asarray(ReferenceEvaluator(graph, opsets={"": opset}).run(None, feeds)[0]).shape)
 
 
+def _initializer(t: onnx.TensorProto) -> np.ndarray:
+    """An initializer's array; one whose data does not fill its dims (a short or corrupt
+    initializer) is a model error, not numpy's."""
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # numpy_helper raises ValueError, TypeError or others on inconsistent data
+        raise ModelLoadError(f"initializer {t.name!r} of dims {list(t.dims)} cannot be read ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'inconsistent data'})") from None
+
+
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    if len(node.attribute) != 1:
+        raise ModelLoadError(f"Constant node {node.name or node.output[0]!r} needs exactly one value attribute")
     a = node.attribute[0]
     if a.name == "value":
-        return numpy_helper.to_array(a.t)
+        return _initializer(a.t)
     v = onnx.helper.get_attribute_value(a)
     return np.asarray(v, dtype=np.float32 if "float" in a.name else np.int64)
 

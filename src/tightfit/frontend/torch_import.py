@@ -20,12 +20,19 @@ def export_onnx(module: torch.nn.Module, input_shape: Sequence[int]) -> onnx.Mod
     model's own tensors stay visible for naive accounting)."""
     if len(input_shape) != 4 or any(int(d) <= 0 for d in input_shape):
         raise InputShapeError(f"input shape {tuple(input_shape)} is not a positive NCHW shape")
+    from tightfit.frontend.validate import check_layer_shape
+
+    check_layer_shape("input", tuple(int(d) for d in input_shape))  # refused before the export allocates it
     module = module.eval()
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.zeros(*input_shape),), buf, dynamo=False, opset_version=OPSET,
-                          do_constant_folding=False, input_names=["input"], output_names=["output"])
+        try:
+            torch.onnx.export(module, (torch.zeros(*input_shape),), buf, dynamo=False, opset_version=OPSET,
+                              do_constant_folding=False, input_names=["input"], output_names=["output"])
+        except (RuntimeError, ValueError, IndexError) as e:  # the module's forward rejects the shape
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputShapeError(f"the model does not run on input shape {'x'.join(map(str, input_shape))}: {reason}") from None
     return _name_outputs(onnx.load_from_string(buf.getvalue()))
 
 

@@ -172,6 +172,13 @@ class Op:
     def output_shape(self, layer: Layer, in_shapes: Sequence[Shape], graph: "Graph | None" = None) -> Shape:
         raise NotImplementedError
 
+    def check(self, layer: Layer, in_shapes: Sequence[Shape], params: Sequence[np.ndarray]) -> None:
+        """Raise ValueError (one clause, the caller names the node) where the layer's inputs,
+        parameters or attributes are inconsistent: checked at import, before any shape is
+        inferred from them, so that no kernel is ever given a view it would read out of bounds.
+        Default: one input."""
+        expect(len(in_shapes) == 1, f"takes one data input, got {len(in_shapes)}")
+
     def input_windows(self, layer: Layer, out: Region, in_shapes: Sequence[Shape]) -> tuple[InputWindow, ...]:
         """Default: elementwise, each input needs the same region (broadcast dims whole)."""
         return tuple(InputWindow(_broadcast_region(out, s)) for s in in_shapes)
@@ -218,6 +225,26 @@ class Op:
         per-call setup (cutting views, choosing calls) costs about as much as its kernel on
         small bands overrides this to do that setup once."""
         return functools.partial(self.compute, layer, inputs, windows, out, out_region, params)
+
+
+class InvalidNode(ValueError):
+    """A node or layer whose inputs, weights or attributes contradict each other (a malformed
+    model, where a plain ValueError from `from_onnx` means a form tightfit does not support)."""
+
+
+def expect(condition: bool, message: str) -> None:
+    """An op's check: InvalidNode(message) unless `condition`."""
+    if not condition:
+        raise InvalidNode(message)
+
+
+def expect_rank(shape: Shape, ranks: tuple[int, ...], what: str = "input") -> None:
+    expect(len(shape) in ranks, f"{what} of shape {tuple(shape)} must have rank {' or '.join(map(str, ranks))}")
+
+
+def expect_positive(values: Sequence[int], n: int, what: str) -> None:
+    expect(len(values) == n and all(isinstance(v, (int, np.integer)) and v >= 1 for v in values),
+           f"{what} {tuple(values)} must be {n} integers >= 1")
 
 
 def param_tensor(a: np.ndarray) -> torch.Tensor:

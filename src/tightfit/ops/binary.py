@@ -8,7 +8,7 @@ import torch
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect
 from tightfit.ops.conv import clamp_bounds
 from tightfit.ops.native import add_call
 
@@ -31,6 +31,23 @@ class _Elementwise(Op):
             # (a constant may be larger than the data: x (N,C,1,1) + b (1,C,H,W)).
             attrs["param_shape"] = tuple(int(d) for d in np.broadcast_shapes(*[c.shape for c in consts]))
         return OnnxSpec(attrs, dynamic, consts)
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """Data inputs of the output's rank and batch, each dim the output's or 1 (a data input
+        broadcast over H or W is read whole there); constants of one sample."""
+        expect(len(in_shapes) >= 1, "takes at least one data input")
+        rank = len(in_shapes[0])
+        expect(all(len(s) == rank for s in in_shapes) and rank in (2, 4),
+               f"data inputs of shapes {[tuple(s) for s in in_shapes]} must all have rank 2 or all rank 4")
+        expect(all(s[0] == in_shapes[0][0] for s in in_shapes), f"data inputs {[tuple(s) for s in in_shapes]} differ in batch")
+        expect(all(p.ndim == rank and p.shape[0] == 1 for p in params),
+               f"constant operands of shapes {[tuple(p.shape) for p in params]} must be one sample of rank {rank}")
+        try:
+            out = np.broadcast_shapes(*[tuple(s) for s in in_shapes], *[tuple(p.shape) for p in params])
+        except ValueError:
+            raise ValueError(f"operands of shapes {[tuple(s) for s in in_shapes] + [tuple(p.shape) for p in params]} "
+                             f"do not broadcast") from None
+        expect(all(d >= 1 for d in out), f"operands broadcast to an empty shape {out}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         shapes = list(in_shapes)

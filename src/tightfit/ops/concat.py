@@ -5,7 +5,7 @@ from __future__ import annotations
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect
 from tightfit.ops.moves import Move, apply_moves
 
 
@@ -28,6 +28,13 @@ class Concat(Op):
         # The inputs' sizes along the axis: a kernel given windows must know where each begins.
         sizes = tuple(int(node.shape(t)[axis]) for t in node.inputs)
         return OnnxSpec({"act": (), "axis": axis, "sizes": sizes}, list(node.inputs))
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """Inputs alike but in channels."""
+        expect(len(in_shapes) >= 1 and not params, "takes one or more data inputs and no constants")
+        first = tuple(in_shapes[0])
+        expect(len(first) in (2, 4) and all(len(s) == len(first) and s[0] == first[0] and tuple(s[2:]) == first[2:] for s in in_shapes),
+               f"inputs of shapes {[tuple(s) for s in in_shapes]} differ in more than their channels")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         first = tuple(in_shapes[0])

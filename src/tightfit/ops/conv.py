@@ -16,7 +16,8 @@ from tightfit.graph.ir import Layer
 from tightfit.ops import native
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, param_tensor, sliding_windows
+from tightfit.ops.base import (InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_positive, expect_rank,
+                               param_tensor, sliding_windows)
 
 
 def conv_out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int = 1, ceil: bool = False) -> int:
@@ -25,11 +26,33 @@ def conv_out_size(size: int, kernel: int, stride: int, pad_total: int, dilation:
     return (-(-span // stride) if ceil else span // stride) + 1
 
 
+def check_window(kernel, stride, dilation, pads, in_shape: Shape, crop: bool = False) -> None:
+    """A 2-D sliding window (conv, pooling): kernel, strides and dilations >= 1, padding
+    non-negative (a conv's negative padding is a crop folded from a Pad: less than the input),
+    and the dilated kernel within the padded input, so that every output dim is at least 1."""
+    expect_positive(kernel, 2, "kernel")
+    expect_positive(stride, 2, "strides")
+    expect_positive(dilation, 2, "dilations")
+    expect(len(pads) == 4 and all(isinstance(p, (int, np.integer)) for p in pads), f"pads {tuple(pads)} must be 4 integers")
+    h, w = in_shape[2], in_shape[3]
+    for size, before, after, what in ((h, pads[0], pads[2], "rows"), (w, pads[1], pads[3], "columns")):
+        expect(crop or (before >= 0 and after >= 0), f"pads {tuple(pads)} must not be negative")
+        expect(before > -size and after > -size and before + after > -size, f"pads {tuple(pads)} crop away all {size} {what}")
+    for size, k, d, p, what in ((h, kernel[0], dilation[0], pads[0] + pads[2], "rows"), (w, kernel[1], dilation[1], pads[1] + pads[3], "columns")):
+        expect((k - 1) * d + 1 <= size + p,
+               f"kernel {tuple(kernel)} with dilations {tuple(dilation)} spans more than the {size + p} padded input {what}")
+
+
 def resolve_pads(node: OnnxNode, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> tuple[int, int, int, int]:
     """ONNX pads (or auto_pad) as (top, left, bottom, right)."""
     auto = node.attrs.get("auto_pad", "NOTSET")
     if isinstance(auto, bytes):
         auto = auto.decode()
+    if auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ValueError(f"auto_pad {auto!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    expect_positive(stride, 2, "strides")
+    expect_positive(dilation, 2, "dilations")
+    expect_positive(kernel, 2, "kernel")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         _, _, h, w = node.shape(node.inputs[0])
         pads = []
@@ -39,7 +62,10 @@ def resolve_pads(node: OnnxNode, kernel: Sequence[int], stride: Sequence[int], d
             small, big = total // 2, total - total // 2
             pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
         return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
+    if auto == "VALID":
+        return 0, 0, 0, 0
     p = list(node.attrs.get("pads", [0, 0, 0, 0]))
+    expect(len(p) == 4, f"pads {tuple(p)} must be 4 integers (top, left, bottom, right)")
     return int(p[0]), int(p[1]), int(p[2]), int(p[3])
 
 
@@ -72,6 +98,25 @@ class Conv(Op):
         bias = node.const_input(2)
         params = [weight.astype(np.float32)] + ([bias.astype(np.float32)] if bias is not None else [])
         return OnnxSpec(attrs, [node.inputs[0]], params)
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """The weight's (C_out, C_in / groups, kh, kw) against the input's channels, the groups and
+        the kernel; the dilated kernel within the padded input (a crop within the input)."""
+        super().check(layer, in_shapes, params)
+        a = layer.attrs
+        expect_rank(in_shapes[0], (4,))
+        cin = in_shapes[0][1]
+        check_window(a["kernel"], a["stride"], a["dilation"], a["pads"], in_shapes[0], crop=True)
+        groups, cout = a["groups"], a["out_channels"]
+        expect(isinstance(groups, int) and groups >= 1 and cin % groups == 0 and cout % groups == 0,
+               f"group {groups} must divide the input's {cin} and the output's {cout} channels")
+        expect(1 <= len(params) <= 2, f"takes a weight and an optional bias, got {len(params)} parameters")
+        want = (cout, cin // groups) + tuple(a["kernel"])
+        expect(tuple(params[0].shape) == want,
+               f"weight of shape {tuple(params[0].shape)} does not fit {cin} input channels in {groups} group(s) "
+               f"and kernel {tuple(a['kernel'])}: expected {want}")
+        if len(params) > 1:
+            expect(tuple(params[1].shape) == (cout,), f"bias of shape {tuple(params[1].shape)}, expected ({cout},)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, _, h, w = in_shapes[0]

@@ -8,7 +8,7 @@ import torch
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
 
 @register
@@ -42,6 +42,17 @@ class Gemm(Op):
                 raise ValueError(f"Gemm bias of shape {b.shape} differs per sample; only (out,), (1, out) or scalars are supported")
             params.append(np.broadcast_to(b, (w.shape[0],)).astype(np.float32))
         return OnnxSpec({"act": (), "out_features": int(w.shape[0])}, [node.inputs[0]], params)
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """The weight's (out, in) against the input's per-sample size (a 4-D input is flattened)."""
+        super().check(layer, in_shapes, params)
+        expect_rank(in_shapes[0], (2, 4))
+        features, out = int(np.prod(in_shapes[0][1:])), layer.attrs["out_features"]
+        expect(1 <= len(params) <= 2, f"takes a weight and an optional bias, got {len(params)} parameters")
+        expect(tuple(params[0].shape) == (out, features),
+               f"weight of shape {tuple(params[0].shape)} does not fit {features} input features: expected ({out}, {features})")
+        if len(params) > 1:
+            expect(tuple(params[1].shape) == (out,), f"bias of shape {tuple(params[1].shape)}, expected ({out},)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return (in_shapes[0][0], layer.attrs["out_features"])
@@ -83,6 +94,11 @@ class Softmax(Op):
             raise ValueError(f"{node.op_type} over axis {axis} of {shape}{' (opset < 13: over all dims from it)' if old else ''};"
                              " only over C (axis 1) of (N, C) or (N, C, H, W) data is supported")
         return OnnxSpec({"log": node.op_type == "LogSoftmax"}, [node.inputs[0]])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        expect(len(in_shapes[0]) in (2, 4) and all(d == 1 for d in in_shapes[0][2:]),
+               f"input of shape {tuple(in_shapes[0])}: softmax over the classes of (N, C) or (N, C, 1, 1)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])

@@ -8,7 +8,7 @@ import torch
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape
+from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect, expect_rank
 
 
 @register
@@ -41,6 +41,14 @@ class BatchNorm(Op):
             raise ValueError("only inference batch norm with per-channel statistics is supported")
         return OnnxSpec({"epsilon": float(node.attrs.get("epsilon", 1e-5)), "act": ()}, [node.inputs[0]],
                         [p.astype(np.float32) for p in params])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """Four statistics of one value per channel of an (N, C) or (N, C, H, W) input."""
+        super().check(layer, in_shapes, params)
+        expect_rank(in_shapes[0], (2, 4))
+        c = in_shapes[0][1]
+        expect(len(params) == 4 and all(tuple(p.shape) == (c,) for p in params),
+               f"statistics of shapes {[tuple(p.shape) for p in params]}, expected four of ({c},)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])

@@ -141,9 +141,37 @@ def conv_call(kind: str, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: t
     if not available():
         return None
     w, b = w.contiguous(), b.contiguous()
+    _check_conv(kind, x, y, w, b, kernel, stride, pad)
     args = _args(x, y, (w, b), w=w.data_ptr(), b=b.data_ptr(), kh=kernel[0], kw=kernel[1], sh=stride[0], sw=stride[1],
                  pt=pad[0], pl=pad[1], lo=clamp[0], hi=clamp[1])
     return NativeCalls([(kind, args)])
+
+
+def _require(condition: bool, message: str) -> None:
+    """A kernel's precondition: what it reads and writes lies inside the views it is given. A
+    failure is a bug of ours (the importer's checks keep every model within them), never run."""
+    if not condition:
+        raise ValueError(f"native kernel: {message}")
+
+
+def _check_conv(kind: str, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor, kernel, stride,
+                pad: tuple[int, int]) -> None:
+    """The shapes `depthwise` and `dense` (_conv.c) read: the weight and bias for the views'
+    channels and the kernel, one sample of input per sample of output. Input taps are clipped
+    to the input view, so the rest of the window needs no check."""
+    _require(x.dim() == 4 and y.dim() == 4 and x.dtype == y.dtype == w.dtype == b.dtype == torch.float32,
+             "fp32 NCHW-shaped views")
+    _require(x.stride(1) == 1 and y.stride(1) == 1 and min(x.stride() + y.stride()) >= 0, "unit-stride channels")
+    _require(x.shape[0] == y.shape[0], f"{y.shape[0]} output samples from {x.shape[0]} input samples")
+    _require(min(kernel) >= 1 and min(stride) >= 1 and min(pad) >= 0, f"kernel {kernel}, strides {stride}, padding {pad}")
+    taps, c = kernel[0] * kernel[1], y.shape[1]
+    if kind == "depthwise":
+        _require(x.shape[1] == c and tuple(w.shape) == (taps, c) and b.numel() >= c,
+                 f"depthwise weight {tuple(w.shape)} and bias {b.numel()} for {x.shape[1]} -> {c} channels, {taps} taps")
+    else:
+        panels = -(-c // 16)
+        _require(kind == "dense" and tuple(w.shape) == (panels, taps * x.shape[1], 16) and b.numel() >= panels * 16,
+                 f"dense weight {tuple(w.shape)} and bias {b.numel()} for {x.shape[1]} -> {c} channels, {taps} taps")
 
 
 def dense_panels(taps: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +214,8 @@ def input_call(y: torch.Tensor, at: tuple[int, int, int], shape: tuple[int, ...]
     if not available() or len(shape) != 4 or not _pixels_unit_channels(y):
         return None
     _, c, h, w = shape
+    _require(y.shape[1] == c and min(at) >= 0 and at[0] + y.shape[0] <= shape[0] and at[1] + y.shape[2] <= h
+             and at[2] + y.shape[3] <= w, f"a {tuple(y.shape)} region at {at} of an input of shape {tuple(shape)}")
     args = ConvArgs(x=None, y=y.data_ptr(), n=y.shape[0], c=c, oh=y.shape[2], ow=y.shape[3], xs_n=c * h * w, xs_h=w, xs_w=1,
                     xs_c=h * w, ys_n=y.stride(0), ys_h=y.stride(2), ys_w=y.stride(3))
     args.keep = (y,)

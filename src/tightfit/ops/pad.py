@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, window_1d
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, window_1d
 
 
 @register
@@ -51,6 +51,17 @@ class Pad(Op):
         hw = (pads[2], pads[3], pads[6], pads[7])  # top, left, bottom, right
         return OnnxSpec({"pads_hw": hw, "mode": mode, "value": float(value),
                          "foldable": mode == "constant" and float(value) == 0.0}, [node.inputs[0]])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """A crop keeps at least a row and a column; reflect padding is narrower than the input."""
+        super().check(layer, in_shapes, params)
+        expect_rank(in_shapes[0], (4,))
+        t, l, b, r = layer.attrs["pads_hw"]
+        _, _, h, w = in_shapes[0]
+        expect(h + t + b >= 1 and w + l + r >= 1 and min(t, b) > -h and min(l, r) > -w,
+               f"pads {(t, l, b, r)} crop away all of the input's {h} x {w}")
+        if layer.attrs["mode"] == "reflect":
+            expect(max(t, b) < h and max(l, r) < w, f"reflect pads {(t, l, b, r)} must be smaller than the input's {h} x {w}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, c, h, w = in_shapes[0]

@@ -10,12 +10,14 @@ import torch.nn.functional as F
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, sliding_windows
-from tightfit.ops.conv import conv_out_size, resolve_pads
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, sliding_windows
+from tightfit.ops.conv import check_window, conv_out_size, resolve_pads
 
 
 class _WindowPool(Op):
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        if "kernel_shape" not in node.attrs:
+            raise ValueError(f"{node.op_type} {node.name!r}: kernel_shape is required")
         kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
         if len(kernel) != 2:
             raise ValueError(f"{node.op_type} {node.name!r}: only 2-D pooling is supported")
@@ -29,6 +31,19 @@ class _WindowPool(Op):
             "in_hw": tuple(node.shape(node.inputs[0])[2:]),
         }
         return OnnxSpec(attrs, [node.inputs[0]])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        """A window within the padded input, padding smaller than the window (so that no window
+        lies wholly in the padding), and the input size it was imported at."""
+        super().check(layer, in_shapes, params)
+        a = layer.attrs
+        expect_rank(in_shapes[0], (4,))
+        expect(not params, "takes no parameters")
+        check_window(a["kernel"], a["stride"], a["dilation"], a["pads"], in_shapes[0])
+        extent = [(k - 1) * d + 1 for k, d in zip(a["kernel"], a["dilation"])]
+        expect(all(p < e for p, e in zip(a["pads"], extent + extent)),
+               f"pads {tuple(a['pads'])} must be smaller than the window {tuple(extent)}")
+        expect(tuple(a["in_hw"]) == tuple(in_shapes[0][2:]), f"imported for input size {tuple(a['in_hw'])}, given {tuple(in_shapes[0][2:])}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, c, h, w = in_shapes[0]
@@ -199,6 +214,10 @@ class GlobalPool(Op):
                 raise ValueError(f"{node.op_type} {node.name!r}: only reductions over H and W (axes 2, 3) or over C (axis 1) are supported")
             keepdims = bool(node.attrs.get("keepdims", 1))
         return OnnxSpec({"kind": kind, "keepdims": keepdims, "act": ()}, [node.inputs[0]])
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        expect_rank(in_shapes[0], (4,))
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, c = in_shapes[0][:2]

@@ -17,7 +17,7 @@ import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
 
 COORD_MODES = ("asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn",
@@ -141,6 +141,14 @@ class Resize(Op):
                          exclude_outside=bool(int(node.attrs.get("exclude_outside", 0))))
         return OnnxSpec(attrs, [node.inputs[0]])
 
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        a = layer.attrs
+        expect_rank(in_shapes[0], (4,))
+        expect(all(isinstance(d, int) and d >= 1 for d in a["out_hw"]), f"output size {tuple(a['out_hw'])} must be >= 1")
+        expect(all(math.isfinite(s) and s > 0 for s in a["scale"]), f"scales {tuple(a['scale'])} must be finite and positive")
+        expect(tuple(a["in_hw"]) == tuple(in_shapes[0][2:]), f"imported for input size {tuple(a['in_hw'])}, given {tuple(in_shapes[0][2:])}")
+
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         n, c = in_shapes[0][:2]
         return (n, c) + tuple(layer.attrs["out_hw"])
@@ -244,8 +252,8 @@ def _scale_and_size(node: OnnxNode, in_shape: Shape, scales, sizes) -> tuple[tup
             s[a] = v
         if rank != 4 or s[0] != 1 or s[1] != 1:
             raise ValueError("resize may only scale H and W")
-        if min(s[2:]) <= 0:
-            raise ValueError(f"resize scales {s} must be positive")
+        if not all(math.isfinite(v) and v > 0 for v in s[2:]):
+            raise ValueError(f"resize scales {s} must be finite and positive")
         # In float32, as onnxruntime multiplies: 10 x 0.7f is 7 there, 6.99... in float64.
         out_hw = tuple(int(math.floor(np.float32(in_shape[a]) * np.float32(s[a]))) for a in (2, 3))
         if min(out_hw) < 1:

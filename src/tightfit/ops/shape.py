@@ -12,7 +12,7 @@ import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
 
 class _Whole(Op):
@@ -59,6 +59,13 @@ class Reshape(_Whole):
             raise ValueError(f"reshape to {target} would mix samples of the batch")
         return OnnxSpec({"sample_shape": tuple(target[1:])}, [node.inputs[0]])
 
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        target, have = tuple(layer.attrs["sample_shape"]), prod(in_shapes[0][1:])
+        expect(all(isinstance(d, int) and d >= 1 for d in target) and prod(target) == have,
+               f"target shape {target} per sample must be positive dims holding the input's {have} elements "
+               f"(input {tuple(in_shapes[0])})")
+
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return (in_shapes[0][0],) + tuple(layer.attrs["sample_shape"])
 
@@ -72,17 +79,27 @@ def _target_shape(node: OnnxNode, in_shape: Shape) -> tuple[int, ...]:
         if spec is None:
             raise ValueError("reshape target must be a constant")
         dims = [int(d) for d in spec.reshape(-1)]
+        if any(d == 0 and i >= len(in_shape) for i, d in enumerate(dims)):
+            raise ValueError(f"reshape target {dims} copies a dim the input {in_shape} does not have")
         dims = [in_shape[i] if d == 0 and not node.attrs.get("allowzero", 0) else d for i, d in enumerate(dims)]
+        if dims.count(-1) > 1 or any(d < -1 for d in dims):
+            raise ValueError(f"reshape target {dims} must be dims >= 0 with at most one -1")
         if -1 in dims:
             known = prod(d for d in dims if d != -1)
+            if known <= 0 or prod(in_shape) % known:
+                raise ValueError(f"reshape target {dims} cannot hold the input {in_shape}")
             dims[dims.index(-1)] = prod(in_shape) // known
         return tuple(dims)
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1:
         c = node.const_input(1)
         axes = None if c is None else [int(a) for a in c.reshape(-1)]
+    if axes is not None and any(not -len(in_shape) - len(axes) <= a < len(in_shape) + len(axes) for a in axes):
+        raise ValueError(f"{node.op_type} axes {list(axes)} out of range for rank {len(in_shape)}")
     if node.op_type == "Squeeze":
         axes = [a % len(in_shape) for a in axes] if axes is not None else [i for i, d in enumerate(in_shape) if d == 1 and i > 0]
+        if any(in_shape[a] != 1 for a in axes):
+            raise ValueError(f"Squeeze axes {axes} of input {in_shape} are not of size 1")
         return tuple(d for i, d in enumerate(in_shape) if i not in axes)
     out = list(in_shape)
     rank = len(in_shape) + len(axes)
@@ -103,6 +120,12 @@ class Transpose(_Whole):
             raise ValueError("transpose that moves the batch dim is not supported")
         return OnnxSpec({"perm": perm}, [node.inputs[0]])
 
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        perm = tuple(layer.attrs["perm"])
+        expect(sorted(perm) == list(range(len(in_shapes[0]))) and perm[:1] == (0,),
+               f"perm {perm} must reorder the {len(in_shapes[0])} dims of the input, keeping the batch first")
+
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0][p] for p in layer.attrs["perm"])
 
@@ -115,6 +138,12 @@ class ChannelShuffle(Op):
     """Reshape (N, g, C/g, H, W) -> Transpose(0, 2, 1, 3, 4) -> Reshape (N, C, H, W)."""
 
     name = "channel_shuffle"
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        expect_rank(in_shapes[0], (4,))
+        g = layer.attrs["groups"]
+        expect(isinstance(g, int) and g >= 1 and in_shapes[0][1] % g == 0, f"groups {g} must divide {in_shapes[0][1]} channels")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])

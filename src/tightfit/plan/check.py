@@ -79,9 +79,11 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     if len(graphs) != len(plan.models):
         raise PlanError(f"plan names {len(plan.models)} models, {len(graphs)} given")
     _check_sanity(plan, graphs)
+    _check_ids(plan)
     _check_steps(plan, graphs)
     _simulate(plan, graphs)
     _check_partitions(plan, graphs)
+    _check_scratch(plan, graphs)
     life = lifetimes(plan, graphs)
     offsets = life.arena_offsets(plan)
     try:
@@ -93,6 +95,10 @@ def check_plan(plan: Plan, graphs: Sequence[Graph]) -> CheckReport:
     top = max((o + r.size for o, r in zip(offsets, life.reqs)), default=0)
     if top > plan.arena_bytes:
         raise PlanError(f"buffers reach byte {top} but the arena has {plan.arena_bytes}")
+    for b in plan.buffers:  # those no step uses too: the executor cuts a view for every buffer
+        if any(o + b.nbytes > plan.arena_bytes for o in b.offsets):
+            raise PlanError(f"buffer {b.id} at offsets {list(b.offsets)} reaches byte {max(b.offsets) + b.nbytes} "
+                            f"but the arena has {plan.arena_bytes}")
     bound = max(lower_bound(life.reqs), concurrent_lower_bound(plan, life))
     if plan.arena_bytes < bound:  # cannot happen without an overlap; kept as the stated invariant
         raise PlanError(f"arena {plan.arena_bytes} is below the lower bound {bound}")
@@ -124,8 +130,60 @@ def _check_sanity(plan: Plan, graphs: Sequence[Graph]) -> None:
             raise PlanError(f"buffer {i} has shape {b.shape}, larger than all the models' tensors together")
         total += b.nbytes * b.copies
     _check_overlays(plan)
-    if plan.arena_bytes < 0 or plan.arena_bytes > total + 64 * (len(plan.buffers) + 1) + max((o for b in plan.buffers for o in b.offsets), default=0):
-        raise PlanError(f"arena of {plan.arena_bytes} bytes does not fit its buffers")
+    # The offset planners' arena is at most the buffer copies side by side, each rounded up to
+    # 64 bytes (naive placement); a plan may waste as much again, no more: a larger arena or
+    # offset (which the executor would allocate) is a tampered number.
+    bound = 2 * sum(-(-b.nbytes // 64) * 64 * b.copies for b in plan.buffers)
+    if plan.arena_bytes < 0 or plan.arena_bytes > bound:
+        raise PlanError(f"arena of {plan.arena_bytes} bytes does not fit its buffers (at most {bound} bytes, twice "
+                        f"their copies side by side)")
+
+
+
+def _check_ids(plan: Plan) -> None:
+    """Partition ids are their positions; concurrent sets name known partitions, each once."""
+    for i, p in enumerate(plan.partitions):
+        if p.id != i:
+            raise PlanError(f"partition {i} has id {p.id}")
+    seen: set[int] = set()
+    for group in plan.concurrent:
+        for pid in group:
+            if not 0 <= pid < len(plan.partitions):
+                raise PlanError(f"concurrent set {list(group)} names unknown partition {pid} (0-{len(plan.partitions) - 1})")
+            if pid in seen:
+                raise PlanError(f"partition {pid} is named twice in the concurrent sets {[list(g) for g in plan.concurrent]}")
+            seen.add(pid)
+
+
+def _check_scratch(plan: Plan, graphs: Sequence[Graph]) -> None:
+    """Each step's `scratch` is what its op's kernels allocate (`workspace_bytes` of the torch
+    model, the output view dense or not, channels-last or not: the planners' choices), an input
+    step's what its row-band source holds (plan/tiling.py), a copy's nothing: a tampered figure
+    would misstate the analysed memory and the limit `run --enforce` derives from it."""
+    from tightfit.graph.ir import DTYPE_BYTES
+
+    size = DTYPE_BYTES[plan.dtype]
+    for k, s in enumerate(plan.steps()):
+        g, batch = graphs[s.model], plan.models[s.model].batch
+        if s.kind == "compute":
+            layer = g.layers[s.layer]
+            in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+            out_shape = (batch,) + g.shape(layer.output)[1:]
+            op, allowed = get_op(layer.op), set()
+            for channels_last, dense in ((True, True), (True, False), (False, True), (False, False)):
+                allowed.add(op.workspace_bytes(layer, s.out.region, in_shapes, out_shape, size, "torch", dense, channels_last))
+                if s.scratch in allowed:
+                    break
+        elif s.kind == "input":
+            shape = g.shape(s.out.tensor)
+            row_band = 2 * s.out.region.n * shape[1] * spatial(shape)[1] * size
+            buffer = plan.buffers[s.out.buffer]
+            allowed = {0, row_band * min(s.out.region.h, max(1, buffer.nbytes // (2 * row_band)))}
+        else:
+            allowed = {0}
+        if s.scratch not in allowed:
+            raise PlanError(f"step {k} ({_describe(graphs, s)}) states {s.scratch} bytes of scratch; its kernels allocate "
+                            f"{' or '.join(map(str, sorted(allowed)))}")
 
 
 def _check_overlays(plan: Plan) -> None:
@@ -168,7 +226,9 @@ def _check_partitions(plan: Plan, graphs: Sequence[Graph]) -> None:
             raise PlanError(f"partition {p.id} lists layers {sorted(p.layers)[:8]} but computes {sorted(computed)[:8]}")
 
 
-def _check_access(plan: Plan, graph: Graph, a: Access, where: str) -> None:
+def _check_access(plan: Plan, graph: Graph, a: Access, where: str, empty_ok: bool = False) -> None:
+    """`empty_ok`: the region may hold no rows or columns (a compute step's input window that
+    lies wholly in the padding, e.g. a Pad's band of padding rows)."""
     if not 0 <= a.buffer < len(plan.buffers):
         raise PlanError(f"{where}: unknown buffer {a.buffer}")
     if a.tensor not in graph.tensors:
@@ -179,7 +239,8 @@ def _check_access(plan: Plan, graph: Graph, a: Access, where: str) -> None:
         raise PlanError(f"{where}: buffer {a.buffer} of shape {b.shape} cannot hold {a.tensor!r} of shape {shape}")
     r = a.region
     h, w = spatial(shape)
-    if r.is_empty() or r.n0 < 0 or r.h0 < 0 or r.w0 < 0 or r.h1 > h or r.w1 > w:
+    empty = r.n <= 0 or r.h < 0 or r.w < 0 or (not empty_ok and r.is_empty())
+    if empty or r.n0 < 0 or r.h0 < 0 or r.w0 < 0 or r.h1 > h or r.w1 > w or r.h0 > h or r.w0 > w:
         raise PlanError(f"{where}: region {_fmt(r)} outside tensor {a.tensor!r}")
     bh, bw = spatial(b.shape)
     n, hh, ww = a.at
@@ -199,7 +260,7 @@ def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
         batch = plan.models[s.model].batch
         where = f"step {k}"
         for a in (s.out, *s.inputs):
-            _check_access(plan, g, a, where)
+            _check_access(plan, g, a, where, empty_ok=s.kind == "compute" and a is not s.out)
             if a.region.n1 > batch:
                 raise PlanError(f"{where}: samples {a.region.n0}-{a.region.n1} beyond batch {batch}")
         if s.kind == "input":

@@ -32,8 +32,10 @@ Serialised as JSON with a format version; `load_plan` validates it against the m
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 from typing import Any, Mapping
 
 from tightfit.errors import TightfitError
@@ -237,9 +239,73 @@ def plan_from_json(d: Any) -> Plan:
                 _need(d, "arena_bytes", int, "top"), dict(_need(d, "knobs", dict, "top")), _need(d, "cost_profile", str, "top"))
 
 
-def loads(text: str) -> Plan:
+# Parse limits for files from anywhere: a plan of DenseNet-121 by parts is a few MB, its deepest
+# value (a knob's table) is nested fewer than 10 levels, and every integer in it is a byte count
+# or an index well below 2**62.
+MAX_PLAN_BYTES = 256 * 2**20
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 19
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS or abs(int(text)) >= 2**62:
+        raise PlanError(f"plan holds the integer {text[:24]}{'...' if len(text) > 24 else ''}, beyond any size or index")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise PlanError(f"plan holds the number {text[:24]}, which is not finite")
+    return value
+
+
+def _parse_constant(text: str) -> float:
+    raise PlanError(f"plan holds {text}, which is not a JSON number")
+
+
+def _depth(data: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((c, depth + 1) for c in children)
+    return deepest
+
+
+def loads(text: str | bytes) -> Plan:
+    """A plan from JSON text (bytes must be UTF-8), within the parse limits above."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise PlanError(f"plan of {len(text)} bytes is larger than the {MAX_PLAN_BYTES // 2**20} MiB a plan may take")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"plan is not UTF-8 text (byte {e.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
         raise PlanError(f"plan is not valid JSON: {e}") from None
+    except RecursionError:
+        raise PlanError(f"plan is nested deeper than {MAX_DEPTH} levels") from None
+    if _depth(data) > MAX_DEPTH:
+        raise PlanError(f"plan is nested deeper than {MAX_DEPTH} levels")
     return plan_from_json(data)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """A plan file, its size checked before it is read."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise PlanError(f"plan file not found: {p}")
+        if p.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"plan file {p} of {p.stat().st_size} bytes is larger than the {MAX_PLAN_BYTES // 2**20} MiB a plan may take")
+        data = p.read_bytes()
+    except OSError as e:
+        raise PlanError(f"cannot read plan file {p}: {e.strerror or e}") from None
+    return loads(data)
