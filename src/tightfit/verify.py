@@ -40,30 +40,23 @@ def model_input(graph: Graph, x: torch.Tensor) -> np.ndarray:
 
 
 def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
-    """`model_bytes` may be a file path (a model with external data is opened where it lies)."""
+    """`model_bytes` may be a file path (a model with external data is opened where it lies);
+    `extra`: inner tensors to return as well."""
     import onnx
     import onnxruntime as ort
 
-    if isinstance(model_bytes, str) and not extra:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
-    if isinstance(model_bytes, str):
-        model_bytes = open(model_bytes, "rb").read()
-    model = onnx.load_from_string(model_bytes)
-    have = {o.name for o in model.graph.output}
-    for name in extra:
-        if name not in have:
-            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    source: bytes | str = model_bytes
+    if extra:
+        model = onnx.load(model_bytes) if isinstance(model_bytes, str) else onnx.load_from_string(model_bytes)
+        have = {o.name for o in model.graph.output}
+        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in extra if n not in have)
+        source = model.SerializeToString()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        inp = sess.get_inputs()[0].name
+        sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, {inp: x})))
+        return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
     except Exception as e:  # onnxruntime's own exception types: the model is one it rejects
         from tightfit.errors import ModelLoadError
 

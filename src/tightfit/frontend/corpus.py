@@ -359,10 +359,9 @@ def onnx_path(name: str, opset: int = 17) -> Path:
         base = Path(tempfile.gettempdir()) / f"tightfit-corpus-{_code_version()}"
     path = base / "corpus" / f"{name}-opset{opset}-{_code_version()}.onnx"
     if not path.is_file():
-        from tightfit.frontend.zoo import _write_atomic
+        from tightfit.cache import write_cache
 
-        _write_atomic(path, export(name, opset))
-        if not path.is_file():
+        if not write_cache(path, export(name, opset)):
             raise OSError(f"could not write {path}")
     return path
 
