@@ -30,11 +30,14 @@ class Concat(Op):
         return OnnxSpec({"act": (), "axis": axis, "sizes": sizes}, list(node.inputs))
 
     def check(self, layer: Layer, in_shapes, params) -> None:
-        """Inputs alike but in channels."""
+        """Inputs alike but along the joined axis."""
         expect(len(in_shapes) >= 1 and not params, "takes one or more data inputs and no constants")
         first = tuple(in_shapes[0])
-        expect(len(first) in (2, 4) and all(len(s) == len(first) and s[0] == first[0] and tuple(s[2:]) == first[2:] for s in in_shapes),
-               f"inputs of shapes {[tuple(s) for s in in_shapes]} differ in more than their channels")
+        axis = layer.attrs.get("axis", 1)
+        same = lambda s: tuple(s[:axis]) + tuple(s[axis + 1:])  # noqa: E731
+        expect(len(first) in (2, 4) and 1 <= axis < len(first)
+               and all(len(s) == len(first) and same(s) == same(first) for s in in_shapes),
+               f"inputs of shapes {[tuple(s) for s in in_shapes]} differ in more than axis {axis}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         first = tuple(in_shapes[0])

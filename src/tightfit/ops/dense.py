@@ -97,8 +97,7 @@ class Softmax(Op):
 
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
-        expect(len(in_shapes[0]) in (2, 4) and all(d == 1 for d in in_shapes[0][2:]),
-               f"input of shape {tuple(in_shapes[0])}: softmax over the classes of (N, C) or (N, C, 1, 1)")
+        expect(len(in_shapes[0]) in (2, 4), f"input of shape {tuple(in_shapes[0])}: softmax over C of (N, C) or (N, C, H, W)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
