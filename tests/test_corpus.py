@@ -29,18 +29,10 @@ import coverage  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-# Models that stop on an operator another branch of issue 22 adds (the lead drops these marks
-# when the branches are merged).
-MISSING_OPS = {
-    "convnext_tiny": "Div, Erf, LayerNormalization (opset 11: Div, Erf, Pow, Sqrt, Sub)",
-    "shufflenet_v2_x1_0": "Slice",
-    "fcn_resnet50": "Resize mode linear",
-    "deeplabv3_mobilenet_v3_large": "Resize mode linear",
-    "lraspp_mobilenet_v3_large": "Resize mode linear",
-    "yolov5n_focus": "Slice",
-    "unet": "ConvTranspose",
-    "dbnet": "ConvTranspose, Div",
-}
+# Models that stop on an operator not supported yet: each an xfail naming the op (strict, so a
+# model that starts importing fails here until its mark is dropped). Empty since the operators
+# of issue 22 merged; the slow run has not been redone since.
+MISSING_OPS: dict[str, str] = {}
 
 
 def test_corpus_lists_the_issue_models():

@@ -1,6 +1,7 @@
 """Coarse tiling spaces cut around layers that cannot be tiled: a model whose first layer is a
-layout transpose (NHWC input) has no coarse group unless a cut follows the transpose, and every
-budget below layer by layer then went to the fine space (issue 20)."""
+layout transpose has no coarse group unless a cut follows the transpose, and every budget below
+layer by layer then went to the fine space (issue 20). (A leading transpose from NHWC is now
+absorbed at import, so the transpose here swaps H and W.)"""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,7 @@ from tightfit.techniques.tiling import candidate_cuts, search_tiling, tileable
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class NHWCInput(nn.Module):
+class TransposedInput(nn.Module):
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
@@ -21,11 +22,11 @@ class NHWCInput(nn.Module):
                                   nn.Conv2d(32, 32, 3, padding=1))
 
     def forward(self, x):
-        return self.body(x.permute(0, 3, 1, 2))
+        return self.body(x.transpose(2, 3))
 
 
 def test_a_cut_follows_a_layer_that_cannot_be_tiled_and_the_coarse_space_fits():
-    g = tightfit.load(NHWCInput().eval(), (1, 64, 64, 3))
+    g = tightfit.load(TransposedInput().eval(), (1, 3, 64, 64))
     assert not tileable(g, 0) and all(tileable(g, l.id) for l in g.layers[1:])
     assert 1 in candidate_cuts(g)
     model = PlannedModel(g, "nhwc")
