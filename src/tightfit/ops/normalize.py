@@ -40,8 +40,27 @@ def _single_output(node: OnnxNode) -> None:
         raise ValueError("only the normalized output is supported (not the mean / inverse std outputs)")
 
 
+class _Normalization(Op):
+    """A per-channel affine normalization: same shape out, no weights of its own besides scale and
+    bias, 4 multiply-adds per element, and torch's temporaries (a copy of the input and its result)."""
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        return tuple(in_shapes[0])
+
+    def kernel_bytes(self, layer, graph, itemsize) -> int:
+        return 0
+
+    def macs(self, layer, out, in_shapes, out_shape) -> int:
+        return 4 * out.numel(out_shape)
+
+    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
+                        channels_last: bool = False) -> int:
+        """torch's layer_norm / instance_norm: a copy of the input and its result."""
+        return 2 * out.numel(out_shape) * itemsize if model == "torch" else 0
+
+
 @register
-class ChannelNorm(Op):
+class ChannelNorm(_Normalization):
     """y = (x - mean_C x) / sqrt(var_C x + eps) * scale + bias at every pixel."""
 
     name = "channel_norm"
@@ -64,19 +83,7 @@ class ChannelNorm(Op):
         bias = _channel_vector(node, 2, c, "bias", 0.0)
         return OnnxSpec({"epsilon": _epsilon(node), "act": ()}, [node.inputs[0]], [scale, bias])
 
-    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
-        return tuple(in_shapes[0])
 
-    def kernel_bytes(self, layer, graph, itemsize) -> int:
-        return 0
-
-    def macs(self, layer, out, in_shapes, out_shape) -> int:
-        return 4 * out.numel(out_shape)
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        """torch's layer_norm: a channels-last copy of the input and its result."""
-        return 2 * out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         scale, bias = params
@@ -91,7 +98,7 @@ class ChannelNorm(Op):
 
 
 @register
-class InstanceNorm(Op):
+class InstanceNorm(_Normalization):
     """y = (x - mean_HW x) / sqrt(var_HW x + eps) * scale_c + bias_c per sample and channel."""
 
     name = "instancenorm"
@@ -109,21 +116,10 @@ class InstanceNorm(Op):
         bias = _channel_vector(node, 2, c, "bias", 0.0)
         return OnnxSpec({"epsilon": _epsilon(node), "act": ()}, [node.inputs[0]], [scale, bias])
 
-    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
-        return tuple(in_shapes[0])
-
-    def kernel_bytes(self, layer, graph, itemsize) -> int:
-        return 0
 
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
-    def macs(self, layer, out, in_shapes, out_shape) -> int:
-        return 4 * out.numel(out_shape)
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        return 2 * out.numel(out_shape) * itemsize if model == "torch" else 0
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         scale, bias = params
