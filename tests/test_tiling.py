@@ -22,6 +22,8 @@ from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import run_reference
 from tightfit.verify import compare
+from tightfit.techniques.interface import run_memory
+from tightfit.units import human
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -171,9 +173,12 @@ def test_cli_tiling_and_errors(tmp_path, capsys):
     assert len(err) == 2 and all(line.startswith("tightfit: error: ") for line in err)
 
 
-def test_budget_below_every_configuration_is_one_line():
-    with pytest.raises(BudgetError, match="smallest reachable needs"):
+def test_budget_below_every_configuration_is_one_line_carrying_the_smallest():
+    with pytest.raises(BudgetError, match="smallest reachable needs") as caught:
         tightfit.api.plan("minakova5", "tiling", budget=100)
+    smallest = caught.value.smallest
+    assert smallest.knobs["method"] == "tiling" and run_memory(smallest) > 100
+    assert human(run_memory(smallest)) in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["tiny-yolov2", "resnet18"])

@@ -168,13 +168,13 @@ def plan_for_budget(method: str, model, budget: int, config, cost: CostModel | N
                               + (f" with every pivot within {latency} s" if latency is not None else ""))
         return found.detail.plan
     p = tech.draft(model, replace(found.chosen.config, planner=config.planner))
+    p = replace(p, knobs=dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds[0]))
     needs = run_memory(p)
     if needs > budget:  # also when nothing fits: the pick is then the smallest found
         what, smallest, tried = _NOT_FOUND[method]
         raise BudgetError(f"{what} of {model.spec} fits {human(budget)}: {smallest} {human(needs)} "
-                          f"({found.chosen.labels[0]}; {found.evaluated} {tried})")
-    knobs = dict(p.knobs, budget=budget, cost_profile=cost.id, predicted_seconds=found.chosen.seconds[0])
-    return replace(p, knobs=knobs)
+                          f"({found.chosen.labels[0]}; {found.evaluated} {tried})", smallest=p)
+    return p
 
 
 def _vbs_settings(model, budget: int, config, cost, settings: Mapping, say) -> dict:

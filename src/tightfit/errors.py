@@ -30,4 +30,10 @@ class OptionError(TightfitError):
 
 
 class BudgetError(TightfitError):
-    """No plan of the requested kind fits the memory budget; names the smallest reachable."""
+    """No plan of the requested kind fits the memory budget; names the smallest reachable.
+    `smallest` is that plan where the search found one (searches under a time limit do not
+    find the same smallest twice, so a caller that can use it takes it from here)."""
+
+    def __init__(self, message: str, smallest=None):
+        super().__init__(message)
+        self.smallest = smallest
