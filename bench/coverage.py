@@ -127,14 +127,14 @@ def run_memory(plan) -> int:
 
 
 def smallest_parts(model: PlannedModel):
-    from tightfit.plan.parts_search import plan_point, search_parts
+    from tightfit.techniques.parts.phase_search import plan_point, search_parts
 
     found = search_parts(model, lambda p: float(len(p.steps())), 1, deadline=Deadline.after(SEARCH_SECONDS))
     return plan_point(model, found.chosen)
 
 
 def smallest_tiling(model: PlannedModel):
-    from tightfit.plan.tiling import plan_point, search_tiling
+    from tightfit.techniques.tiling import plan_point, search_tiling
 
     # No deadline: the smallest it reaches, not what it reaches in a time on a loaded machine.
     found = search_tiling(model, lambda plan, steps: float(len(steps)), 1, front_points=0)

@@ -47,7 +47,7 @@ from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import phases_for_rows, plan_parts
-from tightfit.plan.parts_search import plan_point, search_parts
+from tightfit.techniques.parts.phase_search import plan_point, search_parts
 from tightfit.plan.reuse import PlannedModel, plan_reuse
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.executor import ArenaExecutor

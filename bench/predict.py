@@ -51,9 +51,9 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
     """(technique, label, plan) for one model."""
     import tightfit
     from tightfit.plan.deadline import Deadline
-    from tightfit.plan.parts_search import plan_point as parts_plan, search_parts
+    from tightfit.techniques.parts.phase_search import plan_point as parts_plan, search_parts
     from tightfit.plan.reuse import PlannedModel, plan_reuse
-    from tightfit.plan.tiling import cost_seconds, plan_point as tiling_plan, search_tiling
+    from tightfit.techniques.tiling import cost_seconds, plan_point as tiling_plan, search_tiling
 
     g = tightfit.load(name)
     model = PlannedModel(g, name)

@@ -12,7 +12,7 @@ or it does not. Per budget:
 - ours: the tiling search's pick (cut points after downsampling, grids up to 8x8, up to three
   groups, overlap recomputed or reused; below that space, as at 16 MiB, the fine space: every cut
   point, tiles one or two rows high with reuse, narrow border columns, and the whole network by
-  parts, from the parts search: row bands per layer, see plan/tiling.py), its predicted run memory
+  parts, from the parts search: row bands per layer, see techniques/tiling/config_search.py), its predicted run memory
   (from the placed plan) and the measured one (fresh process), and its measured latency (median
   of --runs runs); the 16 MiB row also prints the latency ratio to our unconstrained latency;
 - MAFAT's own space, enumerated exhaustively: no cut, or a cut at 4, 8 or 12 (groups 0..c-1 and
@@ -277,7 +277,7 @@ def peak_without_input(plan, g) -> int:
 
 
 def part_mcunet(runs: int) -> None:
-    from tightfit.plan.parts_search import plan_point, search_parts
+    from tightfit.techniques.parts.phase_search import plan_point, search_parts
 
     g = tightfit.load("mobilenet_v2")
     model = PlannedModel(g, "mobilenet_v2")

@@ -12,7 +12,7 @@ import pytest
 
 import tightfit.fit as F
 from tightfit.techniques.fit import Constraints, FitApp, FitProblem, search
-from tightfit.plan.parts_search import search_parts
+from tightfit.techniques.parts.phase_search import search_parts
 from tightfit.techniques.tiling import cost_seconds, search_tiling
 from tightfit.runtime.cost import CostModel
 

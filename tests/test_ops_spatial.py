@@ -369,7 +369,7 @@ def test_unet_through_pytorch_plans_match():
         assert compare(ref, module(x)).ok
     from tightfit.plan.parts import plan_parts, phases_for_rows
     from tightfit.plan.reuse import PlannedModel, plan_reuse
-    from tightfit.plan.tiling import parse_tiling, plan_tiling
+    from tightfit.techniques.tiling import parse_tiling, plan_tiling
 
     model = PlannedModel(g, "unet")
     whole = plan_reuse(model)

@@ -16,7 +16,7 @@ from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
 from tightfit.plan.parts import plan_parts
-from tightfit.plan.parts_search import _peak_tensors, plan_point, search_parts
+from tightfit.techniques.parts.phase_search import _peak_tensors, plan_point, search_parts
 from tightfit.plan.reuse import PlannedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

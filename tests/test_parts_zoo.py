@@ -12,7 +12,7 @@ from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.parts import plan_parts
-from tightfit.plan.parts_search import splittable_layers
+from tightfit.techniques.parts.phase_search import splittable_layers
 from tightfit.plan.reuse import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess

@@ -186,7 +186,7 @@ def _fixed_whole(g: Graph, partitions: Sequence[Sequence[int]]) -> tuple[set[int
 
 def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
                thorough: bool = False) -> list[CNNSpace]:
-    from tightfit.plan.parts_search import splittable_layers
+    from tightfit.techniques.parts.phase_search import splittable_layers
 
     spaces = []
     for m, model in enumerate(app.models):

@@ -1,6 +1,6 @@
 """Processing by parts (Minakova & Stefanov; plan/parts.py): layers compute their output in
 phases of a few rows, in the firing order of the model's cyclo-static dataflow graph, tensors
-held in windows; the parts search (plan/parts_search.py) picks the phases per layer."""
+held in windows; the parts search (techniques/parts/phase_search.py) picks the phases per layer."""
 from __future__ import annotations
 
 from tightfit.plan.reuse import PlannedModel
@@ -30,7 +30,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
 
 
 def config_of(point, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
-    """The Config that drafts a parts search's point (plan/parts_search.PartsPoint)."""
+    """The Config that drafts a parts search's point (techniques/parts/phase_search.PartsPoint)."""
     return Config(layout, dtype, planner, settings=dict(phases=point.phases_dict(), source=point.source_phases,
                                                         align=point.align, held=point.held))
 
@@ -40,10 +40,10 @@ def label(point) -> str:
 
 
 def search(problem: Problem) -> Front:
-    """The parts search (plan/parts_search.search_parts) for the budget: its front, its pick and
+    """The parts search (techniques/parts/phase_search.search_parts) for the budget: its front, its pick and
     its smallest (found by its memory side). As one of fit's sources (`brief`) it offers nothing
     without a budget or on a CNN searched quickly (fit's parts-everywhere seed stands for it)."""
-    from tightfit.plan.parts_search import search_parts
+    from tightfit.techniques.parts.phase_search import search_parts
 
     if problem.brief and (problem.budget_bytes is None or problem.quick):
         return None

@@ -16,7 +16,7 @@ from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError,
                                                format_tiling, groupable_runs, tileable)
 
 if TYPE_CHECKING:
-    from tightfit.plan.parts_search import PartsPoint
+    from tightfit.techniques.parts.phase_search import PartsPoint
 
 # --- predictor and configuration search ---------------------------------------------------------
 #
@@ -437,7 +437,7 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
 def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str,
                   deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> list[TilingPoint]:
     """The parts search's front for `budget`, as configurations."""
-    from tightfit.plan.parts_search import search_parts
+    from tightfit.techniques.parts.phase_search import search_parts
 
     found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype,
                          deadline=deadline, progress=progress)
@@ -448,7 +448,7 @@ def plan_point(model: PlannedModel, point: TilingPoint, planner: str = "improve"
                dtype: str = "fp32") -> Plan:
     """The placed plan of a configuration the search assembled (tiled groups, or parts)."""
     if point.parts is not None:
-        from tightfit.plan import parts_search
+        from tightfit.techniques.parts import phase_search as parts_search
 
         return parts_search.plan_point(model, point.parts, planner, layout, dtype)
     return plan_tiling(model, point.groups, planner, layout, dtype)
