@@ -3,7 +3,8 @@ within a budget, predicted from memory read off each draft's lifetimes and a pur
 its steps' seconds (analysis/predict.py over a frozen profile)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
@@ -220,6 +221,51 @@ class _Option:
         return self.live + self.scratch
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What one run of the search is asked, fixed for the run, and the layer-by-layer draft every
+    segment's plain option is read from."""
+
+    model: PlannedModel
+    seconds: StepSeconds
+    grids: tuple[tuple[int, int], ...]
+    overlaps: tuple[str, ...]
+    max_groups: int
+    timed_per_segment: int
+    layout: str
+    dtype: str
+    deadline: Deadline | None
+    progress: Callable[[str], None]
+    real_cuts: frozenset[int]  # the graph's cut points (where a group may start and end)
+    base: Plan
+    base_live: tuple[int, ...]
+    base_scratch: tuple[int, ...]
+
+    @property
+    def graph(self) -> Graph:
+        return self.model.graph
+
+    @property
+    def layers(self) -> int:
+        return len(self.model.graph.layers)
+
+
+@dataclass
+class _Space:
+    """The search's state, grown by each planning pass and passed explicitly: the cut points, per
+    segment between two of them its layer-by-layer option and, per overlap, its memory-Pareto
+    grids by tiles; how many group options were planned; whether the deadline stopped a pass."""
+
+    cuts: tuple[int, ...]
+    plain: dict[tuple[int, int], _Option] = field(default_factory=dict)
+    options: dict[tuple[int, int], list[list[_Option]]] = field(default_factory=dict)
+    evaluated: int = 0
+    timed_out: bool = False
+
+    def known(self, seg: tuple[int, int]) -> list[_Option]:
+        return [self.plain[seg]] + [o for kept in self.options.get(seg, ()) for o in kept]
+
+
 def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
                   grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
                   cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
@@ -239,199 +285,270 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     and the configurations are assembled from those planned so far; `progress` gets a line per
     stage."""
     g = model.graph
-    L = len(g.layers)
-    cuts = tuple(sorted(set(cuts) | {0, L})) if cuts is not None else candidate_cuts(g)
-    real = set(cut_points(g))
-    grids = tuple(sorted(grids or default_grids(), key=lambda x: (x[0] * x[1], x)))
-    base = draft_tiling(model, (), layout, dtype)
-    base_live, base_scratch = step_memory(base, g)
-    options: dict[tuple[int, int], list[list[_Option]]] = {}  # segment -> per overlap: memory-Pareto grids by tiles
-    plain: dict[tuple[int, int], _Option] = {}
-    evaluated = 0
-
-    def groupable(a: int, b: int) -> bool:
-        return a in real and b in real and all(tileable(g, l) for l in range(a, b))
-
-    def add_segments(points: Sequence[int], keep: Callable[[int, int], bool], groups_of) -> None:
-        """Plan the options of every segment between `points` that `keep` admits: layer by layer,
-        and each list of groups `groups_of(a, b)` gives (finer grids last), memory only."""
-        nonlocal evaluated
-        pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1:]]
-        for a, b in pairs:  # every segment can run layer by layer, whatever the deadline cuts off below
-            lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
-            plain.setdefault((a, b), _Option(None, max(base_live[lo:hi]), max(base_scratch[lo:hi]), base, (lo, hi)))
-        for a, b in pairs:
-            if not groupable(a, b) or not keep(a, b):
-                continue
-            for candidates in groups_of(a, b):
-                kept: list[_Option] = []
-                stale = 0
-                for grp in candidates:
-                    if stale >= PLATEAU_GRIDS:
-                        break
-                    check(deadline)
-                    try:
-                        draft = draft_tiling(model, [grp], layout, dtype)
-                    except TilingError:  # an overlay variant whose output cannot share its input
-                        break
-                    evaluated += 1
-                    live, scratch = step_memory(draft, g)
-                    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (L - b)
-                    # Plans are dropped (rebuilt if timed): a big graph's fine grids are large.
-                    opt = _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None,
-                                  *_lags(draft, grp))
-                    gains = not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
-                                            for f in ("live", "scratch"))
-                    stale = 0 if gains else stale + 1
-                    # Dominated: more tiles, no less live memory and no less scratch. (Scratch
-                    # counts once per configuration, live bytes per segment: both matter.)
-                    if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
-                        kept.append(opt)
-                options.setdefault((a, b), []).append(kept)
-
-    def coarse_groups(a: int, b: int) -> list[list[TileGroup]]:
-        h, w = spatial(g.shape(g.layers[b - 1].output))
-        return [[TileGroup(a, b - 1, (n, m), ov) for n, m in grids
-                 if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in overlaps]
-
-    timed_out = False
-
-    def add_until_deadline(*args) -> None:
-        nonlocal timed_out
-        try:  # past the deadline too: its first loop gives every new segment its layer-by-layer option
-            add_segments(*args)
-        except TimeUp:
-            timed_out = True
-        progress(f"tiling search: {evaluated} group options planned{' (time is up)' if timed_out else ''}")
-
-    add_until_deadline(cuts, lambda a, b: True, coarse_groups)
-
-    def timed(opt: _Option) -> float:
-        if opt.seconds is None:
-            plan = opt.plan or draft_tiling(model, [opt.group], layout, dtype)
-            opt.seconds = seconds(plan, plan.steps()[opt.steps[0]:opt.steps[1]])
-        return opt.seconds
-
-    def usable(seg: tuple[int, int], live_cap: int, scratch_cap: int, first: int | None) -> list[_Option]:
-        out = [plain[seg]] if plain[seg].live <= live_cap and plain[seg].scratch <= scratch_cap else []
-        for kept in options.get(seg, ()):
-            out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:first]
-        return out
-
-    def chain(live_cap: int, scratch_cap: int, cost: Callable[[_Option, "_Option | None"], float], combine,
-              first: int | None = timed_per_segment) -> tuple[float, list[_Option]] | None:
-        """The best chain of options over the cut points (at most max_groups groups), each
-        segment choosing among its `first` coarsest fitting grids per overlap (None: all)."""
-        best: dict[tuple[int, int], tuple[float, list[_Option]]] = {(0, 0): (0.0, [])}
-        for j, b in enumerate(cuts):
-            for a in cuts[:j]:
-                for opt in usable((a, b), live_cap, scratch_cap, first):
-                    for k in range(max_groups + 1):
-                        if (a, k) not in best:
-                            continue
-                        k2 = k + (opt.group is not None)
-                        prev = best[(a, k)][1][-1] if best[(a, k)][1] else None
-                        if k2 > max_groups or not _joins(prev, opt, live_cap):
-                            continue
-                        value = combine(best[(a, k)][0], cost(opt, prev))
-                        if (b, k2) not in best or value < best[(b, k2)][0]:
-                            best[(b, k2)] = (value, best[(a, k)][1] + [opt])
-        ends = [best[(L, k)] for k in range(max_groups + 1) if (L, k) in best]
-        return min(ends, key=lambda e: e[0], default=None)
-
-    def point(opts: list[_Option]) -> TilingPoint:
-        groups = tuple(o.group for o in opts if o.group is not None)
-        if any(o.overlaid for o in opts):
-            # A block spans segments, so per-segment figures only bound it: the plan is read.
-            live, scratch = step_memory(draft_tiling(model, groups, layout, dtype), g)
-            peak = max(live) + max(scratch)
-        else:
-            peak = max(o.live for o in opts) + max(o.scratch for o in opts)
-        return TilingPoint(groups, peak, sum(timed(o) for o in opts))
-
-    def caps() -> list[int]:
-        every = [plain[s] for s in plain] + [o for per in options.values() for kept in per for o in kept]
-        return sorted({o.scratch for o in every})
-
-    scratch_caps = caps()
-
-    def fastest(budget: int) -> TilingPoint | None:
-        found = []
-        fitting = [s for s in scratch_caps if s <= budget]
-        # At most TIME_CAPS scratch caps (evenly over the sorted distinct ones, the largest kept):
-        # each cap may time other options, and the fine space has hundreds of distinct scratches.
-        # The smallest configuration is found over every cap (untimed) and competes anyway.
-        stride = max(1, -(-len(fitting) // TIME_CAPS))
-        for s in fitting[::-1][::stride][::-1]:
-            c = chain(budget - s, s, lambda o, _: timed(o), lambda x, y: x + y)
-            if c is not None:
-                found.append(point(c[1]))
-        return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
-
-    def smallest_point() -> TilingPoint:
-        best_small = None
-        for s in scratch_caps:
-            c = chain(1 << 62, s, _live, max, None)
-            if c is not None and (best_small is None or c[0] + s < best_small[0]):
-                best_small = (c[0] + s, c[1])
-        return point(best_small[1])
-
-    smallest = smallest_point()
+    setup = _setup(model, seconds, grids, overlaps, max_groups, timed_per_segment, layout, dtype, deadline, progress)
+    space = _Space(tuple(sorted(set(cuts) | {0, setup.layers})) if cuts is not None else candidate_cuts(g))
+    _plan_until_deadline(setup, space, lambda a, b: True, partial(_coarse_groups, setup))
+    smallest = _smallest(setup, space, _scratch_caps(space))
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
     below = bool(asked) and min(asked) < smallest.peak_bytes  # a budget below the coarse space
     # Parts configurations compete only where the tiles' coarse space cannot go.
     by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype, deadline, progress)
                  if p.peak_bytes < smallest.peak_bytes] if parts and below and not expired(deadline) else [])
     if below and "reuse" in overlaps:
-        # Below the space above: the fine space, for the segments that can still fit.
-        target = min(asked)
-        every_cut = cut_points(g)
-        cuts = tuple(sorted(set(cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
-        if not any(_whole_bytes(model, a, b, dtype, overlay=True) <= target for i, a in enumerate(cuts) for b in cuts[i + 1:]):
-            # Nothing can fit (`fit` asks for its smallest plan with a budget of 0): look for the
-            # smallest reachable instead, in every segment that could lower it.
-            target = smallest.peak_bytes
+        smallest = _plan_fine_space(setup, space, min(asked), smallest)
+    return _answer(setup, space, smallest, by_parts, budget_bytes, extra_budgets, front_points)
 
-        def worth(a: int, b: int) -> bool:  # could fit, and nothing planned for it so far does
-            known = [plain[(a, b)]] + [o for kept in options.get((a, b), ()) for o in kept]
-            return _whole_bytes(model, a, b, dtype, overlay=True) <= target and min(o.peak for o in known) > target
 
-        def fine_and_overlaid(a: int, b: int) -> list[list[TileGroup]]:
-            families = fine_groups(g, a, b - 1)
-            if a == 0:  # the model input arrives by tiles: nothing whole to overlay
-                return families
-            return families + [[replace(grp, overlay=True) for grp in f] for f in families]
+def _setup(model: PlannedModel, seconds: StepSeconds, grids: Sequence[tuple[int, int]] | None, overlaps: Sequence[str],
+           max_groups: int, timed_per_segment: int, layout: str, dtype: str, deadline: Deadline | None,
+           progress: Callable[[str], None]) -> _Setup:
+    g = model.graph
+    base = draft_tiling(model, (), layout, dtype)
+    live, scratch = step_memory(base, g)
+    return _Setup(model, seconds, tuple(sorted(grids or default_grids(), key=lambda x: (x[0] * x[1], x))),
+                  tuple(overlaps), max_groups, timed_per_segment, layout, dtype, deadline, progress,
+                  frozenset(cut_points(g)), base, tuple(live), tuple(scratch))
 
-        add_until_deadline(cuts, worth, fine_and_overlaid)
-        scratch_caps = caps()
-        smallest = smallest_point()
-    top = fastest(1 << 62)
+
+def _plan_until_deadline(setup: _Setup, space: _Space, keep: Callable[[int, int], bool],
+                         groups_of: Callable[[int, int], list[list[TileGroup]]]) -> None:
+    """A planning pass (_plan_segments) stopped by the deadline, and its progress line."""
+    try:  # past the deadline too: its first loop gives every new segment its layer-by-layer option
+        _plan_segments(setup, space, keep, groups_of)
+    except TimeUp:
+        space.timed_out = True
+    setup.progress(f"tiling search: {space.evaluated} group options planned{' (time is up)' if space.timed_out else ''}")
+
+
+def _plan_segments(setup: _Setup, space: _Space, keep: Callable[[int, int], bool],
+                   groups_of: Callable[[int, int], list[list[TileGroup]]]) -> None:
+    """Plan the options of every segment between the space's cut points that `keep` admits:
+    layer by layer, and each family of groups `groups_of(a, b)` gives (finer grids last), memory
+    only. TimeUp past the deadline (a family cut off is not kept)."""
+    pairs = [(a, b) for i, a in enumerate(space.cuts) for b in space.cuts[i + 1:]]
+    for a, b in pairs:  # every segment can run layer by layer, whatever the deadline cuts off below
+        space.plain.setdefault((a, b), _plain_option(setup, a, b))
+    for a, b in pairs:
+        if not _groupable(setup, a, b) or not keep(a, b):
+            continue
+        for candidates in groups_of(a, b):
+            space.options.setdefault((a, b), []).append(_plan_family(setup, space, a, b, candidates))
+
+
+def _groupable(setup: _Setup, a: int, b: int) -> bool:
+    return a in setup.real_cuts and b in setup.real_cuts and all(tileable(setup.graph, l) for l in range(a, b))
+
+
+def _plain_option(setup: _Setup, a: int, b: int) -> _Option:
+    lo, hi = (0 if a == 0 else a + 1), b + 1  # the segment's steps in the layer-by-layer plan
+    return _Option(None, max(setup.base_live[lo:hi]), max(setup.base_scratch[lo:hi]), setup.base, (lo, hi))
+
+
+def _plan_family(setup: _Setup, space: _Space, a: int, b: int, candidates: Sequence[TileGroup]) -> list[_Option]:
+    """The memory-Pareto options of one family of grids of segment (a, b), finer grids last,
+    stopped at PLATEAU_GRIDS options in a row that gain nothing (or a grid that cannot be drafted)."""
+    kept: list[_Option] = []
+    stale = 0
+    for grp in candidates:
+        if stale >= PLATEAU_GRIDS:
+            break
+        check(setup.deadline)
+        try:
+            draft = draft_tiling(setup.model, [grp], setup.layout, setup.dtype)
+        except TilingError:  # an overlay variant whose output cannot share its input
+            break
+        space.evaluated += 1
+        opt = _group_option(setup, draft, grp, a, b)
+        stale = 0 if _gains(opt, kept) else stale + 1
+        # Dominated: more tiles, no less live memory and no less scratch. (Scratch counts once
+        # per configuration, live bytes per segment: both matter.)
+        if not any(k.live <= opt.live and k.scratch <= opt.scratch for k in kept):
+            kept.append(opt)
+    return kept
+
+
+def _group_option(setup: _Setup, draft: Plan, grp: TileGroup, a: int, b: int) -> _Option:
+    live, scratch = step_memory(draft, setup.graph)
+    lo, hi = (0 if a == 0 else a + 1), len(draft.steps()) - (setup.layers - b)
+    # The plan is dropped (rebuilt if timed): a big graph's fine grids are large.
+    return _Option(grp, max(live[lo:hi]), max(scratch[lo:hi]), None, (lo, hi), None, *_lags(draft, grp))
+
+
+def _gains(opt: _Option, kept: Sequence[_Option]) -> bool:
+    """Whether `opt` lowers the family's live bytes or scratch by PLATEAU_GAIN."""
+    return not kept or any(getattr(opt, f) < min(getattr(k, f) for k in kept) * (1 - PLATEAU_GAIN)
+                           for f in ("live", "scratch"))
+
+
+def _coarse_groups(setup: _Setup, a: int, b: int) -> list[list[TileGroup]]:
+    """The coarse space of segment (a, b): a family per overlap, the grids by tile count."""
+    h, w = spatial(setup.graph.shape(setup.graph.layers[b - 1].output))
+    return [[TileGroup(a, b - 1, (n, m), ov) for n, m in setup.grids
+             if n * m > 1 and n <= h and m <= w and not (ov == "reuse" and n == 1)] for ov in setup.overlaps]
+
+
+def _fine_and_overlaid(g: Graph, a: int, b: int) -> list[list[TileGroup]]:
+    """The fine space of segment (a, b): fine_groups's families, and overlaid, each again."""
+    families = fine_groups(g, a, b - 1)
+    if a == 0:  # the model input arrives by tiles: nothing whole to overlay
+        return families
+    return families + [[replace(grp, overlay=True) for grp in f] for f in families]
+
+
+def _plan_fine_space(setup: _Setup, space: _Space, target: int, smallest: TilingPoint) -> TilingPoint:
+    """Below the coarse space (`target`: the smallest asked budget): cuts at every cut point (if
+    at most MAX_FINE_CUTS) and the fine space planned for the segments that could fit the target
+    and have no planned option that does. Returns the new smallest configuration."""
+    every_cut = cut_points(setup.graph)
+    space.cuts = tuple(sorted(set(space.cuts) | (set(every_cut) if len(every_cut) <= MAX_FINE_CUTS else set())))
+    pairs = [(a, b) for i, a in enumerate(space.cuts) for b in space.cuts[i + 1:]]
+    if not any(_whole_bytes(setup.model, a, b, setup.dtype, overlay=True) <= target for a, b in pairs):
+        # Nothing can fit (`fit` asks for its smallest plan with a budget of 0): look for the
+        # smallest reachable instead, in every segment that could lower it.
+        target = smallest.peak_bytes
+    _plan_until_deadline(setup, space, partial(_worth, setup, space, target), partial(_fine_and_overlaid, setup.graph))
+    return _smallest(setup, space, _scratch_caps(space))
+
+
+def _worth(setup: _Setup, space: _Space, target: int, a: int, b: int) -> bool:
+    """Whether segment (a, b) could fit `target` and nothing planned for it so far does."""
+    return (_whole_bytes(setup.model, a, b, setup.dtype, overlay=True) <= target
+            and min(o.peak for o in space.known((a, b))) > target)
+
+
+def _timed(setup: _Setup, opt: _Option) -> float:
+    """The option's predicted seconds (its steps in its draft), predicted once."""
+    if opt.seconds is None:
+        plan = opt.plan or draft_tiling(setup.model, [opt.group], setup.layout, setup.dtype)
+        opt.seconds = setup.seconds(plan, plan.steps()[opt.steps[0]:opt.steps[1]])
+    return opt.seconds
+
+
+def _usable(space: _Space, seg: tuple[int, int], live_cap: int, scratch_cap: int, first: int | None) -> list[_Option]:
+    """The segment's options within the caps: layer by layer, and the `first` coarsest fitting
+    grids per overlap (None: all)."""
+    plain = space.plain[seg]
+    out = [plain] if plain.live <= live_cap and plain.scratch <= scratch_cap else []
+    for kept in space.options.get(seg, ()):
+        out += [o for o in kept if o.live <= live_cap and o.scratch <= scratch_cap][:first]
+    return out
+
+
+Chains = dict[tuple[int, int], tuple[float, list[_Option]]]  # (cut point, groups) -> best value and its options
+
+
+def _chain(setup: _Setup, space: _Space, live_cap: int, scratch_cap: int,
+           cost: Callable[[_Option, _Option | None], float], combine: Callable[[float, float], float],
+           first: int | None) -> tuple[float, list[_Option]] | None:
+    """The best chain of options over the cut points (at most max_groups groups, by `combine`
+    of each option's `cost`), each segment choosing among its `first` coarsest fitting grids per
+    overlap (None: all). A dynamic program over the cut points."""
+    best: Chains = {(0, 0): (0.0, [])}
+    for j, b in enumerate(space.cuts):
+        for a in space.cuts[:j]:
+            for opt in _usable(space, (a, b), live_cap, scratch_cap, first):
+                _extend(best, a, b, opt, setup.max_groups, live_cap, cost, combine)
+    ends = [best[(setup.layers, k)] for k in range(setup.max_groups + 1) if (setup.layers, k) in best]
+    return min(ends, key=lambda e: e[0], default=None)
+
+
+def _extend(best: Chains, a: int, b: int, opt: _Option, max_groups: int, live_cap: int,
+            cost: Callable[[_Option, _Option | None], float], combine: Callable[[float, float], float]) -> None:
+    """The chains ending at `a` continued by `opt` over (a, b), kept where they beat the best
+    chain ending at `b` with as many groups."""
+    for k in range(max_groups + 1):
+        if (a, k) not in best:
+            continue
+        value, opts = best[(a, k)]
+        k2 = k + (opt.group is not None)
+        prev = opts[-1] if opts else None
+        if k2 > max_groups or not _joins(prev, opt, live_cap):
+            continue
+        value = combine(value, cost(opt, prev))
+        if (b, k2) not in best or value < best[(b, k2)][0]:
+            best[(b, k2)] = (value, opts + [opt])
+
+
+def _point(setup: _Setup, opts: list[_Option]) -> TilingPoint:
+    """The configuration of a chain and its prediction."""
+    groups = tuple(o.group for o in opts if o.group is not None)
+    if any(o.overlaid for o in opts):
+        # A block spans segments, so per-segment figures only bound it: the plan is read.
+        live, scratch = step_memory(draft_tiling(setup.model, groups, setup.layout, setup.dtype), setup.graph)
+        peak = max(live) + max(scratch)
+    else:
+        peak = max(o.live for o in opts) + max(o.scratch for o in opts)
+    return TilingPoint(groups, peak, sum(_timed(setup, o) for o in opts))
+
+
+def _scratch_caps(space: _Space) -> list[int]:
+    """The distinct step scratches of every option planned (the scratch caps of the DP)."""
+    every = list(space.plain.values()) + [o for per in space.options.values() for kept in per for o in kept]
+    return sorted({o.scratch for o in every})
+
+
+def _fastest(setup: _Setup, space: _Space, caps: Sequence[int], budget: int) -> TilingPoint | None:
+    """The fastest configuration within `budget` over at most TIME_CAPS of the scratch caps
+    (evenly over the sorted distinct ones, the largest kept): each cap may time other options,
+    and the fine space has hundreds of distinct scratches. The smallest configuration is found
+    over every cap (untimed) and competes anyway."""
+    fitting = [s for s in caps if s <= budget]
+    stride = max(1, -(-len(fitting) // TIME_CAPS))
+    found = []
+    for s in fitting[::-1][::stride][::-1]:
+        c = _chain(setup, space, budget - s, s, lambda o, _: _timed(setup, o), lambda x, y: x + y,
+                   setup.timed_per_segment)
+        if c is not None:
+            found.append(_point(setup, c[1]))
+    return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
+
+
+def _smallest(setup: _Setup, space: _Space, caps: Sequence[int]) -> TilingPoint:
+    """The smallest configuration (no time looked at): per scratch cap, the chain of the least
+    live bytes."""
+    best: tuple[int, list[_Option]] | None = None
+    for s in caps:
+        c = _chain(setup, space, 1 << 62, s, _live, max, None)
+        if c is not None and (best is None or c[0] + s < best[0]):
+            best = (c[0] + s, c[1])
+    return _point(setup, best[1])
+
+
+def _answer(setup: _Setup, space: _Space, smallest: TilingPoint, by_parts: list[TilingPoint], budget_bytes: int | None,
+            extra_budgets: Sequence[int], front_points: int) -> TilingSearch:
+    """The front over the ladder of budgets and `extra_budgets`, and the pick within `budget_bytes`."""
+    caps = _scratch_caps(space)
+    top = _fastest(setup, space, caps, 1 << 62)
     # The memory side: the smallest chain (no time looked at) and the parts search's smallest.
     # A time-guided find below it depends on the cost profile: dropped, so the smallest
     # configuration, and whether a budget is reachable, are the same under any profile.
     smallest = min([smallest] + by_parts, key=smallest_key)
-    floor = 0 if timed_out else smallest.peak_bytes  # (cut off by the deadline: nothing is dropped)
+    floor = 0 if space.timed_out else smallest.peak_bytes  # (cut off by the deadline: nothing is dropped)
     seen = [smallest, top] + by_parts
-    if front_points > 1 and top.peak_bytes > smallest.peak_bytes:
-        ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
-        ladder = [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
-    else:
-        ladder = []
-    for budget in ladder + list(extra_budgets):
-        p = fastest(budget)
+    for budget in _ladder(smallest, top, front_points) + list(extra_budgets):
+        p = _fastest(setup, space, caps, budget)
         if p is not None:
             seen.append(p)
     # Every assembled configuration competes: a ladder budget may have timed finer grids that
     # turn out faster (smaller tiles stay in cache) than the coarsest that fit.
     limit = 1 << 62 if budget_bytes is None else budget_bytes
-    p = fastest(limit)
+    p = _fastest(setup, space, caps, limit)
     seen += [p] if p is not None else []
     seen = [q for q in seen if q.peak_bytes >= floor]
     fitting = [q for q in seen if q.peak_bytes <= limit]
     chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
     distinct = tuple({(p.groups, p.parts): p for p in seen}.values())
     smallest = min(seen, key=smallest_key)
-    return TilingSearch(chosen, pareto(list(distinct), lambda p: (p.peak_bytes, p.seconds)), evaluated, fits, smallest.peak_bytes, distinct, timed_out)
+    return TilingSearch(chosen, pareto(list(distinct), lambda p: (p.peak_bytes, p.seconds)), space.evaluated, fits,
+                        smallest.peak_bytes, distinct, space.timed_out)
+
+
+def _ladder(smallest: TilingPoint, top: TilingPoint, front_points: int) -> list[int]:
+    """`front_points` - 2 budgets spaced geometrically between the smallest and the fastest."""
+    if front_points <= 1 or top.peak_bytes <= smallest.peak_bytes:
+        return []
+    ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
+    return [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
 
 
 def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str,
