@@ -177,8 +177,9 @@ def table_iii(rows, cost: CostModel, runs: int, within: str) -> None:
               f"{no_reuse / MB:>8.1f} {paper_bytes / MB:>9.1f} {1 / s_lbl:>7.1f} {1 / s_parts:>9.1f} {decrease * 100:>5.1f}% "
               f"{(1 - t_lbl / t_pred) * 100:>5.1f}% {run_measured / 2**20:>8.2f} {rep.peak_bytes / 2**20:>8.2f}  "
               f"{paper:<42} {ok}")
-        print(f"{'':<13} split: {len(point.phases)} layers, input in {point.source_phases} bands, "
-              f"held whole: {', '.join(g.layers[l].name for l in point.held) or 'none'}; {reranked}"
+        setting = point.config
+        print(f"{'':<13} split: {len(setting.phases)} layers, input in {setting.source_phases} bands, "
+              f"held whole: {', '.join(g.layers[l].name for l in setting.held) or 'none'}; {reranked}"
               f"search {found.evaluated} plans; of the analysed run memory, kernel scratch {rep.scratch_peak / 2**20:.2f} MiB "
               f"(outside the arena: {largest_scratch(plan, g)})")
     print("targets: reduction above the paper's, as analysed and as measured (parameters + the measured run memory), throughput")
@@ -192,7 +193,7 @@ def rerank(found, budget: int, model, lbl, g):
     budget are timed interleaved with the layer-by-layer plan over RERANK_RUNS runs and the
     fastest kept; the table then times it afresh (TABLE_RUNS), so its figure is not the lucky
     draw that chose it. Returns (point, placed plan, what was done)."""
-    fitting = sorted((p for p in found.front if p.peak_bytes <= budget), key=lambda p: (p.seconds, p.steps))[:RERANK]
+    fitting = sorted((p for p in found.front if p.memory_bytes <= budget), key=lambda p: (p.seconds, p.detail.steps))[:RERANK]
     if len(fitting) < 2:
         return found.chosen, plan_point(model, found.chosen), ""
     plans = [plan_point(model, p) for p in fitting]
@@ -232,7 +233,7 @@ def mobilenet_section(cost: CostModel, runs: int) -> None:
     secs = interleaved_seconds([plan_reuse(model)] + [plan_point(model, c) for c in picks.values()], g, runs)
     for dtype in ("int8", "fp32"):
         plans = [plan_reuse(model, dtype=dtype)] + [plan_point(model, c, dtype=dtype) for c in picks.values()]
-        splits = [""] + [f"{len(c.phases)} layers, input in {c.source_phases} bands" for c in picks.values()]
+        splits = [""] + [f"{len(c.config.phases)} layers, input in {c.config.source_phases} bands" for c in picks.values()]
         for label, p, s, split in zip(["layer-by-layer + reuse"] + list(picks), plans, secs, splits):
             print(f"{label:<28} {dtype:<5} {check_plan(p, [g]).peak_bytes / 1e3:>13.1f} {without_input(p, g) / 1e3:>10.1f} "
                   f"{1 / s:>7.1f}  {split}{loaded()}")

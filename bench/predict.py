@@ -68,7 +68,7 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
             found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0, deadline=Deadline.after(time_limit))
         except KeyError:  # the search fails when time is up before its plain segments are planned
             found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0)
-        plans.append(("tiling", _label(f, found.fits, found.timed_out) + " " + found.chosen.spec[:28], tiling_plan(model, found.chosen)))
+        plans.append(("tiling", _label(f, found.fits, found.timed_out) + " " + found.chosen.config.spec[:28], tiling_plan(model, found.chosen)))
     if vbs:
         plans += vbs_plans(name, cost)
     return plans

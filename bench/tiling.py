@@ -48,8 +48,8 @@ from benchlib import header, loaded, verdict, verified  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
-from tightfit.techniques.tiling import (TileGroup, TilingPoint, cost_seconds, format_tiling, plan_point,  # noqa: E402
-                                  plan_tiling, search_tiling, step_memory)
+from tightfit.techniques.tiling import (TileGroup, TilingSetting, cost_seconds, format_tiling, plan_point,  # noqa: E402
+                                  plan_tiling, search_tiling, step_memory, tiling_point)
 from tightfit.runtime.cost import CostModel  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import measure_subprocess  # noqa: E402
@@ -98,10 +98,10 @@ def measured_run_bytes(plan, tmp: Path) -> int:
 
 
 def mafat_name(key) -> str:
-    """A configuration (its key: groups, parts) in MAFAT's notation N1xM1/cut/N2xM2 where it fits."""
-    groups, parts = key
-    if parts is not None:
-        return TilingPoint((), 0, 0.0, parts).spec
+    """A configuration (its key: groups, spec) in MAFAT's notation N1xM1/cut/N2xM2 where it fits."""
+    groups, spec = key
+    if spec.startswith("parts "):
+        return spec
     gs = list(groups)
     if not gs:
         return "1x1/NoCut"
@@ -110,9 +110,9 @@ def mafat_name(key) -> str:
     return format_tiling(gs)
 
 
-def key(p: TilingPoint) -> tuple:
+def key(p) -> tuple:
     """What tells configurations apart (the parts configurations have no groups)."""
-    return p.groups, p.parts
+    return p.config.key
 
 
 def mafat_space() -> dict[str, tuple[TileGroup, ...]]:
@@ -148,14 +148,14 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
 
     picks = {}
     for b, run_budget in budgets.items():
-        fitting = [p for p in found.front if p.peak_bytes <= run_budget]
-        picks[b] = min(fitting, key=lambda p: (p.seconds, p.peak_bytes)) if fitting else None
+        fitting = [p for p in found.front if p.memory_bytes <= run_budget]
+        picks[b] = min(fitting, key=lambda p: (p.seconds, p.memory_bytes)) if fitting else None
     # Measured re-ranking: the RERANK configurations predicted fastest within each budget (the
     # layer-by-layer plan among them, as the no-group configuration), measured; the fastest kept.
     candidates = {}
-    lbl_point = TilingPoint((), 0, 0.0)
+    lbl_point = tiling_point(TilingSetting(()), 0, 0.0)
     for b, run_budget in budgets.items():
-        fitting = sorted((p for p in found.points if p.peak_bytes <= run_budget), key=lambda p: p.seconds)
+        fitting = sorted((p for p in found.points if p.memory_bytes <= run_budget), key=lambda p: p.seconds)
         candidates[b] = fitting[:RERANK] + ([lbl_point] if peak(plan_reuse(model), g) <= run_budget else [])
     ours = {}
     for p in [p for p in picks.values() if p is not None] + [p for c in candidates.values() for p in c]:
@@ -188,7 +188,7 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
     predicted_ms = {k: cost.plan_seconds(p, [g]) * 1e3 for k, p in timed.items()}
     base_ms = min(lat[("lbl", ())], lat[("ours", key(unconstrained))]) * 1e3
     print(f"layer by layer: run memory {peak(lbl, g) / MiB:.2f} MiB + parameters, latency {lat[('lbl', ())] * 1e3:.0f} ms "
-          f"(predicted {predicted_ms[('lbl', ())]:.0f}); our unconstrained pick {unconstrained.spec}: "
+          f"(predicted {predicted_ms[('lbl', ())]:.0f}); our unconstrained pick {unconstrained.config.spec}: "
           f"{lat[('ours', key(unconstrained))] * 1e3:.0f} ms (predicted {predicted_ms[('ours', key(unconstrained))]:.0f}); "
           f"unconstrained latency = the faster: {base_ms:.0f} ms")
     print()
@@ -250,18 +250,18 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
         best16 = min(lat[("ours", key(small))], lat[("ours", reranked[16])]) * 1e3 / base_ms
         if best16 > 1.5:
             misses.append(f"16 MiB latency ratio {best16:.2f} > 1.5")
-    smallest = min(found.front, key=lambda p: p.peak_bytes)
+    smallest = min(found.front, key=lambda p: p.memory_bytes)
     if small is None and 16 in budgets:
         sp = ours.get(key(smallest)) or plan_point(model, smallest)
         ms = latencies({"s": sp}, g, runs)["s"] * 1e3
         print(f"\n16 MiB with parameters cannot fit: parameters alone are {params / MiB:.2f} MiB. Without the parameters, "
-              f"the smallest configuration {smallest.spec} needs {peak(sp, g) / MiB:.2f} MiB and runs in "
+              f"the smallest configuration {smallest.config.spec} needs {peak(sp, g) / MiB:.2f} MiB and runs in "
               f"{ms:.0f} ms = {ms / base_ms:.2f}x our unconstrained latency (target <= 1.5x){loaded()}")
     errors = sorted(predicted_ms[k] / (lat[k] * 1e3) for k in timed)
     print(f"\ncost model, predicted / measured latency over the {len(timed)} plans timed: min {errors[0]:.2f}, "
           f"median {statistics.median(errors):.2f}, max {errors[-1]:.2f}")
     print("front (predicted run memory MiB, predicted ms):",
-          ", ".join(f"{p.spec} {p.peak_bytes / MiB:.1f}/{p.seconds * 1e3:.0f}" for p in found.front))
+          ", ".join(f"{p.config.spec} {p.memory_bytes / MiB:.1f}/{p.seconds[0] * 1e3:.0f}" for p in found.front))
     # Every budget's target: the pick fits as analysed and as measured, its outputs are verified,
     # and it is no slower than MAFAT's best by more than 5% (16 MiB: within 1.5x unconstrained).
     print("targets: " + verdict([(False, m) for m in misses]) + loaded())
@@ -290,10 +290,10 @@ def part_mcunet(runs: int) -> None:
     parts_s = time.perf_counter() - t0
     plans8 = {
         "layer by layer + reuse": plan_reuse(model, dtype="int8"),
-        f"tiled {format_tiling(tiled.groups)}": plan_tiling(model, tiled.groups, dtype="int8"),
-        f"parts ({len(parts.phases)} layers split)": plan_point(model, parts, dtype="int8"),
+        f"tiled {format_tiling(tiled.config.groups)}": plan_tiling(model, tiled.config.groups, dtype="int8"),
+        f"parts ({len(parts.config.phases)} layers split)": plan_point(model, parts, dtype="int8"),
     }
-    plans32 = dict(zip(plans8, [plan_reuse(model), plan_tiling(model, tiled.groups), plan_point(model, parts)]))
+    plans32 = dict(zip(plans8, [plan_reuse(model), plan_tiling(model, tiled.config.groups), plan_point(model, parts)]))
     for p in list(plans8.values()) + list(plans32.values()):
         check_plan(p, [g])
     lat = latencies(plans32, g, runs)

@@ -253,7 +253,7 @@ def test_a_large_cnn_is_searched_quickly_unless_thorough(monkeypatch):
     monkeypatch.setattr(PF, "QUICK_LAYERS", len(app.graphs[0].layers))
     asked = []
     monkeypatch.setattr(TS, "search_tiling", lambda *a, **k: asked.append(k) or T.TilingSearch(
-        T.TilingPoint((), 1, 1.0), (), 0, True, 1))
+        T.tiling_point(T.TilingSetting(()), 1, 1.0), (), 0, True, 1))
 
     def searched(thorough):
         problem = FitProblem(app, step_cost, cost=StepsCost(), thorough=thorough)

@@ -75,7 +75,7 @@ def smallest_sources(app: FitApp, cost: CostModel) -> list[tuple[int, int]]:
         parts = search_parts(model, lambda p, g=g: cost.plan_seconds(p, [g]), 1)
         tiling = search_tiling(model, cost_seconds(cost, g), 1, max_groups=2, timed_per_segment=1, front_points=0,
                                parts=False)
-        out.append((parts.smallest.peak_bytes, tiling.smallest_bytes))
+        out.append((parts.smallest.memory_bytes, tiling.smallest_bytes))
     return out
 
 

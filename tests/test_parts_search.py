@@ -84,8 +84,8 @@ def test_fastest_within_budget_against_brute_force(brute, limit, within):
     for budget in quantiles([m for m, _ in points], QS):
         best = min(t for m, t in points if m <= budget)
         found = search_parts(model, seconds, budget, **kwargs)
-        assert found.fits and found.chosen.peak_bytes <= budget
-        assert best <= found.chosen.seconds + 1e-12 and found.chosen.seconds <= within * best + 1e-12, budget
+        assert found.fits and found.chosen.memory_bytes <= budget
+        assert best <= found.chosen.seconds[0] + 1e-12 and found.chosen.seconds[0] <= within * best + 1e-12, budget
 
 
 @pytest.mark.parametrize("limit, within", [(None, 1.0), (0, 1.10)])
@@ -95,15 +95,15 @@ def test_smallest_within_time_against_brute_force(brute, limit, within):
     for max_seconds in quantiles([t for _, t in points], QS):
         best = min(m for m, t in points if t <= max_seconds)
         found = search_parts(model, seconds, None, max_seconds, **kwargs)
-        assert found.fits and found.chosen.seconds <= max_seconds
-        assert best <= found.chosen.peak_bytes <= within * best, max_seconds
+        assert found.fits and found.chosen.seconds[0] <= max_seconds
+        assert best <= found.chosen.memory_bytes <= within * best, max_seconds
 
 
 def test_no_point_of_the_front_is_dominated(brute):
     g, model, seconds, points = brute
     front = search_parts(model, seconds, None).front
     for a, b in zip(front, front[1:]):
-        assert a.peak_bytes < b.peak_bytes and a.seconds > b.seconds
+        assert a.memory_bytes < b.memory_bytes and a.seconds > b.seconds
 
 
 def test_search_on_a_zoo_model_fits_and_runs(tmp_path):
@@ -113,7 +113,7 @@ def test_search_on_a_zoo_model_fits_and_runs(tmp_path):
     seconds = step_cost([g])
     unsplit = peak(plan_parts(model, {}, 1), g)
     first = search_parts(model, seconds, unsplit // 2)
-    assert first.fits and first.chosen.phases
+    assert first.fits and first.chosen.config.phases
     plan = plan_point(model, first.chosen)
     assert check_plan(plan, [g]).peak_bytes <= unsplit // 2
     assert search_parts(model, seconds, unsplit // 2) == first  # pure: same inputs, same answer
@@ -123,7 +123,7 @@ def test_unreachable_budget(capsys):
     g = tightfit.load("mobilenet_v1_025")
     found = search_parts(PlannedModel(g, "m"), step_cost([g]), 1000)
     assert not found.fits
-    assert found.chosen.peak_bytes == min(p.peak_bytes for p in found.front)
+    assert found.chosen.memory_bytes == min(p.memory_bytes for p in found.front)
     assert main(["plan", "mobilenet_v1_025", "--method", "parts", "--budget", "1kB"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no parts plan of mobilenet_v1_025 fits" in err[0] and "smallest found needs" in err[0]
@@ -175,7 +175,7 @@ def test_coarsening_unsplits_layers_the_budget_does_not_need(yolo):
     budget = 1_500_000
     found = search_parts(model, step_cost([g], 80e-6, 1 / 80e9), budget)
     assert found.fits
-    phases = found.chosen.phases_dict()
+    phases = found.chosen.config.phases_dict()
     assert all(phases.get(lid, 1) > 1 for lid in (0, 1, 2, 3)), phases
     assert all(phases.get(lid, 1) == 1 for lid in range(8, 14)), phases
     plan = plan_point(model, found.chosen)
@@ -197,9 +197,11 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     g = tightfit.load(_Doubling(), (1, 1, 32, 32))
     model = PlannedModel(g, "doubling")
     chosen = search_parts(model, step_cost([g]), None).chosen
-    assert chosen.held
-    streamed = draft_parts(model, chosen.phases_dict(), chosen.source_phases, align=chosen.align)
+    setting = chosen.config
+    assert setting.held
+    streamed = draft_parts(model, setting.phases_dict(), setting.source_phases, align=setting.align)
     plan = plan_point(model, chosen)
-    assert check_plan(plan, [g]).peak_bytes == chosen.peak_bytes < peak(streamed, g)
+    assert check_plan(plan, [g]).peak_bytes == chosen.memory_bytes < peak(streamed, g)
     x = torch.randn(g.shape(g.inputs[0]))
     assert compare(ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]], run_reference(g, x)[g.outputs[0]]).ok
+

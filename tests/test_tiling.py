@@ -118,12 +118,12 @@ def test_search_prediction_equals_plan(name):
     model = PlannedModel(g, name)
     budget = plan_reuse(model).arena_bytes // 4
     found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(4), front_points=3)
-    assert found.fits and found.chosen.peak_bytes <= budget and found.chosen.groups
-    assert [p.peak_bytes for p in found.front] == sorted(p.peak_bytes for p in found.front)
-    p = plan_tiling(model, found.chosen.groups)
+    assert found.fits and found.chosen.memory_bytes <= budget and found.chosen.config.groups
+    assert [p.memory_bytes for p in found.front] == sorted(p.memory_bytes for p in found.front)
+    p = plan_tiling(model, found.chosen.config.groups)
     rep = check_plan(p, [g])
-    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
-    assert found.chosen.seconds == pytest.approx(_fake_seconds(p, p.steps()))
+    assert found.chosen.memory_bytes == rep.lower_bound + rep.scratch_peak
+    assert found.chosen.seconds[0] == pytest.approx(_fake_seconds(p, p.steps()))
 
 
 @pytest.mark.parametrize("name, tiling", [("yolov2-16", "0-7:4x4:reuse,8-15:2x2"), ("mobilenet_v2", "0-11:4x4,12-22:2x2:reuse")])
@@ -143,7 +143,7 @@ def test_search_below_every_configuration():
     g = GRAPHS.setdefault("mobilenet_v1_025", tightfit.load("mobilenet_v1_025"))
     found = search_tiling(PlannedModel(g, "mobilenet_v1_025"), _fake_seconds, 1000, max_groups=2,
                           grids=default_grids(3), front_points=0)
-    assert not found.fits and found.chosen.peak_bytes == found.smallest_bytes > 1000
+    assert not found.fits and found.chosen.memory_bytes == found.smallest_bytes > 1000
 
 
 @pytest.mark.parametrize("text, message", [
@@ -247,10 +247,10 @@ def test_fine_space_below_the_coarse_space():
     budget = coarse.smallest_bytes - 1
     found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
                           front_points=0, parts=False)
-    assert found.fits and found.chosen.peak_bytes <= budget
-    p = plan_tiling(model, found.chosen.groups)
+    assert found.fits and found.chosen.memory_bytes <= budget
+    p = plan_tiling(model, found.chosen.config.groups)
     rep = check_plan(p, [g])
-    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
+    assert found.chosen.memory_bytes == rep.lower_bound + rep.scratch_peak
     x = torch.randn(g.shape(g.inputs[0]))
     _run_equal(g, p, x, run_reference(g, x))
 
@@ -270,11 +270,11 @@ def test_parts_configuration_below_the_tile_space(monkeypatch):
     budget = search_tiling(model, _fake_seconds, 1, **options).smallest_bytes
     assert not search_tiling(model, _fake_seconds, budget, parts=False, **options).fits
     found = search_tiling(model, _fake_seconds, budget, **options)
-    assert found.fits and found.chosen.parts is not None and not found.chosen.groups
-    assert found.chosen.peak_bytes <= budget and found.chosen.spec.startswith("parts ")
+    assert found.fits and found.chosen.config.parts is not None and not found.chosen.config.groups
+    assert found.chosen.memory_bytes <= budget and found.chosen.config.spec.startswith("parts ")
     p = plan_point(model, found.chosen)
     rep = check_plan(p, [g])
-    assert found.chosen.peak_bytes == rep.lower_bound + rep.scratch_peak
+    assert found.chosen.memory_bytes == rep.lower_bound + rep.scratch_peak
     x = torch.randn(g.shape(g.inputs[0]))
     _run_equal(g, p, x, run_reference(g, x))
 

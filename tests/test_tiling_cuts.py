@@ -33,5 +33,5 @@ def test_a_cut_follows_a_layer_that_cannot_be_tiled_and_the_coarse_space_fits():
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
     whole = search_tiling(model, seconds, None, overlaps=("recompute",), front_points=0, parts=False).chosen
     # Recomputed overlap only, no parts: the fine space (reused overlap) cannot answer, the coarse must.
-    found = search_tiling(model, seconds, whole.peak_bytes // 2, overlaps=("recompute",), front_points=0, parts=False)
-    assert found.fits and found.chosen.groups and found.chosen.groups[0].first == 1
+    found = search_tiling(model, seconds, whole.memory_bytes // 2, overlaps=("recompute",), front_points=0, parts=False)
+    assert found.fits and found.chosen.config.groups and found.chosen.config.groups[0].first == 1

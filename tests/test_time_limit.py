@@ -37,7 +37,7 @@ def test_parts_search_stops_at_its_deadline_with_the_best_found_so_far():
     lines = []
     cut = search_parts(model, step_cost([g]), 1, deadline=Deadline.after(5, clock), progress=lines.append)
     assert cut.timed_out and not full.timed_out
-    assert 1 < cut.evaluated < full.evaluated and cut.chosen.peak_bytes >= full.smallest.peak_bytes
+    assert 1 < cut.evaluated < full.evaluated and cut.chosen.memory_bytes >= full.smallest.memory_bytes
     assert cut.chosen == cut.smallest and any("time is up" in line for line in lines)
 
 
@@ -48,7 +48,7 @@ def test_tiling_search_stops_at_its_deadline_and_still_answers():
     full = search_tiling(model, seconds, 1, front_points=0, parts=False)
     cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline.after(3, Ticks()))
     assert cut.timed_out and cut.evaluated < full.evaluated
-    assert cut.smallest_bytes >= full.smallest_bytes and cut.chosen.peak_bytes == cut.smallest_bytes
+    assert cut.smallest_bytes >= full.smallest_bytes and cut.chosen.memory_bytes == cut.smallest_bytes
 
 
 def test_fit_search_past_its_deadline_answers_from_the_plans_found():
@@ -78,4 +78,4 @@ def test_tiling_search_past_its_deadline_from_the_start_answers_layer_by_layer(n
     model = PlannedModel(g, name)
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
     cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline(0.0))
-    assert cut.timed_out and cut.evaluated == 0 and cut.chosen.peak_bytes == cut.smallest_bytes
+    assert cut.timed_out and cut.evaluated == 0 and cut.chosen.memory_bytes == cut.smallest_bytes

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
+from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph
 from tightfit.plan.deadline import Deadline
 from tightfit.plan.lifetimes import Lifetimes, lifetimes
@@ -70,14 +71,16 @@ class Problem:
 @dataclass(frozen=True)
 class Point:
     """One evaluated plan of every technique and of fit: its configuration (what drafts it again:
-    a Config for a technique, a genome for fit), run memory, predicted seconds per CNN and what
-    it runs per CNN."""
+    a Config in a technique's Front, a genome for fit, the technique's own setting inside its
+    search), run memory, predicted seconds per CNN and what it runs per CNN."""
 
     config: Hashable | Config
     memory_bytes: int
     seconds: tuple[float, ...]
     labels: tuple[str, ...]
     exact: bool = False  # found by the search's memory side (no time looked at): the same under any profile
+    # What the technique's search keeps of the point besides (parts: its plan's buffers, steps, work)
+    detail: Hashable = None
 
     @property
     def genes(self) -> Any:
@@ -161,6 +164,26 @@ class Technique:
 
     def offers(self, front: Front) -> list[Point]:
         return self.offered(front) if self.offered else _distinct(front.smallest, front.chosen)
+
+
+# The techniques by name, in registry order. techniques/registry.py fills it (the techniques
+# package imports the registry, so it is filled before any technique runs): a technique asks
+# another by name here, since importing the registry, which imports every technique, would be a
+# cycle.
+_REGISTERED: dict[str, Technique] = {}
+
+
+def register(*techniques: Technique) -> dict[str, Technique]:
+    """Add the techniques to the registry; the registry (by name, in order)."""
+    _REGISTERED.update((t.name, t) for t in techniques)
+    return _REGISTERED
+
+
+def technique(name: str) -> Technique:
+    """The technique of that name; OptionError naming those there are."""
+    if name not in _REGISTERED:
+        raise OptionError(f"unknown technique {name!r}; available: {', '.join(_REGISTERED)}")
+    return _REGISTERED[name]
 
 
 def _distinct(*points: Point) -> list[Point]:

@@ -2,23 +2,15 @@
 folder (draft, search, TECHNIQUE) and one line here."""
 from __future__ import annotations
 
-from tightfit.errors import OptionError
 from tightfit.techniques import parts, reuse, tiling, vbs
-from tightfit.techniques.interface import Technique
+from tightfit.techniques.interface import Technique, register, technique  # noqa: F401 (technique: by name)
 
-TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
+TECHNIQUES: dict[str, Technique] = register(
     reuse.TECHNIQUE,
     parts.TECHNIQUE,
     tiling.TECHNIQUE,
     vbs.TECHNIQUE,
-)}
-
-
-def technique(name: str) -> Technique:
-    """The technique of that name; OptionError naming those there are."""
-    if name not in TECHNIQUES:
-        raise OptionError(f"unknown technique {name!r}; available: {', '.join(TECHNIQUES)}")
-    return TECHNIQUES[name]
+)
 
 
 def fit_sources() -> dict[str, Technique]:

@@ -1,11 +1,13 @@
 """Processing by parts (Minakova & Stefanov; plan/parts.py): layers compute their output in
 phases of a few rows, in the firing order of the model's cyclo-static dataflow graph, tensors
-held in windows; the parts search (techniques/parts/phase_search.py) picks the phases per layer."""
+held in windows; the parts search (phase_search.py) picks the phases per layer."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, pareto
+from tightfit.techniques.interface import Config, Front, Point, Problem, Technique
 
 
 def draft(model: PlannedModel, config: Config) -> Plan:
@@ -29,20 +31,17 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, **options)
 
 
-def config_of(point, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
-    """The Config that drafts a parts search's point (techniques/parts/phase_search.PartsPoint)."""
-    return Config(layout, dtype, planner, settings=dict(phases=point.phases_dict(), source=point.source_phases,
-                                                        align=point.align, held=point.held))
+def config_of(setting, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
+    """The Config that drafts a parts search's setting (phase_search.PartsSetting)."""
+    return Config(layout, dtype, planner, settings=dict(phases=setting.phases_dict(), source=setting.source_phases,
+                                                        align=setting.align, held=setting.held))
 
 
-def label(point) -> str:
-    return f"parts search: {len(point.phases)} layers split, source {point.source_phases}"
-
-
-def search(problem: Problem) -> Front:
-    """The parts search (techniques/parts/phase_search.search_parts) for the budget: its front, its pick and
-    its smallest (found by its memory side). As one of fit's sources (`brief`) it offers nothing
-    without a budget or on a CNN searched quickly (fit's parts-everywhere seed stands for it)."""
+def search(problem: Problem) -> Front | None:
+    """The parts search (phase_search.search_parts) for the budget: its front, its pick and its
+    smallest (found by its memory side), each configured by a Config. As one of fit's sources
+    (`brief`) it offers nothing without a budget or on a CNN searched quickly (fit's
+    parts-everywhere seed stands for it)."""
     from tightfit.techniques.parts.phase_search import search_parts
 
     if problem.brief and (problem.budget_bytes is None or problem.quick):
@@ -51,12 +50,12 @@ def search(problem: Problem) -> Front:
     found = search_parts(problem.model, problem.seconds, problem.budget_bytes, layout=c.layout, dtype=c.dtype,
                          deadline=problem.deadline, progress=problem.progress)
 
-    def point(p, exact: bool = False) -> Point:
-        return Point(config_of(p, c.layout, c.dtype), p.peak_bytes, (p.seconds,), (label(p),), exact)
+    def point(p: Point, exact: bool = False) -> Point:
+        return replace(p, config=config_of(p.config, c.layout, c.dtype), exact=exact)
 
     smallest = point(found.smallest, not found.timed_out)
     chosen = smallest if found.chosen == found.smallest else point(found.chosen)
-    return Front(pareto([point(p) for p in found.front]), chosen, smallest, found.fits, found.evaluated,
+    return Front(tuple(point(p) for p in found.front), chosen, smallest, found.fits, found.evaluated,
                  found.timed_out, found)
 
 

@@ -56,7 +56,7 @@ from tightfit.plan.deadline import Deadline, TimeUp, check
 from tightfit.plan.lifetimes import Lifetimes, buffer_tensors, lifetimes, live_at
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.techniques.interface import pareto, run_memory
+from tightfit.techniques.interface import Point, pareto, run_memory
 
 Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
@@ -75,45 +75,69 @@ AUTO_HOLD_LAYERS = 128  # evaluations try a hold on networks of at most this man
 
 
 @dataclass(frozen=True)
-class PartsPoint:
-    """One evaluated setting: phases per split layer, input source phases, memory and time."""
+class PartsSetting:
+    """A point's configuration (Point.config): phases per split layer, the input's phases (row
+    bands), rows per phase aligned or not, layers held whole."""
 
     phases: Phases
     source_phases: int
-    peak_bytes: int  # arena lower bound + the largest step scratch
-    buffer_bytes: int  # all buffers summed, no reuse (the paper's "Total")
-    seconds: float
     align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
     held: tuple[int, ...] = ()  # layers whose outputs are held whole (plan_parts(held=...))
-    steps: int = 0  # steps of its plan
-    work: int = 0  # multiply-adds of its steps plus STEP_MACS per step: a time the profile does not set
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
 
 
-def plan_point(model: PlannedModel, point: PartsPoint, planner: str = "improve", layout: str = "nhwc",
+@dataclass(frozen=True)
+class PartsFigures:
+    """What the search reads off a point's plan besides its run memory and time (Point.detail)."""
+
+    buffer_bytes: int  # all buffers summed, no reuse (the paper's "Total")
+    steps: int  # steps of its plan
+    work: int  # multiply-adds of its steps plus STEP_MACS per step: a time the profile does not set
+
+
+def label(setting: PartsSetting) -> str:
+    return f"parts search: {len(setting.phases)} layers split, source {setting.source_phases}"
+
+
+def plan_point(model: PlannedModel, point: Point, planner: str = "improve", layout: str = "nhwc",
                dtype: str = "fp32") -> Plan:
     """The placed plan of a point the search evaluated."""
     from tightfit.plan.parts import plan_parts
 
-    return plan_parts(model, point.phases_dict(), point.source_phases, planner, layout, dtype, align=point.align,
-                      held=point.held)
+    c: PartsSetting = point.config
+    return plan_parts(model, c.phases_dict(), c.source_phases, planner, layout, dtype, align=c.align, held=c.held)
 
 
 @dataclass(frozen=True)
 class PartsSearch:
-    chosen: PartsPoint
-    front: tuple[PartsPoint, ...]  # Pareto front (peak_bytes, seconds) of every evaluated point
+    """The search's answer; its points are configured by a PartsSetting, detailed by PartsFigures."""
+
+    chosen: Point
+    front: tuple[Point, ...]  # Pareto front (memory, seconds) of every evaluated point
     evaluated: int
     fits: bool
-    smallest: PartsPoint | None = None  # the smallest point (ties: fewer steps): the memory side's without max_seconds
+    smallest: Point | None = None  # the smallest point (ties: fewer steps): the memory side's without max_seconds
     timed_out: bool = False  # the deadline stopped it: every point found so far is kept, none dropped
 
 
-def smallest_key(p: PartsPoint) -> tuple:
+def smallest_key(p: Point) -> tuple:
     """Smallest peak first; ties broken without a time (fewer steps, then the setting)."""
-    return (p.peak_bytes, p.steps, p.phases, p.source_phases, p.held, not p.align)
+    c = p.config
+    return (p.memory_bytes, p.detail.steps, c.phases, c.source_phases, c.held, not c.align)
+
+
+def _seconds(p: Point) -> float:
+    return p.seconds[0]
+
+
+def _peak(p: Point) -> int:
+    return p.memory_bytes
+
+
+def _buffers(p: Point) -> int:
+    return p.detail.buffer_bytes
 
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
@@ -129,10 +153,11 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     from tightfit.plan.parts import draft_parts
 
     g = model.graph
-    seen: dict[tuple[Phases, int, tuple[int, ...]], PartsPoint] = {}  # points only: plans of big graphs are large
+    seen: dict[tuple[Phases, int, tuple[int, ...]], Point] = {}  # points only: plans of big graphs are large
 
-    def build(p: PartsPoint) -> Plan:
-        return draft_parts(model, p.phases_dict(), p.source_phases, layout, dtype, align=p.align, held=p.held)
+    def build(p: Point) -> Plan:
+        c = p.config
+        return draft_parts(model, c.phases_dict(), c.source_phases, layout, dtype, align=c.align, held=c.held)
 
     def draft(phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
         plan = draft_parts(model, dict(phases), source, layout, dtype, align=align, held=held)
@@ -145,7 +170,7 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     # layers plan slowly; its holds come from the greedy stage's moves only).
     auto_hold = len(splittable_layers(g)) <= AUTO_HOLD_LAYERS
 
-    def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> PartsPoint:
+    def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> Point:
         key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
         if key not in seen:
             if seen:  # (the first setting is always planned: an answer needs one point)
@@ -162,38 +187,39 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                     held_peak, held_plan, _ = draft(*key[:2], align, (lid,))
                     if held_peak < peak:
                         peak, plan, chosen_held = held_peak, held_plan, (lid,)
-            seen[key] = PartsPoint(key[0], key[1], peak, sum(b.nbytes for b in plan.buffers), seconds(plan), align,
-                                   chosen_held, len(plan.steps()), plan_work(plan, g))
+            setting = PartsSetting(key[0], key[1], align, chosen_held)
+            figures = PartsFigures(sum(b.nbytes for b in plan.buffers), len(plan.steps()), plan_work(plan, g))
+            seen[key] = Point(setting, peak, (seconds(plan),), (label(setting),), detail=figures)
         return seen[key]
 
     def stage(name: str) -> None:
         smallest = min(seen.values(), key=smallest_key)
-        progress(f"parts search: {name}, {len(seen)} plans, smallest {smallest.peak_bytes / 1e6:.3f} MB")
+        progress(f"parts search: {name}, {len(seen)} plans, smallest {smallest.memory_bytes / 1e6:.3f} MB")
 
-    def fastest_within(budget: int) -> PartsPoint | None:
+    def fastest_within(budget: int) -> Point | None:
         """Stages 1-3 for a memory budget: the fastest point found that fits it."""
-        fits = lambda p: p.peak_bytes <= budget  # noqa: E731
+        fits = lambda p: p.memory_bytes <= budget  # noqa: E731
         if not fits(base) and not _prefixes(g, fits, True, evaluate):
-            start = min(seen.values(), key=lambda p: (p.peak_bytes, p.seconds))
+            start = min(seen.values(), key=lambda p: (p.memory_bytes, p.seconds))
             _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, build)
         ok = [p for p in seen.values() if fits(p)]
-        return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.peak_bytes)), fits, evaluate) if ok else None
+        return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.memory_bytes)), fits, evaluate) if ok else None
 
     base = evaluate({}, 1)
     settings = ladder_settings(g)
     exhaustive = settings.count <= exhaustive_limit
     floor = None
     if budget_bytes is not None:
-        fits = lambda p: p.peak_bytes <= budget_bytes  # noqa: E731
+        fits = lambda p: p.memory_bytes <= budget_bytes  # noqa: E731
         pick = _fastest
     else:
-        fits = lambda p: max_seconds is None or p.seconds <= max_seconds  # noqa: E731
-        pick = lambda ps: min(ps, key=lambda p: (p.peak_bytes, p.seconds))  # noqa: E731
+        fits = lambda p: max_seconds is None or _seconds(p) <= max_seconds  # noqa: E731
+        pick = lambda ps: min(ps, key=lambda p: (p.memory_bytes, p.seconds))  # noqa: E731
     timed_out = False
     try:
         if max_seconds is None:
             exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
-            floor = exact.peak_bytes
+            floor = exact.memory_bytes
             stage("memory side done")
         elif exhaustive:
             for phases, source in settings:
@@ -208,29 +234,29 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
         timed_out, floor = True, None
         stage("time is up")
     # Below the memory side's smallest, a find depends on the times that guided it: dropped.
-    points = [p for p in seen.values() if floor is None or p.peak_bytes >= floor]
+    points = [p for p in seen.values() if floor is None or p.memory_bytes >= floor]
     ok = [p for p in points if fits(p)]
     smallest = min(points, key=smallest_key)
     chosen = pick(ok) if ok else smallest
-    return PartsSearch(chosen, pareto(points, lambda p: (p.peak_bytes, p.seconds)), len(seen), bool(ok), smallest, timed_out)
+    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest, timed_out)
 
 
-def _time_limited(g: Graph, base: PartsPoint, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
+def _time_limited(g: Graph, base: Point, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
     """Stages 1 and 2 under a time limit, then the budget stages asked for smaller points."""
     _prefixes(g, fits, False, evaluate)
-    start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=base)
+    start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.memory_bytes, p.seconds), default=base)
     best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
     # Refining from one point follows one path; the budget stages, asked for anything
     # smaller, reach settings it passes by (a cheaper split elsewhere).
     below = 0.0  # how far below the smallest so far to ask; widened after each miss
     for _ in range(TIGHTEN_ROUNDS):
-        best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.peak_bytes, p.seconds), default=best)
-        smaller = fastest_within(int(best.peak_bytes * (1 - below)) - 1)
+        best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.memory_bytes, p.seconds), default=best)
+        smaller = fastest_within(int(best.memory_bytes * (1 - below)) - 1)
         below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
 
 
-def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dict[int, int], int]], max_rounds: int,
-                        evaluate, build) -> PartsPoint:
+def _smallest_by_memory(g: Graph, base: Point, settings: Iterable[tuple[dict[int, int], int]], max_rounds: int,
+                        evaluate, build) -> Point:
     """The memory side: the smallest point of the first setting, `settings` (the exhaustive
     ones, if any) and every splittable layer at P phases for each P, refined by stage 2 taking
     each round the candidate that saves the most bytes, or the most per unit of work added (MEMORY_MOVES),
@@ -239,7 +265,7 @@ def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dic
     point evaluated here."""
     found = [base]
 
-    def collect(*args) -> PartsPoint:
+    def collect(*args) -> Point:
         found.append(evaluate(*args))
         return found[-1]
 
@@ -252,7 +278,7 @@ def _smallest_by_memory(g: Graph, base: PartsPoint, settings: Iterable[tuple[dic
     while splittable and p <= 2 * top:
         collect({l: min(p, spatial(g.shape(g.layers[l].output))[0]) for l in splittable}, min(p, h_in))
         p *= 2
-    refined: set[PartsPoint] = set()
+    refined: set[Point] = set()
     for _ in range(MEMORY_RESTARTS):
         start = min((q for q in found if q not in refined), key=smallest_key, default=None)
         if start is None:
@@ -303,7 +329,7 @@ def ladder_settings(g: Graph) -> LadderSettings:
                           ladder(spatial(g.shape(g.inputs[0]))[0]))
 
 
-def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evaluate) -> list[PartsPoint]:
+def _prefixes(g: Graph, ok: Callable[[Point], bool], shortest: bool, evaluate) -> list[Point]:
     """Stage 1: for P = 2, 4, 8, ..., the first `cut` splittable layers at P phases. Memory falls
     and time grows with the cut, so a binary search finds the shortest prefix that is `ok`
     (a memory budget; `shortest`) or the longest (a time limit). Returns the ok points found.
@@ -316,7 +342,7 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
     found = []
     p = 2
     while p <= 2 * top:
-        def at(cut: int, p: int = p) -> PartsPoint:
+        def at(cut: int, p: int = p) -> Point:
             phases = {lid: min(p, spatial(g.shape(g.layers[lid].output))[0]) for lid in splittable[:cut]}
             return evaluate(phases, min(p, h_in))
 
@@ -327,7 +353,7 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if ok(at(mid)) else (mid + 1, hi)
             found.append(at(hi))
-            if len(found) > 1 and found[-1].seconds > found[-2].seconds:
+            if len(found) > 1 and _seconds(found[-1]) > _seconds(found[-2]):
                 break
         elif not shortest:
             lo, hi = 0, n  # at(lo) is ok (cut 0 splits only the input: the least time)
@@ -340,50 +366,51 @@ def _prefixes(g: Graph, ok: Callable[[PartsPoint], bool], shortest: bool, evalua
     return found
 
 
-def _refine_greedy(g: Graph, point: PartsPoint, done: Callable[[PartsPoint], bool],
-                   allowed: Callable[[PartsPoint], bool], max_rounds: int, evaluate, build,
-                   by: str = "time") -> PartsPoint:
+def _refine_greedy(g: Graph, point: Point, done: Callable[[Point], bool],
+                   allowed: Callable[[Point], bool], max_rounds: int, evaluate, build,
+                   by: str = "time") -> Point:
     """Stage 2: refine around the memory peak, over `allowed` candidates, until `done` (or
     nothing lowers the peak). Each round takes the candidate that saves the most bytes per
     second of predicted time added (`by` "time"), per step added or the most bytes
     ("bytes"; ties: fewer steps) or per unit of `work` added ("work")."""
-    def best(cands: list[PartsPoint], what: str) -> PartsPoint:
+    def best(cands: list[Point], what: Callable[[Point], int]) -> Point:
         if by == "time":
             return max(cands, key=lambda c: _gain(point, c, what))
         if by == "work":
-            return max(cands, key=lambda c: ((getattr(point, what) - getattr(c, what)) / max(1, c.work - point.work),
+            return max(cands, key=lambda c: ((what(point) - what(c)) / max(1, c.detail.work - point.detail.work),
                                              [-v for v in smallest_key(c)[:2]]))
-        return min(cands, key=lambda c: (getattr(c, what), smallest_key(c)))
+        return min(cands, key=lambda c: (what(c), smallest_key(c)))
 
     plateau = 0
     for _ in range(max_rounds):
         if done(point):
             break
         cands = [c for c in (evaluate(*move) for move in _moves(g, point, build(point))) if allowed(c)]
-        better = [c for c in cands if c.peak_bytes < point.peak_bytes]
+        better = [c for c in cands if c.memory_bytes < point.memory_bytes]
         if better:
             plateau = 0
-            point = best(better, "peak_bytes")
+            point = best(better, _peak)
             continue
-        smaller = [c for c in cands if c.buffer_bytes < point.buffer_bytes]
+        smaller = [c for c in cands if _buffers(c) < _buffers(point)]
         plateau += 1
         if not smaller or plateau > PLATEAU_ROUNDS:
             break
-        point = best(smaller, "buffer_bytes")
+        point = best(smaller, _buffers)
     return point
 
 
-def _fastest(points: list[PartsPoint]) -> PartsPoint:
+def _fastest(points: list[Point]) -> Point:
     """The fastest point, where predictions within TIME_RESOLUTION of it count as ties, broken
     by fewer steps: the model times each step alone, and in a run many small steps of layers
     whose weights and windows alternate lose a little more than their isolated timings say
     (VGG 19 with stage 3 in 7-row bands: predicted 1.25% slower than layer by layer, measured
     2.7%), which decides between plans only where their predictions are this close."""
-    best = min(p.seconds for p in points)
-    return min((p for p in points if p.seconds <= best * (1 + TIME_RESOLUTION)), key=lambda p: (p.steps, p.seconds, p.peak_bytes))
+    best = min(_seconds(p) for p in points)
+    return min((p for p in points if _seconds(p) <= best * (1 + TIME_RESOLUTION)),
+               key=lambda p: (p.detail.steps, _seconds(p), p.memory_bytes))
 
 
-def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], evaluate) -> PartsPoint:
+def _coarsen(g: Graph, point: Point, fits: Callable[[Point], bool], evaluate) -> Point:
     """Stage 3: undo refinements the budget does not need. Sweeps over the source, all split
     layers together, all of them and the source, the split layers of each output height together
     (a stage of the network; halved, and a quarter fewer), and each split layer alone, halving
@@ -395,14 +422,16 @@ def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], ev
     changed = True
     while changed:
         changed = False
-        heights = [height(l) for l, _ in point.phases]
+        setting: PartsSetting = point.config
+        heights = [height(l) for l, _ in setting.phases]
         stages = [(h, f) for h in sorted(set(heights)) if heights.count(h) > 1 for f in (0.5, 0.75)]
         sweep = [("source", 2), ("layers", 2), ("all", 2)] + [(("stage", h), f) for h, f in stages]
         # One layer at a time only on networks of a few split layers (each sweep plans two
         # candidates per layer; DenseNet splits hundreds, and its stages coarsen together).
-        singles = [(l, d) for l, _ in point.phases for d in (2, 0)] if len(point.phases) <= COARSEN_SINGLES else []
-        for which, to in sweep + singles + [("held", l) for l in point.held]:
-            phases, source, held = point.phases_dict(), point.source_phases, point.held
+        singles = [(l, d) for l, _ in setting.phases for d in (2, 0)] if len(setting.phases) <= COARSEN_SINGLES else []
+        for which, to in sweep + singles + [("held", l) for l in setting.held]:
+            current: PartsSetting = point.config  # (the point may have changed in this sweep)
+            phases, source, held = current.phases_dict(), current.source_phases, current.held
             if which in ("source", "all"):
                 source = max(1, source // 2)
             if which in ("layers", "all"):
@@ -414,7 +443,7 @@ def _coarsen(g: Graph, point: PartsPoint, fits: Callable[[PartsPoint], bool], ev
             elif which in phases:
                 phases[which] = phases[which] // to if to else 1
             cand = evaluate(phases, source, tuple(l for l in held if phases.get(l, 1) > 1))
-            if fits(cand) and cand.seconds < point.seconds:
+            if fits(cand) and _seconds(cand) < _seconds(point):
                 point, changed = cand, True
     return point
 
@@ -432,14 +461,14 @@ def plan_work(plan: Plan, g: Graph) -> int:
     return total
 
 
-def _gain(old: PartsPoint, new: PartsPoint, what: str) -> float:
+def _gain(old: Point, new: Point, what: Callable[[Point], int]) -> float:
     """Bytes saved per second of predicted time added (a faster candidate gains most)."""
-    saved = getattr(old, what) - getattr(new, what)
-    added = new.seconds - old.seconds
-    return saved / max(added, 1e-6 * old.seconds, 1e-12)  # (a search for memory alone times nothing)
+    saved = what(old) - what(new)
+    added = _seconds(new) - _seconds(old)
+    return saved / max(added, 1e-6 * _seconds(old), 1e-12)  # (a search for memory alone times nothing)
 
 
-def _moves(g: Graph, point: PartsPoint, plan: Plan):
+def _moves(g: Graph, point: Point, plan: Plan):
     """Candidate settings (phases, source, held): refine alone each of the largest tensors live
     at the arena's peak and the output of the step with the largest scratch; all the tensors at
     the arena's peak together to at least 2, 4 and 8 times the fewest phases among them (a
@@ -447,7 +476,8 @@ def _moves(g: Graph, point: PartsPoint, plan: Plan):
     it); and hold whole one of the HOLD_MOVES smallest (as whole tensors) streamed tensors at
     the peak, so the stream is cut there (a stream through many layers keeps all their windows
     live at once)."""
-    phases, source, held = point.phases_dict(), point.source_phases, point.held
+    setting: PartsSetting = point.config
+    phases, source, held = setting.phases_dict(), setting.source_phases, setting.held
     tensors, scratch_tensor = _peak_tensors(g, plan)
     for tensor in _by_bytes(tensors, scratch_tensor)[:SINGLE_MOVES]:
         move = _refine(g, phases, source, tensor)

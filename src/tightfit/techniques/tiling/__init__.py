@@ -38,30 +38,30 @@ has no groups; its `parts` says how it runs.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, _distinct, pareto
+from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, _distinct, technique
 from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, check_groups, cut_points, downsampling_cuts,
                                                format_tiling, group_problem, groupable_runs, parse_tiling, tileable)
-from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingPoint, TilingSearch, candidate_cuts, cost_seconds,
-                                               default_grids, fine_groups, plan_point, search_tiling, smallest_key,
-                                               step_memory)
+from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingSearch, TilingSetting, candidate_cuts, cost_seconds,
+                                                      default_grids, fine_groups, plan_point, search_tiling, smallest_key,
+                                                      step_memory, tiling_point)
 
-__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingPoint", "TilingSearch", "candidate_cuts",
+__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingSearch", "TilingSetting", "candidate_cuts",
            "check_groups", "clear_edge", "cost_seconds", "cut_points", "default_grids", "downsampling_cuts", "draft",
            "draft_tiling", "executed_macs", "fine_groups", "format_tiling", "group_problem", "groupable_runs",
            "parse_tiling", "plan_point", "plan_tiling", "search", "search_tiling", "smallest_key", "step_memory",
-           "tile_regions", "tileable"]
+           "tile_regions", "tileable", "tiling_point"]
 
 
 def draft(model: PlannedModel, config: Config) -> Plan:
     """The plan of `config.settings` "groups" (TileGroups) or "tiling" (the CLI's spec, e.g.
     "0-7:5x5,8-15:2x2:reuse"), placed by `config.planner` (None: unplaced)."""
     if config.get("by_parts"):  # a configuration of the search below its tilings: the network by parts
-        from tightfit.techniques.parts import draft as draft_parts
-
-        return draft_parts(model, config)
+        return technique("parts").draft(model, config)
     groups = config.get("groups")
     if groups is None:
         groups = parse_tiling(config.get("tiling"), model.graph)
@@ -70,17 +70,15 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     return plan_tiling(model, groups, config.planner, config.layout, config.dtype)
 
 
-def config_of(point, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
+def config_of(setting: TilingSetting, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
     """The Config that drafts a tiling search's configuration (tiled groups, or parts)."""
-    if point.parts is not None:
-        from tightfit.techniques.parts import config_of as parts_config
-
-        return Config(layout, dtype, planner, settings=dict(parts_config(point.parts).settings, by_parts=True))
-    return Config(layout, dtype, planner, settings=dict(groups=tuple(point.groups)))
+    if setting.parts is not None:
+        return Config(layout, dtype, planner, settings=dict(setting.parts.settings, by_parts=True))
+    return Config(layout, dtype, planner, settings=dict(groups=tuple(setting.groups)))
 
 
 def search(problem: Problem) -> Front | None:
-    """The tiling search (search.search_tiling) for the budget. As one of fit's sources (`brief`):
+    """The tiling search (config_search.search_tiling) for the budget. As one of fit's sources (`brief`):
     two groups at most and a short front, so that it costs about what the parts search does, the
     small grids and few cuts on a CNN searched quickly; it offers its pick and the smallest
     configuration reached, if tiled. It times segments of plans, so it needs a prediction of steps
@@ -99,11 +97,11 @@ def search(problem: Problem) -> Front | None:
                           dtype=c.dtype, deadline=problem.deadline, progress=problem.progress, **options)
     smallest = min(found.points or (found.chosen,), key=smallest_key)
 
-    def point(p, exact: bool = False) -> Point:
-        return Point(config_of(p, c.layout, c.dtype), p.peak_bytes, (p.seconds,), (f"fused tiling {p.spec}",), exact)
+    def point(p: Point, exact: bool = False) -> Point:
+        return replace(p, config=config_of(p.config, c.layout, c.dtype), exact=exact)
 
     first = point(smallest, not found.timed_out)
-    return Front(pareto([point(p) for p in found.front]), first if found.chosen == smallest else point(found.chosen),
+    return Front(tuple(point(p) for p in found.front), first if found.chosen == smallest else point(found.chosen),
                  first, found.fits, found.evaluated, found.timed_out, found)
 
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
 from tightfit.plan.deadline import Deadline, TimeUp, check, expired
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan, Step
 from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, plan_tiling
-from tightfit.techniques.interface import pareto
+from tightfit.techniques.interface import Config, Point, Problem, pareto, technique
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, cut_points, downsampling_cuts,
                                                format_tiling, groupable_runs, tileable)
-
-if TYPE_CHECKING:
-    from tightfit.techniques.parts.phase_search import PartsPoint
 
 # --- predictor and configuration search ---------------------------------------------------------
 #
@@ -64,14 +61,13 @@ StepSeconds = Callable[[Plan, Sequence[Step]], float]
 
 
 @dataclass(frozen=True)
-class TilingPoint:
-    """A configuration (its tiled groups; other layers run layer by layer) and its prediction:
-    run memory (arena lower bound + largest step scratch) and seconds."""
+class TilingSetting:
+    """A configuration (Point.config of the search's points): its tiled groups (other layers run
+    layer by layer), or the whole network by parts (`parts`: the parts technique's Config; no
+    groups). A point's memory is its run memory (arena lower bound + largest step scratch)."""
 
     groups: tuple[TileGroup, ...]
-    peak_bytes: int
-    seconds: float
-    parts: "PartsPoint | None" = None  # the whole network by parts instead (no groups)
+    parts: Config | None = None
 
     @property
     def spec(self) -> str:
@@ -79,34 +75,46 @@ class TilingPoint:
             return _parts_spec(self.parts)
         return format_tiling(self.groups) or "layer-by-layer"
 
+    @property
+    def key(self) -> tuple:
+        """What tells configurations apart (a hashable stand-in: a parts Config holds dicts)."""
+        return self.groups, self.spec
 
-def smallest_key(p: TilingPoint) -> tuple:
+
+def tiling_point(setting: TilingSetting, memory_bytes: int, seconds: float) -> Point:
+    return Point(setting, memory_bytes, (seconds,), (f"fused tiling {setting.spec}",))
+
+
+def smallest_key(p: Point) -> tuple:
     """Smallest peak first; ties broken without a time (fewer tiles, then the spec)."""
-    return (p.peak_bytes, sum(g.tiles for g in p.groups), p.spec)
+    return (p.memory_bytes, sum(g.tiles for g in p.config.groups), p.config.spec)
 
 
-def _parts_spec(p: "PartsPoint") -> str:
+def _parts_spec(parts: Config) -> str:
     """Phases per layer (runs of equal phases as ranges), the input's bands, held layers:
     "parts 0:512,1:304,2-5:152, input 256, held 11"."""
     runs: list[list[int]] = []  # [first, last, phases]
-    for lid, n in p.phases:
+    for lid, n in sorted(parts.get("phases").items()):
         if runs and runs[-1][1] == lid - 1 and runs[-1][2] == n:
             runs[-1][1] = lid
         else:
             runs.append([lid, lid, n])
     layers = ",".join(f"{a}:{n}" if a == b else f"{a}-{b}:{n}" for a, b, n in runs)
-    return (f"parts {layers}, input {p.source_phases}" + (", aligned" if p.align else "")
-            + (f", held {','.join(map(str, p.held))}" if p.held else ""))
+    held = parts.get("held", ())
+    return (f"parts {layers}, input {parts.get('source')}" + (", aligned" if parts.get("align") else "")
+            + (f", held {','.join(map(str, held))}" if held else ""))
 
 
 @dataclass(frozen=True)
 class TilingSearch:
-    chosen: TilingPoint  # fastest within the budget; if none fits, the smallest reachable
-    front: tuple[TilingPoint, ...]  # Pareto front (peak_bytes, seconds) of the configurations assembled
+    """The search's answer; its points are configured by a TilingSetting."""
+
+    chosen: Point  # fastest within the budget; if none fits, the smallest reachable
+    front: tuple[Point, ...]  # Pareto front (memory, seconds) of the configurations assembled
     evaluated: int  # group options planned (memory); each timed at most once
     fits: bool
     smallest_bytes: int  # the smallest peak any configuration in the searched space reaches
-    points: tuple[TilingPoint, ...] = ()  # every configuration assembled (the front's superset)
+    points: tuple[Point, ...] = ()  # every configuration assembled (the front's superset)
     timed_out: bool = False  # the deadline stopped the planning of group options
 
 
@@ -290,10 +298,10 @@ def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int |
     _plan_until_deadline(setup, space, lambda a, b: True, partial(_coarse_groups, setup))
     smallest = _smallest(setup, space, _scratch_caps(space))
     asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
-    below = bool(asked) and min(asked) < smallest.peak_bytes  # a budget below the coarse space
+    below = bool(asked) and min(asked) < smallest.memory_bytes  # a budget below the coarse space
     # Parts configurations compete only where the tiles' coarse space cannot go.
     by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype, deadline, progress)
-                 if p.peak_bytes < smallest.peak_bytes] if parts and below and not expired(deadline) else [])
+                 if p.memory_bytes < smallest.memory_bytes] if parts and below and not expired(deadline) else [])
     if below and "reuse" in overlaps:
         smallest = _plan_fine_space(setup, space, min(asked), smallest)
     return _answer(setup, space, smallest, by_parts, budget_bytes, extra_budgets, front_points)
@@ -395,7 +403,7 @@ def _fine_and_overlaid(g: Graph, a: int, b: int) -> list[list[TileGroup]]:
     return families + [[replace(grp, overlay=True) for grp in f] for f in families]
 
 
-def _plan_fine_space(setup: _Setup, space: _Space, target: int, smallest: TilingPoint) -> TilingPoint:
+def _plan_fine_space(setup: _Setup, space: _Space, target: int, smallest: Point) -> Point:
     """Below the coarse space (`target`: the smallest asked budget): cuts at every cut point (if
     at most MAX_FINE_CUTS) and the fine space planned for the segments that could fit the target
     and have no planned option that does. Returns the new smallest configuration."""
@@ -405,7 +413,7 @@ def _plan_fine_space(setup: _Setup, space: _Space, target: int, smallest: Tiling
     if not any(_whole_bytes(setup.model, a, b, setup.dtype, overlay=True) <= target for a, b in pairs):
         # Nothing can fit (`fit` asks for its smallest plan with a budget of 0): look for the
         # smallest reachable instead, in every segment that could lower it.
-        target = smallest.peak_bytes
+        target = smallest.memory_bytes
     _plan_until_deadline(setup, space, partial(_worth, setup, space, target), partial(_fine_and_overlaid, setup.graph))
     return _smallest(setup, space, _scratch_caps(space))
 
@@ -469,7 +477,7 @@ def _extend(best: Chains, a: int, b: int, opt: _Option, max_groups: int, live_ca
             best[(b, k2)] = (value, opts + [opt])
 
 
-def _point(setup: _Setup, opts: list[_Option]) -> TilingPoint:
+def _point(setup: _Setup, opts: list[_Option]) -> Point:
     """The configuration of a chain and its prediction."""
     groups = tuple(o.group for o in opts if o.group is not None)
     if any(o.overlaid for o in opts):
@@ -478,7 +486,7 @@ def _point(setup: _Setup, opts: list[_Option]) -> TilingPoint:
         peak = max(live) + max(scratch)
     else:
         peak = max(o.live for o in opts) + max(o.scratch for o in opts)
-    return TilingPoint(groups, peak, sum(_timed(setup, o) for o in opts))
+    return tiling_point(TilingSetting(groups), peak, sum(_timed(setup, o) for o in opts))
 
 
 def _scratch_caps(space: _Space) -> list[int]:
@@ -487,7 +495,7 @@ def _scratch_caps(space: _Space) -> list[int]:
     return sorted({o.scratch for o in every})
 
 
-def _fastest(setup: _Setup, space: _Space, caps: Sequence[int], budget: int) -> TilingPoint | None:
+def _fastest(setup: _Setup, space: _Space, caps: Sequence[int], budget: int) -> Point | None:
     """The fastest configuration within `budget` over at most TIME_CAPS of the scratch caps
     (evenly over the sorted distinct ones, the largest kept): each cap may time other options,
     and the fine space has hundreds of distinct scratches. The smallest configuration is found
@@ -500,10 +508,10 @@ def _fastest(setup: _Setup, space: _Space, caps: Sequence[int], budget: int) -> 
                    setup.timed_per_segment)
         if c is not None:
             found.append(_point(setup, c[1]))
-    return min(found, key=lambda p: (p.seconds, p.peak_bytes), default=None)
+    return min(found, key=lambda p: (p.seconds, p.memory_bytes), default=None)
 
 
-def _smallest(setup: _Setup, space: _Space, caps: Sequence[int]) -> TilingPoint:
+def _smallest(setup: _Setup, space: _Space, caps: Sequence[int]) -> Point:
     """The smallest configuration (no time looked at): per scratch cap, the chain of the least
     live bytes."""
     best: tuple[int, list[_Option]] | None = None
@@ -514,7 +522,7 @@ def _smallest(setup: _Setup, space: _Space, caps: Sequence[int]) -> TilingPoint:
     return _point(setup, best[1])
 
 
-def _answer(setup: _Setup, space: _Space, smallest: TilingPoint, by_parts: list[TilingPoint], budget_bytes: int | None,
+def _answer(setup: _Setup, space: _Space, smallest: Point, by_parts: list[Point], budget_bytes: int | None,
             extra_budgets: Sequence[int], front_points: int) -> TilingSearch:
     """The front over the ladder of budgets and `extra_budgets`, and the pick within `budget_bytes`."""
     caps = _scratch_caps(space)
@@ -523,7 +531,7 @@ def _answer(setup: _Setup, space: _Space, smallest: TilingPoint, by_parts: list[
     # A time-guided find below it depends on the cost profile: dropped, so the smallest
     # configuration, and whether a budget is reachable, are the same under any profile.
     smallest = min([smallest] + by_parts, key=smallest_key)
-    floor = 0 if space.timed_out else smallest.peak_bytes  # (cut off by the deadline: nothing is dropped)
+    floor = 0 if space.timed_out else smallest.memory_bytes  # (cut off by the deadline: nothing is dropped)
     seen = [smallest, top] + by_parts
     for budget in _ladder(smallest, top, front_points) + list(extra_budgets):
         p = _fastest(setup, space, caps, budget)
@@ -534,38 +542,47 @@ def _answer(setup: _Setup, space: _Space, smallest: TilingPoint, by_parts: list[
     limit = 1 << 62 if budget_bytes is None else budget_bytes
     p = _fastest(setup, space, caps, limit)
     seen += [p] if p is not None else []
-    seen = [q for q in seen if q.peak_bytes >= floor]
-    fitting = [q for q in seen if q.peak_bytes <= limit]
-    chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.peak_bytes)), True) if fitting else (smallest, False)
-    distinct = tuple({(p.groups, p.parts): p for p in seen}.values())
+    seen = [q for q in seen if q.memory_bytes >= floor]
+    fitting = [q for q in seen if q.memory_bytes <= limit]
+    chosen, fits = (min(fitting, key=lambda q: (q.seconds, q.memory_bytes)), True) if fitting else (smallest, False)
+    distinct = tuple({p.config.key: p for p in seen}.values())
     smallest = min(seen, key=smallest_key)
-    return TilingSearch(chosen, pareto(list(distinct), lambda p: (p.peak_bytes, p.seconds)), space.evaluated, fits,
-                        smallest.peak_bytes, distinct, space.timed_out)
+    return TilingSearch(chosen, pareto(distinct), space.evaluated, fits, smallest.memory_bytes, distinct, space.timed_out)
 
 
-def _ladder(smallest: TilingPoint, top: TilingPoint, front_points: int) -> list[int]:
+def _ladder(smallest: Point, top: Point, front_points: int) -> list[int]:
     """`front_points` - 2 budgets spaced geometrically between the smallest and the fastest."""
-    if front_points <= 1 or top.peak_bytes <= smallest.peak_bytes:
+    if front_points <= 1 or top.memory_bytes <= smallest.memory_bytes:
         return []
-    ratio = (top.peak_bytes / smallest.peak_bytes) ** (1 / (front_points - 1))
-    return [int(smallest.peak_bytes * ratio ** k) for k in range(1, front_points - 1)]
+    ratio = (top.memory_bytes / smallest.memory_bytes) ** (1 / (front_points - 1))
+    return [int(smallest.memory_bytes * ratio ** k) for k in range(1, front_points - 1)]
 
 
 def _parts_points(model: PlannedModel, seconds: StepSeconds, budget: int, layout: str, dtype: str,
-                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> list[TilingPoint]:
-    """The parts search's front for `budget`, as configurations."""
-    from tightfit.techniques.parts.phase_search import search_parts
-
-    found = search_parts(model, lambda plan: seconds(plan, plan.steps()), budget, layout=layout, dtype=dtype,
-                         deadline=deadline, progress=progress)
-    return [TilingPoint((), p.peak_bytes, p.seconds, p) for p in found.front]
+                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> list[Point]:
+    """The parts technique's front for `budget` (asked through the registry), as configurations."""
+    problem = Problem(model, budget, _WholePlans(seconds), Config(layout, dtype, None), deadline, progress)
+    front = technique("parts").search(problem)
+    return [tiling_point(TilingSetting((), p.config), p.memory_bytes, p.seconds[0]) for p in front.points]
 
 
-def plan_point(model: PlannedModel, point: TilingPoint, planner: str = "improve", layout: str = "nhwc",
+@dataclass(frozen=True)
+class _WholePlans:
+    """The prediction a Problem carries, made of the search's prediction of steps."""
+
+    seconds: StepSeconds
+
+    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
+        return self.seconds(plan, plan.steps())
+
+    def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
+        return self.seconds(plan, steps)
+
+
+def plan_point(model: PlannedModel, point: Point, planner: str = "improve", layout: str = "nhwc",
                dtype: str = "fp32") -> Plan:
     """The placed plan of a configuration the search assembled (tiled groups, or parts)."""
-    if point.parts is not None:
-        from tightfit.techniques.parts import phase_search as parts_search
-
-        return parts_search.plan_point(model, point.parts, planner, layout, dtype)
-    return plan_tiling(model, point.groups, planner, layout, dtype)
+    setting: TilingSetting = point.config
+    if setting.parts is not None:
+        return technique("parts").draft(model, replace(setting.parts, planner=planner, layout=layout, dtype=dtype))
+    return plan_tiling(model, setting.groups, planner, layout, dtype)
