@@ -205,3 +205,18 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     x = torch.randn(g.shape(g.inputs[0]))
     assert compare(ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]], run_reference(g, x)[g.outputs[0]]).ok
 
+
+def test_a_pick_with_nothing_split_is_drafted_with_nothing_split():
+    """Under a budget the layer-by-layer plan fits, the pick splits no layer; the technique's
+    draft of its Config is that plan (an empty phases setting once drafted as one row per phase
+    everywhere, the paper's setting, so `plan --method parts --budget` ran another plan than the
+    one it predicted)."""
+    from tightfit.techniques.parts import config_of
+    from tightfit.techniques.registry import technique
+
+    g = tightfit.load("minakova5")
+    model = PlannedModel(g, "minakova5")
+    chosen = search_parts(model, step_cost([g]), 10**9).chosen
+    assert chosen.config.phases == ()
+    drafted = technique("parts").draft(model, config_of(chosen.config, planner="improve"))
+    assert drafted.steps() == plan_point(model, chosen).steps()

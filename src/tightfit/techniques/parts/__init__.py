@@ -21,7 +21,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     phases, source = config.get("phases"), config.get("source")
     if config.get("rows") is not None:
         phases, source = phases_for_rows(g, config.get("rows"))
-    elif not phases:
+    elif phases is None:  # (an empty dict: nothing split, as a search point may be)
         from tightfit.analysis.csdf import max_phases
 
         phases, source = max_phases(g), g.shape(g.inputs[0])[2]
