@@ -198,9 +198,9 @@ def test_the_walk_finds_imports_in_functions_relative_and_submodules(tmp_path):
         "plan/__init__.py": "",
         "plan/check.py": "def g():\n    from tightfit.plan.overlay import x\n",
         "plan/overlay.py": "from .check import g\n",
-        "plan/vbs.py": "",
+        "plan/order.py": "",
         "runtime/__init__.py": "",
-        "runtime/executor.py": "from tightfit.plan.schema import Plan\nfrom tightfit.plan import vbs\n",
+        "runtime/executor.py": "from tightfit.plan.schema import Plan\nfrom tightfit.plan import order\n",
     })
     g = import_graph(src)
     assert g["tightfit.graph.ir"] == {"tightfit.ops.conv"}
@@ -210,4 +210,4 @@ def test_the_walk_finds_imports_in_functions_relative_and_submodules(tmp_path):
                          ["tightfit.plan.check", "tightfit.plan.overlay"]]
     assert cycles(package_graph(g)) == [["graph", "ops"]]
     assert against_direction(g) == ["tightfit.graph.ir (graph) imports tightfit.ops.conv (ops)",
-                                    "tightfit.runtime.executor (runtime) imports tightfit.plan.vbs (techniques)"]
+                                    "tightfit.runtime.executor (runtime) imports tightfit.plan.order (techniques)"]

@@ -59,8 +59,8 @@ def test_a_search_over_a_frozen_profile_never_measures():
 def test_vbs_stops_at_its_deadline_with_the_best_found():
     from test_vbs_graph import TableCost, _squeezenet
 
-    from tightfit.plan.vbs_graph import Problem as DP, fbs_steps, main_path, plan_schedule, profile_seconds
-    from tightfit.plan.vbs_graph import search_vbs, smallest_feasible_budget
+    from tightfit.techniques.vbs.graph_dp import Problem as DP, fbs_steps, main_path, plan_schedule, profile_seconds
+    from tightfit.techniques.vbs.graph_dp import search_vbs, smallest_feasible_budget
     from tightfit.techniques.interface import run_memory
 
     g = _squeezenet()

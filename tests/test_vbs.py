@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from tightfit.plan.vbs import INF, LinearProfile, Step, fixed_batch, greedy_vbs, schedule, solve
+from tightfit.techniques.vbs.linear_dp import INF, LinearProfile, Step, fixed_batch, greedy_vbs, schedule, solve
 
 
 def worked_example() -> LinearProfile:
@@ -119,7 +119,7 @@ def test_profiles_of_a_zoo_model_from_the_analyser():
     and with room for the whole request at every layer it is FBS at that batch."""
     import tightfit
     from tightfit.analysis.memory import layer_workspace
-    from tightfit.plan.vbs import linear_chain, linear_profile
+    from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
 
     g = tightfit.load("mobilenet_v1_025")
     assert linear_chain(g) == [l.id for l in g.layers]
@@ -142,7 +142,7 @@ def test_profiles_of_a_zoo_model_from_the_analyser():
 def test_graph_with_branches_is_refused():
     import tightfit
     from tightfit.errors import OptionError
-    from tightfit.plan.vbs import linear_chain, linear_profile
+    from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
 
     g = tightfit.load("resnet18")
     assert linear_chain(g) is None
@@ -159,8 +159,8 @@ def test_vbs_plan_runs_the_planned_sub_batches(kernel_runs):
     import tightfit
     from tightfit.plan.check import check_plan
     from tightfit.plan.reuse import PlannedModel
-    from tightfit.plan.vbs import linear_chain, linear_profile
-    from tightfit.plan.vbs_graph import plan_schedule
+    from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
+    from tightfit.techniques.vbs.graph_dp import plan_schedule
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import run_reference
     from tightfit.verify import compare

@@ -18,8 +18,8 @@ from torch import nn
 import tightfit
 from tightfit.plan.check import check_plan
 from tightfit.plan.reuse import PlannedModel
-from tightfit.plan.vbs import INF
-from tightfit.plan.vbs_graph import (Problem, Special, fbs_steps, main_path, plan_schedule, profile_seconds,
+from tightfit.techniques.vbs.linear_dp import INF
+from tightfit.techniques.vbs.graph_dp import (Problem, Special, fbs_steps, main_path, plan_schedule, profile_seconds,
                                      run_memory, search_vbs, smallest_feasible_budget, solve_problem, baseline)
 
 
@@ -327,7 +327,7 @@ def test_latency_bound_and_lookup_table():
     """A latency bound (the time of one sample through the network) admits the schedule of
     single samples and keeps every step within it (each step is some pivot's segment); the
     plan's lookup table holds, per memory level, the optimal profile, its last level the plan's."""
-    from tightfit.plan.vbs_graph import per_layer_profile
+    from tightfit.techniques.vbs.graph_dp import per_layer_profile
 
     g, model, cost, problem = _oracle_case(1, True)
     budget = 10**6

@@ -182,7 +182,7 @@ def _vbs_settings(model, budget: int, config, cost, settings: Mapping, say) -> d
     feasible budget (found from memory alone) if `budget` is below it; the step times of every
     sub-batch profiled; the uniform plans calibrated by whole runs (times kept in the profile)."""
     from tightfit.errors import BudgetError
-    from tightfit.plan.vbs_graph import DEFAULT_UNIT_BYTES, make_problem, memory_problem, smallest_feasible_budget
+    from tightfit.techniques.vbs.graph_dp import DEFAULT_UNIT_BYTES, make_problem, memory_problem, smallest_feasible_budget
     from tightfit.runtime.profiling import profiled_search
     from tightfit.units import human
     from tightfit.vbs_calibration import MIXED_SCHEDULE_ERROR, UNIFORM_SCHEDULE_ERROR, calibrate

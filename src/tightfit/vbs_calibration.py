@@ -1,6 +1,6 @@
 """Calibration of the cost model's step times per batch size by whole runs, and the comparison
 of VBS with FBS and Greedy-VBS. Here, above both the planners and the runtime, because each
-plans (plan/vbs_graph.py) and then times the plans (runtime/vbs_runs.py).
+plans (techniques/vbs/graph_dp.py) and then times the plans (runtime/vbs_runs.py).
 
 The cost model times each step alone on fresh buffers; for steps of many samples this differs
 from the same steps inside a plan run by up to ~30% on this machine, and not the same way at
@@ -15,7 +15,7 @@ from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 from tightfit.plan.reuse import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.plan.vbs_graph import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
+from tightfit.techniques.vbs.graph_dp import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
                                      predicted_seconds)
 from tightfit.techniques.interface import run_memory
 from tightfit.runtime.vbs_runs import RUNS_VERSION, paired_medians, time_plans, time_rounds

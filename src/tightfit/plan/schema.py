@@ -12,7 +12,7 @@ shape; a window of rows has h < H; a tile has h < H and w < W; a sample range ha
 combination is allowed: e.g. b samples of a window of rows is a block (b, C, rows, W).
 
 The two splits are independent and compose per step:
-- along N (variable batch size, plan/vbs_graph.py): the model's `batch` is the request; a step
+- along N (variable batch size, techniques/vbs/graph_dp.py): the model's `batch` is the request; a step
   covers samples [n0, n1) and, today, all rows. Each tensor's samples live in *groups*
   (maximal sample ranges no step straddles), one buffer per group with its own lifetime; an
   access's `at[0]` is n0 minus the group's first sample. Nothing is shifted along N.

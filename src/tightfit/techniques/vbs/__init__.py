@@ -1,6 +1,7 @@
-"""Variable batch size (Choudhury et al.; plan/vbs.py and plan/vbs_graph.py): the samples of a
-request run through the layers in sub-batches that change from layer to layer, the fastest
-schedule within the budget found by a dynamic program over per-layer step times."""
+"""Variable batch size (Choudhury et al.): the samples of a request run through the layers in
+sub-batches that change from layer to layer, the fastest schedule within the budget found by a
+dynamic program over per-layer step times. linear_dp.py: the paper's dynamic program over a
+linear network; graph_dp.py: over a branched graph's main path, and the plans of schedules."""
 from __future__ import annotations
 
 from tightfit.errors import TightfitError
@@ -13,7 +14,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     """The plan of `config.settings` "schedule" ((layer id, samples) steps in order), placed by
     `config.planner` (a schedule's plan is always placed; None: the search's planner), with
     "knobs" if given."""
-    from tightfit.plan.vbs_graph import plan_schedule
+    from tightfit.techniques.vbs.graph_dp import plan_schedule
     from tightfit.techniques.interface import SEARCH_PLANNER
 
     return plan_schedule(model, config.get("schedule"), config.planner or SEARCH_PLANNER, config.layout, config.dtype,
@@ -25,11 +26,11 @@ def label(steps) -> str:
 
 
 def search(problem: Problem) -> Front | None:
-    """The DP's fastest schedule for the request within the budget (plan/vbs_graph.search_vbs).
+    """The DP's fastest schedule for the request within the budget (graph_dp.search_vbs).
     `problem.settings`: "unit_bytes", "latency", "batch_factors" (calibration by whole runs, done
     by the command layer), "margin", "fbs_margin". Offers nothing for a request of one sample in
     fit (`brief`), without a budget, or on a graph the DP's main path does not cover."""
-    from tightfit.plan.vbs_graph import DEFAULT_UNIT_BYTES, make_problem, search_vbs
+    from tightfit.techniques.vbs.graph_dp import DEFAULT_UNIT_BYTES, make_problem, search_vbs
 
     if problem.budget_bytes is None or (problem.brief and problem.model.batch == 1):
         return None

@@ -15,7 +15,7 @@ Layers are numbered from 0 here; the paper's from 1. Tables are numpy arrays ove
 axis, so each recurrence is a few vector operations per (i, j, b).
 
 `solve` counts memory as the paper does (samples freed one at a time; its worked example);
-`solve_plans` counts it as plans hold buffers (see there), which is what plan/vbs_graph.py uses.
+`solve_plans` counts it as plans hold buffers (see there), which is what graph_dp.py uses.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Variable batch size on real graphs (Choudhury et al. Sec. III): the main path with special
 layers, profiles from the analyser and the cost model, the dynamic program in the plans
-accounting (plan/vbs.py), and plans of sample-range steps whose buffers hold what it counts.
+accounting (linear_dp.py), and plans of sample-range steps whose buffers hold what it counts.
 
 A graph is a main path of units: a layer, or a *special layer*: a fork tensor F read by p
 branches (chains of layers; an empty chain is an identity shortcut) whose last outputs meet in
@@ -31,7 +31,7 @@ from tightfit.plan.deadline import Deadline, expired
 from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.techniques.interface import run_memory
-from tightfit.plan.vbs import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans
+from tightfit.techniques.vbs.linear_dp import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans
 
 PAPER_UNIT_BYTES = 2 * 10**6  # the paper's memory granularity for images
 # Ours by default: finer, because every buffer a table entry holds is rounded up to whole units
