@@ -224,3 +224,13 @@ def test_parts_overlay_plan(tmp_path):
     assert any(b.overlay is not None for b in plan.buffers)
     sources = export(plan, [g], tmp_path / "out", name="stage")
     assert check(plan, [g], sources, tmp_path / "out", cflags=PORTABLE).ok
+
+
+@pytest.mark.parametrize("counts", [(2**31, 0, 0), (0, 2**31, 0), (0, 0, 2**31)])
+def test_step_tables_refuse_what_32_bit_offsets_cannot_reach(counts):
+    from tightfit.export.codegen import INDEX_LIMIT, _check_index_range
+    from tightfit.export.errors import ExportError
+
+    _check_index_range(INDEX_LIMIT - 1, INDEX_LIMIT - 1, INDEX_LIMIT - 1)
+    with pytest.raises(ExportError, match="32 bits"):
+        _check_index_range(*counts)

@@ -478,6 +478,7 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
                 rows.append(f"    {{{e.kind}, &{label}_s{i}}}")
             tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
     weights_arr = ctxs[0].weights.array()
+    _check_index_range(plan.arena_bytes // 4, weights_arr.size, ctxs[0].indices.array().size)
     in_file = weights == "file" or (weights == "auto" and weights_arr.size > C_WEIGHTS_LIMIT)
     outputs = _outputs(plan, graphs, ctxs)
     files = {
@@ -494,6 +495,17 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     if in_file:
         files["weights.bin"] = weights_arr.astype("<f4").tobytes()
     return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions))
+
+
+INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
+
+
+def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) -> None:
+    """Every offset a step table holds is below INDEX_LIMIT when the arrays it indexes are."""
+    for what, count in (("arena", arena_floats), ("weights", weight_floats), ("index tables", index_count)):
+        if count >= INDEX_LIMIT:
+            raise ExportError(f"the {what} hold {count} elements; the C step tables index with 32 bits "
+                              f"(at most {INDEX_LIMIT - 1})")
 
 
 def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View]]]:

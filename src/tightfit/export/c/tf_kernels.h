@@ -13,9 +13,13 @@
 #define TF_ALIGNED
 #endif
 
+/* Offsets, sizes and strides in the step tables: 32 bits (the generator refuses an arena or weights
+ * of 2^31 floats or more), which halves the tables a finely split plan holds in flash and memory. */
+typedef int32_t tf_int;
+
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
-typedef struct { long off, n, c, h, w, sn, sc, sh, sw; } tf_view;
+typedef struct { tf_int off, n, c, h, w, sn, sc, sh, sw; } tf_view;
 
 enum { TF_ACT_RELU = 1, TF_ACT_LEAKYRELU, TF_ACT_CLIP, TF_ACT_SIGMOID, TF_ACT_TANH,
        TF_ACT_HARDSIGMOID, TF_ACT_HARDSWISH, TF_ACT_SILU,
@@ -31,9 +35,9 @@ typedef struct { int kind[TF_MAX_ACTS]; float a[TF_MAX_ACTS], b[TF_MAX_ACTS]; } 
 enum { TF_CONV_DENSE, TF_CONV_DEPTHWISE, TF_CONV_GROUPED };
 typedef struct {
     tf_view x, y;            /* the input window (without its zero padding) and the output */
-    long w, b;               /* weight and bias: float offsets in the weights */
+    tf_int w, b;               /* weight and bias: float offsets in the weights */
     int kind;
-    long groups, kh, kw, sh, sw, dh, dw, pt, pl; /* pt, pl: zero rows / columns above and left of x */
+    tf_int groups, kh, kw, sh, sw, dh, dw, pt, pl; /* pt, pl: zero rows / columns above and left of x */
     float lo, hi;            /* a clamp fused into the kernel (ReLU, ReLU6, Clip) */
     tf_acts act;             /* any other activations, after the clamp */
 } tf_conv_args;
@@ -42,9 +46,9 @@ enum { TF_POOL_MAX, TF_POOL_AVG };
 typedef struct {
     tf_view x, y;
     int kind, count_include_pad;
-    long kh, kw, sh, sw, dh, dw, pt, pl;  /* pt, pl: padding above and left of the window x */
-    long oy0, ox0;                        /* the output region's first row and column */
-    long in_h, in_w, pad_t, pad_l, pad_b, pad_r; /* the whole input and the layer's padding (averages) */
+    tf_int kh, kw, sh, sw, dh, dw, pt, pl;  /* pt, pl: padding above and left of the window x */
+    tf_int oy0, ox0;                        /* the output region's first row and column */
+    tf_int in_h, in_w, pad_t, pad_l, pad_b, pad_r; /* the whole input and the layer's padding (averages) */
     tf_acts act;
 } tf_pool_args;
 
@@ -52,39 +56,39 @@ enum { TF_GLOBAL_MEAN, TF_GLOBAL_MAX };
 /* Mean or max over H x W (TF_STEP_GLOBAL) or over C at each pixel (TF_STEP_CHANNEL_REDUCE). */
 typedef struct { tf_view x, y; int kind; tf_acts act; } tf_global_args;
 
-typedef struct { tf_view x, y; long w, b, in_features; tf_acts act; } tf_gemm_args; /* w: (out, in); b < 0: none */
+typedef struct { tf_view x, y; tf_int w, b, in_features; tf_acts act; } tf_gemm_args; /* w: (out, in); b < 0: none */
 
 /* An operand of an elementwise sum or product: a view (a dimension of size 1 broadcast), or a
  * constant of (1, c, h, w) in the weights, its rows and columns from (h0, w0). */
-typedef struct { int is_const; tf_view v; long w, c, h, w_, h0, w0; } tf_operand;
+typedef struct { int is_const; tf_view v; tf_int w, c, h, w_, h0, w0; } tf_operand;
 #define TF_MAX_OPERANDS 8
 /* How operands combine, folded left to right: ((op0 f op1) f op2) ...; PRELU: op1 is the slope;
  * CLIP: op1 the lower bound, op2 the upper. */
 enum { TF_ELT_SUM, TF_ELT_PRODUCT, TF_ELT_SUB, TF_ELT_DIV, TF_ELT_POW, TF_ELT_MIN, TF_ELT_MAX, TF_ELT_PRELU, TF_ELT_CLIP };
 typedef struct { tf_view y; int fn, count; tf_operand op[TF_MAX_OPERANDS]; tf_acts act; } tf_eltwise_args;
 
-typedef struct { tf_view x, y; long scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
+typedef struct { tf_view x, y; tf_int scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
 /* (x - mean) / sqrt(var + eps) * scale[c] + bias[c]; CHANNEL_NORM: statistics over C at each pixel
  * (LayerNorm over channels), INSTANCE_NORM: over H x W of each sample and channel. */
-typedef struct { tf_view x, y; long scale, bias; float eps; tf_acts act; } tf_norm_args;
+typedef struct { tf_view x, y; tf_int scale, bias; float eps; tf_acts act; } tf_norm_args;
 typedef struct { tf_view x, y; int log; } tf_softmax_args; /* over C at every pixel; log: LogSoftmax */
-typedef struct { tf_view x, y; long size; float alpha, beta, bias; } tf_lrn_args;
+typedef struct { tf_view x, y; tf_int size; float alpha, beta, bias; } tf_lrn_args;
 typedef struct { tf_view y; int count; const tf_view *x; tf_acts act; } tf_concat_args; /* x: count views */
 
 enum { TF_PAD_CONSTANT, TF_PAD_EDGE, TF_PAD_REFLECT };
-typedef struct { tf_view x, y; int mode; float value; long oy0, ox0, iy0, ix0, in_h, in_w, t, l; } tf_pad_args;
+typedef struct { tf_view x, y; int mode; float value; tf_int oy0, ox0, iy0, ix0, in_h, in_w, t, l; } tf_pad_args;
 
-typedef struct { tf_view x, y; long rows, cols; } tf_resize_args; /* rows, cols: int offsets in the index table */
+typedef struct { tf_view x, y; tf_int rows, cols; } tf_resize_args; /* rows, cols: int offsets in the index table */
 /* y = x in logical order (a reshape when the shapes differ; a transpose is x with permuted strides);
  * x and y may overlap in one buffer when they have the same shape and strides (a window shifted). */
 typedef struct { tf_view x, y; } tf_copy_args;
-typedef struct { tf_view x, y; long groups; } tf_shuffle_args;
+typedef struct { tf_view x, y; tf_int groups; } tf_shuffle_args;
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
  * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. */
 typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                            float *dst, long sn, long sc, long sh, long sw);
-typedef struct { tf_view y; long n0, h0, w0; } tf_input_args;
+typedef struct { tf_view y; tf_int n0, h0, w0; } tf_input_args;
 
 /* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i] for each
  * of `count` pairs of views (negative strides walk backwards), then the activations over y. */
@@ -95,13 +99,13 @@ typedef struct { tf_view y; int count; const tf_view *x, *to; tf_acts act; } tf_
  * (iy0, ix0). Input place i adds into padded output places i * s + k * d. */
 typedef struct {
     tf_view x, y;
-    long w, b, groups, kh, kw, sh, sw, dh, dw, oy0, ox0, iy0, ix0;
+    tf_int w, b, groups, kh, kw, sh, sw, dh, dw, oy0, ox0, iy0, ix0;
     tf_acts act;
 } tf_deconv_args;
 
 /* Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t] of x
  * with weights wts[row_w + oy * taps + t]; columns likewise. */
-typedef struct { tf_view x, y; long taps, rows, cols, row_w, col_w; } tf_interp_args;
+typedef struct { tf_view x, y; tf_int taps, rows, cols, row_w, col_w; } tf_interp_args;
 
 enum { TF_STEP_CONV, TF_STEP_POOL, TF_STEP_GLOBAL, TF_STEP_GEMM, TF_STEP_SOFTMAX, TF_STEP_ELTWISE,
        TF_STEP_AFFINE, TF_STEP_LRN, TF_STEP_CONCAT, TF_STEP_PAD, TF_STEP_RESIZE, TF_STEP_COPY,
