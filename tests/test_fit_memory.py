@@ -124,6 +124,33 @@ def test_smallest_memory_does_not_depend_on_the_profile(name, tmp_path):
     assert smallest_fit(app, measured, **options) == smallest_fit(app, scaled, **options)
 
 
+def test_the_memory_side_ignores_the_time_guided_candidates(tmp_path):
+    """A source offers its smallest plan (exact) and, where a budget is met, its fastest pick
+    (time-guided: whether it differs from the smallest depends on the profile). Neither the
+    memory side's seeds nor the choice to enumerate the space may change with that pick."""
+    from tightfit.plan.reuse import plan_reuse
+    from tightfit.techniques.fit.space import Candidate
+
+    app = small_app("two CNNs", tmp_path)
+
+    def offered(exact: tuple[int, ...], timed: tuple[int, ...]) -> FitProblem:
+        problem = FitProblem(app, lambda plan, graphs: float(len(plan.steps())))
+        for s, n_exact, n_timed in zip(problem.spaces, exact, timed):
+            build = lambda m=s.model: plan_reuse(m)  # noqa: E731 (never built here)
+            s.candidates = tuple(Candidate("t", f"c{i}", build, i < n_exact) for i in range(n_exact + n_timed))
+        return problem
+
+    # The first CNN's two sources offer their smallest, the second's one (the other offered none).
+    alone, picked = offered((2, 1), (0, 0)), offered((2, 1), (1, 1))
+    assert picked.size > alone.size
+    assert picked.exact_size == alone.exact_size == alone.size
+    assert picked.seeds(exact=True) == alone.seeds(exact=True)
+    assert all(picked.exact_genes(g) for g in picked.seeds(exact=True))
+    # (filtering every seed for exact ones instead loses a combination when the second CNN's
+    # pick takes the slot its last exact candidate filled)
+    assert set(picked.seeds(exact=True)) > {g for g in picked.seeds() if picked.exact_genes(g)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("no", [1, 2, 3, 4, 5, 6])
 def test_smallest_memory_of_table_6_6_does_not_depend_on_the_profile(no):
