@@ -517,6 +517,7 @@ def main() -> int:
                     " for 64, 32 and 16 MiB, comma-separated (default: fit them here, minutes each)")
     ap.add_argument("--keep", help="build here instead of a temporary folder")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # one thread everywhere (the header says so)
     header(__doc__.splitlines()[0])
     print(f"C flags: {' '.join(DEFAULT_CFLAGS)} (static); timings: median over {args.rounds} interleaved rounds x {args.runs} runs "
           f"(C: the median of {2 * args.runs + 1} runs in one process per round, its first run cold)")

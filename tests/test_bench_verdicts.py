@@ -97,3 +97,19 @@ def test_the_header_names_the_machine_threads_profile_and_load(monkeypatch, caps
     assert len(ended) == 1  # the load average at the end is printed at exit
     ended[0]()
     assert "load average at end: 0.50" in capsys.readouterr().out
+
+
+def test_a_mafat_budget_checks_outputs_peak_and_both_prlimit_runs():
+    from types import SimpleNamespace
+
+    import export as bench_export
+
+    mib = bench_export.MiB
+    chk = SimpleNamespace(ok=True, max_abs_diff=0.0, peak_rss=15 * mib)
+    ok = {"data": "ok, match", "as": "ok, match"}
+    assert benchlib.verdict(bench_export.mafat_checks(16, (chk, ok))) == "yes"
+    over = SimpleNamespace(ok=False, max_abs_diff=0.5, peak_rss=17 * mib)
+    said = benchlib.verdict(bench_export.mafat_checks(16, (over, {"data": "FAILED (SIGSEGV)"})))
+    assert said.startswith("NO (C outputs differ") and "measured peak 17.00 MiB > 16 MiB" in said
+    assert "prlimit --data: FAILED (SIGSEGV)" in said and "prlimit --as: not run" in said
+    assert benchlib.verdict(bench_export.mafat_checks(16, None)) == "NO (no fitted plan)"
