@@ -155,7 +155,7 @@ def table(rows, cost, only: set | None = None) -> list[str]:
                 verdicts.append(f"{name}: {row_verdict(r, c, pm, pf, paper_fps[0])}")
                 continue
             print(f"  {label:<22} {r['memory']:10.2f} {pm:8.2f}   {fmt(r['fps'])} | {fmt(pf)}   "
-                  f"(measured {r['measured']:.2f} MB; {'fits' if r['fits'] or c is None else 'does not fit'}; "
+                  f"(measured {r['measured']:.2f} MB; {'' if c is None else 'fits; ' if r['fits'] else 'does not fit; '}"
                   f"outputs verified, max diff {r['max_diff']:.1g}; "
                   f"fit {r['seconds']:.0f} s, {r['evaluated']} plans; {'; '.join(r['techniques'])}){r['loaded']}")
             verdicts.append(f"{name}: {row_verdict(r, c, pm, pf, paper_fps[0])}{r['loaded']}")
