@@ -518,7 +518,7 @@ def main() -> int:
     ap.add_argument("--keep", help="build here instead of a temporary folder")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one thread everywhere (the header says so)
-    header(__doc__.splitlines()[0])
+    header("The exported C program beside the Python executor, onnxruntime and emx-onnx-cgen; MAFAT Table 4.1 as a process")
     print(f"C flags: {' '.join(DEFAULT_CFLAGS)} (static); timings: median over {args.rounds} interleaved rounds x {args.runs} runs "
           f"(C: the median of {2 * args.runs + 1} runs in one process per round, its first run cold)")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-export-"))
