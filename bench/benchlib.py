@@ -3,7 +3,8 @@
 - `header()`: the machine (CPU model, cores, torch threads used), the cost profile id, and the
   load average at the start; the load average at the end is printed when the benchmark exits.
 - `loaded()`: " [loaded]" after a timing taken while the 1-minute load average exceeds the core
-  count (other work shared the cores: such a time is slower, and noisier, than the machine's).
+  count (other work shared the cores: such a time is slower, and noisier, than the machine's);
+  `load_mark(load)` the same for a load sampled earlier (timings taken over several rounds).
 - `verdict()`: "yes" only when every condition of a target holds, else "NO (" the failed ones ")".
 """
 from __future__ import annotations
@@ -43,7 +44,13 @@ def is_loaded() -> bool:
 
 def loaded() -> str:
     """' [loaded]' when timings taken now share the cores with other work, else ''."""
-    return f" [loaded: load {load_average():.1f} > {cores()} cores]" if is_loaded() else ""
+    return load_mark(load_average())
+
+
+def load_mark(load: float) -> str:
+    """' [loaded: ...]' for timings taken at this 1-minute load average (e.g. the highest sampled
+    while they were taken) if it exceeds the core count, else ''."""
+    return f" [loaded: load {load:.1f} > {cores()} cores]" if load > cores() else ""
 
 
 def header(title: str, profile_id: str | None = None) -> None:

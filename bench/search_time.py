@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import header, loaded  # noqa: E402
+from benchlib import header, loaded, verdict  # noqa: E402
 
 SEARCH_LINE = re.compile(r"search ([\d.]+) s(?: of [\d.]+ s allowed)?; profiling (\d+) new step shapes ([\d.]+) s"
                          r"(?:, finding them ([\d.]+) s)?")
@@ -63,9 +63,13 @@ def run(kind: str, model: str, budget: int, limit: float) -> dict:
             profiling += float(m.group(3))
             finding += float(m.group(4) or 0)
     progress = sum(1 for l in lines if ":" in l and not l.startswith("tightfit:"))
-    ok = found and search <= limit * SLACK and progress > 1 and done.returncode in (0, 2)
+    last = lines[-1] if lines else ""
+    said = verdict([(found, f"no search line printed (last: {last[:80]})"),
+                    (search <= limit * SLACK, f"search {search:.1f} s > {limit:g} s + {SLACK - 1:.0%}"),
+                    (progress > 1, f"{progress} progress lines"),
+                    (done.returncode in (0, 2), f"exit {done.returncode}: {last[:80]}")])
     return dict(wall=wall, search=search, profiling=profiling, finding=finding, shapes=shapes, progress=progress,
-                status=done.returncode, ok=ok, last=(lines[-1] if lines else ""))
+                status=done.returncode, ok=said == "yes", said=said, last=last)
 
 
 def main() -> None:
@@ -92,7 +96,7 @@ def main() -> None:
                 failed += not r["ok"]
                 print(f"{model:22} {kind:7} {'1/' + str(frac):>4} {human(budget):>9} {r['wall']:7.1f} "
                       f"{r['search']:7.1f} {r['profiling']:7.1f} {r['finding']:7.1f} {rest:6.1f} {r['shapes']:6d} "
-                      f"{r['progress']:5d} {r['status']:2d}  {'yes' if r['ok'] else 'NO: ' + r['last'][:80]}{loaded()}",
+                      f"{r['progress']:5d} {r['status']:2d}  {r['said']}{loaded()}",
                       flush=True)
     print(f"{failed} runs not within the limit" if failed else "every run within the limit")
 

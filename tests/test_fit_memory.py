@@ -1,7 +1,11 @@
 """The memory side of every search is timing-independent: the smallest plan `fit` (and the parts
 and tiling searches) finds is the same under the measured cost profile and under the same profile
 with every step time scaled by its own seeded random factor in [0.7, 1.3] (as a busy machine
-might have measured it). The default run uses small inputs; the slow run Table 6.6's applications."""
+might have measured it). The default run uses small inputs; the slow run Table 6.6's applications.
+
+The seed matters: before the memory side was timing-independent, seed 2's profile gave
+mobilenet_v2 (32x32) and the two-CNN application a smallest plan of 50,176 B against the measured
+profile's 46,592 B (seeds 1, 3, 4 and 5 differed too; seed 24, used here first, happened to agree)."""
 from __future__ import annotations
 
 import random
@@ -11,10 +15,13 @@ from pathlib import Path
 import pytest
 
 import tightfit.fit as F
-from tightfit.techniques.fit import Constraints, FitApp, FitProblem, search
-from tightfit.techniques.parts.phase_search import search_parts
-from tightfit.techniques.tiling import cost_seconds, search_tiling
+from tightfit.api import plan_for_budget
+from tightfit.errors import BudgetError
 from tightfit.runtime.cost import CostModel
+from tightfit.techniques.fit import Constraints, FitApp, FitProblem, search
+from tightfit.techniques.interface import Config, run_memory
+
+SEED = 2  # a profile under which the old, time-guided memory side found a larger smallest plan
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,7 +63,7 @@ class ScaledProfile(CostModel):
 
 def profiles() -> tuple[CostModel, CostModel]:
     measured = CostModel.default()
-    return measured, ScaledProfile(measured, seed=24)
+    return measured, ScaledProfile(measured, seed=SEED)
 
 
 def smallest_fit(app: FitApp, cost: CostModel, **options) -> int:
@@ -67,15 +74,18 @@ def smallest_fit(app: FitApp, cost: CostModel, **options) -> int:
     return min(p.memory_bytes for p in found.front)
 
 
-def smallest_sources(app: FitApp, cost: CostModel) -> list[tuple[int, int]]:
-    """Per CNN, the smallest peak of the parts search and of the tiling search."""
+def smallest_planned(app: FitApp, cost: CostModel) -> list[tuple[int, int]]:
+    """Per CNN, the run memory of the smallest plan `plan --method parts|tiling --budget 1` reaches
+    (api.plan_for_budget: the search over a frozen profile, profiled where it lacks step shapes;
+    the BudgetError names that plan, placed)."""
     out = []
     for model in app.models:
-        g = model.graph
-        parts = search_parts(model, lambda p, g=g: cost.plan_seconds(p, [g]), 1)
-        tiling = search_tiling(model, cost_seconds(cost, g), 1, max_groups=2, timed_per_segment=1, front_points=0,
-                               parts=False)
-        out.append((parts.smallest.memory_bytes, tiling.smallest_bytes))
+        sizes = []
+        for method in ("parts", "tiling"):
+            with pytest.raises(BudgetError) as refused:
+                plan_for_budget(method, model, 1, Config(), cost=cost)
+            sizes.append(run_memory(refused.value.smallest))
+        out.append(tuple(sizes))
     return out
 
 
@@ -109,9 +119,36 @@ def test_smallest_memory_does_not_depend_on_the_profile(name, tmp_path):
     measured, scaled = profiles()
     app = small_app(name, tmp_path)
     if len(app.models) == 1:  # (an application's CNNs are searched by the same sources)
-        assert smallest_sources(app, measured) == smallest_sources(app, scaled)
+        assert smallest_planned(app, measured) == smallest_planned(app, scaled)
     options = dict(generations=1, max_steps=5_000)
     assert smallest_fit(app, measured, **options) == smallest_fit(app, scaled, **options)
+
+
+def test_the_memory_side_ignores_the_time_guided_candidates(tmp_path):
+    """A source offers its smallest plan (exact) and, where a budget is met, its fastest pick
+    (time-guided: whether it differs from the smallest depends on the profile). Neither the
+    memory side's seeds nor the choice to enumerate the space may change with that pick."""
+    from tightfit.plan.reuse import plan_reuse
+    from tightfit.techniques.fit.space import Candidate
+
+    app = small_app("two CNNs", tmp_path)
+
+    def offered(exact: tuple[int, ...], timed: tuple[int, ...]) -> FitProblem:
+        problem = FitProblem(app, lambda plan, graphs: float(len(plan.steps())))
+        for s, n_exact, n_timed in zip(problem.spaces, exact, timed):
+            build = lambda m=s.model: plan_reuse(m)  # noqa: E731 (never built here)
+            s.candidates = tuple(Candidate("t", f"c{i}", build, i < n_exact) for i in range(n_exact + n_timed))
+        return problem
+
+    # The first CNN's two sources offer their smallest, the second's one (the other offered none).
+    alone, picked = offered((2, 1), (0, 0)), offered((2, 1), (1, 1))
+    assert picked.size > alone.size
+    assert picked.exact_size == alone.exact_size == alone.size
+    assert picked.seeds(exact=True) == alone.seeds(exact=True)
+    assert all(picked.exact_genes(g) for g in picked.seeds(exact=True))
+    # (filtering every seed for exact ones instead loses a combination when the second CNN's
+    # pick takes the slot its last exact candidate filled)
+    assert set(picked.seeds(exact=True)) > {g for g in picked.seeds() if picked.exact_genes(g)}
 
 
 @pytest.mark.slow

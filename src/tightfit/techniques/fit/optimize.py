@@ -100,7 +100,7 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     problem.add_candidates(sources, source_budget,
                            problem.build_layer_seeds if seeded else lambda: None)
     size = problem.size
-    if size <= exhaustive_limit:
+    if problem.exact_size <= exhaustive_limit:  # (the time-guided candidates add at most a few times as many)
         total = size
         problem.on_evaluate = lambda n: report(n, total)
         for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
@@ -116,7 +116,7 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         for genes in seeds + problem.smallest_of_each(seeds):
             problem.evaluate(genes)
         # The memory side: the seeds and combinations no time chose, and a descent on memory alone.
-        exact = [g for g in seeds if problem.exact_genes(g)]
+        exact = problem.seeds(exact=True)
         for genes in exact + problem.smallest_of_each(exact):
             problem.evaluate_exact(genes)
         say(f"fit: seeds: {_best(problem)}")

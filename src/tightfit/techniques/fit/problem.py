@@ -57,6 +57,14 @@ class FitProblem:
     def size(self) -> int:
         return math.prod(u + 1 for u in self.upper)
 
+    @property
+    def exact_size(self) -> int:
+        """The size of the space without the time-guided candidates: whether the space is
+        enumerated is decided on it, so that the memory side (every exact genome when enumerated)
+        is the same however many candidates a source's fastest pick added."""
+        return math.prod(u + 1 if i else sum(c.exact for c in s.candidates) + 1
+                         for s in self.spaces for i, u in enumerate(s.upper()))
+
     def split(self, genes: Sequence[int]) -> list[Sequence[int]]:
         out, i = [], 0
         for s in self.spaces:
@@ -135,16 +143,18 @@ class FitProblem:
                 # time-guided candidates a technique offered.
                 s.candidates = tuple(sorted(per_space[s.index], key=lambda c: not c.exact))
 
-    def seeds(self) -> list[tuple[int, ...]]:
+    def seeds(self, exact: bool = False) -> list[tuple[int, ...]]:
         """Reuse only (both orders), parts everywhere (one row per phase; both alignments), the
         first groups by parts and the rest whole or in two parts (early layers hold the large
         tensors; the rest reuses memory after them), and every candidate of every source; each
-        CNN alike."""
+        CNN alike. `exact`: the exact candidates only (the memory side's seeds: the same however
+        many time-guided candidates a source offered for any CNN)."""
         genomes = []
         per_cnn = []
         for s in self.spaces:
             n = len(s.groups)
-            candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, len(s.candidates) + 1)]
+            count = sum(c.exact for c in s.candidates) if exact else len(s.candidates)
+            candidates = [[i, 0, 0, 0] + [0] * n for i in range(1, count + 1)]
             per_cnn.append(self._layer_seeds(s) + candidates)
         for k in range(max(len(c) for c in per_cnn)):
             genomes.append(tuple(v for c in per_cnn for v in c[min(k, len(c) - 1)]))

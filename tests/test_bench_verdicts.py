@@ -1,0 +1,115 @@
+"""The benchmarks' verdicts check every condition of their targets, and their headers say what the
+timings were taken on (bench/benchlib.py, bench/fit.py's rows). No benchmark is run here: the
+verdict functions are given rows as the benchmarks build them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import benchlib  # noqa: E402
+import fit as bench_fit  # noqa: E402
+
+# Table 6.6's app 3 at 15 MB, as bench/fit.py prints it: paper 15.92 MB, 43.65 fps, no reduction 49 fps.
+APP3 = next(r for r in bench_fit.TABLE_6_6 if r[0] == 3)
+PAPER_MEMORY = APP3[4][3][1]
+PAPER_FPS, PAPER_NAIVE_FPS = APP3[5][3][1], APP3[5][0]
+
+
+def app3_row(**changes) -> dict:
+    """A row of `ours` for app 3 at 15 MB that meets every condition, with `changes`."""
+    row = {"memory": 14.9, "measured": 14.8, "fps": [40.0], "relative": [0.95], "fits": True, "verified": True,
+           "max_diff": 1e-6, "seconds": 30.0, "evaluated": 100, "techniques": ("fused tiling",), "loaded": ""}
+    row.update(changes)
+    return row
+
+
+def app3_verdict(row: dict, constraint: float | None = 15.0) -> str:
+    return bench_fit.row_verdict(row, constraint, PAPER_MEMORY, PAPER_FPS, PAPER_NAIVE_FPS)
+
+
+def test_a_budget_row_meeting_every_condition_says_yes():
+    assert app3_verdict(app3_row()).endswith(": yes")
+
+
+def test_a_plan_measured_over_its_budget_says_no_whatever_its_fps():
+    """The run the issue reports: 15.63 MB measured at 15 MB, fps ratio met, best effort."""
+    said = app3_verdict(app3_row(memory=15.66, measured=15.63, fits=False))
+    assert "NO (" in said and not said.endswith("yes")
+    assert "measured 15.63 MB > 15 MB" in said and "analysed 15.66 MB > 15 MB" in said
+    assert "fps" not in said.split("NO (")[1]  # the fps ratio held: not named as failed
+
+
+def test_measured_alone_over_the_budget_says_no():
+    said = app3_verdict(app3_row(memory=14.95, measured=15.2))
+    assert said.endswith("NO (measured 15.20 MB > 15 MB)")
+
+
+@pytest.mark.parametrize("changes, why", [
+    (dict(fits=False), "fit says the plan does not meet its constraints"),
+    (dict(verified=False), "outputs not verified"),
+    (dict(relative=[0.5]), "fps ratio"),
+])
+def test_each_failed_condition_is_named(changes, why):
+    said = app3_verdict(app3_row(**changes))
+    assert "NO (" in said and why in said
+
+
+def test_a_row_whose_outputs_differ_says_no():
+    said = app3_verdict({"failed": "output 'y' differs", "seconds": 1.0})
+    assert said.startswith("NO (outputs not verified: output 'y' differs")
+
+
+def test_a_min_row_checks_analysed_and_measured_memory_and_outputs():
+    paper = APP3[4][3][2]
+    assert app3_verdict(app3_row(memory=15.5, measured=15.4), None).endswith(": yes")
+    said = app3_verdict(app3_row(memory=15.5, measured=16.0), None)
+    assert f"NO (measured 16.00 MB >= paper's {paper:.2f} MB)" in said
+    assert "NO (outputs not verified)" in app3_verdict(app3_row(memory=15.5, measured=15.4, verified=False), None)
+
+
+def test_verdict_is_yes_only_when_every_check_holds():
+    assert benchlib.verdict([(True, "a"), (True, "b")]) == "yes"
+    assert benchlib.verdict([(True, "a"), (False, "b"), (False, "c")]) == "NO (b; c)"
+    assert benchlib.verdict([]) == "yes"
+
+
+def test_a_timing_at_a_load_above_the_core_count_is_marked_loaded(monkeypatch):
+    monkeypatch.setattr(benchlib, "cores", lambda: 2)
+    monkeypatch.setattr(benchlib.os, "getloadavg", lambda: (2.5, 1.0, 1.0))
+    assert benchlib.loaded() == " [loaded: load 2.5 > 2 cores]"
+    monkeypatch.setattr(benchlib.os, "getloadavg", lambda: (2.0, 9.0, 9.0))
+    assert benchlib.loaded() == ""
+
+
+def test_the_header_names_the_machine_threads_profile_and_load(monkeypatch, capsys):
+    ended = []
+    monkeypatch.setattr(benchlib.atexit, "register", ended.append)
+    monkeypatch.setattr(benchlib.os, "getloadavg", lambda: (0.5, 0.25, 0.125))
+    benchlib.header("a bench", "profile-123")
+    out = capsys.readouterr().out
+    assert "a bench" in out and benchlib.cpu_model() in out and f"{benchlib.cores()} cores" in out
+    assert "torch threads" in out and "cost profile profile-123" in out
+    assert "load average at start: 0.50 0.25 0.12" in out
+    assert len(ended) == 1  # the load average at the end is printed at exit
+    ended[0]()
+    assert "load average at end: 0.50" in capsys.readouterr().out
+
+
+def test_a_mafat_budget_checks_outputs_peak_and_both_prlimit_runs():
+    from types import SimpleNamespace
+
+    import export as bench_export
+
+    mib = bench_export.MiB
+    chk = SimpleNamespace(ok=True, max_abs_diff=0.0, peak_rss=15 * mib)
+    ok = {"data": "ok, match", "as": "ok, match"}
+    assert benchlib.verdict(bench_export.mafat_checks(16, (chk, ok))) == "yes"
+    over = SimpleNamespace(ok=False, max_abs_diff=0.5, peak_rss=17 * mib)
+    said = benchlib.verdict(bench_export.mafat_checks(16, (over, {"data": "FAILED (SIGSEGV)"})))
+    assert said.startswith("NO (C outputs differ") and "measured peak 17.00 MiB > 16 MiB" in said
+    assert "prlimit --data: FAILED (SIGSEGV)" in said and "prlimit --as: not run" in said
+    assert benchlib.verdict(bench_export.mafat_checks(16, None)) == "NO (no fitted plan)"
