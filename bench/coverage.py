@@ -7,7 +7,9 @@ at opset 17 (and 11 with --opsets 17,11), through every stage tightfit has.
 
 Columns: layers (after fusion) and distinct ops; parameters counted by `inspect` against torch's
 count (parameters and batch-norm statistics); the reference executor against onnxruntime; the
-reuse arena over its lower bound; the run memory (arena + kernel temporaries) of the plan the
+reuse arena over its lower bound, and the reuse plan's run memory (arena + its largest kernel
+temporary: a linear Resize to the segmentation models' 520x520 holds one as large as its output);
+the run memory (arena + kernel temporaries) of the plan the
 parts search and the tiling search pick within half the reuse arena ("<=1/2"), or, where half is
 out of their reach, of the smallest plan they found (">1/2"), and whether that plan runs and
 matches the reference executor; with --fit, `tightfit fit --budget <half the reuse arena>
@@ -64,6 +66,7 @@ class Row:
     ort_ok: bool = False
     ort_diff: float = 0.0
     reuse: int = 0
+    reuse_run: int = 0  # the reuse plan's run memory: its arena and its largest kernel temporary
     lower_bound: int = 0
     parts_bytes: int = 0
     parts_ok: bool = False
@@ -159,8 +162,9 @@ def split_plan(kind: str, model: PlannedModel, budget: int):
         return e.smallest, False
 
 
-def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = True) -> Row:
-    """Every stage on one corpus model; a stage that raises a tightfit error ends the row there."""
+def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = True, pytorch: bool = True) -> Row:
+    """Every stage on one corpus model (the PyTorch path, the same at every opset, only with
+    `pytorch`); a stage that raises a tightfit error ends the row there."""
     row = Row(name, opset)
     t0 = time.perf_counter()
     try:
@@ -175,13 +179,14 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
     row.seconds["import"] = time.perf_counter() - t0
     row.layers, row.ops = len(g.layers), len({l.op for l in g.layers})
     row.params, row.file_params = g.original_param_count, file_parameters(path)
-    t0 = time.perf_counter()
-    try:
-        row.torch_params, row.torch_path_params, row.torch_path_ok = torch_path(name)
-    except TightfitError as e:
-        row.error = f"the PyTorch path: {e}"
-        return row
-    row.seconds["torch"] = time.perf_counter() - t0
+    if pytorch:
+        t0 = time.perf_counter()
+        try:
+            row.torch_params, row.torch_path_params, row.torch_path_ok = torch_path(name)
+        except TightfitError as e:
+            row.error = f"the PyTorch path: {e}"
+            return row
+        row.seconds["torch"] = time.perf_counter() - t0
     x = random_input(g)
     t0 = time.perf_counter()
     want = run_reference(g, x)
@@ -192,7 +197,7 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
     t0 = time.perf_counter()
     reuse = plan_reuse(model, "improve")
     report = check_plan(reuse, [g])
-    row.reuse, row.lower_bound = report.arena_bytes, report.lower_bound
+    row.reuse, row.lower_bound, row.reuse_run = report.arena_bytes, report.lower_bound, run_memory(reuse)
     row.seconds["reuse"] = time.perf_counter() - t0
     if split:
         for kind in ("parts", "tiling"):
@@ -235,20 +240,21 @@ def _mb(n: int) -> str:
 def line(row: Row) -> str:
     if row.error:
         return f"{row.name:<30} {row.opset:>2}  does not import: {row.error[:200]}"
-    params = "=" if row.torch_path_params == row.torch_params else f"{row.torch_path_params - row.torch_params:+d}"
+    params = ("=" if row.torch_path_params == row.torch_params else f"{row.torch_path_params - row.torch_params:+d}"
+              ) if row.torch_params else "-"
     params += "" if row.params == row.file_params else f" file{row.params - row.file_params:+d}"
-    params += "" if row.torch_path_ok else " DIFF"
+    params += "" if row.torch_path_ok or not row.torch_params else " DIFF"
     half = lambda b: "<=1/2" if b and b <= row.half else ">1/2 "  # noqa: E731
     parts = f"{_mb(row.parts_bytes):>7} {half(row.parts_bytes)} {'ok' if row.parts_ok else 'DIFF'}" if row.parts_bytes else f"{'-':>16}"
     tiling = f"{_mb(row.tiling_bytes):>7} {half(row.tiling_bytes)} {'ok' if row.tiling_ok else 'DIFF'}" if row.tiling_bytes else f"{'-':>16}"
     return (f"{row.name:<30} {row.opset:>2} {row.layers:>6} {row.ops:>4} {row.params / 1e6:>8.3f} {params:>12}  "
-            f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f}  "
+            f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f} {_mb(row.reuse_run):>7}  "
             f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
             + "".join(f"\n{'':<33}{p}" for p in row.problems))
 
 
 HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'torch':>12}  {'onnxruntime':<11}  "
-        f"{'reuse MB':>7} {'/LB':>6}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'fit':<6} {'s':>6}")
+        f"{'reuse MB':>7} {'/LB':>6} {'run MB':>7}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'fit':<6} {'s':>6}")
 
 
 def main(argv: list[str] | None = None) -> int:

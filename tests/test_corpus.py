@@ -116,7 +116,7 @@ def test_whole_corpus(name, opset):
     """Acceptance 2 of issue 22 for one model and export, but `fit` (test_fit_half_the_reuse_arena)."""
     with contextlib.redirect_stderr(io.StringIO()):
         load_onnx(corpus.onnx_path(name, opset))  # an unsupported op raises here (xfail above)
-    row = coverage.check_model(name, opset)
+    row = coverage.check_model(name, opset, pytorch=opset == corpus.OPSETS[0])  # (that path has no opset)
     print(coverage.HEAD, coverage.line(row), sep="\n")  # the model's row of bench/coverage.py's table
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in row.seconds.items()))
     for kind in ("parts", "tiling"):
@@ -125,13 +125,14 @@ def test_whole_corpus(name, opset):
                   f"the smallest it reaches, {getattr(row, f'{kind}_bytes')} B, is run instead")
     assert not row.error, row.error
     assert row.params == row.file_params, "inspect misses weights of the file"
-    assert row.torch_path_params == row.torch_params, "the PyTorch path misses parameters"
-    assert row.torch_path_ok, "the PyTorch path's graph differs from the module"
+    if opset == corpus.OPSETS[0]:
+        assert row.torch_path_params == row.torch_params, "the PyTorch path misses parameters"
+        assert row.torch_path_ok, "the PyTorch path's graph differs from the module"
     assert row.ort_ok, f"differs from onnxruntime: {row.ort_diff}"
     assert row.reuse == row.lower_bound, row.reuse / row.lower_bound
     assert not row.problems, row.problems
     assert row.parts_ok and row.tiling_ok, "a split plan differs from the reference executor"
-    assert row.parts_bytes <= row.reuse and row.tiling_bytes <= row.reuse
+    assert row.parts_bytes <= row.reuse_run and row.tiling_bytes <= row.reuse_run  # run memory against run memory
 
 
 @pytest.mark.parametrize("name,opset", _cases())
