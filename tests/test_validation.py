@@ -62,6 +62,11 @@ W = np.ones((4, 3, 3, 3), np.float32)
      ("'pad'", "crop away")),
     (_model([helper.make_node("Gemm", ["f", "w"], ["y"], name="fc", transB=1), helper.make_node("Flatten", ["x"], ["f"], name="flat")],
             {"w": np.ones((2, 100), np.float32)}), ("topological order",)),
+    # found by the 10,000-case fuzz: a stride beyond torch's int (an overflow traceback), an
+    # empty (absent) input name where the op needs a tensor (a KeyError)
+    (_model([helper.make_node("AveragePool", ["x"], ["y"], name="avg", kernel_shape=[2, 2], strides=[2**40, 2])], {}),
+     ("'avg'", "strides", "below 2^31")),
+    (_model([helper.make_node("Concat", ["x", ""], ["y"], name="cat", axis=1)], {}), ("'cat'", "input 2 is empty")),
 ])
 def test_malformed_models_are_one_line(tmp_path, capsys, model, words):
     line = _run_model(tmp_path, capsys, model)

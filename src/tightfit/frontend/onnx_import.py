@@ -343,6 +343,8 @@ class _Builder:
     def _add_proto(self, proto: _Proto) -> None:
         op_name, label, params = proto.op, proto.name, proto.params
         where = f"node {label!r} ({proto.onnx_type})"
+        if "" in proto.inputs:  # ONNX's name of an absent optional input, where this op needs a tensor
+            raise ModelLoadError(f"{where}: input {proto.inputs.index('') + 1} is empty (absent), and it is not optional")
         in_shapes = [self.shapes[t] for t in proto.inputs]
         layer = _freeze(proto, 0, {})
         check_layer(layer, in_shapes, [np.asarray(p) for p in params], where)
