@@ -173,9 +173,10 @@ def _stopped(signum: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from tightfit import children
 
-    args = build_parser().parse_args(argv)
+    # Handlers first: building the parser imports torch (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except TightfitError as e:
         print(f"tightfit: error: {e}", file=sys.stderr)
@@ -412,7 +413,8 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         from tightfit.runtime.measure import measure_subprocess
 
         m = measure_subprocess({"kind": "plan", "plan": args.model, "allow_code": args.allow_code})
-        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
+        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
+                              "threads": m.threads}
     print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
