@@ -523,7 +523,10 @@ def _reshape_chain(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], co
         node = readers[0]
         if any(i and i != t and i not in known for i in node.input):
             return None
-        s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        try:
+            s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        except Exception:  # a malformed node (inputs or attributes it does not take): the import reports it as one
+            return None
         nodes.append(node)
         t = node.output[0]
         if len(s) == 4:
