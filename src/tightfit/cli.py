@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -149,6 +150,20 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+_LOADING_LIBRARIES = False  # True while torch is imported: nothing started yet, nothing to clean up
+
+
+def _load_libraries() -> None:
+    """torch, imported while an interrupt simply ends the process: an exception raised into its
+    import can come out as another (its C code turned ours into a TypeError, a traceback)."""
+    global _LOADING_LIBRARIES
+    _LOADING_LIBRARIES = True
+    try:
+        import torch  # noqa: F401
+    finally:
+        _LOADING_LIBRARIES = False
+
+
 def _on_signal(signum: int, frame) -> None:
     """End every child first (they could outlive us or write on), then unwind; a second signal
     waits until the cleanup is done."""
@@ -156,6 +171,9 @@ def _on_signal(signum: int, frame) -> None:
 
     for s in children.HANDLED_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    if _LOADING_LIBRARIES:
+        print(f"tightfit: interrupted ({signal.Signals(signum).name}); nothing partial was left", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
     children.kill_all()
     raise Interrupted(signum)
 
@@ -176,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Handlers first: building the parser imports torch (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
+        _load_libraries()
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except TightfitError as e:
