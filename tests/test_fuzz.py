@@ -32,7 +32,14 @@ def test_fuzz_default(tmp_path, capsys, one_torch_thread):
 
 @pytest.mark.slow
 def test_fuzz_10000(tmp_path, capsys, one_torch_thread):
-    tally = fuzzing.campaign(n_models=4500, n_plans=2500, n_apps=1500, n_cli=1500, folder=tmp_path, seed0=100000)
+    """Progress and failures are printed as they happen (a long run), past pytest's capture."""
+    import time
+
+    def say(line: str) -> None:
+        with capsys.disabled():
+            print(time.strftime("%H:%M:%S"), line, flush=True)
+
+    tally = fuzzing.campaign(n_models=4500, n_plans=2500, n_apps=1500, n_cli=1500, folder=tmp_path, seed0=100000, say=say)
     _report(tally, capsys)
     assert tally.total() >= 10000
     assert not tally.failures

@@ -190,8 +190,9 @@ def _whole_or_absent(out: Path) -> None:
         for f in out.iterdir():
             if f.suffix == ".json":
                 json.loads(f.read_text())
-    else:
-        assert not out.exists()
+    elif out.exists():  # a file (plan --out) written before the signal came: whole
+        assert _leftovers(out.parent) == []
+        json.loads(out.read_text())
 
 
 def test_a_signal_while_measuring_leaves_nothing(m5_plan, tmp_path):
@@ -257,3 +258,35 @@ def test_signals_at_random_moments(command, m5_plan, tmp_path):
         case.mkdir()
         _interrupt(SLOW_COMMANDS[command](m5_plan, out), signum, rng.uniform(imports, max(imports, took)), case)
         _whole_or_absent(out)
+
+
+def test_sigint_while_torch_loads_is_a_quiet_130(tmp_path):
+    """SIGINT as `import torch` runs (its libraries are being mapped): the CLI's handler is in
+    place already (`import tightfit.cli` imports no torch), so: status 130, no traceback, no output."""
+    env = _env(new_mark(), tmp_path)
+    loaded = subprocess.run([sys.executable, "-c", "import sys, tightfit.cli; print('torch' in sys.modules)"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert loaded.stdout.strip() == "False", loaded.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "tightfit.cli", "inspect", "minakova5"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 60
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text() and time.monotonic() < end:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert "Traceback" not in stderr and stdout == "", (stdout, stderr)
+    assert stderr.strip().splitlines() == ["tightfit: interrupted (SIGINT); nothing partial was left"], stderr
+
+
+def test_a_factory_that_raises_is_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "user_models.py").write_text("def make():\n    raise ValueError('no weights\\nhere')\n"
+                                             "def crash_on_import():\n    pass\nraise_later = None\n")
+    (tmp_path / "broken_module.py").write_text("raise RuntimeError('import-time failure')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = _one_line(["inspect", "user_models:make", "--input-shape", "1x3x8x8"], capsys)
+    assert line == "tightfit: error: factory 'user_models:make' raised ValueError: no weights"
+    line = _one_line(["inspect", "user_models:raise_later", "--input-shape", "1x3x8x8"], capsys)
+    assert "'user_models:raise_later' raised TypeError" in line
+    line = _one_line(["inspect", "broken_module:make", "--input-shape", "1x3x8x8"], capsys)
+    assert "'broken_module:make'" in line and "RuntimeError: import-time failure" in line

@@ -62,6 +62,14 @@ W = np.ones((4, 3, 3, 3), np.float32)
      ("'pad'", "crop away")),
     (_model([helper.make_node("Gemm", ["f", "w"], ["y"], name="fc", transB=1), helper.make_node("Flatten", ["x"], ["f"], name="flat")],
             {"w": np.ones((2, 100), np.float32)}), ("topological order",)),
+    # found by the 10,000-case fuzz: a stride beyond torch's int (an overflow traceback), an
+    # empty (absent) input name where the op needs a tensor (a KeyError)
+    (_model([helper.make_node("AveragePool", ["x"], ["y"], name="avg", kernel_shape=[2, 2], strides=[2**40, 2])], {}),
+     ("'avg'", "strides", "below 2^31")),
+    (_model([helper.make_node("Concat", ["x", ""], ["y"], name="cat", axis=1)], {}), ("'cat'", "input 2 is empty")),
+    # a NaN weight: 0 x NaN at the padded border is NaN in onnxruntime, skipped by our kernel
+    (_model([_conv(kernel_shape=[3, 3], pads=[1, 1, 1, 1])], {"w": np.where(np.arange(108).reshape(4, 3, 3, 3) == 5, np.nan, 1).astype(np.float32)}),
+     ("'conv'", "NaN")),
 ])
 def test_malformed_models_are_one_line(tmp_path, capsys, model, words):
     line = _run_model(tmp_path, capsys, model)
@@ -183,3 +191,12 @@ def test_native_kernels_refuse_weights_their_views_do_not_fit():
         native.conv_call("dense", x, y, w, b, (3, 3), (1, 1), (0, 0), (-1.0, 1.0))
     w, b = native.dense_panels(torch.zeros(9 * 8, 4), torch.zeros(4))
     assert native.conv_call("dense", x, y, w, b, (3, 3), (1, 1), (0, 0), (-1.0, 1.0)) is not None
+
+
+def test_squeeze_without_axes_verifies(tmp_path, capsys):
+    """ONNX's Squeeze without axes drops the batch dim of a batch-1 output too; tightfit keeps
+    it: the same elements in the same order, verified as such against onnxruntime."""
+    path = tmp_path / "sq.onnx"
+    path.write_bytes(_model([helper.make_node("Squeeze", ["x"], ["y"], name="sq")], {}, shape=(1, 1, 8, 8)).SerializeToString())
+    assert main(["run", str(path), "--verify"]) == 0, capsys.readouterr().err
+    assert "verify vs onnxruntime: OK" in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -149,6 +150,20 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+_LOADING_LIBRARIES = False  # True while torch is imported: nothing started yet, nothing to clean up
+
+
+def _load_libraries() -> None:
+    """torch, imported while an interrupt simply ends the process: an exception raised into its
+    import can come out as another (its C code turned ours into a TypeError, a traceback)."""
+    global _LOADING_LIBRARIES
+    _LOADING_LIBRARIES = True
+    try:
+        import torch  # noqa: F401
+    finally:
+        _LOADING_LIBRARIES = False
+
+
 def _on_signal(signum: int, frame) -> None:
     """End every child first (they could outlive us or write on), then unwind; a second signal
     waits until the cleanup is done."""
@@ -156,6 +171,9 @@ def _on_signal(signum: int, frame) -> None:
 
     for s in children.HANDLED_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    if _LOADING_LIBRARIES:
+        print(f"tightfit: interrupted ({signal.Signals(signum).name}); nothing partial was left", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
     children.kill_all()
     raise Interrupted(signum)
 
@@ -173,9 +191,11 @@ def _stopped(signum: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from tightfit import children
 
-    args = build_parser().parse_args(argv)
+    # Handlers first: building the parser imports torch (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
+        _load_libraries()
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except TightfitError as e:
         print(f"tightfit: error: {e}", file=sys.stderr)
@@ -412,7 +432,8 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         from tightfit.runtime.measure import measure_subprocess
 
         m = measure_subprocess({"kind": "plan", "plan": args.model, "allow_code": args.allow_code})
-        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
+        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
+                              "threads": m.threads}
     print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
 

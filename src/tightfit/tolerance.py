@@ -23,6 +23,10 @@ class Comparison:
 def compare(got, ref, rtol: float = RTOL) -> Comparison:
     got_a = np.asarray(got, dtype=np.float64)
     ref_a = np.asarray(ref, dtype=np.float64)
+    if got_a.shape != ref_a.shape and _squeezed(got_a.shape) == _squeezed(ref_a.shape):
+        # The same elements in the same order, size-1 dims aside: ONNX's Squeeze without axes
+        # drops the batch dim of a batch-1 output, which tightfit's graphs always keep.
+        got_a = got_a.reshape(ref_a.shape)
     if got_a.shape != ref_a.shape:
         return Comparison(False, float("inf"), float(np.abs(ref_a).max(initial=0)), 0.0)
     # Non-finite reference values (a model whose weights overflow or hold NaN) must be matched
@@ -33,6 +37,10 @@ def compare(got, ref, rtol: float = RTOL) -> Comparison:
     diff = float(np.abs(got_a[finite] - ref_a[finite]).max(initial=0.0))
     tol = rtol * scale
     return Comparison(bool(diff <= tol and np.isfinite(got_a[finite]).all() and same_special), diff, scale, tol)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def worst(comparisons) -> Comparison:

@@ -74,15 +74,17 @@ def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[st
     sources = ["main.c", f"{name}.c", "tf_kernels.c"]
     with tempfile.TemporaryDirectory(prefix="tightfit-cc-") as tmp:
         objects = []
+        # cc's own temporaries (cc1's .s files) in our folder: a cc killed by an interrupt cannot remove them.
+        env = dict(os.environ, TMPDIR=tmp)
         for src in sources:
             obj = Path(tmp) / (Path(src).stem + ".o")
-            _run_cc([compiler(cc), *flags, "-fstack-usage", "-c", str(directory / src), "-o", str(obj)], timeout)
+            _run_cc([compiler(cc), *flags, "-fstack-usage", "-c", str(directory / src), "-o", str(obj)], timeout, env)
             objects.append(str(obj))
         linked = Path(tmp) / binary.name  # linked aside, renamed in: never a half-written program
         try:  # static: the process then maps only the libc pages it uses (~0.8 MiB against ~1.8)
-            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, "-lm"], timeout)
+            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, "-lm"], timeout, env)
         except ExportError:
-            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, "-lm"], timeout)
+            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, "-lm"], timeout, env)
         stack = _stack_bound(Path(tmp))
         with atomic.replacing(binary) as aside:
             shutil.copy2(linked, aside)
@@ -90,9 +92,9 @@ def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[st
     return Built(binary, text, data, bss, stack)
 
 
-def _run_cc(cmd: list[str], timeout: float) -> None:
+def _run_cc(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
     try:
-        done = children.run(cmd, timeout=timeout, text=True)
+        done = children.run(cmd, timeout=timeout, text=True, env=env)
     except subprocess.TimeoutExpired:
         raise ExportError(f"the C build timed out after {timeout:.0f} s") from None
     except OSError as e:

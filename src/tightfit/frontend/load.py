@@ -45,12 +45,22 @@ def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
         raise ModelLoadError(f"cannot import {spec!r}: {e}") from None
-    module = factory()
+    except Exception as e:  # the module's own code failed as it was imported: the user's code, not ours
+        raise ModelLoadError(f"importing {mod_name!r} for {spec!r} raised {_first_line(e)}") from None
+    try:
+        module = factory()
+    except Exception as e:  # the user's factory failed
+        raise ModelLoadError(f"factory {spec!r} raised {_first_line(e)}") from None
     if not isinstance(module, torch.nn.Module):
         raise ModelLoadError(f"{spec!r} returned {type(module).__name__}, not a torch.nn.Module")
     if input_shape is None:
         raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
     return from_module(module, input_shape, attr)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, where: str = "the plan") -> Graph:

@@ -343,6 +343,8 @@ class _Builder:
     def _add_proto(self, proto: _Proto) -> None:
         op_name, label, params = proto.op, proto.name, proto.params
         where = f"node {label!r} ({proto.onnx_type})"
+        if "" in proto.inputs:  # ONNX's name of an absent optional input, where this op needs a tensor
+            raise ModelLoadError(f"{where}: input {proto.inputs.index('') + 1} is empty (absent), and it is not optional")
         in_shapes = [self.shapes[t] for t in proto.inputs]
         layer = _freeze(proto, 0, {})
         check_layer(layer, in_shapes, [np.asarray(p) for p in params], where)
@@ -521,7 +523,10 @@ def _reshape_chain(graph: onnx.GraphProto, name: str, shape: tuple[int, ...], co
         node = readers[0]
         if any(i and i != t and i not in known for i in node.input):
             return None
-        s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        try:
+            s = _output_shape(node, {t: np.zeros(s, np.float32), **{i: known[i] for i in node.input[1:] if i}}, opset)
+        except Exception:  # a malformed node (inputs or attributes it does not take): the import reports it as one
+            return None
         nodes.append(node)
         t = node.output[0]
         if len(s) == 4:

@@ -53,6 +53,10 @@ def check_layer(layer: Layer, in_shapes: Sequence[tuple[int, ...]], params: Sequ
     for p in params:
         if p.size * 4 > MAX_TENSOR_BYTES:
             raise ModelLoadError(f"{where}: a parameter of shape {p.shape} larger than this machine's memory")
+        # A NaN or infinite weight makes the outputs it reaches depend on how a kernel treats
+        # padding (0 x NaN is NaN where a kernel multiplies the zeros, finite where it skips them).
+        if p.dtype.kind == "f" and not np.isfinite(p).all():
+            raise ModelLoadError(f"{where}: a parameter of shape {p.shape} holds NaN or infinite values")
 
 
 def check_wiring(model: onnx.ModelProto) -> None:

@@ -242,9 +242,13 @@ def expect_rank(shape: Shape, ranks: tuple[int, ...], what: str = "input") -> No
     expect(len(shape) in ranks, f"{what} of shape {tuple(shape)} must have rank {' or '.join(map(str, ranks))}")
 
 
+# Kernels, strides and dilations reach torch and our C kernels as 32-bit ints.
+WINDOW_INT_MAX = 2**31 - 1
+
+
 def expect_positive(values: Sequence[int], n: int, what: str) -> None:
-    expect(len(values) == n and all(isinstance(v, (int, np.integer)) and v >= 1 for v in values),
-           f"{what} {tuple(values)} must be {n} integers >= 1")
+    expect(len(values) == n and all(isinstance(v, (int, np.integer)) and 1 <= v <= WINDOW_INT_MAX for v in values),
+           f"{what} {tuple(values)} must be {n} integers >= 1 (below 2^31)")
 
 
 def param_tensor(a: np.ndarray) -> torch.Tensor:
