@@ -16,8 +16,7 @@ anything the process ever held (seen here on mobilenet_v2's parts plan: VmHWM re
 the reset, before the run, up to 64 KiB above the exact resident size). Instead, the
 process runs with malloc never giving memory back (EXACT_ENV: no mmap'ed chunks, no trimming,
 Python's objects from malloc too), so its resident size only grows during the run and its peak
-is the anonymous resident size after it, read exactly from the page tables (smaps_rollup; file
-pages, code and memory-mapped weights, come and go with memory pressure). The free heap
+is the resident size after it, read exactly from the page tables (smaps_rollup). The free heap
 is still released before the baseline, so whatever the run allocates, temporaries of every
 thread included, is faulted in during it and counted."""
 from __future__ import annotations
@@ -63,18 +62,13 @@ def _status_kib(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def _resident_exact() -> tuple[int, int]:
-    """Resident bytes, all and anonymous, counted from the page tables (VmRSS and VmHWM read
-    the kernel's per-CPU counters)."""
-    found = {}
+def _rss_exact() -> int:
+    """Resident bytes counted from the page tables (VmRSS reads the kernel's per-CPU counters)."""
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
-            key = line.split(":")[0]
-            if key in ("Rss", "Anonymous"):
-                found[key] = int(line.split()[1]) * 1024
-    if len(found) != 2:
-        raise RuntimeError("Rss or Anonymous not in /proc/self/smaps_rollup")
-    return found["Rss"], found["Anonymous"]
+            if line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("Rss not in /proc/self/smaps_rollup")
 
 
 def rss_counter_error() -> int:
@@ -135,8 +129,7 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
     if settle is not None:
         settle()
     _release_free_heap()
-    resident_before = _resident_exact()
-    baseline = resident_before[1] if exact else _status_kib("VmRSS")
+    baseline = _rss_exact() if exact else _status_kib("VmRSS")
     clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
     limit = Limited(limit_bytes) if limit_bytes is not None else contextlib.nullcontext()
     clock = time.perf_counter
@@ -148,20 +141,16 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
             t1 = clock()
     finally:
         os.close(clear_refs)
-    peak = _exact_peak(_status_kib("VmHWM"), resident_before) if exact else _status_kib("VmHWM")
+    peak = _exact_peak(_status_kib("VmHWM")) if exact else _status_kib("VmHWM")
     return Measured(baseline, peak, t1 - t0, _torch_threads())
 
 
-def _exact_peak(hwm: int, before: tuple[int, int]) -> int:
-    """The anonymous resident size after a run that gave nothing back (EXACT_ENV): its peak.
-    Anonymous only: file pages (libraries' code, memory-mapped weights) are not the run's data,
-    and under memory pressure the kernel drops them and faults them back in at any moment (a
-    squeezenet run counted with them read 3.2 MB below its analysed memory). Should a library have unmapped more during the run than
-    the counters' error explains, the high-water mark above the baseline, an upper bound, stands."""
-    rss, anonymous = _resident_exact()
-    if hwm - rss <= rss_counter_error():
-        return anonymous
-    return before[1] + hwm - before[0]
+def _exact_peak(hwm: int) -> int:
+    """The resident size after a run that gave nothing back (EXACT_ENV): its peak. Should a
+    library have unmapped more during the run than the counters' error explains, the high-water
+    mark, an upper bound, stands."""
+    final = _rss_exact()
+    return final if hwm - final <= rss_counter_error() else hwm
 
 
 def _torch_threads() -> int:
