@@ -92,7 +92,7 @@ def _preload(models: list) -> None:
 
 
 def main() -> None:
-    from tightfit.runtime.measure import exact_job, measure_in_this_process
+    from tightfit.runtime.measure import measure_in_this_process
 
     if sys.argv[1] == "--preload":
         _preload(json.loads(sys.argv[2]))
@@ -115,9 +115,8 @@ def main() -> None:
             print(json.dumps({"out_of_memory": str(e).splitlines()[0][:300]}))
             sys.exit(OUT_OF_MEMORY)
     else:
-        m = measure_in_this_process(j.run, warmup=job.get("warmup", 1), settle=j.settle, exact=exact_job(job))
-    print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds,
-                      "threads": m.threads}), flush=True)
+        m = measure_in_this_process(j.run, warmup=job.get("warmup", 1), settle=j.settle)
+    print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds}), flush=True)
 
 
 if __name__ == "__main__":

@@ -127,9 +127,7 @@ def plan_run_text(r: dict[str, Any]) -> str:
         lines.append(f"  verify vs reference executor: {'OK' if v['ok'] else 'MISMATCH'} (max abs diff {v.get('max_abs_diff', 0):.3g})")
     if "measured" in r:
         m = r["measured"]
-        threads = f", {m['threads']} thread{'s' * (m['threads'] != 1)}" if m.get("threads") else ""
-        lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} ({m['run_bytes']} B; analysed "
-                     f"{human(r['analysed_peak_bytes'])}, {r['analysed_peak_bytes']} B{threads})")
+        lines.append(f"  measured peak above loaded baseline: {human(m['run_bytes'])} (analysed {human(r['analysed_peak_bytes'])})")
     return "\n".join(lines)
 
 

@@ -6,19 +6,7 @@ then VmHWM read after the measured run. Reported: the peak above the loaded base
 For a plan, loading includes building the executor (its compiled steps are Python objects that
 a deployed runtime keeps as code, ~100-200 B a step); its arena's pages are then given back
 (`release_pages`), so the run counts the arena pages it touches and its kernels' temporaries,
-which is what the analyser counts.
-
-A plan's run is measured exactly (`exact_job`): VmHWM is not exact. The kernel keeps a process's
-resident-page counts per CPU and folds them into the total only every 32 pages or so (percpu
-counters, Linux 6.2+); the high-water mark is that approximate total sampled when the mark is
-reset and whenever memory is unmapped, so it can read up to ~31 pages per CPU per counter above
-anything the process ever held (seen here on mobilenet_v2's parts plan: VmHWM read right after
-the reset, before the run, up to 64 KiB above the exact resident size). Instead, the
-process runs with malloc never giving memory back (EXACT_ENV: no mmap'ed chunks, no trimming,
-Python's objects from malloc too), so its resident size only grows during the run and its peak
-is the resident size after it, read exactly from the page tables (smaps_rollup). The free heap
-is still released before the baseline, so whatever the run allocates, temporaries of every
-thread included, is faulted in during it and counted."""
+which is what the analyser counts."""
 from __future__ import annotations
 
 import json
@@ -31,22 +19,13 @@ from typing import Any, Callable, Sequence
 from tightfit import children
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-EXACT_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40), "PYTHONMALLOC": "malloc"}
-
-
-def exact_job(job: dict[str, Any] | None) -> bool:
-    """Whether a job is measured exactly (see the module's note): a plan's run, not under
-    --enforce (whose limit needs large blocks to be fresh mappings). A process started without
-    a job (fit's, preloading) runs plans."""
-    return job is None or (job.get("kind") == "plan" and job.get("enforce_bytes") is None)
 
 
 @dataclass(frozen=True)
 class Measured:
     baseline_bytes: int   # resident after loading and warm-up, before the measured run
-    peak_bytes: int       # resident peak during the measured run
+    peak_bytes: int       # VmHWM during the measured run
     seconds: float        # wall time of the measured run
-    threads: int = 0      # torch's intra-op threads in the measuring process (0: not said)
 
     @property
     def run_bytes(self) -> int:
@@ -60,23 +39,6 @@ def _status_kib(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def _rss_exact() -> int:
-    """Resident bytes counted from the page tables (VmRSS reads the kernel's per-CPU counters)."""
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Rss:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("Rss not in /proc/self/smaps_rollup")
-
-
-def rss_counter_error() -> int:
-    """How far the kernel's resident-page total (VmHWM's samples) may be from the true one: up to
-    batch - 1 pages per CPU for each of its three counters (anon, file, shmem), batch being
-    max(32, 2 x CPUs) (lib/percpu_counter.c)."""
-    cpus = os.cpu_count() or 1
-    return 3 * (max(32, 2 * cpus) - 1) * cpus * PAGE_BYTES
 
 
 def _libc():
@@ -111,12 +73,11 @@ def release_pages(t: "torch.Tensor") -> None:
 
 
 def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Callable[[], None] | None = None,
-                            limit_bytes: int | None = None, exact: bool = False) -> Measured:
-    """Only meaningful in a process started with MALLOC_ENV, or EXACT_ENV with `exact` (see
-    measure_subprocess). `settle` runs after the warm-up, before the baseline is read (a plan
-    job releases its arena's pages there). `limit_bytes`: the measured run alone under
-    RLIMIT_DATA = the data segment before it + this (--enforce); the measuring code allocates
-    before and after."""
+                            limit_bytes: int | None = None) -> Measured:
+    """Only meaningful in a process started with MALLOC_ENV (see measure_subprocess).
+    `settle` runs after the warm-up, before the baseline is read (a plan job releases its
+    arena's pages there). `limit_bytes`: the measured run alone under RLIMIT_DATA = the data
+    segment before it + this (--enforce); the measuring code allocates before and after."""
     import contextlib
     import gc
     import time
@@ -129,7 +90,7 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
     if settle is not None:
         settle()
     _release_free_heap()
-    baseline = _rss_exact() if exact else _status_kib("VmRSS")
+    baseline = _status_kib("VmRSS")
     clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
     limit = Limited(limit_bytes) if limit_bytes is not None else contextlib.nullcontext()
     clock = time.perf_counter
@@ -141,21 +102,7 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
             t1 = clock()
     finally:
         os.close(clear_refs)
-    peak = _exact_peak(_status_kib("VmHWM")) if exact else _status_kib("VmHWM")
-    return Measured(baseline, peak, t1 - t0, _torch_threads())
-
-
-def _exact_peak(hwm: int) -> int:
-    """The resident size after a run that gave nothing back (EXACT_ENV): its peak. Should a
-    library have unmapped more during the run than the counters' error explains, the high-water
-    mark, an upper bound, stands."""
-    final = _rss_exact()
-    return final if hwm - final <= rss_counter_error() else hwm
-
-
-def _torch_threads() -> int:
-    torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else 1
+    return Measured(baseline, _status_kib("VmHWM"), t1 - t0)
 
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
@@ -172,7 +119,7 @@ class Measurement:
 
     def __init__(self, job: dict[str, Any] | None, preload: Sequence[tuple[str, Sequence[int]]] = (),
                  threads: int | None = None):
-        env = dict(os.environ, **(EXACT_ENV if exact_job(job) else MALLOC_ENV))
+        env = dict(os.environ, **MALLOC_ENV)
         env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
         args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
@@ -211,4 +158,4 @@ def _measured(job: dict[str, Any], returncode: int, stdout: str, stderr: str) ->
     if returncode != 0:
         raise RuntimeError(f"measurement process failed ({returncode}): {stderr.strip()[-2000:]}")
     data = json.loads(stdout.strip().splitlines()[-1])
-    return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"], data.get("threads", 0))
+    return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"])
