@@ -12,15 +12,9 @@ import torch.nn as nn
 from tightfit.cli import main
 from tightfit.frontend import zoo
 from tightfit.frontend.torch_import import export_onnx
+from test_plan_cli import ok
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def ok(argv, capsys) -> str:
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    assert code == 0, (argv, out.out, out.err)
-    return out.out
 
 
 @pytest.fixture
