@@ -78,9 +78,11 @@ def test_a_process_started_early_measures_the_job_it_is_sent_later(tmp_path, mon
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     early = Measurement(None, [("minakova5", g.shape(g.inputs[0]))])
     early.send(job)
-    # Equal up to a few pages: allocations outside the arena vary between processes (a run whose
-    # kernels allocate nothing measures 0-4 KiB in most processes and ~45 KiB in some).
-    assert abs(early.result().run_bytes - measure_subprocess(job).run_bytes) <= 64 * 1024
+    # Equal up to a few pages (allocations outside the arena vary between processes) and the
+    # uncertainty of the kernel's per-CPU page counts (a run whose kernels allocate nothing
+    # measures 0-4 KiB in most processes and 40-140 KiB in some).
+    a, b = early.result(), measure_subprocess(job)
+    assert abs(a.run_bytes - b.run_bytes) <= 64 * 1024 + a.uncertainty_bytes + b.uncertainty_bytes
 
 
 def test_a_process_started_early_and_sent_nothing_ends_cleanly():

@@ -1,6 +1,7 @@
 """Issue 23, point 7: a plan's measured run memory stays within its analysed memory + 64 KiB (the
-page granularity of what it touches and the interpreter's own objects), and --enforce holds the
-run, and only the run, to its limit."""
+page granularity of what it touches and the interpreter's own objects) + the uncertainty of the
+kernel's per-CPU page counts that VmHWM reads, and --enforce holds the run, and only the run, to
+its limit."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,10 +31,12 @@ SLOW_PLANS = {
 
 
 def _measured_vs_analysed(tmp_path: Path, spec: dict) -> tuple[int, int]:
+    """The smallest run memory the measurement allows, and the analysed memory."""
     p, graphs = tightfit.api.plan(**spec)
     path = tmp_path / "plan.json"
     path.write_text(schema.dumps(p))
-    return measure_subprocess({"kind": "plan", "plan": str(path)}).run_bytes, check_plan(p, graphs).peak_bytes
+    m = measure_subprocess({"kind": "plan", "plan": str(path)})
+    return m.run_bytes - m.uncertainty_bytes, check_plan(p, graphs).peak_bytes
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))

@@ -73,6 +73,16 @@ def test_plan_resnet18_then_run_verify(plans, tmp_path, capsys):
     assert re.search(r"verify vs reference executor: OK", out), out
 
 
+def test_run_measure_reports_the_peak_with_its_uncertainty(plans, capsys):
+    """`run plan.json --measure`: the measured peak beside the analysed one, with how far the
+    kernel's page counts may be off; the text says the same."""
+    report = json.loads(ok(["run", plans["minakova5"], "--measure", "--json"], capsys))
+    m = report["measured"]
+    assert m["uncertainty_bytes"] > 0 and m["baseline_bytes"] > 0 and m["seconds"] > 0
+    assert m["run_bytes"] - m["uncertainty_bytes"] <= report["analysed_peak_bytes"] + 64 * 1024
+    assert re.search(r"measured peak above loaded baseline: .* \+/- .* \(analysed", ok(["run", plans["minakova5"], "--measure"], capsys))
+
+
 def test_plan_prints_memory_figures(capsys):
     text = ok(["plan", "minakova5"], capsys)
     for needle in ("naive", "lower bound", "arena", "x lower bound", "planning time", "planner improve", "order imported"):

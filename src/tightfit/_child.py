@@ -116,7 +116,8 @@ def main() -> None:
             sys.exit(OUT_OF_MEMORY)
     else:
         m = measure_in_this_process(j.run, warmup=job.get("warmup", 1), settle=j.settle)
-    print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds}), flush=True)
+    print(json.dumps({"baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes, "seconds": m.seconds,
+                      "uncertainty_bytes": m.uncertainty_bytes}), flush=True)
 
 
 if __name__ == "__main__":

@@ -381,7 +381,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from tightfit.runtime.measure import measure_subprocess
 
         m = measure_subprocess({"kind": "reference", "model": args.model, "input_shape": list(shape) if shape else None})
-        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds}
+        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
+                              "uncertainty_bytes": m.uncertainty_bytes}
         report["analysed_layer_peak_bytes"] = tightfit.inspect(graph).layer_peak_bytes
     if args.json:
         print(json.dumps(report, indent=1))
@@ -433,7 +434,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
 
         m = measure_subprocess({"kind": "plan", "plan": args.model, "allow_code": args.allow_code})
         report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
-                              "threads": m.threads}
+                              "uncertainty_bytes": m.uncertainty_bytes}
     print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
     return 1 if args.verify and not report["verify"]["ok"] else 0
 

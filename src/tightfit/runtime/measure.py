@@ -1,7 +1,8 @@
 """Peak memory of a real run, measured the one way DEVELOPERS.md prescribes: a fresh process with
 MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0 (so freed buffers go back to the OS),
 the high-water mark reset (write 5 to /proc/self/clear_refs) after loading and one warm-up run,
-then VmHWM read after the measured run. Reported: the peak above the loaded baseline.
+then VmHWM read after the measured run. Reported: the peak above the loaded baseline, and how far
+the kernel's count may be off (`uncertainty_bytes`, see `counter_uncertainty_bytes`).
 
 For a plan, loading includes building the executor (its compiled steps are Python objects that
 a deployed runtime keeps as code, ~100-200 B a step); its arena's pages are then given back
@@ -26,6 +27,7 @@ class Measured:
     baseline_bytes: int   # resident after loading and warm-up, before the measured run
     peak_bytes: int       # VmHWM during the measured run
     seconds: float        # wall time of the measured run
+    uncertainty_bytes: int = 0  # run_bytes may be off by this much either way (the kernel's page counters)
 
     @property
     def run_bytes(self) -> int:
@@ -58,6 +60,55 @@ def _release_free_heap() -> None:
 
 MADV_DONTNEED = 4
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+_FOLDING_PAGES = 128  # above twice the kernel's per-CPU batch (max(32, 2 x CPUs) pages) on up to 64 CPUs
+
+
+def counter_uncertainty_bytes(cpus: int | None = None) -> int:
+    """How far VmHWM may be off either way. The kernel counts a process's pages in per-CPU
+    counters that each hold up to a batch minus one page (batch: max(32, 2 x online CPUs)) before
+    handing them to the shared count; the high-water mark is taken from the shared count whenever
+    memory is unmapped. After `_sync_page_counters` only the anonymous pages a run moves are
+    pending, on at most `cpus` CPUs (default: those this process may run on)."""
+    batch = max(32, 2 * (os.cpu_count() or 1))
+    return (cpus or len(os.sched_getaffinity(0))) * (batch - 1) * PAGE_BYTES
+
+
+def _a_mapped_file(min_bytes: int) -> str:
+    """A file this process already maps (a shared library) of at least `min_bytes`: reading it
+    costs no new page cache."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split(maxsplit=5)[-1].strip()
+            if path.startswith("/") and os.path.isfile(path) and os.path.getsize(path) >= min_bytes:
+                return path
+    raise RuntimeError("no mapped file to settle the page counters with")
+
+
+def _sync_page_counters() -> None:
+    """Make the kernel's count of this process's resident pages exact before the high-water mark
+    is reset. The count is a per-CPU counter: each CPU keeps up to a batch of pages (32 on a small
+    machine) to itself until it passes the batch, and the reset copies the shared part only, so the
+    mark could start up to ~250 KB off either way. Unmapping more than twice the batch at once on a
+    CPU hands its whole share over, so on every CPU this maps, touches and unmaps one anonymous
+    and one file-backed region (the counters a run moves)."""
+    import mmap
+
+    cpus = os.sched_getaffinity(0)
+    file_fd = os.open(_a_mapped_file(_FOLDING_PAGES * PAGE_BYTES), os.O_RDONLY)
+    try:
+        for cpu in sorted(cpus):
+            os.sched_setaffinity(0, {cpu})
+            region = mmap.mmap(-1, _FOLDING_PAGES * PAGE_BYTES)
+            for page in range(_FOLDING_PAGES):
+                region[page * PAGE_BYTES] = 1
+            region.close()
+            region = mmap.mmap(file_fd, _FOLDING_PAGES * PAGE_BYTES, prot=mmap.PROT_READ)
+            for page in range(_FOLDING_PAGES):
+                region[page * PAGE_BYTES]
+            region.close()
+    finally:
+        os.sched_setaffinity(0, cpus)
+        os.close(file_fd)
 
 
 def release_pages(t: "torch.Tensor") -> None:
@@ -90,6 +141,7 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
     if settle is not None:
         settle()
     _release_free_heap()
+    _sync_page_counters()
     baseline = _status_kib("VmRSS")
     clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
     limit = Limited(limit_bytes) if limit_bytes is not None else contextlib.nullcontext()
@@ -102,7 +154,7 @@ def measure_in_this_process(run: Callable[[], Any], warmup: int = 1, settle: Cal
             t1 = clock()
     finally:
         os.close(clear_refs)
-    return Measured(baseline, _status_kib("VmHWM"), t1 - t0)
+    return Measured(baseline, _status_kib("VmHWM"), t1 - t0, counter_uncertainty_bytes())
 
 
 def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
@@ -158,4 +210,4 @@ def _measured(job: dict[str, Any], returncode: int, stdout: str, stderr: str) ->
     if returncode != 0:
         raise RuntimeError(f"measurement process failed ({returncode}): {stderr.strip()[-2000:]}")
     data = json.loads(stdout.strip().splitlines()[-1])
-    return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"])
+    return Measured(data["baseline_bytes"], data["peak_bytes"], data["seconds"], data["uncertainty_bytes"])
