@@ -117,6 +117,9 @@ class Pool:
 
 
 def acts_c(chain: Sequence[tuple]) -> str:
+    """A pointer to the chain (a compound literal of static storage), NULL for none."""
+    if not chain:
+        return "NULL"
     if len(chain) > MAX_ACTS:
         raise ExportError(f"an activation chain of {len(chain)} (at most {MAX_ACTS} are exported)")
     kinds, a, b = [0] * MAX_ACTS, [0.0] * MAX_ACTS, [0.0] * MAX_ACTS
@@ -125,7 +128,7 @@ def acts_c(chain: Sequence[tuple]) -> str:
             raise ExportError(f"activation {kind!r} has no C kernel")
         kinds[i] = ACTS[kind]
         a[i], b[i] = (list(args) + [0.0, 0.0])[:2]
-    return ("{{" + ", ".join(map(str, kinds)) + "}, {" + ", ".join(map(c_float, a)) + "}, {"
+    return ("&(const tf_acts){{" + ", ".join(map(str, kinds)) + "}, {" + ", ".join(map(c_float, a)) + "}, {"
             + ", ".join(map(c_float, b)) + "}}")
 
 
@@ -270,7 +273,7 @@ def _eltwise(ctx, s, g, layer, xs, y):
         operands = [operands[i] if i >= 0 else operands[len(xs) - 1 - i] for i in layer.attrs["order"]]
     fn = ELT_FNS[layer.attrs.get("fn", layer.op)]
     return ("TF_STEP_ELTWISE", "tf_eltwise_args",
-            f"{{{y.c()}, {fn}, {len(operands)}, {{{', '.join(operands)}}}, {acts_c(layer.attrs['act'])}}}")
+            f"{{{y.c()}, {fn}, {len(operands)}, (const tf_operand[]){{{', '.join(operands)}}}, {acts_c(layer.attrs['act'])}}}")
 
 
 def _activation(ctx, s, g, layer, xs, y):

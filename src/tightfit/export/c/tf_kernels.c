@@ -67,13 +67,14 @@ static float act1(int kind, float a, float b, float v) {
 }
 
 static float acts(const tf_acts *a, float v) {
+    if (!a) return v;
     for (int i = 0; i < TF_MAX_ACTS && a->kind[i]; i++) v = act1(a->kind[i], a->a[i], a->b[i], v);
     return v;
 }
 
 /* The chain over c values `stride` apart (in place). */
 static void acts_pixel(float *p, long c, long stride, const tf_acts *a) {
-    if (!a->kind[0]) return;
+    if (!a || !a->kind[0]) return;
     if (a->kind[0] == TF_ACT_RELU && !a->kind[1]) {
         for (long k = 0; k < c; k++) p[k * stride] = p[k * stride] > 0.0f ? p[k * stride] : 0.0f;
         return;
@@ -83,7 +84,7 @@ static void acts_pixel(float *p, long c, long stride, const tf_acts *a) {
 
 /* The chain over every element of y (in place). */
 static void acts_view(float *arena, const tf_view *y, const tf_acts *a) {
-    if (!a->kind[0]) return;
+    if (!a || !a->kind[0]) return;
     for (long n = 0; n < y->n; n++)
     for (long h = 0; h < y->h; h++)
     for (long w = 0; w < y->w; w++) {
@@ -216,7 +217,7 @@ static void conv(float *arena, const float *wts, const tf_conv_args *a) {
         else if (a->kind == TF_CONV_DEPTHWISE) conv_depthwise(arena, wts, a);
         else conv_grouped(arena, wts, a);
     }
-    acts_view(arena, &a->y, &a->act);
+    acts_view(arena, &a->y, a->act);
 }
 
 /* --- pooling ---------------------------------------------------------------------------------- */
@@ -253,7 +254,7 @@ static void pool(float *arena, const tf_pool_args *a) {
                                       * taps_in(gx, a->kw, a->sw, a->pad_l, a->dw, inc ? -a->pad_l : 0, a->in_w + (inc ? a->pad_r : 0)));
             for (long c = 0; c < y->c; c++) out[c * y->sc] /= div;
         }
-        acts_pixel(out, y->c, y->sc, &a->act);
+        acts_pixel(out, y->c, y->sc, a->act);
     }
 }
 
@@ -268,7 +269,7 @@ static void global_pool(float *arena, const tf_global_args *a) {
             r = a->kind == TF_GLOBAL_MAX ? (v > r || v != v ? v : r) : r + v;
         }
         if (a->kind == TF_GLOBAL_MEAN) r /= (float)(x->h * x->w);
-        arena[y->off + n * y->sn + c * y->sc] = acts(&a->act, r);
+        arena[y->off + n * y->sn + c * y->sc] = acts(a->act, r);
     }
 }
 
@@ -311,7 +312,7 @@ static void gemm(float *arena, const float *wts, const tf_gemm_args *a) {
             for (long k = 0; k < x->w; k++) acc += in[c * x->sc + h * x->sh + k * x->sw] * w[i + k];
         }
         const long oc = o / (y->h * y->w), oh = o / y->w % y->h, ow = o % y->w;
-        arena[y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw] = acts(&a->act, acc);
+        arena[y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw] = acts(a->act, acc);
     }
 }
 
@@ -347,7 +348,7 @@ static void channel_norm(float *arena, const float *wts, const tf_norm_args *a) 
         for (long c = 0; c < x->c; c++) var += (in[c * x->sc] - mean) * (in[c * x->sc] - mean);
         const float inv = (float)(1.0 / sqrt(var / (double)x->c + a->eps)), m = (float)mean;
         for (long c = 0; c < x->c; c++) out[c * y->sc] = (in[c * x->sc] - m) * inv * wts[a->scale + c] + wts[a->bias + c];
-        acts_pixel(out, y->c, y->sc, &a->act);
+        acts_pixel(out, y->c, y->sc, a->act);
     }
 }
 
@@ -367,7 +368,7 @@ static void instance_norm(float *arena, const float *wts, const tf_norm_args *a)
             for (long w = 0; w < x->w; w++) var += (in[h * x->sh + w * x->sw] - mean) * (in[h * x->sh + w * x->sw] - mean);
         const float inv = (float)(1.0 / sqrt(var / count + a->eps)) * wts[a->scale + c], m = (float)mean, b = wts[a->bias + c];
         for (long h = 0; h < x->h; h++)
-            for (long w = 0; w < x->w; w++) out[h * y->sh + w * y->sw] = acts(&a->act, (in[h * x->sh + w * x->sw] - m) * inv + b);
+            for (long w = 0; w < x->w; w++) out[h * y->sh + w * y->sw] = acts(a->act, (in[h * x->sh + w * x->sw] - m) * inv + b);
     }
 }
 
@@ -384,7 +385,7 @@ static void channel_reduce(float *arena, const tf_global_args *a) {
             r = a->kind == TF_GLOBAL_MAX ? (v > r || v != v ? v : r) : r + v;
         }
         if (a->kind == TF_GLOBAL_MEAN) r /= (float)x->c;
-        arena[y->off + n * y->sn + h * y->sh + w * y->sw] = acts(&a->act, r);
+        arena[y->off + n * y->sn + h * y->sh + w * y->sw] = acts(a->act, r);
     }
 }
 
@@ -449,7 +450,7 @@ static void eltwise(float *arena, const float *wts, const tf_eltwise_args *a) {
                 out[c * y->sc] = r;
             }
         }
-        acts_pixel(out, y->c, y->sc, &a->act);
+        acts_pixel(out, y->c, y->sc, a->act);
     }
 }
 
@@ -461,7 +462,7 @@ static void affine(float *arena, const float *wts, const tf_affine_args *a) {
     for (long c = 0; c < y->c; c++) {
         float v = arena[x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw];
         if (a->scale >= 0) v = v * wts[a->scale + c] + wts[a->shift + c];
-        arena[y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw] = acts(&a->act, v);
+        arena[y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw] = acts(a->act, v);
     }
 }
 
@@ -536,7 +537,7 @@ static void concat(float *arena, const tf_concat_args *a) {
         copy_same(arena, &a->x[i], &y);
         c0 += y.c;
     }
-    acts_view(arena, &a->y, &a->act);
+    acts_view(arena, &a->y, a->act);
 }
 
 static void shuffle(float *arena, const tf_shuffle_args *a) {
@@ -587,7 +588,7 @@ static void resize(float *arena, const int32_t *idx, const tf_resize_args *a) {
 
 static void moves(float *arena, const tf_moves_args *a) {
     for (int i = 0; i < a->count; i++) copy_same(arena, &a->x[i], &a->to[i]);
-    acts_view(arena, &a->y, &a->act);
+    acts_view(arena, &a->y, a->act);
 }
 
 /* The place in x (whose first place is input place i0, `size` places) that tap k of padded output
@@ -624,7 +625,7 @@ static void deconv(float *arena, const float *wts, const tf_deconv_args *a) {
                 }
             }
         }
-        acts_pixel(out, y->c, y->sc, &a->act);
+        acts_pixel(out, y->c, y->sc, a->act);
     }
 }
 

@@ -5,6 +5,7 @@
 #define TF_KERNELS_H
 
 #include <stdint.h>
+#include <stddef.h>
 
 /* Weights and arena on 64-byte boundaries: vector loads then never straddle cache lines. */
 #if defined(__GNUC__)
@@ -26,7 +27,8 @@ enum { TF_ACT_RELU = 1, TF_ACT_LEAKYRELU, TF_ACT_CLIP, TF_ACT_SIGMOID, TF_ACT_TA
        TF_ACT_MISH, TF_ACT_GELU, TF_ACT_GELU_TANH, TF_ACT_SOFTPLUS, TF_ACT_ELU, TF_ACT_SELU, /* selu: a alpha, b gamma */
        TF_ACT_SQRT, TF_ACT_EXP, TF_ACT_LOG, TF_ACT_NEG, TF_ACT_ABS, TF_ACT_RECIPROCAL, TF_ACT_ERF };
 #define TF_MAX_ACTS 4
-/* An activation chain applied in order after a layer (kind 0 ends it). */
+/* An activation chain applied in order after a layer (kind 0 ends it). Steps point to one (NULL:
+ * none) rather than hold it: a finely tiled plan has thousands of steps and few chains. */
 typedef struct { int kind[TF_MAX_ACTS]; float a[TF_MAX_ACTS], b[TF_MAX_ACTS]; } tf_acts;
 
 /* Convolution kinds by weight layout: DENSE (groups 1, dilation 1): panels of 16 output
@@ -39,7 +41,7 @@ typedef struct {
     int kind;
     tf_int groups, kh, kw, sh, sw, dh, dw, pt, pl; /* pt, pl: zero rows / columns above and left of x */
     float lo, hi;            /* a clamp fused into the kernel (ReLU, ReLU6, Clip) */
-    tf_acts act;             /* any other activations, after the clamp */
+    const tf_acts *act;      /* any other activations, after the clamp */
 } tf_conv_args;
 
 enum { TF_POOL_MAX, TF_POOL_AVG };
@@ -49,14 +51,14 @@ typedef struct {
     tf_int kh, kw, sh, sw, dh, dw, pt, pl;  /* pt, pl: padding above and left of the window x */
     tf_int oy0, ox0;                        /* the output region's first row and column */
     tf_int in_h, in_w, pad_t, pad_l, pad_b, pad_r; /* the whole input and the layer's padding (averages) */
-    tf_acts act;
+    const tf_acts *act;
 } tf_pool_args;
 
 enum { TF_GLOBAL_MEAN, TF_GLOBAL_MAX };
 /* Mean or max over H x W (TF_STEP_GLOBAL) or over C at each pixel (TF_STEP_CHANNEL_REDUCE). */
-typedef struct { tf_view x, y; int kind; tf_acts act; } tf_global_args;
+typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_global_args;
 
-typedef struct { tf_view x, y; tf_int w, b, in_features; tf_acts act; } tf_gemm_args; /* w: (out, in); b < 0: none */
+typedef struct { tf_view x, y; tf_int w, b, in_features; const tf_acts *act; } tf_gemm_args; /* w: (out, in); b < 0: none */
 
 /* An operand of an elementwise sum or product: a view (a dimension of size 1 broadcast), or a
  * constant of (1, c, h, w) in the weights, its rows and columns from (h0, w0). */
@@ -65,15 +67,15 @@ typedef struct { int is_const; tf_view v; tf_int w, c, h, w_, h0, w0; } tf_opera
 /* How operands combine, folded left to right: ((op0 f op1) f op2) ...; PRELU: op1 is the slope;
  * CLIP: op1 the lower bound, op2 the upper. */
 enum { TF_ELT_SUM, TF_ELT_PRODUCT, TF_ELT_SUB, TF_ELT_DIV, TF_ELT_POW, TF_ELT_MIN, TF_ELT_MAX, TF_ELT_PRELU, TF_ELT_CLIP };
-typedef struct { tf_view y; int fn, count; tf_operand op[TF_MAX_OPERANDS]; tf_acts act; } tf_eltwise_args;
+typedef struct { tf_view y; int fn, count; const tf_operand *op; const tf_acts *act; } tf_eltwise_args; /* op: count */
 
-typedef struct { tf_view x, y; tf_int scale, shift; tf_acts act; } tf_affine_args; /* batch norm; scale < 0: copy */
+typedef struct { tf_view x, y; tf_int scale, shift; const tf_acts *act; } tf_affine_args; /* batch norm; scale < 0: copy */
 /* (x - mean) / sqrt(var + eps) * scale[c] + bias[c]; CHANNEL_NORM: statistics over C at each pixel
  * (LayerNorm over channels), INSTANCE_NORM: over H x W of each sample and channel. */
-typedef struct { tf_view x, y; tf_int scale, bias; float eps; tf_acts act; } tf_norm_args;
+typedef struct { tf_view x, y; tf_int scale, bias; float eps; const tf_acts *act; } tf_norm_args;
 typedef struct { tf_view x, y; int log; } tf_softmax_args; /* over C at every pixel; log: LogSoftmax */
 typedef struct { tf_view x, y; tf_int size; float alpha, beta, bias; } tf_lrn_args;
-typedef struct { tf_view y; int count; const tf_view *x; tf_acts act; } tf_concat_args; /* x: count views */
+typedef struct { tf_view y; int count; const tf_view *x; const tf_acts *act; } tf_concat_args; /* x: count views */
 
 enum { TF_PAD_CONSTANT, TF_PAD_EDGE, TF_PAD_REFLECT };
 typedef struct { tf_view x, y; int mode; float value; tf_int oy0, ox0, iy0, ix0, in_h, in_w, t, l; } tf_pad_args;
@@ -92,7 +94,7 @@ typedef struct { tf_view y; tf_int n0, h0, w0; } tf_input_args;
 
 /* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i] for each
  * of `count` pairs of views (negative strides walk backwards), then the activations over y. */
-typedef struct { tf_view y; int count; const tf_view *x, *to; tf_acts act; } tf_moves_args;
+typedef struct { tf_view y; int count; const tf_view *x, *to; const tf_acts *act; } tf_moves_args;
 
 /* Transposed convolution: weight (groups, kh, kw, C_in/g, C_out/g); y's first row and column are
  * padded output places (oy0, ox0) (output place + pad); x's first row and column are input places
@@ -100,7 +102,7 @@ typedef struct { tf_view y; int count; const tf_view *x, *to; tf_acts act; } tf_
 typedef struct {
     tf_view x, y;
     tf_int w, b, groups, kh, kw, sh, sw, dh, dw, oy0, ox0, iy0, ix0;
-    tf_acts act;
+    const tf_acts *act;
 } tf_deconv_args;
 
 /* Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t] of x
