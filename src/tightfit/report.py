@@ -75,7 +75,7 @@ def run_text(report: dict[str, Any]) -> str:
         lines.append(f"  output {name}: shape {'x'.join(map(str, o['shape']))}, mean {o['mean']:.4g}, std {o['std']:.4g}, argmax {o['argmax']}")
     if "verify" in report:
         v = report["verify"]
-        lines.append(f"  verify vs onnxruntime: {'OK' if v['ok'] else 'MISMATCH'} (max abs diff {v['max_abs_diff']:.3g}, "
+        lines.append(f"  verify vs {v.get('against') or 'onnxruntime'}: {'OK' if v['ok'] else 'MISMATCH'} (max abs diff {v['max_abs_diff']:.3g}, "
                      f"tolerance {v['tolerance']:.3g} = 1e-4 x max abs {v['max_abs_ref']:.3g})")
     if "measured" in report:
         m = report["measured"]

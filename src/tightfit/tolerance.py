@@ -15,6 +15,7 @@ class Comparison:
     max_abs_diff: float
     max_abs_ref: float
     tolerance: float
+    against: str = ""  # the reference, where not the check's usual one
 
     def as_dict(self) -> dict:
         return asdict(self)
