@@ -386,7 +386,8 @@ def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[
             measurement.cancel()
             raise
         m = measurement.result()
-    return {"run_bytes": m.run_bytes, "baseline_bytes": m.baseline_bytes, "fps": measure_fps(plan, graphs, runs)}
+    return {"run_bytes": m.run_bytes, "baseline_bytes": m.baseline_bytes, "uncertainty_bytes": m.uncertainty_bytes,
+            "fps": measure_fps(plan, graphs, runs)}
 
 
 def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:

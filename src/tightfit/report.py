@@ -226,6 +226,7 @@ def fit_report(o: FitOutcome) -> dict[str, Any]:
     if o.measured:
         r["chosen"]["measured_run_bytes"] = o.measured["run_bytes"]
         r["chosen"]["measured_memory_bytes"] = o.measured["run_bytes"] + o.counted_params
+        r["chosen"]["measured_uncertainty_bytes"] = o.measured["uncertainty_bytes"]
         r["chosen"]["measured_fps"] = o.measured["fps"]
     return r
 
@@ -246,7 +247,8 @@ def fit_text(r: dict[str, Any]) -> str:
     if "measured_memory_bytes" in c:
         # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
         small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
-        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} (fresh process, peak above the loaded model"
+        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} +/- {human(c['measured_uncertainty_bytes'])} "
+                     f"(fresh process, peak above the loaded model"
                      f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
     lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
                  f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
