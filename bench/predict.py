@@ -37,14 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from benchlib import header, is_loaded, loaded, verdict  # noqa: E402
+from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
 MEDIAN_TARGET, MAX_TARGET = 0.05, 0.15
 VBS_REQUEST = 4
-
-
-def run_memory(plan) -> int:
-    return plan.arena_bytes + max((s.scratch for s in plan.steps()), default=0)
 
 
 def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool, cost) -> list[tuple[str, str, object]]:
