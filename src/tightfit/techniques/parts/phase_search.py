@@ -150,61 +150,8 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
     exhaustively, so the answer is the optimum of that space. Past `deadline` (checked before each
     new point) it stops and answers from the points found so far; `progress` gets a line per stage."""
-    from tightfit.plan.parts import draft_parts
-
     g = model.graph
-    seen: dict[tuple[Phases, int, tuple[int, ...]], Point] = {}  # points only: plans of big graphs are large
-
-    def build(p: Point) -> Plan:
-        c = p.config
-        return draft_parts(model, c.phases_dict(), c.source_phases, layout, dtype, align=c.align, held=c.held)
-
-    def draft(phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
-        plan = draft_parts(model, dict(phases), source, layout, dtype, align=align, held=held)
-        life = lifetimes(plan, [g])
-        # As the run needs it: the arena (the planners reach this bound) plus the largest step's
-        # kernel temporaries, which are allocated outside the arena.
-        return run_memory(plan, [g], life), plan, life
-
-    # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
-    # layers plan slowly; its holds come from the greedy stage's moves only).
-    auto_hold = len(splittable_layers(g)) <= AUTO_HOLD_LAYERS
-
-    def evaluate(phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> Point:
-        key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
-        if key not in seen:
-            if seen:  # (the first setting is always planned: an answer needs one point)
-                check(deadline)
-            # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
-            # until its last phases; equal parts let producers run ahead. Neither always wins.
-            aligns = (True, False) if key[0] else (True,)  # nothing split: one plan
-            peak, plan, life, align = min(((*draft(*key[:2], a, key[2]), a) for a in aligns), key=lambda v: (v[0], not v[3]))
-            chosen_held = key[2]
-            if auto_hold and key[0] and not key[2]:
-                # Cutting the stream where it peaks: the one hold the greedy stage would try first.
-                peak_tensors = [t for t, _ in _peak_tensors(g, plan, life)[0]]
-                for lid in _hold_candidates(g, dict(key[0]), (), plan, peak_tensors)[:1]:
-                    held_peak, held_plan, _ = draft(*key[:2], align, (lid,))
-                    if held_peak < peak:
-                        peak, plan, chosen_held = held_peak, held_plan, (lid,)
-            setting = PartsSetting(key[0], key[1], align, chosen_held)
-            figures = PartsFigures(sum(b.nbytes for b in plan.buffers), len(plan.steps()), plan_work(plan, g))
-            seen[key] = Point(setting, peak, (seconds(plan),), (label(setting),), detail=figures)
-        return seen[key]
-
-    def stage(name: str) -> None:
-        smallest = min(seen.values(), key=smallest_key)
-        progress(f"parts search: {name}, {len(seen)} plans, smallest {smallest.memory_bytes / 1e6:.3f} MB")
-
-    def fastest_within(budget: int) -> Point | None:
-        """Stages 1-3 for a memory budget: the fastest point found that fits it."""
-        fits = lambda p: p.memory_bytes <= budget  # noqa: E731
-        if not fits(base) and not _prefixes(g, fits, True, evaluate):
-            start = min(seen.values(), key=lambda p: (p.memory_bytes, p.seconds))
-            _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, build)
-        ok = [p for p in seen.values() if fits(p)]
-        return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.memory_bytes)), fits, evaluate) if ok else None
-
+    evaluate = _Evaluations(model, seconds, layout, dtype, deadline)
     base = evaluate({}, 1)
     settings = ladder_settings(g)
     exhaustive = settings.count <= exhaustive_limit
@@ -215,10 +162,11 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
     else:
         fits = lambda p: max_seconds is None or _seconds(p) <= max_seconds  # noqa: E731
         pick = lambda ps: min(ps, key=lambda p: (p.memory_bytes, p.seconds))  # noqa: E731
+    stage = lambda name: progress(f"parts search: {name}, {evaluate.summary()}")  # noqa: E731
     timed_out = False
     try:
         if max_seconds is None:
-            exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, build)
+            exact = _smallest_by_memory(g, base, settings if exhaustive else (), max_rounds, evaluate, evaluate.build)
             floor = exact.memory_bytes
             stage("memory side done")
         elif exhaustive:
@@ -226,32 +174,106 @@ def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_b
                 evaluate(phases, source)
         if budget_bytes is not None:
             if floor is None or floor <= budget_bytes:  # (below the memory side's smallest every find is dropped)
-                fastest_within(budget_bytes)
+                _fastest_within(g, base, budget_bytes, max_rounds, evaluate)
                 stage("fastest within the budget done")
         else:
-            _time_limited(g, base, fits, max_rounds, evaluate, build, fastest_within, seen)
+            _time_limited(g, base, fits, max_rounds, evaluate)
     except TimeUp:
         timed_out, floor = True, None
         stage("time is up")
     # Below the memory side's smallest, a find depends on the times that guided it: dropped.
-    points = [p for p in seen.values() if floor is None or p.memory_bytes >= floor]
+    points = [p for p in evaluate.seen.values() if floor is None or p.memory_bytes >= floor]
     ok = [p for p in points if fits(p)]
     smallest = min(points, key=smallest_key)
     chosen = pick(ok) if ok else smallest
-    return PartsSearch(chosen, pareto(points), len(seen), bool(ok), smallest, timed_out)
+    return PartsSearch(chosen, pareto(points), len(evaluate.seen), bool(ok), smallest, timed_out)
 
 
-def _time_limited(g: Graph, base: Point, fits, max_rounds: int, evaluate, build, fastest_within, seen) -> None:
+class _Evaluations:
+    """Settings evaluated into points, memoised (points only: plans of big graphs are large).
+    A setting's point is the better of its two row alignments and, where drafts are cheap, of
+    holding whole the tensor where the stream peaks."""
+
+    def __init__(self, model: PlannedModel, seconds: Callable[[Plan], float], layout: str, dtype: str,
+                 deadline: Deadline | None) -> None:
+        self.model, self.seconds, self.layout, self.dtype, self.deadline = model, seconds, layout, dtype, deadline
+        self.seen: dict[tuple[Phases, int, tuple[int, ...]], Point] = {}
+        # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
+        # layers plan slowly; its holds come from the greedy stage's moves only).
+        self.auto_hold = len(splittable_layers(model.graph)) <= AUTO_HOLD_LAYERS
+
+    def build(self, p: Point) -> Plan:
+        c = p.config
+        return self._plan(c.phases_dict(), c.source_phases, c.align, c.held)
+
+    def _plan(self, phases: Mapping[int, int], source: int, align: bool, held: tuple[int, ...]) -> Plan:
+        from tightfit.plan.parts import draft_parts
+
+        return draft_parts(self.model, dict(phases), source, self.layout, self.dtype, align=align, held=held)
+
+    def _draft(self, phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
+        plan = self._plan(dict(phases), source, align, held)
+        life = lifetimes(plan, [self.model.graph])
+        # As the run needs it: the arena (the planners reach this bound) plus the largest step's
+        # kernel temporaries, which are allocated outside the arena.
+        return run_memory(plan, [self.model.graph], life), plan, life
+
+    def __call__(self, phases: Mapping[int, int], source: int, held: tuple[int, ...] = ()) -> Point:
+        key = (tuple(sorted((l, p) for l, p in phases.items() if p > 1)), max(source, 1), tuple(sorted(held)))
+        if key not in self.seen:
+            if self.seen:  # (the first setting is always planned: an answer needs one point)
+                check(self.deadline)
+            self.seen[key] = self._point(*key)
+        return self.seen[key]
+
+    def _point(self, phases: Phases, source: int, held: tuple[int, ...]) -> Point:
+        g = self.model.graph
+        # Aligned rows shrink each window but keep a lockstep pipeline's first windows alive
+        # until its last phases; equal parts let producers run ahead. Neither always wins.
+        aligns = (True, False) if phases else (True,)  # nothing split: one plan
+        peak, plan, life, align = min(((*self._draft(phases, source, a, held), a) for a in aligns),
+                                      key=lambda v: (v[0], not v[3]))
+        if self.auto_hold and phases and not held:
+            # Cutting the stream where it peaks: the one hold the greedy stage would try first.
+            peak_tensors = [t for t, _ in _peak_tensors(g, plan, life)[0]]
+            for lid in _hold_candidates(g, dict(phases), (), plan, peak_tensors)[:1]:
+                held_peak, held_plan, _ = self._draft(phases, source, align, (lid,))
+                if held_peak < peak:
+                    peak, plan, held = held_peak, held_plan, (lid,)
+        setting = PartsSetting(phases, source, align, held)
+        figures = PartsFigures(sum(b.nbytes for b in plan.buffers), len(plan.steps()), plan_work(plan, g))
+        return Point(setting, peak, (self.seconds(plan),), (label(setting),), detail=figures)
+
+    def fitting(self, fits: Callable[[Point], bool]) -> list[Point]:
+        return [p for p in self.seen.values() if fits(p)]
+
+    def summary(self) -> str:
+        smallest = min(self.seen.values(), key=smallest_key)
+        return f"{len(self.seen)} plans, smallest {smallest.memory_bytes / 1e6:.3f} MB"
+
+
+def _fastest_within(g: Graph, base: Point, budget: int, max_rounds: int, evaluate: _Evaluations) -> Point | None:
+    """Stages 1-3 for a memory budget: the fastest point found that fits it."""
+    fits = lambda p: p.memory_bytes <= budget  # noqa: E731
+    if not fits(base) and not _prefixes(g, fits, True, evaluate):
+        start = min(evaluate.seen.values(), key=lambda p: (p.memory_bytes, p.seconds))
+        _refine_greedy(g, start, fits, lambda p: True, max_rounds, evaluate, evaluate.build)
+    ok = evaluate.fitting(fits)
+    return _coarsen(g, min(ok, key=lambda p: (p.seconds, p.memory_bytes)), fits, evaluate) if ok else None
+
+
+def _time_limited(g: Graph, base: Point, fits, max_rounds: int, evaluate: _Evaluations) -> None:
     """Stages 1 and 2 under a time limit, then the budget stages asked for smaller points."""
+    smallest_fitting = lambda default: min(evaluate.fitting(fits), key=lambda p: (p.memory_bytes, p.seconds),  # noqa: E731
+                                           default=default)
     _prefixes(g, fits, False, evaluate)
-    start = min((p for p in seen.values() if fits(p)), key=lambda p: (p.memory_bytes, p.seconds), default=base)
-    best = _refine_greedy(g, start, lambda p: False, fits, max_rounds, evaluate, build)
+    best = _refine_greedy(g, smallest_fitting(base), lambda p: False, fits, max_rounds, evaluate, evaluate.build)
     # Refining from one point follows one path; the budget stages, asked for anything
     # smaller, reach settings it passes by (a cheaper split elsewhere).
     below = 0.0  # how far below the smallest so far to ask; widened after each miss
     for _ in range(TIGHTEN_ROUNDS):
-        best = min((p for p in seen.values() if fits(p)), key=lambda p: (p.memory_bytes, p.seconds), default=best)
-        smaller = fastest_within(int(best.memory_bytes * (1 - below)) - 1)
+        best = smallest_fitting(best)
+        smaller = _fastest_within(g, base, int(best.memory_bytes * (1 - below)) - 1, max_rounds, evaluate)
         below = 0.0 if smaller is not None and fits(smaller) else below + TIGHTEN_STEP
 
 
