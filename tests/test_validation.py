@@ -91,6 +91,18 @@ def test_absurd_shapes_are_refused_before_anything_is_allocated(tmp_path, capsys
     assert "more than this machine's" in _refused(capsys, ["inspect", "minakova5", "--input-shape", "1x1x100000x100000"])
 
 
+def test_a_job_larger_than_the_available_memory_is_refused_before_it_runs(capsys, monkeypatch):
+    """Each tensor fits the machine, the whole job does not fit what it has free now (a batch of
+    2^20 with --verify, 18 GiB, was ended by the OOM killer): one line, before anything runs."""
+    from tightfit.runtime import enforce
+
+    monkeypatch.setattr(enforce, "available_bytes", lambda: 64 * 2**10)
+    line = _refused(capsys, ["run", "minakova5", "--input-shape", "64x1x32x32", "--verify"])
+    assert "needs about" in line and "64.00 KiB available" in line and "onnxruntime" in line, line
+    monkeypatch.setattr(enforce, "available_bytes", lambda: 2**40)
+    assert main(["run", "minakova5", "--input-shape", "64x1x32x32"]) == 0
+
+
 @pytest.mark.parametrize("budget", ["9" * 400, "9" * 400 + "MB", "1e400"])
 def test_400_digit_budgets(capsys, budget):
     assert "size" in _refused(capsys, ["plan", "minakova5", "--method", "parts", "--budget", budget])

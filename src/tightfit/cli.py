@@ -368,8 +368,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tightfit.report import run_report
     from tightfit.runtime.reference import random_input
 
+    from tightfit.runtime.enforce import require_available
+
     shape = _shape(args.input_shape) if args.input_shape else None
     graph = tightfit.load(args.model, shape)
+    need = tightfit.inspect(graph, batch=graph.shape(graph.inputs[0])[0])
+    # onnxruntime (--verify) holds the model's weights and activations a second time.
+    require_available((need.layer_peak_bytes + need.param_bytes) * (2 if args.verify else 1),
+                      "running the model layer by layer" + (" and in onnxruntime (--verify)" if args.verify else ""))
     x = random_input(graph)
     result = tightfit.run(graph, x)
     report = run_report(graph, result)
@@ -383,7 +389,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         m = measure_subprocess({"kind": "reference", "model": args.model, "input_shape": list(shape) if shape else None})
         report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
                               "uncertainty_bytes": m.uncertainty_bytes}
-        report["analysed_layer_peak_bytes"] = tightfit.inspect(graph).layer_peak_bytes
+        report["analysed_layer_peak_bytes"] = need.layer_peak_bytes
     if args.json:
         print(json.dumps(report, indent=1))
     else:

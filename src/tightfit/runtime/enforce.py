@@ -50,3 +50,25 @@ def enforce_limit(analysed_peak: int | None, limit: int | None = None) -> int:
     cap = _vm_data() + allowed
     resource.setrlimit(resource.RLIMIT_DATA, (cap, resource.getrlimit(resource.RLIMIT_DATA)[1]))
     return allowed
+
+
+def available_bytes() -> int:
+    """Memory this machine can give a new job now without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 2**62  # unknown: nothing is refused
+
+
+def require_available(need_bytes: int, what: str) -> None:
+    """Refuse, in one line, a job this machine cannot hold, before it allocates anything (the
+    kernel's OOM killer would end it without a word, or take another process with it)."""
+    have = available_bytes()
+    if need_bytes > have:
+        from tightfit.units import human
+
+        raise OutOfMemory(f"{what} needs about {human(need_bytes)}; this machine has {human(have)} available")
