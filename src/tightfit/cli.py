@@ -366,9 +366,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise OptionError("--enforce runs a plan: give a plan.json made by `tightfit plan`")
     import tightfit
     from tightfit.report import run_report
-    from tightfit.runtime.reference import random_input
-
     from tightfit.runtime.enforce import require_available
+    from tightfit.runtime.reference import random_input
 
     shape = _shape(args.input_shape) if args.input_shape else None
     graph = tightfit.load(args.model, shape)

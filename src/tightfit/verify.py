@@ -14,6 +14,7 @@ from tightfit.tolerance import RTOL, Comparison, compare, worst  # noqa: F401 (t
 # take minutes, and --verify reports onnxruntime's verdict alone.
 FLOAT64_MACS_LIMIT = 2_000_000_000
 
+
 def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     """The ONNX model tightfit imported for `spec`, as onnxruntime should see it."""
     from pathlib import Path
