@@ -97,3 +97,16 @@ def test_fit_says_when_the_minimum_fps_is_not_met_as_measured():
 
     text = fit_text(fit_report(o))
     assert "chosen by memory" in text and "measured" in text
+
+
+def test_best_effort_takes_the_smallest_plan_evaluated_even_below_the_fronts_floor():
+    """The front leaves out time-guided plans below the memory side's smallest; when nothing fits,
+    best effort still takes the smallest plan there is (deeplabv3 got reuse, 46.96 MB, while the
+    parts search had found 24.06 MB)."""
+    app = F.load_fit_app("minakova5")
+    problem = FitProblem(app, step_seconds)
+    reuse = problem.evaluate_exact(problem.reuse_genes())
+    smaller = min((problem.evaluate(g) for g in problem.seeds()), key=lambda p: p.memory_bytes)
+    assert smaller.memory_bytes < reuse.memory_bytes
+    assert [p.genes for p in problem.front()] == [reuse.genes]  # below the floor: not on the front
+    assert F.closest(problem).memory_bytes == smaller.memory_bytes
