@@ -16,9 +16,10 @@ step time and every run come from one machine state and one process's memory):
 Measured: each plan in a timing worker of its own (runtime/_timer.py, one torch thread; the run's
 thread CPU time, the clock the cost model times steps by at one thread, so that the other
 agents' processes holding the cores count in neither), rounds
-interleaved over the plans; in each round a plan runs twice back to back and the second run is
-kept (a frame after a frame of the same plan, which is what the model predicts, rather than
-after the other plans' workers); the median over --runs rounds. Predicted: the cost model's
+interleaved over the plans; in each round a plan runs back to back, twice or for 20 ms, and
+the median of the runs after the first is kept (a frame after a frame of the same plan, which is
+what the model predicts, rather than after the other plans' workers); the median over --runs
+rounds. Predicted: the cost model's
 plan_seconds. The machine is shared: the load is printed, and rows taken while it exceeds the
 core count are marked.
 """
@@ -41,6 +42,7 @@ from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
 MEDIAN_TARGET, MAX_TARGET = 0.05, 0.15
+ROUND_SECONDS = 0.02
 VBS_REQUEST = 4
 
 
@@ -90,7 +92,7 @@ def _label(fraction: float, fits: bool, timed_out: bool) -> str:
     return text + ("" if fits else " smallest") + (" (time up)" if timed_out else "")
 
 
-def measure(plans: list, graph, runs: int) -> list[float]:
+def measure(plans: list, graph, runs: int, predicted: list[float]) -> list[float]:
     """Median seconds per plan (see the module's docstring)."""
     from tightfit.runtime.vbs_runs import PlanTimer
 
@@ -102,11 +104,18 @@ def measure(plans: list, graph, runs: int) -> list[float]:
         for r in range(runs):
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for k in order:
-                times[k].append(timers[k].run(2)[1])
+                times[k].append(statistics.median(timers[k].run(_frames(predicted[k]))[1:]))
     finally:
         for t in timers:
             t.close()
     return [statistics.median(t) for t in times]
+
+
+def _frames(seconds: float) -> int:
+    """Runs back to back per round: the first follows the other plans' workers and is left out;
+    a plan of microseconds runs for ROUND_SECONDS, whose median its single run's noise does not
+    reach (minakova5, 50 us: a lone run is off by a preemption or a cold L1)."""
+    return 2 + min(200, int(ROUND_SECONDS / max(seconds, 1e-6)))
 
 
 def one_model(name: str, args) -> None:
@@ -120,9 +129,9 @@ def one_model(name: str, args) -> None:
     fractions = [float(f) for f in args.fractions.split(",")]
     plans = model_plans(name, fractions, args.time_limit, name in args.vbs.split(","), cost)
     graph = tightfit.load(name)
-    measured = measure([p for _, _, p in plans], graph, args.runs)
-    for (technique, label, plan), m in zip(plans, measured):
-        pred = cost.plan_seconds(plan, [graph])
+    predicted = [cost.plan_seconds(p, [graph]) for _, _, p in plans]
+    measured = measure([p for _, _, p in plans], graph, args.runs, predicted)
+    for (technique, label, plan), pred, m in zip(plans, predicted, measured):
         print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()), "predicted": pred,
                           "measured": m, "loaded": is_loaded()}), flush=True)
 

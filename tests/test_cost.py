@@ -49,11 +49,11 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
     path = tmp_path / "profile.json"
     native, runs = _native_runs(CostModel(path), p, g)
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES: 1e-3)
-    # Every step, the loop, a native call (1000 calls per timing) and the partition's run take the
-    # faked 1 ms: a loop iteration per other step, a native call per run of native steps, less one
-    # per native step, and the one partition.
+    # Every timing takes the faked 1 ms: a step alone (so it is timed once in its loop, 1 ms less
+    # a loop iteration or a native call, which take 1 us: 1000 per timing), a loop iteration per
+    # other step, a native call per run of native steps, and the one partition.
     n = len(p.steps())
-    expected = n * 1e-3 + ((n - native) + (runs - native)) * 1e-6 + 1e-3
+    expected = n * (1e-3 - 1e-6) + ((n - native) + runs) * 1e-6 + 1e-3
     assert CostModel(path, reprofile=True).plan_seconds(p, [g]) == pytest.approx(expected)
     path.write_text("{not json")
     assert CostModel(path).plan_seconds(p, [g]) == pytest.approx(expected)
@@ -62,8 +62,7 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     """Predicted time = per step, between its hot and its stirred time by the bytes touched since
     the same key last ran (a step on our own kernels: its hot time) + the executor's calls (a loop
-    iteration per step, or one native call per run of steps on our own kernels, less the call each
-    one's timing included) + the bytes fetched cold x the measured seconds per cold byte."""
+    iteration per step, or one native call per run of steps on our own kernels) + the bytes fetched cold x the measured seconds per cold byte."""
     g, p = small
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
                         2e-4 if stir_bytes else 1e-4)
@@ -73,11 +72,13 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     prints = footprints(p, [g], steps)
     keys = [step_key(p, [g], s) for s in steps]
     since = bytes_since_same_key(keys, [touched for touched, _ in prints])
-    warm = [1e-4 + (0.0 if k in cm.native else 1e-4 * min(1.0, d / predict.WARM_BYTES)) for k, d in zip(keys, since)]
+    # A step's hot time is its timing less the loop's or the native call's overhead.
+    hot = {k: 1e-4 - (cm.native_call_seconds if k in cm.native else cm.loop_seconds) for k in keys}
+    warm = [hot[k] + (0.0 if k in cm.native else 1e-4 * min(1.0, d / predict.WARM_BYTES)) for k, d in zip(keys, since)]
     cold, code = cold_fetches(prints)
     code_seconds = sum(cm.seconds.get(predict.CODE_KEY + op, 0.0) for op in code if op)
     native, runs = _native_runs(cm, p, g)
-    calls = (len(steps) - native) * cm.loop_seconds + (runs - native) * cm.native_call_seconds
+    calls = (len(steps) - native) * cm.loop_seconds + runs * cm.native_call_seconds
     assert total == pytest.approx(sum(warm) + calls + sum(cold) * cm.cold_byte_seconds + code_seconds
                                   + cm.partition_seconds)
     assert native > runs > 0 or not native_available()
@@ -193,3 +194,31 @@ def test_identical_layers_share_a_key_and_border_bands_do_not():
     assert step_key(parts, [g], top) != step_key(parts, [g], middle)  # the top band is padded
     assert step_key(parts, [g], conv0[1]) == step_key(parts, [g], conv0[2])
 
+
+
+def test_a_step_is_timed_among_copies_of_itself_without_the_call_around_it(small, monkeypatch):
+    """A short step's hot time is k copies run as the executor runs them, less the one native call
+    (or the k loop iterations), over k: a lone timing also carries the call from Python and the
+    clock's reading. Its stirred time adds what a stir costs a lone timing."""
+    from tightfit.ops.native import NativeCalls
+
+    g, p = small
+    own, call, clock, stir = 2e-6, 4e-7, 3e-7, 1e-6
+
+    def fake(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
+        if isinstance(run, NativeCalls) and len(run.calls) > 1:  # k copies in one call
+            return len(run.calls) * own + call
+        return own + call + clock + (stir if stir_bytes == cost.STIR_BYTES else 0.0)
+
+    cm = CostModel(None)
+    cm.record("native_call", call)
+    cm.record("loop", 5e-8)
+    cm.record("cold_byte", 0.0)
+    monkeypatch.setattr(cost, "_median_seconds", fake)
+    steps = [s for s in p.steps() if isinstance(cm._bound_step(p, [g], s), NativeCalls)]
+    if not steps:
+        pytest.skip("our own kernels are not available")
+    key = step_key(p, [g], steps[0])
+    cm._profile(p, [g], steps[0], key)
+    assert cm.hot_seconds[key] == pytest.approx(own)
+    assert cm.seconds[key] == pytest.approx(own + stir)

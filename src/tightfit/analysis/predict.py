@@ -15,8 +15,8 @@ A plan's predicted time walks its steps in order (`Predictor.steps_seconds`):
   and neighbours in L2; a layer run once a run does not); a step on our own kernels, at its hot
   time (it fetches no interpreter or torch code on the way);
 - plus the executor's per-step loop overhead (timed too), except that a run of consecutive steps
-  on our own kernels (ops/native.py) is one call from Python: such a step costs its time less
-  the cost of one such call (both timed), and each run costs one call;
+  on our own kernels (ops/native.py) is one call from Python: each run costs one call (timed;
+  a step's own time leaves the loop and the call out);
 - plus the time to fetch from memory what the stirred timing found in cache: the layer's weights,
   the arena bytes it reads and writes and the band of the input, when more than the cache holds
   was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
@@ -148,10 +148,10 @@ class Predictor:
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
-        iteration per other step, one call per run of native steps, less the call that each native
-        step's own timing included."""
+        iteration per other step, one call per run of native steps (a step's own time leaves
+        both out: runtime/cost.py times it among copies of itself)."""
         runs = sum(1 for i, n in enumerate(native) if n and (i == 0 or not native[i - 1]))
-        return (len(native) - sum(native)) * self.loop_seconds + (runs - sum(native)) * self.native_call_seconds
+        return (len(native) - sum(native)) * self.loop_seconds + runs * self.native_call_seconds
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
         """The step's stirred time (its code and data in the last-level cache only)."""
