@@ -44,6 +44,13 @@ SAMPLES = 7
 # (at most BATCH_MAX copies), which leaves the call and the clock around one step out.
 BATCH_SECONDS = 20e-6
 BATCH_MAX = 100
+# A timing stops after MIN_SAMPLES runs once they took ENOUGH_SECONDS: a step of milliseconds
+# varies by little (vgg19's bands spent 10 minutes being profiled at 7 samples), while a hot step of
+# microseconds takes up to HOT_SAMPLES, spread over more than one moment of a shared core's load
+# (7 of them, taken within 0.2 ms, put mobilenet_v1_025's one-row plan 0-20% high at load 6).
+MIN_SAMPLES = 3
+HOT_SAMPLES = 51
+ENOUGH_SECONDS = 0.01
 STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
 
 
@@ -200,7 +207,7 @@ class CostModel:
         bound = self._bound_step(plan, graphs, step)
         native = isinstance(bound, NativeCalls)
         run = bound if native else (lambda: bound.run(*bound.args))
-        alone_hot, stirred = _median_seconds(run, stir_bytes=0), _median_seconds(run)
+        alone_hot, stirred = _median_seconds(run, HOT_SAMPLES, stir_bytes=0), _median_seconds(run)
         hot = self._in_loop_seconds(bound, alone_hot)
         # A stir costs a step the same however it is timed; a single call's timing also carries
         # what the call and the clock cost around it, which the loop's own time replaces.
@@ -219,6 +226,8 @@ class CostModel:
         around it (mobilenet_v1_025 by one-row bands: 1-5 us steps timed 0.5-1 us long each,
         0.3 us past the native call, 20% of the plan)."""
         k = max(1, min(BATCH_MAX, math.ceil(BATCH_SECONDS / max(alone, 1e-9))))
+        if k == 1:  # long enough that the lone timing is the loop's, but for the call
+            return max(0.0, alone - (self.native_call_seconds if isinstance(bound, NativeCalls) else self.loop_seconds))
         if isinstance(bound, NativeCalls):
             many, overhead = NativeCalls.merged([bound] * k), self.native_call_seconds
         else:
@@ -229,7 +238,7 @@ class CostModel:
                     st.run(*st.args)
 
             overhead = k * self.loop_seconds
-        return max(0.0, (_median_seconds(many, stir_bytes=0) - overhead) / k)
+        return max(0.0, (_median_seconds(many, HOT_SAMPLES, stir_bytes=0) - overhead) / k)
 
     def record(self, key: str, seconds: float) -> None:
         """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""
@@ -332,8 +341,8 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
     stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
     with torch.no_grad():
         run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
-        times = []
-        for _ in range(samples):
+        times: list[float] = []
+        while len(times) < samples and (len(times) < MIN_SAMPLES or sum(times) < ENOUGH_SECONDS):
             if stir is not None:
                 stir.fill_(1.0)
             times.append(timed(run))
