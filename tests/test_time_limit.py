@@ -51,6 +51,23 @@ def test_tiling_search_stops_at_its_deadline_and_still_answers():
     assert cut.smallest_bytes >= full.smallest_bytes and cut.chosen.memory_bytes == cut.smallest_bytes
 
 
+def test_tiling_search_past_its_deadline_predicts_no_group_it_had_not_predicted():
+    """Assembling the answer past the deadline guesses a group's time from its layers' layer-by-
+    layer time instead of drafting and predicting it (densenet121 at 1/8 spent 20 s so)."""
+    g = tightfit.load("minakova5")
+    model = PlannedModel(g, "minakova5")
+    timed_plans = []
+
+    def seconds(plan, steps):
+        timed_plans.append(plan)
+        return 1e-4 * len(steps)
+
+    # (20 clock reads: the deadline passes with 19 group options planned, 69 in the whole space)
+    cut = search_tiling(model, seconds, 1, front_points=4, parts=False, deadline=Deadline.after(20, Ticks()))
+    assert cut.timed_out and cut.evaluated > 0 and cut.front
+    assert len({id(p) for p in timed_plans}) == 1  # the layer-by-layer draft only
+
+
 def test_fit_search_past_its_deadline_answers_from_the_plans_found():
     app = F.load_fit_app("minakova5")
     seconds = step_cost(app.graphs)
