@@ -4,9 +4,7 @@ kernels, kept in a profile. The prediction from them is analysis/predict.py.
 Every step of a plan has a key (analysis/predict.step_key). A key is timed once, by binding the
 step exactly as the executor does (`compile_step`) to views of the same shapes and running it:
 the median of several runs, each after the caches are stirred ("stirred": the step's code and
-data are in the last-level cache only) and of several runs back to back ("hot": a short step as
-copies of it run by the executor's loop, the loop's or the native call's overhead left out, as
-the prediction adds it per step or per run of native steps). Times are kept
+data are in the last-level cache only) and of several runs back to back ("hot"). Times are kept
 on disk in a profile whose id names the machine, torch, the thread count and the kernels' code,
 so every planner and search shares one set of measurements. Searches never measure: they read a
 frozen snapshot (`CostModel.frozen`), and the command layer measures what they missed
