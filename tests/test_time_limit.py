@@ -81,6 +81,30 @@ def test_fit_search_past_its_deadline_answers_from_the_plans_found():
     assert any(line.startswith("fit: seeds") for line in lines) and any("time is up" in line for line in lines)
 
 
+def test_fit_sources_share_the_time_left_less_the_seeds_reserve():
+    """Each source gets an equal share of the time left, less the seeds' reserve; one that ends
+    early leaves its time to the next (the first took all 60 s on inception_v3)."""
+    from tightfit.techniques.fit import problem as fit_problem
+    from tightfit.techniques.interface import Technique
+
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    given = []
+
+    def search(problem):
+        given.append(problem.deadline.at - now[0])
+        now[0] += 1.0  # each source takes 1 s
+        return None
+
+    sources = {n: Technique(n, n, lambda model, config: None, search, fit_source=True) for n in ("a", "b", "c")}
+    app = F.load_fit_app("minakova5")
+    problem = FitProblem(app, lambda plan, graphs: 1.0)
+    problem.deadline = Deadline(100.0, clock)
+    problem.add_candidates(sources, 1)
+    reserve = fit_problem.SEEDS_SHARE * 100.0
+    assert given == pytest.approx([(100 - reserve) / 3, (99 - reserve) / 2, 98 - reserve])
+
+
 def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys):
     assert main(["plan", "minakova5", "--method", "parts", "--budget", "5kB", "--time-limit", "30", "--progress"]) == 0
     err = capsys.readouterr().err

@@ -91,7 +91,7 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         return FitSearch(reuse, (reuse,), len(problem.points), True, True, reuse)
     problem.deadline, problem.say = deadline, say
     # A space too large to enumerate even without candidates is searched from the seeds: their
-    # plans are built while the sources run.
+    # plans are built before the sources share the time left.
     seeded = problem.size > exhaustive_limit
     if sources is None:
         from tightfit.techniques.registry import fit_sources

@@ -7,10 +7,13 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.graph.ir import Graph
-from tightfit.plan.deadline import Deadline, expired
+from tightfit.plan.deadline import Deadline, expired, share
 from tightfit.plan.schema import Plan
 from tightfit.techniques.fit.space import MAX_GROUPS, Candidate, CNNSpace, FitApp, FitPoint, cnn_spaces, merge
 from tightfit.techniques.interface import Config, Problem, Technique, pareto, run_memory
+
+# The share of fit's time limit its sources leave for the seeds, evaluated after them.
+SEEDS_SHARE = 0.1
 
 
 def _silent(line: str) -> None:
@@ -123,20 +126,22 @@ class FitProblem:
 
     def add_candidates(self, sources: Mapping[str, Technique], budget_bytes: int | None,
                        meanwhile: Callable[[], None] = lambda: None) -> None:
-        """Ask every technique of `sources` for candidates for each CNN that runs as one partition
-        (a technique plans a whole CNN; a CNN split into partitions keeps the layer genome): its
-        search with a brief Problem (run memory `budget_bytes` per CNN), the points it offers of
-        its front; then `meanwhile`."""
+        """`meanwhile`; then ask every technique of `sources` for candidates for each CNN that runs
+        as one partition (a technique plans a whole CNN; a CNN split into partitions keeps the
+        layer genome): its search with a brief Problem (run memory `budget_bytes` per CNN), the
+        points it offers of its front."""
         predict = self.cost if self.cost is not None else _Seconds(self.cost_seconds)
-        per_space: dict[int, list[Candidate]] = {}
-        for s in self.spaces:
-            if len(s.partitions) > 1:
-                continue
-            problem = Problem(s.model, budget_bytes, predict, Config(s.layout, s.dtype, None), self.deadline, self.say,
-                              brief=True, quick=s.quick)
-            for name, technique in sources.items():
-                per_space.setdefault(s.index, []).extend(candidates(technique, problem))
+        # `meanwhile` first, then the sources share the time left less SEEDS_SHARE of it (the
+        # seeds are evaluated past the deadline): the first source took all of it on inception_v3
+        # (the parts search, 60 s; tiling planned nothing) and fit ran 8 s past a 60 s limit.
         meanwhile()
+        reserve = SEEDS_SHARE * self.deadline.left() if self.deadline is not None else 0.0
+        jobs = [(s, t) for s in self.spaces if len(s.partitions) == 1 for t in sources.values()]
+        per_space: dict[int, list[Candidate]] = {}
+        for i, (s, technique) in enumerate(jobs):
+            problem = Problem(s.model, budget_bytes, predict, Config(s.layout, s.dtype, None),
+                              share(self.deadline, len(jobs) - i, reserve), self.say, brief=True, quick=s.quick)
+            per_space.setdefault(s.index, []).extend(candidates(technique, problem))
         for s in self.spaces:
             if s.index in per_space:
                 # The exact candidates first: their genes then do not depend on how many
