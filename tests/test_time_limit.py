@@ -82,8 +82,8 @@ def test_fit_search_past_its_deadline_answers_from_the_plans_found():
 
 
 def test_fit_sources_share_the_time_left_less_the_seeds_reserve():
-    """Each source gets an equal share of the time left, less the seeds' reserve; one that ends
-    early leaves its time to the next (the first took all 60 s on inception_v3)."""
+    """Each source gets its share (`fit_share`) of the time left, less the seeds' reserve; one
+    that ends early leaves its time to the next (the first took all 60 s on inception_v3)."""
     from tightfit.techniques.fit import problem as fit_problem
     from tightfit.techniques.interface import Technique
 
@@ -96,13 +96,14 @@ def test_fit_sources_share_the_time_left_less_the_seeds_reserve():
         now[0] += 1.0  # each source takes 1 s
         return None
 
-    sources = {n: Technique(n, n, lambda model, config: None, search, fit_source=True) for n in ("a", "b", "c")}
+    sources = {n: Technique(n, n, lambda model, config: None, search, fit_source=True, fit_share=w)
+               for n, w in (("a", 2.0), ("b", 1.0), ("c", 1.0))}
     app = F.load_fit_app("minakova5")
     problem = FitProblem(app, lambda plan, graphs: 1.0)
     problem.deadline = Deadline(100.0, clock)
     problem.add_candidates(sources, 1)
     reserve = fit_problem.SEEDS_SHARE * 100.0
-    assert given == pytest.approx([(100 - reserve) / 3, (99 - reserve) / 2, 98 - reserve])
+    assert given == pytest.approx([(100 - reserve) / 2, (99 - reserve) / 2, 98 - reserve])
 
 
 def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys):

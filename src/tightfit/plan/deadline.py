@@ -37,13 +37,13 @@ class TimeUp(Exception):
     the best it found so far."""
 
 
-def share(deadline: Deadline | None, parts: int, reserve: float = 0.0) -> Deadline | None:
-    """A deadline for the first of `parts` stages that share what is left of `deadline` less
-    `reserve` seconds (kept for what follows them); a stage that ends early leaves its time to
-    the next (None: no deadline)."""
+def share(deadline: Deadline | None, fraction: float, reserve: float = 0.0) -> Deadline | None:
+    """A deadline for a stage given `fraction` of what is left of `deadline` less `reserve`
+    seconds (kept for what follows); stages sharing it so, each asking its share of what is left
+    when it starts, give the time one leaves unused to the next (None: no deadline)."""
     if deadline is None:
         return None
-    return Deadline(deadline.clock() + max(0.0, deadline.left() - reserve) / max(1, parts), deadline.clock)
+    return Deadline(deadline.clock() + max(0.0, deadline.left() - reserve) * fraction, deadline.clock)
 
 
 def check(deadline: Deadline | None) -> None:

@@ -161,6 +161,9 @@ class Technique:
     # the points `offered` picks from the front (default: its smallest and its pick)
     fit_source: bool = False
     offered: Callable[[Front], list[Point]] | None = None
+    # its weight in sharing fit's time among the sources (parts: 2, its memory side finds the
+    # smallest plans fit can reach; a third of 60 s did not finish it on resnet50 at load 3)
+    fit_share: float = 1.0
 
     def offers(self, front: Front) -> list[Point]:
         return self.offered(front) if self.offered else _distinct(front.smallest, front.chosen)

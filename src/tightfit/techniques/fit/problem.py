@@ -132,15 +132,17 @@ class FitProblem:
         points it offers of its front."""
         predict = self.cost if self.cost is not None else _Seconds(self.cost_seconds)
         # `meanwhile` first, then the sources share the time left less SEEDS_SHARE of it (the
-        # seeds are evaluated past the deadline): the first source took all of it on inception_v3
-        # (the parts search, 60 s; tiling planned nothing) and fit ran 8 s past a 60 s limit.
+        # seeds are evaluated past the deadline) by their `fit_share`: the first source took all
+        # of it on inception_v3 (the parts search, 60 s; tiling planned nothing) and fit ran 8 s
+        # past a 60 s limit.
         meanwhile()
         reserve = SEEDS_SHARE * self.deadline.left() if self.deadline is not None else 0.0
         jobs = [(s, t) for s in self.spaces if len(s.partitions) == 1 for t in sources.values()]
         per_space: dict[int, list[Candidate]] = {}
         for i, (s, technique) in enumerate(jobs):
+            fraction = technique.fit_share / sum(t.fit_share for _, t in jobs[i:])
             problem = Problem(s.model, budget_bytes, predict, Config(s.layout, s.dtype, None),
-                              share(self.deadline, len(jobs) - i, reserve), self.say, brief=True, quick=s.quick)
+                              share(self.deadline, fraction, reserve), self.say, brief=True, quick=s.quick)
             per_space.setdefault(s.index, []).extend(candidates(technique, problem))
         for s in self.spaces:
             if s.index in per_space:

@@ -60,4 +60,4 @@ def search(problem: Problem) -> Front | None:
 
 
 TECHNIQUE = Technique("parts", "layers by row bands in CSDF firing order (Minakova & Stefanov)", draft, search,
-                      fit_source=True)
+                      fit_source=True, fit_share=2.0)
