@@ -46,7 +46,7 @@ def test_kernels_equal_torch(cin, c, groups, h, w, kernel, stride, pad, clamp):
     out = torch.full((2, oh + 2, ow + 1, c), float("nan")).permute(0, 3, 1, 2)
     y = out[:, :, 1 : 1 + oh, : ow]
     packs = conv.PackedWeights(wt, {})
-    w, bias = packs.panels(b) if groups == 1 else (packs.as_taps(), b)
+    w, bias = packs.panels(b)[0] if groups == 1 else (packs.as_taps(), b)
     native.conv_call("dense" if groups == 1 else "depthwise", x, y, w, bias, kernel, stride, pad, clamp)()
     assert torch.allclose(y, expected, rtol=1e-5, atol=1e-5)
     assert out[:, :, 0].isnan().all() and out[:, :, 1 + oh :].isnan().all() and out[:, :, :, ow:].isnan().all()
@@ -104,25 +104,35 @@ def test_small_bands_take_our_kernels(monkeypatch, threads, kind, n_threads, who
 
 def test_border_tile_one_call_without_a_padded_copy(monkeypatch):
     """A tile at the top-left corner of a strided 3x3 layer (padding above and left, real rows
-    below and right: oneDNN needs a zero-padded copy) is one call of our kernel, no copy made;
-    equal to the convolution."""
+    below and right: oneDNN needs a zero-padded copy) is one call of our kernel per group, no copy
+    made; equal to the convolution. Dense, grouped (a call per group, on channel slices of the
+    views) and depthwise."""
     monkeypatch.setattr(conv, "pad_copy", lambda *a: pytest.fail("padded copy made"))
-    for groups in (1, 24):
+    c = 48
+    for groups, calls in ((1, 1), (3, 3), (c, 1)):
         layer = types.SimpleNamespace(attrs={"kernel": (3, 3), "stride": (2, 2), "dilation": (1, 1), "groups": groups,
-                                             "pads": (1, 1, 1, 1), "out_channels": 24, "act": (("relu",),)})
+                                             "pads": (1, 1, 1, 1), "out_channels": c, "act": (("relu",),)})
         op = conv.Conv()
-        x = _nhwc(1, 24, 16, 16)
-        wt, b = torch.randn(24, 24 // groups, 3, 3), torch.randn(24)
+        x = _nhwc(1, c, 16, 16)
+        wt, b = torch.randn(c, c // groups, 3, 3), torch.randn(c)
         params = [wt, b, conv.PackedWeights(wt, layer.attrs)]
         expected = F.conv2d(x, wt, b, 2, 1, 1, groups).relu()
         tile = Region(0, 1, 0, 3, 0, 4)
-        (win,) = op.input_windows(layer, tile, [(1, 24, 16, 16)])
+        (win,) = op.input_windows(layer, tile, [(1, c, 16, 16)])
         assert win.pad == (1, 0, 1, 0)
-        y = torch.full((1, 3, 4, 24), float("nan")).permute(0, 3, 1, 2)
+        y = torch.full((1, 3, 4, c), float("nan")).permute(0, 3, 1, 2)
         run = op.bind(layer, [x[:, :, win.region.h0 : win.region.h1, win.region.w0 : win.region.w1]], [win], y, tile, params)
-        assert isinstance(run, native.NativeCalls) and len(run.calls) == 1
+        assert isinstance(run, native.NativeCalls) and len(run.calls) == calls
         run()
         assert torch.allclose(y, expected[:, :, :3, :4], rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_with_few_channels_per_group_stays_on_onednn():
+    """Fewer than GROUP_CHANNELS_MIN channels per group: a call per group would cost more than
+    oneDNN's one call."""
+    a = {"kernel": (1, 1), "dilation": (1, 1), "groups": 4, "out_channels": 32}
+    assert conv.native_applies(a, 32, 1000) is None
+    assert conv.native_applies(dict(a, out_channels=64), 64, 1000) == "dense"
 
 
 def test_copy_and_add_equal_torch():

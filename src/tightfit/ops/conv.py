@@ -235,6 +235,8 @@ DEPTHWISE_MACS = 2**19
 DENSE_MACS = 2**21
 DENSE_MACS_ONE_THREAD = 2**24
 DENSE_WEIGHT_BYTES = 2**18
+# A grouped convolution with fewer channels per group than this stays on oneDNN (a call per group).
+GROUP_CHANNELS_MIN = 16
 NO_CLAMP = (-math.inf, math.inf)
 
 
@@ -251,19 +253,20 @@ def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
 
 def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = torch.float32,
                    any_threads: bool = False) -> str | None:
-    """Which of our kernels runs a convolution step ('depthwise', 'dense'), or None for oneDNN
-    (views permitting: channels unit-stride). `any_threads`: at every thread count (the plans'
+    """Which of our kernels runs a convolution step ('depthwise'; 'dense', a call per group if
+    grouped), or None for oneDNN (views permitting: channels unit-stride). `any_threads`: at every thread count (the plans'
     kernel temporaries must hold wherever a plan runs)."""
     if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not native.available():
         return None
     one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
-    if groups == 1:
-        weight_bytes = in_channels * a["kernel"][0] * a["kernel"][1] * a["out_channels"] * 4
-        small = macs <= DENSE_MACS or (one_thread and (macs <= DENSE_MACS_ONE_THREAD or weight_bytes <= DENSE_WEIGHT_BYTES))
-        return "dense" if small else None
-    if in_channels == a["out_channels"] == groups and (one_thread or macs <= DEPTHWISE_MACS):
-        return "depthwise"
-    return None
+    if in_channels == a["out_channels"] == groups and groups > 1:
+        return "depthwise" if one_thread or macs <= DEPTHWISE_MACS else None
+    if groups > 1 and min(in_channels, a["out_channels"]) // groups < GROUP_CHANNELS_MIN:
+        return None
+    # A grouped one runs as one dense call per group (on channel slices of the views).
+    weight_bytes = in_channels // groups * a["kernel"][0] * a["kernel"][1] * a["out_channels"] // groups * 4
+    small = macs <= DENSE_MACS or (one_thread and (macs <= DENSE_MACS_ONE_THREAD or weight_bytes <= DENSE_WEIGHT_BYTES))
+    return "dense" if small else None
 
 
 def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
@@ -275,8 +278,13 @@ def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
     if kind is None or y.dtype != x.dtype or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape or 0 in y.shape:
         return None
     _, b, packs = params
-    w, b = packs.panels(b) if kind == "dense" else (packs.as_taps(), b)
-    return native.conv_call(kind, x, y, w, b, kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
+    geometry = (kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
+    if kind == "depthwise":
+        return native.conv_call(kind, x, y, packs.as_taps(), b, *geometry)
+    groups = a["groups"]
+    xs, ys = x.tensor_split(groups, 1), y.tensor_split(groups, 1)
+    calls = [native.conv_call(kind, xg, yg, w, bg, *geometry) for xg, yg, (w, bg) in zip(xs, ys, packs.panels(b, groups))]
+    return None if None in calls else calls[0] if groups == 1 else native.NativeCalls.merged(calls)
 
 
 def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
@@ -413,7 +421,7 @@ class PackedWeights:
         self.w, self.a = w, a
         self.by_shape: dict[tuple, torch.Tensor] = {}
         self._taps: torch.Tensor | None = None
-        self._panels: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._panels: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def as_taps(self) -> torch.Tensor:
         """The weight as (kh*kw*C_in/groups) x C_out: per tap and input channel, its coefficient
@@ -426,11 +434,13 @@ class PackedWeights:
     def _taps_view(self) -> torch.Tensor:
         return self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0])
 
-    def panels(self, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The weight and bias in our dense kernel's layout (native.dense_panels); made once."""
+    def panels(self, b: torch.Tensor, groups: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, its weight and bias in our dense kernel's layout (native.dense_panels); made once."""
         if self._panels is None:
             # The taps matrix is not kept: one copy of the weight besides w.
-            self._panels = native.dense_panels(self._taps if self._taps is not None else self._taps_view(), b)
+            taps = self._taps if self._taps is not None and groups == 1 else None
+            self._panels = [native.dense_panels(taps if taps is not None else w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]), bg)
+                            for w, bg in zip(self.w.tensor_split(groups), b.tensor_split(groups))]
         return self._panels
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:

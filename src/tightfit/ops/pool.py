@@ -2,6 +2,7 @@
 global pooling over H and W (GlobalAveragePool, GlobalMaxPool, ReduceMean/ReduceMax over H, W)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -155,37 +156,56 @@ class AveragePool(_WindowPool):
         return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out, channels_last)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        a = layer.attrs
-        x = inputs[0]
+        self.bind(layer, inputs, windows, out, out_region, params)()
+
+    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
+        """The divisors are worked out once: on a band of a few rows their dozen small tensor
+        calls cost more than the pooling (onnxzoo-shufflenet's 3x3 bands)."""
+        a, x = layer.attrs, inputs[0]
         if _is_identity(a):
-            out.copy_(x)
-            apply_activations(out, a["act"])
-            return
-        pt, pb, pl, pr = windows[0].pad
-        if pt or pb or pl or pr:
-            x = F.pad(x, (pl, pr, pt, pb))
-        kh, kw = a["kernel"]
-        sh, sw = a["stride"]
-        dh, dw = a.get("dilation", (1, 1))
-        if (dh, dw) == (1, 1):
-            y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
-        else:  # ONNX AveragePool-19 dilations: a per-channel sum with a dilated all-ones kernel
-            c = x.shape[1]
-            ones = torch.ones((c, 1, kh, kw), dtype=x.dtype)
-            y = F.conv2d(x, ones, None, (sh, sw), 0, (dh, dw), c)
-        # Divisor per output position: taps inside the input (or inside input + padding when
-        # count_include_pad), excluding ceil_mode overhang, as ONNX and torch define it.
-        h, w = layer.attrs["in_hw"]
-        ptop, pleft, pbot, pright = a["pads"]
-        if a["count_include_pad"]:
-            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot, dh)
-            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright, dw)
-        else:
-            ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h, dh)
-            cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w, dw)
-        y.div_(ch.view(-1, 1) * cw.view(1, -1))
-        apply_activations(y, a["act"])
-        out.copy_(y)
+            return functools.partial(_copy_activated, out, x, a["act"])
+        divisor = _divisor(a, out_region)
+        return functools.partial(_average, out, x, windows[0].pad, a, divisor)
+
+
+def _copy_activated(out: torch.Tensor, x: torch.Tensor, act) -> None:
+    out.copy_(x)
+    apply_activations(out, act)
+
+
+def _average(out: torch.Tensor, x: torch.Tensor, pad: tuple[int, int, int, int], a: dict, divisor: torch.Tensor) -> None:
+    pt, pb, pl, pr = pad
+    if pt or pb or pl or pr:
+        x = F.pad(x, (pl, pr, pt, pb))
+    kh, kw = a["kernel"]
+    sh, sw = a["stride"]
+    dh, dw = a.get("dilation", (1, 1))
+    if (dh, dw) == (1, 1):
+        y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
+    else:  # ONNX AveragePool-19 dilations: a per-channel sum with a dilated all-ones kernel
+        c = x.shape[1]
+        ones = torch.ones((c, 1, kh, kw), dtype=x.dtype)
+        y = F.conv2d(x, ones, None, (sh, sw), 0, (dh, dw), c)
+    y.div_(divisor)
+    apply_activations(y, a["act"])
+    out.copy_(y)
+
+
+def _divisor(a: dict, out_region: Region) -> torch.Tensor:
+    """Per output position, its taps inside the input (or inside input + padding when
+    count_include_pad), excluding ceil_mode overhang, as ONNX and torch define it."""
+    kh, kw = a["kernel"]
+    sh, sw = a["stride"]
+    dh, dw = a.get("dilation", (1, 1))
+    h, w = a["in_hw"]
+    ptop, pleft, pbot, pright = a["pads"]
+    if a["count_include_pad"]:
+        ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot, dh)
+        cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright, dw)
+    else:
+        ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h, dh)
+        cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w, dw)
+    return ch.view(-1, 1) * cw.view(1, -1)
 
 
 @register

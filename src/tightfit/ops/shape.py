@@ -5,7 +5,9 @@ splits by rows like any elementwise op).
 Reshape-like ops keep the batch dim: dim 0 of every tensor is N and is free."""
 from __future__ import annotations
 
+import functools
 from math import prod
+from typing import Callable
 
 import numpy as np
 import torch
@@ -149,7 +151,12 @@ class ChannelShuffle(Op):
         return tuple(in_shapes[0])
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
+        self.bind(layer, inputs, windows, out, out_region, params)()
+
+    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
+        """One strided copy from the input's groups into the output's interleaved channels,
+        without a temporary (splitting one dimension of a view is a view whatever its strides)."""
         x = inputs[0]
         n, c, h, w = x.shape
         g = layer.attrs["groups"]
-        out.copy_(x.view(n, g, c // g, h, w).transpose(1, 2).reshape(n, c, h, w))
+        return functools.partial(torch.Tensor.copy_, out.view(n, c // g, g, h, w), x.view(n, g, c // g, h, w).transpose(1, 2))
