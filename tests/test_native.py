@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,10 +107,9 @@ def test_border_tile_one_call_without_a_padded_copy(monkeypatch):
     """A tile at the top-left corner of a strided 3x3 layer (padding above and left, real rows
     below and right: oneDNN needs a zero-padded copy) is one call of our kernel per group, no copy
     made; equal to the convolution. Dense, grouped (a call per group, on channel slices of the
-    views) and depthwise."""
+    views; with 6 channels per group, one call over the block-diagonal weight) and depthwise."""
     monkeypatch.setattr(conv, "pad_copy", lambda *a: pytest.fail("padded copy made"))
-    c = 48
-    for groups, calls in ((1, 1), (3, 3), (c, 1)):
+    for c, groups, calls in ((48, 1, 1), (48, 3, 3), (24, 4, 1), (48, 48, 1)):
         layer = types.SimpleNamespace(attrs={"kernel": (3, 3), "stride": (2, 2), "dilation": (1, 1), "groups": groups,
                                              "pads": (1, 1, 1, 1), "out_channels": c, "act": (("relu",),)})
         op = conv.Conv()
@@ -127,12 +127,26 @@ def test_border_tile_one_call_without_a_padded_copy(monkeypatch):
         assert torch.allclose(y, expected[:, :, :3, :4], rtol=1e-4, atol=1e-5)
 
 
-def test_grouped_with_few_channels_per_group_stays_on_onednn():
-    """Fewer than GROUP_CHANNELS_MIN channels per group: a call per group would cost more than
-    oneDNN's one call."""
+def test_grouped_with_few_channels_per_group_runs_block_diagonal_while_small():
+    """Fewer than GROUP_CHANNELS_MIN channels per group: one dense call over the block-diagonal
+    weight, whose `groups` times the multiply-adds must stay within the dense size rules."""
     a = {"kernel": (1, 1), "dilation": (1, 1), "groups": 4, "out_channels": 32}
-    assert conv.native_applies(a, 32, 1000) is None
-    assert conv.native_applies(dict(a, out_channels=64), 64, 1000) == "dense"
+    assert conv.block_diagonal(a, 32) and not conv.block_diagonal(dict(a, out_channels=64), 64)
+    assert conv.native_applies(a, 32, 1000) == "dense"
+    assert conv.native_applies(a, 32, conv.DENSE_MACS // 2, any_threads=True) is None  # 4x: past DENSE_MACS
+    assert conv.native_applies(dict(a, out_channels=64), 64, conv.DENSE_MACS // 2, any_threads=True) == "dense"
+
+
+def test_channel_shuffle_equals_torch():
+    """The shuffle between strided channels-last views equals the reshape-transpose-reshape;
+    nothing outside the output written; channels that are not unit-stride stay on torch."""
+    x = _nhwc(2, 24, 9, 11)[:, :, 1:6, 2:9]
+    out = torch.full((2, 7, 10, 24), float("nan")).permute(0, 3, 1, 2)
+    y = out[:, :, 1:6, 3:10]
+    native.shuffle_call(y, x, 4)()
+    assert torch.equal(y, x.reshape(2, 4, 6, 5, 7).transpose(1, 2).reshape(2, 24, 5, 7))
+    assert out[:, :, 0].isnan().all() and out[:, :, :, :3].isnan().all()
+    assert native.shuffle_call(y, torch.randn(2, 24, 5, 7), 4) is None and native.shuffle_call(y, x, 5) is None
 
 
 def test_copy_and_add_equal_torch():
@@ -202,3 +216,71 @@ def test_move_within_a_buffer(shift):
     expected[:, :, max(-dh, 0) : max(-dh, 0) + h, max(-dw, 0) : max(-dw, 0) + w] = src.clone()
     native.move_call(dst, src)()
     assert torch.equal(buf, expected)
+
+
+@pytest.mark.parametrize("op_name,kernel,stride,pads,ceil_mode,count_include_pad,act", [
+    ("maxpool", (3, 3), (2, 2), (0, 0, 0, 0), True, False, ()),  # ceil-mode overhang
+    ("maxpool", (3, 3), (2, 2), (1, 1, 1, 1), False, False, (("relu",),)),
+    ("maxpool", (2, 3), (1, 2), (0, 1, 1, 0), False, False, (("clip", -0.5, 0.5),)),
+    ("avgpool", (3, 3), (2, 2), (1, 1, 1, 1), False, False, ()),
+    ("avgpool", (3, 3), (1, 1), (1, 1, 1, 1), False, True, (("relu",),)),
+    ("avgpool", (3, 3), (2, 2), (0, 0, 1, 1), True, True, ()),  # asymmetric padding, overhang
+])
+def test_pools_equal_torch(op_name, kernel, stride, pads, ceil_mode, count_include_pad, act):
+    """Max and average pooling of regions (whole, border tiles, a band) between channels-last
+    views: our kernel, equal to the torch path (the same step on NCHW views); nothing outside
+    the output written."""
+    c, h, w = 20, 11, 13
+    attrs = {"kernel": kernel, "stride": stride, "dilation": (1, 1), "pads": pads, "ceil_mode": ceil_mode,
+             "count_include_pad": count_include_pad, "act": act, "in_hw": (h, w)}
+    layer = types.SimpleNamespace(attrs=attrs)
+    op = get_op(op_name)
+    _, _, oh, ow = op.output_shape(layer, [(2, c, h, w)])
+    x = _nhwc(2, c, h, w)
+    x[1, 3, 4, 5] = -math.inf  # an input of -inf stays the max's floor
+    for region in (Region(0, 2, 0, oh, 0, ow), Region(0, 1, 0, 2, 0, 3), Region(1, 2, oh - 2, oh, ow - 3, ow),
+                   Region(0, 2, 1, 3, 0, ow)):
+        (win,) = op.input_windows(layer, region, [(2, c, h, w)])
+        r = win.region
+        view = lambda t: t[r.n0 : r.n1, :, r.h0 : r.h1, r.w0 : r.w1]  # noqa: E731
+        expected = torch.empty(region.n, c, region.h, region.w)
+        op.bind(layer, [view(x.contiguous())], [win], expected, region, [])()
+        out = torch.full((region.n, region.h + 1, region.w + 2, c), float("nan")).permute(0, 3, 1, 2)
+        y = out[:, :, 1:, 2:]
+        run = op.bind(layer, [view(x)], [win], y, region, [])
+        assert isinstance(run, native.NativeCalls)
+        run()
+        assert torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
+        assert out[:, :, 0].isnan().all() and out[:, :, :, :2].isnan().all()
+
+
+def test_concat_copies_each_input_clamped():
+    """A concatenation along channels into a channels-last view: one copy of each input, the
+    ReLU fused; equal to torch's."""
+    layer = types.SimpleNamespace(attrs={"act": (("relu",),)})
+    xs = [_nhwc(1, 24, 5, 6), torch.randn(1, 8, 5, 6), _nhwc(1, 40, 5, 6)]  # an NCHW input too
+    y = torch.empty(1, 5, 6, 72).permute(0, 3, 1, 2)
+    op = get_op("concat")
+    run = op.bind(layer, xs, [None] * 3, y, Region(0, 1, 0, 5, 0, 6), [])
+    assert isinstance(run, native.NativeCalls) and len(run.calls) == 3
+    run()
+    assert torch.equal(y, torch.cat(xs, 1).relu())
+
+
+def test_batchnorm_scale_shift_equals_torch_in_place_too():
+    """An inference batch normalization with its ReLU on channels-last views (40 channels: two
+    blocks of 16 and a tail), into another view and in place: our kernel, equal to torch's."""
+    c = 40
+    layer = types.SimpleNamespace(attrs={"epsilon": 1e-5, "act": (("relu",),)})
+    op = get_op("batchnorm")
+    params = op.prepare_params(layer, [np.random.rand(c) + 0.5, np.random.randn(c), np.random.randn(c), np.random.rand(c) + 0.1])
+    x = _nhwc(2, c, 6, 7)[:, :, 1:5]
+    expected = torch.empty(2, c, 4, 7)
+    op.bind(layer, [x.contiguous()], [None], expected, None, params)()
+    y = torch.empty(2, 4, 7, c).permute(0, 3, 1, 2)
+    run = op.bind(layer, [x], [None], y, None, params)
+    assert isinstance(run, native.NativeCalls)
+    run()
+    assert torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
+    op.bind(layer, [x], [None], x, None, params)()  # in place
+    assert torch.allclose(x, expected, rtol=1e-6, atol=1e-6)

@@ -4,7 +4,8 @@
  *   channel) and dense (groups 1, 1x1 included). oneDNN costs about 20 us a call besides its
  *   arithmetic, and torch's matrix product reaches 30-45 GMAC/s on a tile's small products where
  *   a register-blocked kernel reaches 50-120;
- * - a copy, a move (overlapping) and a sum of such views;
+ * - max and average pooling, and a per-channel scale and shift, with the clamp fused;
+ * - a copy (clamped too), a move (overlapping), a channel shuffle and a sum of such views;
  * - run_calls: a run of such calls, made by one call from Python (the executor batches a plan's
  *   consecutive native steps: no Python between them). */
 #include <string.h>
@@ -18,6 +19,7 @@ typedef struct {
     float lo, hi;                            /* output clamp */
     long xs_c;                               /* input channel stride (copy; 1 elsewhere) */
     long ws_n, ws_h, ws_w;                   /* the second operand's strides (add) */
+    long groups;                             /* channel groups (shuffle) */
 } conv_args;
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -214,6 +216,45 @@ void copy(const conv_args *a) {
     }
 }
 
+/* copy, then the clamp (a concatenation's part with its ReLU fused). */
+void copy_clamp(const conv_args *a) {
+    copy(a);
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) clamp(a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w, a->c, a->lo, a->hi);
+}
+
+/* Max pooling (w NULL) or average pooling (w: per output pixel of the view, oh x ow, the inverse
+ * of its divisor) over the taps of each output pixel that read the input view (padding and
+ * ceil-mode overhang never count), then the clamp; 16 channels at a time. A NaN tap gives NaN, as
+ * torch's maximum does. */
+void pool(const conv_args *a) {
+    const v16 lo = a->lo - (v16){0}, hi = a->hi - (v16){0}, none = -__builtin_inff() - (v16){0};
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) {
+        const taps t = taps_of(a, oy, ox);
+        const float *base = input_pixel(a, n, t.iy, t.ix);
+        float *out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        for (long k0 = 0; k0 < a->c; k0 += 16) {
+            const long m = a->c - k0 < 16 ? a->c - k0 : 16;
+            v16 acc = a->w ? (v16){0} : none;
+            for (long ky = t.y0; ky < t.y1; ky++)
+                for (long kx = t.x0; kx < t.x1; kx++) {
+                    const v16 v = load(base + ky * a->xs_h + kx * a->xs_w + k0, m);
+                    if (a->w) {
+                        acc += v;
+                    } else {
+                        const i16 take = (v > acc) | (v != v);
+                        acc = (v16)(((i16)v & take) | ((i16)acc & ~take));
+                    }
+                }
+            if (a->w) acc *= a->w[oy * a->ow + ox];
+            store(out + k0, clamp16(acc, lo, hi), m);
+        }
+    }
+}
+
 /* y = x where the two overlap within one buffer (the same strides: y is x moved): pixels in
  * the order of their addresses, upwards when y lies below x, so every one is read before it is
  * overwritten. */
@@ -223,6 +264,36 @@ void move(const conv_args *a) {
     for (long i = 0; i < pixels; i++) {
         const long p = up ? i : pixels - 1 - i, ox = p % a->ow, oy = p / a->ow % a->oh, n = p / (a->ow * a->oh);
         memmove(a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w, a->x + n * a->xs_n + oy * a->xs_h + ox * a->xs_w, bytes);
+    }
+}
+
+/* y = x with its channels shuffled over n x oh x ow pixels: y's channel j * groups + i is x's
+ * channel i * (c / groups) + j (ShuffleNet's reshape, transpose, reshape). */
+void shuffle(const conv_args *a) {
+    const long g = a->groups, per = a->c / g;
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) {
+        const float *in = a->x + n * a->xs_n + oy * a->xs_h + ox * a->xs_w;
+        float *out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        for (long i = 0; i < g; i++)
+            for (long j = 0; j < per; j++) out[j * g + i] = in[i * per + j];
+    }
+}
+
+/* y = clamp(x * w + b), w and b one value per channel (an inference batch normalization, its
+ * ReLU fused), over n x oh x ow pixels of c channels; y may be x exactly (in place). */
+void scale_shift(const conv_args *a) {
+    const v16 lo = a->lo - (v16){0}, hi = a->hi - (v16){0};
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long ox = 0; ox < a->ow; ox++) {
+        const float *x = a->x + n * a->xs_n + oy * a->xs_h + ox * a->xs_w;
+        float *y = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        for (long k0 = 0; k0 < a->c; k0 += 16) {
+            const long m = a->c - k0 < 16 ? a->c - k0 : 16;
+            store(y + k0, clamp16(load(x + k0, m) * load(a->w + k0, m) + load(a->b + k0, m), lo, hi), m);
+        }
     }
 }
 

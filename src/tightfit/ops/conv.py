@@ -235,7 +235,9 @@ DEPTHWISE_MACS = 2**19
 DENSE_MACS = 2**21
 DENSE_MACS_ONE_THREAD = 2**24
 DENSE_WEIGHT_BYTES = 2**18
-# A grouped convolution with fewer channels per group than this stays on oneDNN (a call per group).
+# A grouped convolution with fewer channels per group than this runs as one dense call over its
+# block-diagonal weight (zeros between the groups: `groups` times the multiply-adds, where a call
+# per group would cost more; onnxzoo-shufflenet's 24 -> 112 in 4 groups), within the same size rules.
 GROUP_CHANNELS_MIN = 16
 NO_CLAMP = (-math.inf, math.inf)
 
@@ -253,20 +255,26 @@ def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
 
 def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = torch.float32,
                    any_threads: bool = False) -> str | None:
-    """Which of our kernels runs a convolution step ('depthwise'; 'dense', a call per group if
-    grouped), or None for oneDNN (views permitting: channels unit-stride). `any_threads`: at every thread count (the plans'
-    kernel temporaries must hold wherever a plan runs)."""
+    """Which of our kernels runs a convolution step ('depthwise'; 'dense', for a grouped one a
+    call per group or one over its block-diagonal weight), or None for oneDNN (views permitting:
+    channels unit-stride). `any_threads`: at every thread count (the plans' kernel temporaries
+    must hold wherever a plan runs)."""
     if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not native.available():
         return None
     one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
     if in_channels == a["out_channels"] == groups and groups > 1:
         return "depthwise" if one_thread or macs <= DEPTHWISE_MACS else None
-    if groups > 1 and min(in_channels, a["out_channels"]) // groups < GROUP_CHANNELS_MIN:
-        return None
-    # A grouped one runs as one dense call per group (on channel slices of the views).
     weight_bytes = in_channels // groups * a["kernel"][0] * a["kernel"][1] * a["out_channels"] // groups * 4
+    if block_diagonal(a, in_channels):
+        macs, weight_bytes = macs * groups, weight_bytes * groups * groups
     small = macs <= DENSE_MACS or (one_thread and (macs <= DENSE_MACS_ONE_THREAD or weight_bytes <= DENSE_WEIGHT_BYTES))
     return "dense" if small else None
+
+
+def block_diagonal(a: dict, in_channels: int) -> bool:
+    """Whether a grouped convolution runs on our dense kernel as one call over its block-diagonal
+    weight (too few channels per group for a call per group)."""
+    return a["groups"] > 1 and min(in_channels, a["out_channels"]) // a["groups"] < GROUP_CHANNELS_MIN
 
 
 def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
@@ -282,6 +290,8 @@ def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
     if kind == "depthwise":
         return native.conv_call(kind, x, y, packs.as_taps(), b, *geometry)
     groups = a["groups"]
+    if block_diagonal(a, x.shape[1]):
+        return native.conv_call(kind, x, y, *packs.block_diagonal_panels(b, groups), *geometry)
     xs, ys = x.tensor_split(groups, 1), y.tensor_split(groups, 1)
     calls = [native.conv_call(kind, xg, yg, w, bg, *geometry) for xg, yg, (w, bg) in zip(xs, ys, packs.panels(b, groups))]
     return None if None in calls else calls[0] if groups == 1 else native.NativeCalls.merged(calls)
@@ -422,6 +432,7 @@ class PackedWeights:
         self.by_shape: dict[tuple, torch.Tensor] = {}
         self._taps: torch.Tensor | None = None
         self._panels: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._block_diagonal: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def as_taps(self) -> torch.Tensor:
         """The weight as (kh*kw*C_in/groups) x C_out: per tap and input channel, its coefficient
@@ -442,6 +453,17 @@ class PackedWeights:
             self._panels = [native.dense_panels(taps if taps is not None else w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]), bg)
                             for w, bg in zip(self.w.tensor_split(groups), b.tensor_split(groups))]
         return self._panels
+
+    def block_diagonal_panels(self, b: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The grouped weight as one dense weight, zero between the groups, and the bias, in our
+        dense kernel's layout; made once."""
+        if self._block_diagonal is None:
+            c, per_group = self.w.shape[:2]
+            dense = self.w.new_zeros(c, per_group * groups, *self.w.shape[2:])
+            for k, wg in enumerate(self.w.tensor_split(groups)):
+                dense[k * (c // groups) : (k + 1) * (c // groups), k * per_group : (k + 1) * per_group] = wg
+            self._block_diagonal = native.dense_panels(dense.permute(2, 3, 1, 0).reshape(-1, c), b)
+        return self._block_diagonal
 
     def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
         if not _ONEDNN:

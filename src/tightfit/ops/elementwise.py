@@ -9,6 +9,8 @@ from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect, expect_rank
+from tightfit.ops.conv import clamp_bounds
+from tightfit.ops.native import scale_shift_call
 
 
 @register
@@ -62,6 +64,15 @@ class BatchNorm(Op):
         view = (1, -1, 1, 1)
         return [torch.from_numpy(scale.astype(np.float32)).view(view),
                 torch.from_numpy((beta - mean * scale).astype(np.float32)).view(view)]
+
+    def bind(self, layer, inputs, windows, out, out_region, params):
+        """Our kernel, the clamp fused, where the views' channels are unit-stride (channels-last)."""
+        clamp = clamp_bounds(layer.attrs["act"])
+        if clamp is not None and out.dim() == 4:
+            ours = scale_shift_call(out, inputs[0], params[0], params[1], clamp)
+            if ours is not None:
+                return ours
+        return super().bind(layer, inputs, windows, out, out_region, params)
 
     def compute(self, layer, inputs, windows, out, out_region, params) -> None:
         scale, shift = params

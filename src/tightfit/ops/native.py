@@ -27,7 +27,7 @@ class ConvArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("x", "y", "w", "b")]
                 + [(n, ctypes.c_long) for n in ("n c ih iw oh ow cin xs_n xs_h xs_w ys_n ys_h ys_w kh kw sh sw pt pl").split()]
                 + [("lo", ctypes.c_float), ("hi", ctypes.c_float)]
-                + [(n, ctypes.c_long) for n in ("xs_c ws_n ws_h ws_w").split()])
+                + [(n, ctypes.c_long) for n in ("xs_c ws_n ws_h ws_w groups").split()])
 
 
 def enabled() -> bool:
@@ -190,11 +190,32 @@ def _pixels_unit_channels(*views: torch.Tensor) -> bool:
     return all(v.dim() == 4 and v.dtype == torch.float32 and (v.stride(1) == 1 or v.shape[1] == 1) for v in views)
 
 
-def copy_call(y: torch.Tensor, x: torch.Tensor) -> NativeCalls | None:
-    """y.copy_(x) for same-shaped fp32 views that do not overlap, y's channels unit-stride."""
+def copy_call(y: torch.Tensor, x: torch.Tensor, clamp: tuple[float, float] | None = None) -> NativeCalls | None:
+    """y.copy_(x) for same-shaped fp32 views that do not overlap, y's channels unit-stride; then
+    clamped to `clamp` if given."""
     if not available() or x.shape != y.shape or not (_pixels_unit_channels(y) and x.dim() == 4 and x.dtype == y.dtype):
         return None
-    return NativeCalls([("copy", _args(x, y, ()))])
+    if clamp is None:
+        return NativeCalls([("copy", _args(x, y, ()))])
+    return NativeCalls([("copy_clamp", _args(x, y, (), lo=clamp[0], hi=clamp[1]))])
+
+
+def pool_call(y: torch.Tensor, x: torch.Tensor, kernel, stride, pad: tuple[int, int], clamp: tuple[float, float],
+              inverse_divisors: torch.Tensor | None) -> NativeCalls | None:
+    """Max pooling (`inverse_divisors` None) or average pooling (per output pixel of `y`, the
+    inverse of its divisor) of view `x` into view `y`, windows as `conv_call` takes them, then
+    clamped; fp32 views with unit channel stride."""
+    if not available() or not _pixels_unit_channels(x, y) or x.shape[:2] != y.shape[:2]:
+        return None
+    _require(min(kernel) >= 1 and min(stride) >= 1 and min(pad) >= 0, f"kernel {kernel}, strides {stride}, padding {pad}")
+    keep, w = (), None
+    if inverse_divisors is not None:
+        keep = (inverse_divisors.to(torch.float32).contiguous(),)
+        _require(tuple(keep[0].shape) == tuple(y.shape[2:]), f"divisors {tuple(keep[0].shape)} for outputs {tuple(y.shape[2:])}")
+        w = keep[0].data_ptr()
+    args = _args(x, y, keep, w=w, kh=kernel[0], kw=kernel[1], sh=stride[0], sw=stride[1], pt=pad[0], pl=pad[1],
+                 lo=clamp[0], hi=clamp[1])
+    return NativeCalls([("pool", args)])
 
 
 def move_call(y: torch.Tensor, x: torch.Tensor) -> NativeCalls | None:
@@ -221,6 +242,27 @@ def input_call(y: torch.Tensor, at: tuple[int, int, int], shape: tuple[int, ...]
     args.keep = (y,)
     offset = (at[0] * c * h * w + at[1] * w + at[2]) * y.element_size()
     return NativeCalls([("copy", args)]), args, offset
+
+
+def shuffle_call(y: torch.Tensor, x: torch.Tensor, groups: int) -> NativeCalls | None:
+    """y = x with its channels shuffled in `groups` (ops/shape.ChannelShuffle), for same-shaped fp32
+    views that do not overlap, channels unit-stride."""
+    if not available() or x.shape != y.shape or not _pixels_unit_channels(x, y) or x.shape[1] % groups:
+        return None
+    return NativeCalls([("shuffle", _args(x, y, (), groups=groups))])
+
+
+def scale_shift_call(y: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                     clamp: tuple[float, float]) -> NativeCalls | None:
+    """y = clamp(x * scale + shift), `scale` and `shift` one value per channel, for same-shaped fp32
+    views with unit channel stride; y may be x."""
+    if not available() or x.shape != y.shape or not _pixels_unit_channels(x, y):
+        return None
+    scale, shift = scale.reshape(-1).contiguous(), shift.reshape(-1).contiguous()
+    _require(scale.numel() == shift.numel() == y.shape[1] and scale.dtype == shift.dtype == torch.float32,
+             f"scale {scale.numel()} and shift {shift.numel()} for {y.shape[1]} channels")
+    args = _args(x, y, (scale, shift), w=scale.data_ptr(), b=shift.data_ptr(), lo=clamp[0], hi=clamp[1])
+    return NativeCalls([("scale_shift", args)])
 
 
 def add_call(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, clamp: tuple[float, float]) -> NativeCalls | None:

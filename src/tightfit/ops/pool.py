@@ -12,7 +12,8 @@ from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, sliding_windows
-from tightfit.ops.conv import check_window, conv_out_size, resolve_pads
+from tightfit.ops import native
+from tightfit.ops.conv import check_window, clamp_bounds, conv_out_size, resolve_pads
 
 
 class _WindowPool(Op):
@@ -63,7 +64,7 @@ class _WindowPool(Op):
         return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        if model != "torch":
+        if model != "torch" or (channels_last and itemsize == 4 and _native_applies(layer.attrs)):
             return 0
         win = self.input_windows(layer, out, in_shapes)[0]
         padded = 0
@@ -86,7 +87,8 @@ class MaxPool(_WindowPool):
         self.bind(layer, inputs, windows, out, out_region, params)()
 
     def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """Max over the k x k taps as in-place maxima of strided views into `out`: torch's own
+        """Our kernel where it applies (`_native_pool`); else max over the k x k taps as in-place
+        maxima of strided views into `out`: torch's own
         max pooling always builds int64 indices (twice the output) even without autograd.
         Each tap touches the outputs whose tap lands inside the window; padding and ceil-mode
         overhang are simply never read (they would be -inf). The first two taps that cover
@@ -94,6 +96,9 @@ class MaxPool(_WindowPool):
         cutting them costs five times the maxima themselves."""
         a = layer.attrs
         x = inputs[0]
+        ours = _native_pool(a, x, out, windows[0], None)
+        if ours is not None:
+            return ours
         pt, _, pl, _ = windows[0].pad
         (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["stride"], a["dilation"]
         oh, ow = out.shape[2], out.shape[3]
@@ -159,13 +164,33 @@ class AveragePool(_WindowPool):
         self.bind(layer, inputs, windows, out, out_region, params)()
 
     def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """The divisors are worked out once: on a band of a few rows their dozen small tensor
-        calls cost more than the pooling (onnxzoo-shufflenet's 3x3 bands)."""
+        """Our kernel where it applies (`_native_pool`), else torch's. The divisors are worked out
+        once: on a band of a few rows their dozen small tensor calls cost more than the pooling
+        (onnxzoo-shufflenet's 3x3 bands)."""
         a, x = layer.attrs, inputs[0]
         if _is_identity(a):
             return functools.partial(_copy_activated, out, x, a["act"])
         divisor = _divisor(a, out_region)
+        ours = _native_pool(a, x, out, windows[0], divisor)
+        if ours is not None:
+            return ours
         return functools.partial(_average, out, x, windows[0].pad, a, divisor)
+
+
+def _native_applies(a: dict) -> bool:
+    """Whether our pooling kernel takes a step of this layer (views permitting: channels
+    unit-stride): no dilation, an activation that is a clamp."""
+    return native.available() and tuple(a.get("dilation", (1, 1))) == (1, 1) and clamp_bounds(a["act"]) is not None
+
+
+def _native_pool(a: dict, x: torch.Tensor, out: torch.Tensor, win: InputWindow,
+                 divisor: torch.Tensor | None) -> native.NativeCalls | None:
+    """The step on our own kernel, its window's padding and ceil-mode overhang left out and its
+    clamp fused (max pooling; average pooling with `divisor`), where it applies."""
+    if not _native_applies(a) or x.dtype != torch.float32 or 0 in x.shape or 0 in out.shape:
+        return None
+    inverse = None if divisor is None else 1.0 / divisor
+    return native.pool_call(out, x, a["kernel"], a["stride"], (win.pad[0], win.pad[2]), clamp_bounds(a["act"]), inverse)
 
 
 def _copy_activated(out: torch.Tensor, x: torch.Tensor, act) -> None:

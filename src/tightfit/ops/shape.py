@@ -15,6 +15,7 @@ import torch
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
+from tightfit.ops.native import shuffle_call
 
 
 class _Whole(Op):
@@ -154,9 +155,13 @@ class ChannelShuffle(Op):
         self.bind(layer, inputs, windows, out, out_region, params)()
 
     def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """One strided copy from the input's groups into the output's interleaved channels,
-        without a temporary (splitting one dimension of a view is a view whatever its strides)."""
+        """Our kernel's shuffle where the views' channels are unit-stride (channels-last), else
+        one strided copy from the input's groups into the output's interleaved channels, without a
+        temporary (splitting one dimension of a view is a view whatever its strides)."""
         x = inputs[0]
         n, c, h, w = x.shape
         g = layer.attrs["groups"]
+        native = shuffle_call(out, x, g)
+        if native is not None:
+            return native
         return functools.partial(torch.Tensor.copy_, out.view(n, c // g, g, h, w), x.view(n, g, c // g, h, w).transpose(1, 2))

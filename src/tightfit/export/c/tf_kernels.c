@@ -26,6 +26,10 @@
 #define add tf_simd_add
 #define run_calls tf_simd_run_calls
 #define clamp tf_simd_clamp
+#define copy_clamp tf_simd_copy_clamp
+#define pool tf_simd_pool
+#define shuffle tf_simd_shuffle
+#define scale_shift tf_simd_scale_shift
 #include "tf_simd.inc"
 #undef dense
 #undef depthwise
@@ -34,6 +38,10 @@
 #undef add
 #undef run_calls
 #undef clamp
+#undef copy_clamp
+#undef pool
+#undef shuffle
+#undef scale_shift
 #endif
 
 /* --- activations ------------------------------------------------------------------------------ */
