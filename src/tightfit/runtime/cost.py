@@ -312,7 +312,11 @@ def _valid_entry(key: str, entry: dict) -> bool:
 def _cold_byte_seconds() -> float:
     """Measured on a one-row band of a 512-channel 3x3 convolution (9.4 MB of weights, the
     kind that dominates the effect): its time with the weights evicted minus its time with them
-    in cache, per weight byte."""
+    in cache, per weight byte. Evicted by a stir of the whole last-level cache (twice
+    CACHE_BYTES), the least that makes a block cold (more than CACHE_BYTES touched since its last
+    use); a stir of twice that costs the band 50% more again (memory pages and their table
+    entries evicted too), which put plans by one-row bands through resnet18's, resnet50's and the
+    inceptions' large layers 11-17% slow, their weights fetched again every few steps."""
     from tightfit.graph.ir import Layer
     from tightfit.ops.base import Region
 
@@ -328,8 +332,8 @@ def _cold_byte_seconds() -> float:
     x = torch.randn(1, r.h, r.w, c).permute(0, 3, 1, 2)
     y = torch.empty(1, 1, 7, c).permute(0, 3, 1, 2)
     run = lambda: op.compute(layer, [x], windows, y, out_region, params)  # noqa: E731
-    warm = _median_seconds(run, 9)
-    cold = _median_seconds(run, 9, stir_bytes=4 * CACHE_BYTES)  # twice the last-level cache
+    warm = _median_seconds(run, 21)
+    cold = _median_seconds(run, 21, stir_bytes=2 * CACHE_BYTES)
     return max(cold - warm, 0.0) / weight.nbytes
 
 
