@@ -222,3 +222,17 @@ def test_a_step_is_timed_among_copies_of_itself_without_the_call_around_it(small
     cm._profile(p, [g], steps[0], key)
     assert cm.hot_seconds[key] == pytest.approx(own)
     assert cm.seconds[key] == pytest.approx(own + stir)
+
+
+def test_cold_byte_constant_is_a_median_over_repeated_probes(monkeypatch):
+    """One probe taken during a moment's load on the shared cache does not move the constant that
+    every cold byte of every plan is charged by."""
+    warm, cold, outlier = 400e-6, 500e-6, 1500e-6
+    colds = iter([outlier] + [cold] * (cost.COLD_BYTE_REPEATS - 1))
+
+    def fake(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
+        return next(colds) if stir_bytes > cost.STIR_BYTES else warm
+
+    monkeypatch.setattr(cost, "_median_seconds", fake)
+    nbytes = 512 * 512 * 9 * 4  # the probe's weight
+    assert cost._cold_byte_seconds() == pytest.approx((cold - warm) / nbytes)
