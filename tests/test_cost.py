@@ -39,7 +39,7 @@ def test_profile_is_reused_from_disk(small, tmp_path, monkeypatch):
     first = CostModel(path).plan_seconds(p, [g])
     assert first > 0
     saved = json.loads(path.read_text())
-    assert saved and all(set(entry) <= {"s", "h", "n"} for entry in saved.values())
+    assert saved and all(set(entry) <= {"s", "h", "n", "c"} for entry in saved.values())
     _no_timing(monkeypatch)
     assert CostModel(path).plan_seconds(p, [g]) == first
 
@@ -62,7 +62,8 @@ def test_reprofile_and_damaged_profiles_measure_again(small, tmp_path, monkeypat
 def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     """Predicted time = per step, between its hot and its stirred time by the bytes touched since
     the same key last ran (a step on our own kernels: its hot time) + the executor's calls (a loop
-    iteration per step, or one native call per run of steps on our own kernels) + the bytes fetched cold x the measured seconds per cold byte."""
+    iteration per step, or one native call per run of steps on our own kernels) + the bytes fetched
+    cold x the seconds per cold byte (the step's own where it touches COLD_PROBE_BYTES or more)."""
     g, p = small
     monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
                         2e-4 if stir_bytes else 1e-4)
@@ -79,8 +80,8 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     code_seconds = sum(cm.seconds.get(predict.CODE_KEY + op, 0.0) for op in code if op)
     native, runs = _native_runs(cm, p, g)
     calls = (len(steps) - native) * cm.loop_seconds + runs * cm.native_call_seconds
-    assert total == pytest.approx(sum(warm) + calls + sum(cold) * cm.cold_byte_seconds + code_seconds
-                                  + cm.partition_seconds)
+    fetch = sum(c * cm.cold.get(k, cm.cold_byte_seconds) for k, c in zip(keys, cold))
+    assert total == pytest.approx(sum(warm) + calls + fetch + code_seconds + cm.partition_seconds)
     assert native > runs > 0 or not native_available()
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
     assert min(since) < predict.WARM_BYTES <= max(since)
@@ -236,3 +237,25 @@ def test_cold_byte_constant_is_a_median_over_repeated_probes(monkeypatch):
     monkeypatch.setattr(cost, "_median_seconds", fake)
     nbytes = 512 * 512 * 9 * 4  # the probe's weight
     assert cost._cold_byte_seconds() == pytest.approx((cold - warm) / nbytes)
+
+
+def test_a_large_step_has_its_own_rate_per_byte_fetched_from_memory(monkeypatch):
+    """A step touching COLD_PROBE_BYTES or more is also timed with the whole cache evicted; its
+    extra time per byte touched is its rate (a classifier's matrix-vector product streams its
+    weights, which a convolution's arithmetic hides); smaller steps use the profile's constant."""
+    evicted, stirred, hot = 9e-4, 2e-4, 1e-4
+
+    def fake(run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES):
+        return evicted if stir_bytes == 2 * predict.CACHE_BYTES else stirred if stir_bytes else hot
+
+    monkeypatch.setattr(cost, "_median_seconds", fake)
+    g = tightfit.load("mobilenet_v3_small")
+    plan = plan_reuse(PlannedModel(g, "m"))
+    cm = CostModel(None)
+    cm.plan_seconds(plan, [g])
+    steps = plan.steps()
+    touched = [t for t, _ in footprints(plan, [g], steps)]
+    rated = {step_key(plan, [g], s): t for s, t in zip(steps, touched) if t >= predict.COLD_PROBE_BYTES}
+    classifier = [s for s in steps if s.kind == "compute" and g.layers[s.layer].op == "gemm"]
+    assert {step_key(plan, [g], s) for s in classifier} <= set(rated)
+    assert cm.cold == pytest.approx({k: (evicted - stirred) / t for k, t in rated.items()})

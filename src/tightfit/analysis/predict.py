@@ -21,7 +21,12 @@ A plan's predicted time walks its steps in order (`Predictor.steps_seconds`):
   the arena bytes it reads and writes and the band of the input, when more than the cache holds
   was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
   9.4 MB convolutions 7 times with all other layers in between; a layer-by-layer plan writes its
-  first activations over arena bytes last used a whole run earlier);
+  first activations over arena bytes last used a whole run earlier). Per cold byte, the step's
+  own rate where the profile has one (`Profile.cold`: a step touching COLD_PROBE_BYTES or more,
+  timed with the whole cache evicted), else the profile's constant: a classifier's
+  matrix-vector product streams its weights at memory speed (mobilenet_v2's 5 MB: 180 us
+  predicted at a convolution's rate, 400 measured), where a convolution hides most of the fetch
+  behind its arithmetic;
 - plus, for a step whose op has not run for as long, the time to fetch the op's code and torch's
   data on the way to it (measured once per op: a global pool run once a run takes 50-85 us
   instead of its 13 us alone).
@@ -62,17 +67,21 @@ CONSTANTS = ("loop", "native_call", "cold_byte", "partition")
 @dataclass(frozen=True)
 class Profile:
     """Step times of one profile, read-only: per key its stirred and hot seconds, the keys that
-    run on our own kernels, the constants (CONSTANTS) and the code keys (CODE_KEY) in `seconds`."""
+    run on our own kernels, the constants (CONSTANTS) and the code keys (CODE_KEY) in `seconds`;
+    per key of a large step, the seconds per byte it fetches from memory (`cold`)."""
 
     id: str
     seconds: Mapping[str, float] = field(default_factory=dict)
     hot: Mapping[str, float] = field(default_factory=dict)
     native: frozenset[str] = frozenset()
+    cold: Mapping[str, float] = field(default_factory=dict)
 
     @staticmethod
-    def frozen(id: str, seconds: Mapping[str, float], hot: Mapping[str, float], native) -> "Profile":
+    def frozen(id: str, seconds: Mapping[str, float], hot: Mapping[str, float], native,
+               cold: Mapping[str, float]) -> "Profile":
         """A snapshot that later measurements do not change."""
-        return Profile(id, MappingProxyType(dict(seconds)), MappingProxyType(dict(hot)), frozenset(native))
+        return Profile(id, MappingProxyType(dict(seconds)), MappingProxyType(dict(hot)), frozenset(native),
+                       MappingProxyType(dict(cold)))
 
 
 class Predictor:
@@ -143,8 +152,10 @@ class Predictor:
         warm = sum(p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES))
                    for k, d, ok in zip(keys, since, known) if ok)
         cold, cold_code = cold_fetches(prints)
+        rate = self.cold_byte_seconds
+        fetch = sum(c * p.cold.get(k, rate) for k, c in zip(keys, cold))
         code = sum(p.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
-        return warm + self._call_seconds([k in p.native for k in keys]) + sum(cold) * self.cold_byte_seconds + code
+        return warm + self._call_seconds([k in p.native for k in keys]) + fetch + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
@@ -225,6 +236,8 @@ def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) ->
 # on the op's first step that touches at most CODE_PROBE_BYTES.
 CODE_KEY = "code:"
 CODE_PROBE_BYTES = 2**20
+# A step touching this much or more has its own rate of seconds per byte fetched from memory.
+COLD_PROBE_BYTES = 2**20
 ARENA_CHUNK = 64 * 2**10  # the reuse walk follows the arena in chunks of at least this size
 MAX_CHUNKS = 1024  # and at most this many (a 500 MB arena in chunks of 0.5 MB)
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, Predictor, Profile,
-                                      _footprint, _op_kind, step_key)
+from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, COLD_PROBE_BYTES, Predictor,
+                                      Profile, _footprint, _op_kind, step_key)
 from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
@@ -38,7 +38,7 @@ from tightfit.plan.schema import Plan, Step
 if TYPE_CHECKING:
     from tightfit.runtime.executor import _Compiled
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 SAMPLES = 7
 # A step shorter than this is timed as a run of copies of it back to back lasting about this long
 # (at most BATCH_MAX copies), which leaves the call and the clock around one step out.
@@ -94,6 +94,7 @@ class CostModel:
         self.seconds: dict[str, float] = {}
         self.hot_seconds: dict[str, float] = {}  # per step key, its time run back to back
         self.native: set[str] = set()  # the step keys that run on our own kernels
+        self.cold: dict[str, float] = {}  # per key of a large step, its seconds per byte fetched from memory
         # On disk: every timing appended as it is measured (a killed search keeps them; processes
         # sharing the profile merge under a lock); a damaged or wrongly shaped file is measured again.
         self._store = None if path is None else JournaledTable(path, _valid_entry)
@@ -144,7 +145,7 @@ class CostModel:
 
     def frozen(self) -> Profile:
         """A read-only snapshot of the profile for a search (later measurements do not change it)."""
-        return Profile.frozen(self.id, self.seconds, self.hot_seconds, self.native)
+        return Profile.frozen(self.id, self.seconds, self.hot_seconds, self.native, self.cold)
 
     def measure_missing(self, missing: dict) -> int:
         """Measure what a prediction found missing (`Predictor.missing`); the keys measured."""
@@ -158,7 +159,7 @@ class CostModel:
 
     def _live(self) -> Predictor:
         """A prediction over this model's own tables (measured first where they lack a key)."""
-        return Predictor(Profile(self.id, self.seconds, self.hot_seconds, self.native))
+        return Predictor(Profile(self.id, self.seconds, self.hot_seconds, self.native, self.cold))
 
     def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
         """Predicted seconds of one run of the plan (one frame of every partition); step shapes
@@ -212,9 +213,14 @@ class CostModel:
         hot = self._in_loop_seconds(bound, alone_hot)
         # A stir costs a step the same however it is timed; a single call's timing also carries
         # what the call and the clock cost around it, which the loop's own time replaces.
-        self._keep(key, {"s": hot + max(0.0, stirred - alone_hot), "h": hot, "n": native})
-        code_key = CODE_KEY + _op_kind(graphs, step)
+        entry = {"s": hot + max(0.0, stirred - alone_hot), "h": hot, "n": native}
         touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
+        if touched >= COLD_PROBE_BYTES:
+            # Evicted by a stir of the whole last-level cache, as the cold_byte constant is.
+            evicted = _median_seconds(run, stir_bytes=2 * CACHE_BYTES)
+            entry["c"] = max(0.0, evicted - stirred) / touched
+        self._keep(key, entry)
+        code_key = CODE_KEY + _op_kind(graphs, step)
         if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
             # Evicted data on a step this small costs little next to evicted code.
             cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
@@ -259,6 +265,8 @@ class CostModel:
             self.hot_seconds[key] = entry["h"]
         if entry.get("n"):
             self.native.add(key)
+        if "c" in entry:
+            self.cold[key] = entry["c"]
 
     def save(self) -> None:
         """Fold the journal into the profile file (written whole, atomically), merged under the
@@ -305,8 +313,10 @@ class CostModel:
 
 
 def _valid_entry(key: str, entry: dict) -> bool:
-    """The shape of one profile entry: stirred seconds "s", hot seconds "h", native "n"."""
-    return (bool(entry) and set(entry) <= {"s", "h", "n"} and all(is_seconds(entry[k]) for k in ("s", "h") if k in entry)
+    """The shape of one profile entry: stirred seconds "s", hot seconds "h", native "n", seconds
+    per byte fetched from memory "c"."""
+    return (bool(entry) and set(entry) <= {"s", "h", "n", "c"}
+            and all(is_seconds(entry[k]) for k in ("s", "h", "c") if k in entry)
             and isinstance(entry.get("n", False), bool))
 
 
