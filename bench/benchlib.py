@@ -5,8 +5,6 @@
 - `loaded()`: " [loaded]" after a timing taken while the 1-minute load average exceeds the core
   count (other work shared the cores: such a time is slower, and noisier, than the machine's);
   `load_mark(load)` the same for a load sampled earlier (timings taken over several rounds).
-- `host_seconds()`: a fixed in-cache workload's time, which moves when the host's other tenants
-  (other virtual machines, which the load average does not see) share our cores or caches.
 - `verdict()`: "yes" only when every condition of a target holds, else "NO (" the failed ones ")".
 """
 from __future__ import annotations
@@ -73,17 +71,6 @@ def header(title: str, profile_id: str | None = None) -> None:
 def _loads() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min) on {cores()} cores"
-
-
-def host_seconds() -> float:
-    """Median seconds of a 256x256 matrix product (thread CPU time at one thread, as the cost
-    model times steps): 0.33 ms on a quiet host here, up to 0.42 while its neighbours were busy."""
-    import statistics
-
-    from tightfit.runtime.cost import timed
-
-    a = torch.ones(256, 256)
-    return statistics.median(timed(lambda: torch.mm(a, a)) for _ in range(31))
 
 
 def verdict(checks: Sequence[tuple[bool, str]]) -> str:

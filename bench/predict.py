@@ -5,28 +5,28 @@ Target (issue 20): median <= 5% and max <= 15% per technique, tiling and parts i
     python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--time-limit 20]
                             [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...] [--model-timeout 900]
 
-Per model (each in a process of its own, with a cost profile measured afresh there, so every
-step time and every run come from one machine state and one process's memory):
+Per model, in a process of its own, the plans (searched over a profile measured afresh there):
 - reuse: the layer-by-layer plan with buffer reuse;
 - parts, tiling: the search's pick within each fraction of the reuse plan's run memory (arena +
   kernel temporaries), each search bounded by --time-limit seconds of wall time, profiling
   included (the pick is the best found by then; where nothing fits, the smallest reachable);
 - vbs (models named by --vbs): the variable-batch plan of a request of 4 within half the
   batch-4 reuse plan's run memory.
-Measured: each plan in a timing worker of its own (runtime/_timer.py, one torch thread; the run's
-thread CPU time, the clock the cost model times steps by at one thread, so that the other
-agents' processes holding the cores count in neither), rounds
-interleaved over the plans; in each round a plan runs back to back, twice or for 20 ms, and
-the median of the runs after the first is kept (a frame after a frame of the same plan, which is
-what the model predicts, rather than after the other plans' workers); the median over the rounds,
-of which there are at least --runs and as many as fit in --span seconds. The span matters here:
-the other tenants of this host load its last-level cache in bursts of seconds (one plan of
-mobilenet_v3_small, median of 15 runs, 2.6 to 5.0 ms from one second to the next, while an
-in-cache matmul moves 1%), and five rounds of a small model take under a second, so they could
-all fall in one burst (shufflenet 22-31% slow on every plan) while the profile's steps were
-measured over the whole search. Predicted: the cost model's
-plan_seconds. The machine is shared: the load is printed, and rows taken while it exceeds the
-core count are marked.
+Measured and predicted in rounds, each a fresh profile of every step the plans hold (a cost model
+in memory, measured from nothing: runtime/cost.py) and the plans' predictions from it, then one
+timing of every plan; the median over the rounds of each, of which there are at least --runs and as
+many as fit in --span seconds. A plan runs in a timing worker of its own (runtime/_timer.py, one
+torch thread; the run's thread CPU time, the clock the cost model times steps by at one thread, so
+that other processes holding the cores count in neither); in each round it runs back to back,
+twice or for 20 ms, and the median of the runs after the first is kept (a frame after a frame of
+the same plan, which is what the model predicts, rather than after the other plans' workers).
+Profile and timings share the minutes: the other tenants of this host slow our runs in phases of
+seconds to a minute that the load average does not see (every plan of mobilenet_v3_small 9%
+faster for 15 s, then 5-15% slower, while an in-cache matmul moved 1%), and a profile taken in one
+phase and timings in another put a whole model off by that much. The spread printed per model is
+how far its layer-by-layer plan's predictions and timings moved between rounds (largest over
+smallest). The machine is shared: the load is printed, and rows taken while it exceeds the core
+count are marked.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import header, host_seconds, is_loaded, loaded, verdict  # noqa: E402
+from benchlib import header, is_loaded, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
@@ -97,28 +97,37 @@ def _label(fraction: float, fits: bool, timed_out: bool) -> str:
     return text + ("" if fits else " smallest") + (" (time up)" if timed_out else "")
 
 
-def measure(plans: list, graph, runs: int, span: float, predicted: list[float]) -> tuple[list[float], int, float]:
-    """Median seconds per plan (see the module's docstring), the number of rounds and the median
-    of `host_seconds` over them."""
+def measure(plans: list, graph, runs: int, span: float, first: list[float]) -> dict:
+    """Per plan its median prediction and median time over the rounds (see the module's
+    docstring); the rounds, the seconds a round's profile took, and per plan the spread of its
+    predictions and of its times (largest over smallest, less 1)."""
+    from tightfit.runtime.cost import CostModel
     from tightfit.runtime.vbs_runs import PlanTimer
 
     timers = [PlanTimer(p, graph, stir=False, clock="step") for p in plans]
     try:
         for t in timers:  # every worker loaded before any is timed (loading takes the cores)
             t.run(0)
+        predicted: list[list[float]] = [[] for _ in plans]
         times: list[list[float]] = [[] for _ in plans]
-        host: list[float] = []
+        profiling: list[float] = []
         start, r = time.monotonic(), 0
         while r < runs or time.monotonic() - start < span:
-            host.append(host_seconds())
+            t0, profile = time.monotonic(), CostModel(None)
+            for k, p in enumerate(plans):
+                predicted[k].append(profile.plan_seconds(p, [graph]))
+            profiling.append(time.monotonic() - t0)
             order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
             for k in order:
-                times[k].append(statistics.median(timers[k].run(_frames(predicted[k]))[1:]))
+                times[k].append(statistics.median(timers[k].run(_frames(first[k]))[1:]))
             r += 1
     finally:
         for t in timers:
             t.close()
-    return [statistics.median(t) for t in times], r, statistics.median(host)
+    spread = lambda xs: max(xs) / min(xs) - 1  # noqa: E731
+    return {"predicted": [statistics.median(p) for p in predicted], "measured": [statistics.median(t) for t in times],
+            "rounds": r, "profile_seconds": statistics.median(profiling),
+            "spread": [(spread(p), spread(t)) for p, t in zip(predicted, times)]}
 
 
 def _frames(seconds: float) -> int:
@@ -137,16 +146,14 @@ def one_model(name: str, args) -> None:
     torch.set_grad_enabled(False)
     cost = CostModel(None)
     fractions = [float(f) for f in args.fractions.split(",")]
-    host_profiling = [host_seconds()]
     plans = model_plans(name, fractions, args.time_limit, name in args.vbs.split(","), cost)
     graph = tightfit.load(name)
-    predicted = [cost.plan_seconds(p, [graph]) for _, _, p in plans]
-    host_profiling.append(host_seconds())
-    measured, rounds, host_measuring = measure([p for _, _, p in plans], graph, args.runs, args.span, predicted)
-    host_change = host_measuring / statistics.mean(host_profiling) - 1
-    for (technique, label, plan), pred, m in zip(plans, predicted, measured):
-        print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()), "predicted": pred,
-                          "measured": m, "rounds": rounds, "host_change": host_change, "loaded": is_loaded()}),
+    first = [cost.plan_seconds(p, [graph]) for _, _, p in plans]
+    m = measure([p for _, _, p in plans], graph, args.runs, args.span, first)
+    for k, (technique, label, plan) in enumerate(plans):
+        print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()),
+                          "predicted": m["predicted"][k], "measured": m["measured"][k], "rounds": m["rounds"],
+                          "profile_seconds": m["profile_seconds"], "spread": m["spread"][k], "loaded": is_loaded()}),
               flush=True)
 
 
@@ -190,10 +197,8 @@ def main() -> None:
             skipped.append(f"{name} (failed)")
             print(f"{name:<22} failed: {out.stderr.strip().splitlines()[-1:]}", flush=True)
             continue
-        reuse_ratio, rounds, host_change = None, 0, 0.0
-        for line in out.stdout.splitlines():
-            row = json.loads(line)
-            rounds, host_change = row["rounds"], row["host_change"]
+        reuse_ratio, rows = None, [json.loads(line) for line in out.stdout.splitlines()]
+        for row in rows:
             err = row["predicted"] / row["measured"] - 1
             errors[row["technique"]].append(abs(err))
             if row["technique"] == "reuse":
@@ -203,8 +208,11 @@ def main() -> None:
             mark = " [loaded]" if row["loaded"] else ""
             print(f"{name:<22} {row['technique']:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
                   f"{row['measured'] * 1e3:>9.2f} {err * 100:>+10.1f}%{mark}", flush=True)
-        print(f"{'':<22} ({time.monotonic() - t0:.0f} s, {rounds} rounds measured; host time measuring vs "
-              f"profiling {host_change * 100:+.0f}%){loaded()}", flush=True)
+        if rows:
+            spread_pred, spread_meas = rows[0]["spread"]
+            print(f"{'':<22} ({time.monotonic() - t0:.0f} s; {rows[0]['rounds']} rounds, a profile in "
+                  f"{rows[0]['profile_seconds']:.1f} s each; layer by layer moved {spread_pred:.0%} predicted, "
+                  f"{spread_meas:.0%} measured){loaded()}", flush=True)
     print(f"\n|pred/meas - 1| per technique (target: median <= {MEDIAN_TARGET:.0%}, max <= {MAX_TARGET:.0%})")
     checks = []
     for t, errs in errors.items():
