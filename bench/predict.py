@@ -27,10 +27,10 @@ phase and timings in another put a whole model off by that much. The spread prin
 how far its layer-by-layer plan's predictions and timings moved between rounds (largest over
 smallest). Profiling, searches and timing workers run on one core (--cpu, default the last one):
 left to the scheduler, a round's timings moved 40% at random (mobilenet_v3_small layer by layer
-2.9 or 4.1-4.3 ms, while its profile predicted 2.8-3.0 in every round), pinned they stay
-within 10%; the process that measured a step and the one that runs it then share that core's
-caches, as one thread of an edge device does. The machine is shared: the load is printed, and rows taken while it exceeds the core
-count are marked.
+2.9 or 4.1-4.3 ms, while its profile predicted 2.8-3.0 in every round); pinned, most models'
+rounds move 2-25% (40-50% in the host's worst minutes); the process that measured a step and the
+one that runs it share that core's caches, as one thread of an edge device does. The machine is
+shared: the load is printed, and rows taken while it exceeds the core count are marked.
 """
 from __future__ import annotations
 
