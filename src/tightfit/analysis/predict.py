@@ -17,11 +17,12 @@ A plan's predicted time walks its steps in order (`Predictor.steps_seconds`):
 - plus the executor's per-step loop overhead (timed too), except that a run of consecutive steps
   on our own kernels (ops/native.py) is one call from Python: each run costs one call (timed;
   a step's own time leaves the loop and the call out);
-- plus the time to fetch from memory what the stirred timing found in cache: the layer's weights,
-  the arena bytes it reads and writes and the band of the input, when more than the cache holds
-  was touched since they were last used (e.g. resnet18 by one-row bands runs each of layer4's
-  9.4 MB convolutions 7 times with all other layers in between; a layer-by-layer plan writes its
-  first activations over arena bytes last used a whole run earlier). Per cold byte, the step's
+- plus the time to fetch from memory what the stirred timing found in cache: of the layer's
+  weights, the arena bytes it reads and writes and the band of the input, what a cache that
+  evicts at random can expect to have lost since they were last used (`cold_fetches`; e.g.
+  resnet18 by one-row bands runs each of layer4's 9.4 MB convolutions 7 times with all other
+  layers in between; a layer-by-layer plan writes its first activations over arena bytes last
+  used a whole run earlier). Per cold byte, the step's
   own rate where the profile has one (`Profile.cold`: a step touching COLD_PROBE_BYTES or more,
   timed with the whole cache evicted), else the profile's constant: a classifier's
   matrix-vector product streams its weights at memory speed (mobilenet_v2's 5 MB: 180 us
@@ -41,6 +42,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.plan.schema import Plan, Step
@@ -57,9 +60,21 @@ def _sysfs_cache_bytes(index: int, default: int) -> int:
 # The last-level cache a step can count on: half of it (it is shared with other cores and, on a
 # VM, other tenants).
 CACHE_BYTES = _sysfs_cache_bytes(3, 32 * 2**20) // 2
+# What a run's steps find held of the last-level cache, taken as one that evicts at random (see
+# `cold_fetches`). Fitted: bench/predict.py's plans of seven zoo models (35 plans, three rounds
+# each), largest error 11.5% holding 6 MB of this host's 32 MB (shared with other tenants),
+# 12.2% at 8, 18.8% at 4, 14.9% with the least-recently-used 16 MB it replaces; mobilenet_v2's
+# plans -7 / -10% so, -2 / -8% now.
+HELD_BYTES = 3 * CACHE_BYTES // 8
 # A key that ran this many bytes ago runs at its stirred time; nearer, it finds part of its code
 # and data still in L2 (twice L2: half of what an L2-sized stir writes still evicts).
 WARM_BYTES = 2 * _sysfs_cache_bytes(2, 2**20)
+# A block used again within this many bytes touched is still in L2 (private to the core and
+# least recently used): it cannot miss.
+NEAR_BYTES = _sysfs_cache_bytes(2, 2**20)
+# The fixed point's rounds (each a pass over the run's accesses) and the change that ends them.
+MISS_ROUNDS = 100
+MISS_TOLERANCE = 1e-4
 # The profile constants (measured once per profile by runtime/cost.py).
 CONSTANTS = ("loop", "native_call", "cold_byte", "partition")
 
@@ -154,7 +169,7 @@ class Predictor:
         cold, cold_code = cold_fetches(prints)
         rate = self.cold_byte_seconds
         fetch = sum(c * p.cold.get(k, rate) for k, c in zip(keys, cold))
-        code = sum(p.seconds.get(CODE_KEY + op, 0.0) for op in cold_code if op)
+        code = sum(chance * p.seconds.get(CODE_KEY + op, 0.0) for op, chance in filter(None, cold_code))
         return warm + self._call_seconds([k in p.native for k in keys]) + fetch + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
@@ -193,7 +208,7 @@ def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
                        [[w.region.n, w.region.h, w.region.w, list(w.pad)] for w in windows]])
 
 
-Footprint = tuple[int, list[tuple[tuple, float, int]]]
+Footprint = tuple[int, list[tuple[tuple, float]]]
 
 
 def bytes_since_same_key(keys: Sequence[str], touched: Sequence[int]) -> list[int]:
@@ -210,26 +225,74 @@ def bytes_since_same_key(keys: Sequence[str], touched: Sequence[int]) -> list[in
     return since
 
 
-def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = CACHE_BYTES) -> tuple[list[float], list[str | None]]:
-    """Per step (its `footprints`), the bytes it reads or writes from memory although its stirred
-    timing found them in cache, and its op kind if the op's code was evicted too (else None). A
-    block (a layer's weights, a chunk of the arena, a chunk of the model input, an op's code)
-    whose access fits the cache is cold when the steps since its previous use, in this run or the
-    previous one, touched more than `cache_bytes`."""
-    last_use: dict[tuple, int] = {}
-    total, cold, code = 0, [0.0] * len(prints), [None] * len(prints)
-    for round_ in range(2):  # the first round only finds each block's last use in the previous run
-        for i, (touched, blocks) in enumerate(prints):
-            if round_:
-                for block, nbytes, access in blocks:
-                    if access <= cache_bytes and total - last_use[block] > cache_bytes:
-                        cold[i] += nbytes
-                        if block[0] == "code":
-                            code[i] = block[1]
-            total += touched
-            for block, _, _ in blocks:
-                last_use[block] = total
-    return cold, code
+def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = HELD_BYTES) -> tuple[list[float], list[tuple[str, float] | None]]:
+    """Per step (its `footprints`), the bytes it can expect to read or write from memory although
+    its stirred timing found them in cache, and (its op kind, the chance the op's code was evicted).
+
+    The cache is taken as one that evicts a line at random per miss, in its steady state over
+    runs of the steps: a block (a layer's weights, a chunk of the arena or of the model input, an
+    op's code) is still held at its next use with chance exp(-M / cache_bytes), M the bytes
+    missed in between, in this run or the previous one; so misses make misses, and a run whose
+    blocks all fit misses nothing. Unlike a least-recently-used cache of the same size, a block
+    written by the step just before can miss once the run's blocks exceed the cache (mobilenet_v2
+    layer by layer: a depthwise layer reading the 4.8 MB its expansion has just written, 183 us
+    with only the layers before it run, 370 in a whole run, 665 from memory)."""
+    step_of, block_of, nbytes, code_blocks = _accesses(prints)
+    sizes = np.zeros(int(block_of.max(initial=-1)) + 1)
+    np.maximum.at(sizes, block_of, nbytes)
+    missed = np.zeros(len(nbytes)) if sizes.sum() <= cache_bytes else _steady_misses(block_of, nbytes, cache_bytes)
+    cold = np.bincount(step_of, weights=missed * nbytes, minlength=len(prints))
+    code: list[tuple[str, float] | None] = [None] * len(prints)
+    for a, op in code_blocks:
+        if missed[a] > 0.0:
+            code[step_of[a]] = (op, float(missed[a]))
+    return cold.tolist(), code
+
+
+def _accesses(prints: Sequence[Footprint]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """The steps' block accesses in order: step, block number, bytes; and (access, op) of code."""
+    index: dict[tuple, int] = {}
+    step_of, block_of, nbytes, code = [], [], [], []
+    for i, (_, blocks) in enumerate(prints):
+        for block, n in blocks:
+            if block[0] == "code":
+                code.append((len(nbytes), block[1]))
+            step_of.append(i)
+            block_of.append(index.setdefault(block, len(index)))
+            nbytes.append(n)
+    return (np.array(step_of, dtype=np.int64), np.array(block_of, dtype=np.int64),
+            np.array(nbytes, dtype=np.float64), code)
+
+
+def _steady_misses(block_of: np.ndarray, nbytes: np.ndarray, cache_bytes: int) -> np.ndarray:
+    """Per access, the chance it misses: the fixed point of miss = 1 - exp(-M / cache_bytes),
+    reached from all misses (each round can only lower M, so the misses fall to it)."""
+    n = len(block_of)
+    order = np.argsort(block_of, kind="stable")
+    group_start = np.r_[True, block_of[order][1:] != block_of[order][:-1]]
+    starts = np.flatnonzero(group_start)
+    ends = np.r_[starts[1:], n] - 1
+    previous_sorted = np.roll(order, 1)
+    previous_sorted[starts] = order[ends]  # a block's first use follows its last in the run before
+    previous = np.empty(n, dtype=np.int64)
+    previous[order] = previous_sorted
+    here = np.arange(n)
+    wraps = previous >= here
+
+    def since_previous(per_access: np.ndarray) -> np.ndarray:
+        """Per access, the sum of `per_access` over the accesses since its block's previous one."""
+        before = np.r_[0.0, np.cumsum(per_access)]
+        return before[here] - before[previous + 1] + np.where(wraps, before[-1], 0.0)
+
+    near = since_previous(nbytes) < NEAR_BYTES
+    missed = np.ones(n)
+    for _ in range(MISS_ROUNDS):
+        updated = np.where(near, 0.0, -np.expm1(-since_previous(missed * nbytes) / cache_bytes))
+        done = np.abs(updated - missed).max() < MISS_TOLERANCE
+        missed = updated
+        if done:
+            break
+    return missed
 
 
 # Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
@@ -244,18 +307,18 @@ MAX_CHUNKS = 1024  # and at most this many (a 500 MB arena in chunks of 0.5 MB)
 
 def footprints(plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> list[Footprint]:
     """Per step, the bytes it touches (views and weights) and what it reads and writes as
-    (block, bytes in it, bytes of the whole access); its op's code (and the interpreter's and
-    torch's data on the way to it) counts as a block of no bytes."""
+    (block, bytes in it); its op's code (and the interpreter's and torch's data on the way to it)
+    counts as a block of no bytes."""
     chunk = max(ARENA_CHUNK, plan.arena_bytes // MAX_CHUNKS)
     return [_footprint(plan, graphs, s, chunk) for s in steps]
 
 
 def _footprint(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> Footprint:
-    blocks: list[tuple[tuple, float, int]] = [(("code", _op_kind(graphs, step)), 0.0, 0)]
+    blocks: list[tuple[tuple, float]] = [(("code", _op_kind(graphs, step)), 0.0)]
     w = _weight_bytes(graphs, step)
     if w:  # a convolution's weights are packed once per input shape (ops/conv.PackedWeights)
         shapes = tuple((a.region.n, a.region.h, a.region.w) for a in step.inputs)
-        blocks.append((("weights", step.model, step.layer, shapes), w, w))
+        blocks.append((("weights", step.model, step.layer, shapes), w))
     touched = w
     for a in (step.out,) + step.inputs:
         nbytes = _view_bytes(plan, a)
@@ -270,9 +333,9 @@ def _footprint(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> F
     return touched, blocks
 
 
-def _chunked(space: tuple, first: int, end: int, nbytes: int, chunk: int) -> list[tuple[tuple, float, int]]:
+def _chunked(space: tuple, first: int, end: int, nbytes: int, chunk: int) -> list[tuple[tuple, float]]:
     ids = range(first // chunk, max(first, end - 1) // chunk + 1)
-    return [(space + (c,), nbytes / len(ids), nbytes) for c in ids]
+    return [(space + (c,), nbytes / len(ids)) for c in ids]
 
 
 def _arena_span(plan: Plan, a) -> tuple[int, int]:
