@@ -61,10 +61,9 @@ def _sysfs_cache_bytes(index: int, default: int) -> int:
 # VM, other tenants).
 CACHE_BYTES = _sysfs_cache_bytes(3, 32 * 2**20) // 2
 # What a run's steps find held of the last-level cache, taken as one that evicts at random (see
-# `cold_fetches`). Fitted: bench/predict.py's plans of seven zoo models (35 plans, three rounds
-# each), largest error 11.5% holding 6 MB of this host's 32 MB (shared with other tenants),
-# 12.2% at 8, 18.8% at 4, 14.9% with the least-recently-used 16 MB it replaces; mobilenet_v2's
-# plans -7 / -10% so, -2 / -8% now.
+# `cold_fetches`). Fitted on bench/predict.py's plans of seven zoo models (35 plans, three
+# profiles and timings each): largest error 11.5% at 6 MB of this host's 32 MB (shared with other
+# tenants), 12.2% at 8 MB, 18.8% at 4 MB; 14.9% with the least-recently-used 16 MB it replaces.
 HELD_BYTES = 3 * CACHE_BYTES // 8
 # A key that ran this many bytes ago runs at its stirred time; nearer, it finds part of its code
 # and data still in L2 (twice L2: half of what an L2-sized stir writes still evicts).
