@@ -3,7 +3,6 @@ predicted time is made of its steps. No timing is asserted (benchmarks do that).
 from __future__ import annotations
 
 import json
-
 import math
 
 import pytest
