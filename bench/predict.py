@@ -180,6 +180,8 @@ def main() -> None:
                     help="the core that profiles, searches and runs the plans (-1: wherever the scheduler puts them)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cpu != -1 and args.cpu not in os.sched_getaffinity(0):
+        ap.error(f"--cpu {args.cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))} (or -1)")
     if args.one:
         one_model(args.one, args)
         return
