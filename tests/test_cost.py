@@ -77,7 +77,7 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     # A step's hot time is its timing less the loop's or the native call's overhead.
     hot = {k: 1e-4 - (cm.native_call_seconds if k in cm.native else cm.loop_seconds) for k in keys}
     warm = [hot[k] + (0.0 if k in cm.native else 1e-4 * min(1.0, d / predict.WARM_BYTES)) for k, d in zip(keys, since)]
-    cold, code = cold_fetches(prints)
+    cold, code = cold_fetches(prints, seconds=warm, decay=cm.llc_decay)
     code_seconds = sum(chance * cm.seconds.get(predict.CODE_KEY + op, 0.0) for op, chance in filter(None, code))
     native, runs = _native_runs(cm, p, g)
     calls = (len(steps) - native) * cm.loop_seconds + runs * cm.native_call_seconds

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from math import prod
+from math import inf, prod
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -75,7 +75,7 @@ NEAR_BYTES = _sysfs_cache_bytes(2, 2**20)
 MISS_ROUNDS = 100
 MISS_TOLERANCE = 1e-4
 # The profile constants (measured once per profile by runtime/cost.py).
-CONSTANTS = ("loop", "native_call", "cold_byte", "partition")
+CONSTANTS = ("loop", "native_call", "cold_byte", "partition", "llc_decay")
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,12 @@ class Predictor:
         """The executor's cost of running a partition besides its steps."""
         return self._constant("partition")
 
+    @property
+    def llc_decay(self) -> float:
+        """The chance per second that a line of ours in the last-level cache is lost to other work
+        on the host (none on a host of our own)."""
+        return self._constant("llc_decay")
+
     def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
         """Predicted seconds of one run of the plan (one frame of every partition)."""
         per_part = [self.steps_seconds(plan, graphs, p.steps) for p in plan.partitions]
@@ -163,13 +169,13 @@ class Predictor:
         # A step on our own kernels runs at its hot time: it fetches no interpreter or torch code
         # and data on the way (mobilenet_v2 by one-row bands: 4.9 ms predicted so, 5.8 blended
         # by the bytes since, 4.7 measured); what its data fetches from memory is `cold` below.
-        warm = sum(p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES))
-                   for k, d, ok in zip(keys, since, known) if ok)
-        cold, cold_code = cold_fetches(prints)
+        warm = [p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES)) if ok else 0.0
+                for k, d, ok in zip(keys, since, known)]
+        cold, cold_code = cold_fetches(prints, seconds=warm, decay=self.llc_decay)
         rate = self.cold_byte_seconds
         fetch = sum(c * p.cold.get(k, rate) for k, c in zip(keys, cold))
         code = sum(chance * p.seconds.get(CODE_KEY + op, 0.0) for op, chance in filter(None, cold_code))
-        return warm + self._call_seconds([k in p.native for k in keys]) + fetch + code
+        return sum(warm) + self._call_seconds([k in p.native for k in keys]) + fetch + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
@@ -224,7 +230,8 @@ def bytes_since_same_key(keys: Sequence[str], touched: Sequence[int]) -> list[in
     return since
 
 
-def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = HELD_BYTES) -> tuple[list[float], list[tuple[str, float] | None]]:
+def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = HELD_BYTES, seconds: Sequence[float] = (),
+                 decay: float = 0.0) -> tuple[list[float], list[tuple[str, float] | None]]:
     """Per step (its `footprints`), the bytes it can expect to read or write from memory although
     its stirred timing found them in cache, and (its op kind, the chance the op's code was evicted).
 
@@ -232,14 +239,27 @@ def cold_fetches(prints: Sequence[Footprint], cache_bytes: int = HELD_BYTES) -> 
     runs of the steps: a block (a layer's weights, a chunk of the arena or of the model input, an
     op's code) is still held at its next use with chance exp(-M / cache_bytes), M the bytes
     missed in between, in this run or the previous one; so misses make misses, and a run whose
-    blocks all fit misses nothing. Unlike a least-recently-used cache of the same size, a block
-    written by the step just before can miss once the run's blocks exceed the cache (mobilenet_v2
-    layer by layer: a depthwise layer reading the 4.8 MB its expansion has just written, 183 us
-    with only the layers before it run, 370 in a whole run, 665 from memory)."""
+    blocks all fit misses none of its own. Unlike a least-recently-used cache of the same size, a
+    block written by the step just before can miss once the run's blocks exceed the cache
+    (mobilenet_v2 layer by layer: a depthwise layer reading the 4.8 MB its expansion has just
+    written, 183 us with only the layers before it run, 370 in a whole run, 665 from memory).
+    Other work on the host evicts too: with `seconds` (per step, its time) and `decay` (the
+    profile's "llc_decay", per second), a block is also lost with chance 1 - exp(-decay x the
+    seconds in between) (onnxzoo-shufflenet's classifier, 2 MB read once a 6 ms run of 6 MB of
+    blocks: 49 us back to back, 224 after a 6 ms spin that touches nothing, 350 in the run)."""
     step_of, block_of, nbytes, code_blocks = _accesses(prints)
     sizes = np.zeros(int(block_of.max(initial=-1)) + 1)
     np.maximum.at(sizes, block_of, nbytes)
-    missed = np.zeros(len(nbytes)) if sizes.sum() <= cache_bytes else _steady_misses(block_of, nbytes, cache_bytes)
+    overflows = sizes.sum() > cache_bytes
+    aged = None
+    if decay > 0.0 and len(seconds) and len(step_of):
+        aged = np.zeros(len(nbytes))
+        first = np.r_[True, step_of[1:] != step_of[:-1]]
+        aged[first] = decay * np.asarray(seconds, dtype=np.float64)[step_of[first]]  # a step's time, at its first access
+    if overflows or aged is not None:
+        missed = _steady_misses(block_of, nbytes, cache_bytes if overflows else inf, aged)
+    else:
+        missed = np.zeros(len(nbytes))
     cold = np.bincount(step_of, weights=missed * nbytes, minlength=len(prints))
     code: list[tuple[str, float] | None] = [None] * len(prints)
     for a, op in code_blocks:
@@ -263,9 +283,10 @@ def _accesses(prints: Sequence[Footprint]) -> tuple[np.ndarray, np.ndarray, np.n
             np.array(nbytes, dtype=np.float64), code)
 
 
-def _steady_misses(block_of: np.ndarray, nbytes: np.ndarray, cache_bytes: int) -> np.ndarray:
-    """Per access, the chance it misses: the fixed point of miss = 1 - exp(-M / cache_bytes),
-    reached from all misses (each round can only lower M, so the misses fall to it)."""
+def _steady_misses(block_of: np.ndarray, nbytes: np.ndarray, cache_bytes: float, aged: np.ndarray | None) -> np.ndarray:
+    """Per access, the chance it misses: the fixed point of miss = 1 - exp(-M / cache_bytes - A),
+    A the sum of `aged` (per access, decay x seconds) since the block's previous access, reached
+    from all misses (each round can only lower M, so the misses fall to it)."""
     n = len(block_of)
     order = np.argsort(block_of, kind="stable")
     group_start = np.r_[True, block_of[order][1:] != block_of[order][:-1]]
@@ -284,9 +305,10 @@ def _steady_misses(block_of: np.ndarray, nbytes: np.ndarray, cache_bytes: int) -
         return before[here] - before[previous + 1] + np.where(wraps, before[-1], 0.0)
 
     near = since_previous(nbytes) < NEAR_BYTES
+    lost = 0.0 if aged is None else since_previous(aged)
     missed = np.ones(n)
     for _ in range(MISS_ROUNDS):
-        updated = np.where(near, 0.0, -np.expm1(-since_previous(missed * nbytes) / cache_bytes))
+        updated = np.where(near, 0.0, -np.expm1(-since_previous(missed * nbytes) / cache_bytes - lost))
         done = np.abs(updated - missed).max() < MISS_TOLERANCE
         missed = updated
         if done:

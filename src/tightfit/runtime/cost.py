@@ -53,6 +53,16 @@ HOT_SAMPLES = 51
 ENOUGH_SECONDS = 0.01
 STIR_BYTES = 4 * 2**20  # several times L2 and well inside L3 on the machines we profile
 COLD_BYTE_REPEATS = 7
+# The llc_decay probe (`_llc_decay`): its block, its waits, the wait after which the block
+# counts as gone, the reads per timing, the share lost beyond which a read says little, and the
+# probes of which the median (about 0.3 s each).
+DECAY_PROBE_BYTES = 4 * 2**20
+DECAY_WAITS = (0.002, 0.004, 0.008)
+DECAY_GONE_SECONDS = 0.032
+DECAY_SAMPLES = 9
+DECAY_GONE_SAMPLES = 5
+DECAY_MAX_LOST = 0.95
+DECAY_REPEATS = 5
 
 
 def profile_id() -> str:
@@ -133,8 +143,14 @@ class CostModel:
         context, the input's checks and patches: 3 us here, 7% of minakova5's run)."""
         return self._once("partition", _partition_overhead)
 
+    @property
+    def llc_decay(self) -> float:
+        """The chance per second that a line of ours in the last-level cache is lost to other work
+        on the host (analysis/predict.cold_fetches)."""
+        return self._once("llc_decay", _llc_decay)
+
     CONSTANT_MEASURES = {"loop": "loop_seconds", "native_call": "native_call_seconds", "cold_byte": "cold_byte_seconds",
-                         "partition": "partition_seconds"}
+                         "partition": "partition_seconds", "llc_decay": "llc_decay"}
 
     def _once(self, key: str, measure: Callable[[], float]) -> float:
         """A profile constant, measured on first need."""
@@ -178,7 +194,7 @@ class CostModel:
     def _measure_steps(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> None:
         for s in steps:
             self._measure(plan, graphs, s, step_key(plan, graphs, s))
-        self.loop_seconds, self.native_call_seconds, self.cold_byte_seconds, self.partition_seconds  # noqa: B018 (measured on first need)
+        self.loop_seconds, self.native_call_seconds, self.cold_byte_seconds, self.partition_seconds, self.llc_decay  # noqa: B018 (measured on first need)
 
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
         """The step's stirred time (its code and data in the last-level cache only)."""
@@ -349,6 +365,39 @@ def _cold_byte_seconds() -> float:
     differences = [_median_seconds(run, 21, stir_bytes=2 * CACHE_BYTES) - _median_seconds(run, 21)
                    for _ in range(COLD_BYTE_REPEATS)]
     return max(statistics.median(differences), 0.0) / weight.nbytes
+
+
+def _llc_decay() -> float:
+    """How fast other work on the host takes our lines from the last-level cache: a block of
+    DECAY_PROBE_BYTES (beyond L2) is read, the core spins touching nothing for a wait, and the
+    block is read again. The share of it lost, f = (t - held) / (gone - held), "gone" after
+    DECAY_GONE_SECONDS, grows as 1 - exp(-decay x wait) (here, with other tenants on the host:
+    20-35% after 2 ms, 30-45% after 4, 50-75% after 8; decay 80-190 per second, some probes 500).
+    The slope of -log(1 - f) over DECAY_WAITS leaves out what the spin itself costs the read; the
+    median of DECAY_REPEATS slopes. (A stir of the whole cache is no reference: a read after a
+    16 ms spin took up to twice as long as one after the stir.)"""
+    block = torch.ones(DECAY_PROBE_BYTES // 4)
+
+    def read_after(wait: float, samples: int = DECAY_SAMPLES) -> float:
+        times = []
+        for _ in range(samples):
+            block.sum()
+            _spin(wait)
+            times.append(timed(block.sum))
+        return statistics.median(times)
+
+    slopes = []
+    for _ in range(DECAY_REPEATS):
+        held, gone = read_after(0.0), read_after(DECAY_GONE_SECONDS, DECAY_GONE_SAMPLES)
+        lost = [min(max((read_after(wait) - held) / max(gone - held, 1e-9), 0.0), DECAY_MAX_LOST) for wait in DECAY_WAITS]
+        slopes.append(statistics.linear_regression(DECAY_WAITS, [-math.log1p(-f) for f in lost]).slope)
+    return max(statistics.median(slopes), 0.0)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes: int = STIR_BYTES) -> float:
