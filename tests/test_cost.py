@@ -104,25 +104,29 @@ def _touched(plan, g, s) -> int:
     return view(s.out) + sum(view(a) for a in s.inputs) + weights
 
 
-def _cold_by_brute_force(prints, cache_bytes: int) -> tuple[list[float], list]:
+def _cold_by_brute_force(prints, cache_bytes: int, seconds=(), decay: float = 0.0) -> tuple[list[float], list]:
     """Per access, walk back (across the previous run) to the previous access of its block,
-    summing the bytes in between and what of them missed; a round of all accesses from all
-    misses, again until the misses settle."""
+    summing the bytes in between, what of them missed and the seconds of the steps begun in
+    between; a round of all accesses from all misses, again until the misses settle."""
     accesses = [(i, block, nbytes) for i, (_, blocks) in enumerate(prints) for block, nbytes in blocks]
     n = len(accesses)
+    begins = [a == 0 or accesses[a - 1][0] != accesses[a][0] for a in range(n)]
     sizes: dict = {}
     for _, block, nbytes in accesses:
         sizes[block] = max(sizes.get(block, 0.0), nbytes)
-    missed = [0.0 if sum(sizes.values()) <= cache_bytes else 1.0] * n
+    overflows = sum(sizes.values()) > cache_bytes
+    missed = [1.0 if overflows or decay else 0.0] * n
     for _ in range(predict.MISS_ROUNDS if any(missed) else 0):
         updated = []
         for a, (_, block, _) in enumerate(accesses):
-            b, touched, between = a - 1, 0.0, 0.0
+            b, touched, between, aged = a - 1, 0.0, 0.0, 0.0
             while accesses[b % n][1] != block:
                 touched += accesses[b % n][2]
                 between += missed[b % n] * accesses[b % n][2]
+                aged += decay * seconds[accesses[b % n][0]] if decay and begins[b % n] else 0.0
                 b -= 1
-            updated.append(0.0 if touched < predict.NEAR_BYTES else 1.0 - math.exp(-between / cache_bytes))
+            own = between / cache_bytes if overflows else 0.0
+            updated.append(0.0 if touched < predict.NEAR_BYTES else 1.0 - math.exp(-own - aged))
         done = max(abs(u - m) for u, m in zip(updated, missed)) < predict.MISS_TOLERANCE
         missed = updated
         if done:
@@ -142,9 +146,10 @@ def test_cold_bytes_follow_the_misses_in_between(rows):
     p = plan_parts(model, *phases_for_rows(g, rows)) if rows else plan_reuse(model)
     prints = footprints(p, [g], p.steps())
     assert [touched for touched, _ in prints] == [_touched(p, g, s) for s in p.steps()]
-    for cache_bytes in (2**20, 4 * 2**20, 2**30):
-        cold, code = cold_fetches(prints, cache_bytes)
-        brute_cold, brute_code = _cold_by_brute_force(prints, cache_bytes)
+    seconds = [1e-6 * (1 + i % 7) for i in range(len(prints))]
+    for cache_bytes, decay in ((2**20, 0.0), (4 * 2**20, 0.0), (2**30, 0.0), (4 * 2**20, 500.0), (2**30, 500.0)):
+        cold, code = cold_fetches(prints, cache_bytes, seconds, decay)
+        brute_cold, brute_code = _cold_by_brute_force(prints, cache_bytes, seconds, decay)
         assert cold == pytest.approx(brute_cold, rel=1e-6, abs=1e-3)
         assert [c and c[0] for c in code] == [c and c[0] for c in brute_code]
         assert [c and c[1] for c in code] == pytest.approx([c and c[1] for c in brute_code], abs=1e-6)
@@ -173,6 +178,19 @@ def test_a_block_written_just_before_misses_only_when_the_run_overflows_the_cach
     small, large = (cold_fetches(run(b * mb), 8 * mb)[0] for b in (16, 64))
     assert fits == [0.0] * 4
     assert 0.0 < small[2] < large[2] < 3 * mb
+
+
+def test_other_work_on_the_host_evicts_by_the_seconds_in_between():
+    """A run whose blocks fit: nothing misses on a host of our own; with other work evicting at
+    `decay` per second, a block misses with chance 1 - exp(-decay x the seconds of the steps in
+    between), unless it is used again within L2's reach."""
+    near = predict.NEAR_BYTES
+    # step 0 reads "w" once a run; steps 1 and 2 read "x", one right after the other
+    prints = [(2 * near, [(("w",), 2.0 * near)]), (2 * near, [(("x",), 2.0 * near)]), (2 * near, [(("x",), 2.0 * near)])]
+    seconds, decay = [1e-3, 2e-3, 3e-3], 100.0
+    assert cold_fetches(prints, 8 * near, seconds)[0] == [0.0] * 3
+    cold = cold_fetches(prints, 8 * near, seconds, decay)[0]
+    assert cold == pytest.approx([2 * near * -math.expm1(-decay * 5e-3), 2 * near * -math.expm1(-decay * 1e-3), 0.0])
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])

@@ -19,10 +19,12 @@ A plan's predicted time walks its steps in order (`Predictor.steps_seconds`):
   a step's own time leaves the loop and the call out);
 - plus the time to fetch from memory what the stirred timing found in cache: of the layer's
   weights, the arena bytes it reads and writes and the band of the input, what a cache that
-  evicts at random can expect to have lost since they were last used (`cold_fetches`; e.g.
-  resnet18 by one-row bands runs each of layer4's 9.4 MB convolutions 7 times with all other
-  layers in between; a layer-by-layer plan writes its first activations over arena bytes last
-  used a whole run earlier). Per cold byte, the step's
+  evicts at random can expect to have lost since they were last used, to the run's own misses
+  and to other work on the host over the seconds in between (`cold_fetches`; e.g. resnet18 by
+  one-row bands runs each of layer4's 9.4 MB convolutions 7 times with all other layers in
+  between; a layer-by-layer plan writes its first activations over arena bytes last used a whole
+  run earlier; a classifier read once a run loses its weights to other tenants even where the
+  run's blocks fit). Per cold byte, the step's
   own rate where the profile has one (`Profile.cold`: a step touching COLD_PROBE_BYTES or more,
   timed with the whole cache evicted), else the profile's constant: a classifier's
   matrix-vector product streams its weights at memory speed (mobilenet_v2's 5 MB: 180 us
