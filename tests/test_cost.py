@@ -301,3 +301,27 @@ def test_a_large_step_has_its_own_rate_per_byte_fetched_from_memory(monkeypatch)
     classifier = [s for s in steps if s.kind == "compute" and g.layers[s.layer].op == "gemm"]
     assert {step_key(plan, [g], s) for s in classifier} <= set(rated)
     assert cm.cold == pytest.approx({k: (evicted - stirred) / t for k, t in rated.items()})
+
+
+def test_an_ops_code_cost_is_taken_from_its_smallest_probe(small, monkeypatch):
+    """What evicted code costs is what is left of a cold timing after the data's fetch at the
+    cold_byte rate; a step that touches less leaves less of its data's error in it, so a step a
+    CODE_PROBE_SHRINK-th the size of the first probe measures it again (whichever plan a profile
+    began with), and one not that much smaller does not."""
+    g, p = small
+    convs = [s for s in p.steps() if s.kind == "compute" and g.layers[s.layer].op == "conv"]
+    touched = {id(convs[0]): 800_000, id(convs[1]): 500_000, id(convs[2]): 20_000}
+    cold = iter([9e-4, 5e-4])
+    monkeypatch.setattr(cost, "_footprint", lambda plan, graphs, step, chunk: (touched[id(step)], []))
+    monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
+                        next(cold) if stir_bytes == 4 * cost.CACHE_BYTES else 1e-5)
+    cm = CostModel(None)
+    cm.record("cold_byte", 0.0)
+    cm.record("native_call", 0.0)
+    cm.record("loop", 0.0)
+    code_key = predict.CODE_KEY + "conv"
+    measured = []
+    for s in convs[:3]:
+        cm._profile(p, [g], s, step_key(p, [g], s))
+        measured.append(cm.seconds[code_key])
+    assert measured == pytest.approx([9e-4 - 1e-5, 9e-4 - 1e-5, 5e-4 - 1e-5])

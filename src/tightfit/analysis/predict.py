@@ -319,9 +319,13 @@ def _steady_misses(block_of: np.ndarray, nbytes: np.ndarray, cache_bytes: float,
 
 
 # Profile keys of the seconds a step of an op takes longer when the op's code was evicted, measured
-# on the op's first step that touches at most CODE_PROBE_BYTES.
+# on a step of the op that touches at most CODE_PROBE_BYTES, again on one that touches a
+# CODE_PROBE_SHRINK-th as much: what is left after the data's fetch at the cold_byte rate is
+# taken off, the less data the truer (inception_v3's convolutions: 213 us from a whole layer of
+# its layer-by-layer plan, profiled first, 9 us from a band; its band plans 15% slow or 1%).
 CODE_KEY = "code:"
 CODE_PROBE_BYTES = 2**20
+CODE_PROBE_SHRINK = 4
 # A step touching this much or more has its own rate of seconds per byte fetched from memory.
 COLD_PROBE_BYTES = 2**20
 ARENA_CHUNK = 64 * 2**10  # the reuse walk follows the arena in chunks of at least this size

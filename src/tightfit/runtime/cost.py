@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, COLD_PROBE_BYTES, Predictor,
-                                      Profile, _footprint, _op_kind, step_key)
+from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, CODE_PROBE_SHRINK,
+                                      COLD_PROBE_BYTES, Predictor, Profile, _footprint, _op_kind, step_key)
 from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
@@ -113,6 +113,7 @@ class CostModel:
             for key, entry in self._store.load().items():
                 self._take(key, entry)
         self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
+        self._code_probe_bytes: dict[str, int] = {}  # per code key measured here, its probe's bytes
         # Profiling done through this model: step shapes measured and the seconds it took
         # (reported apart from a search's time, which does not count it).
         self.profiled = 0
@@ -237,10 +238,12 @@ class CostModel:
             entry["c"] = max(0.0, evicted - stirred) / touched
         self._keep(key, entry)
         code_key = CODE_KEY + _op_kind(graphs, step)
-        if code_key not in self.seconds and touched <= CODE_PROBE_BYTES:
+        probed = self._code_probe_bytes.get(code_key, math.inf if code_key not in self.seconds else 0)
+        if touched <= CODE_PROBE_BYTES and touched * CODE_PROBE_SHRINK <= probed:
             # Evicted data on a step this small costs little next to evicted code.
             cold = _median_seconds(run, stir_bytes=4 * CACHE_BYTES)
             self.record(code_key, max(0.0, cold - stirred - touched * self.cold_byte_seconds))
+            self._code_probe_bytes[code_key] = touched
 
     def _in_loop_seconds(self, bound: "NativeCalls | _Compiled", alone: float) -> float:
         """A step's own seconds inside a run of steps, back to back: k copies run as the executor
