@@ -59,18 +59,16 @@ def _plan_job(job: dict) -> Job:
     import tightfit
     from tightfit.runtime.executor import ArenaExecutor, RowSource
     from tightfit.runtime.measure import release_pages
-    from tightfit.runtime.reference import load_params
 
     plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED, bool(job.get("allow_code")))
-    params = [load_params(g) for g in graphs]
     # A plan that holds only a window of its input gets it as row bands, so the whole input
     # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
     # caller's frame, outside the arena, as in any other run).
     windowed = {s.model for s in plan.steps() if s.kind == "input" and s.out.region.h < graphs[s.model].shape(graphs[s.model].inputs[0])[2]}
     xs = [RowSource.seeded((ref.batch,) + g.shape(g.inputs[0])[1:], i) if i in windowed else x
           for i, (g, ref, x) in enumerate(zip(graphs, plan.models, tightfit.api.plan_inputs(graphs, plan)))]
-    executor = ArenaExecutor(plan, graphs, params)
-    return Job(lambda: executor.run(xs), lambda: release_pages(executor.arena), executor.arena.untyped_storage().nbytes())
+    executor = ArenaExecutor(plan, graphs)
+    return Job(lambda: executor.run(xs), lambda: release_pages(executor.arena), executor.arena.nbytes)
 
 
 JOBS = {"reference": _reference_job, "alloc": _alloc_job, "plan": _plan_job}

@@ -274,7 +274,7 @@ def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:
 
 
 def execute(plan_, graphs, inputs: Sequence[torch.Tensor] | None = None, fill_nan: bool = False):
-    """Run a plan once with the arena executor; returns per model {output: tensor} (copies)."""
+    """Run a plan once with the arena executor; returns per model {output: array} (copies)."""
     from tightfit.runtime.executor import ArenaExecutor
 
     xs = plan_inputs(graphs, plan_) if inputs is None else list(inputs)
@@ -282,7 +282,7 @@ def execute(plan_, graphs, inputs: Sequence[torch.Tensor] | None = None, fill_na
     t0 = time.perf_counter()
     outs = ex.run(xs)
     seconds = time.perf_counter() - t0
-    return [{k: v.clone() for k, v in o.items()} for o in outs], seconds
+    return [{k: v.copy() for k, v in o.items()} for o in outs], seconds
 
 
 # --- the C export ------------------------------------------------------------------------------

@@ -420,13 +420,12 @@ def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
     return fps
 
 
-def run_cnn(ex, m: int, x) -> dict[str, torch.Tensor]:
+def run_cnn(ex, m: int, x) -> dict:
     """Run only CNN `m`'s partitions of an application plan on input `x` (a frame routed to one
     CNN); returns its outputs as views into the arena."""
-    with torch.no_grad():
-        for p, compiled in zip(ex.plan.partitions, ex.frames[0]):
-            if p.model == m:
-                compiled.run(x)
+    for p, part in zip(ex.plan.partitions, ex.frames[0]):
+        if p.model == m:
+            ex.run_partition(part, x)
     return ex._outputs[0][m]
 
 

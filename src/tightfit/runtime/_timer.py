@@ -24,14 +24,14 @@ def main() -> None:
     from tightfit.analysis.predict import CACHE_BYTES
     from tightfit.runtime.cost import timed
     from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import load_params, random_input
+    from tightfit.runtime.reference import random_input
 
     with open(sys.argv[1], "rb") as f:
         job = pickle.load(f)
     torch.set_num_threads(job["threads"])
     torch.set_grad_enabled(False)
     plan, graph = job["plan"], job["graph"]
-    executor = ArenaExecutor(plan, [graph], [load_params(graph)])
+    executor = ArenaExecutor(plan, [graph])
     x = random_input(graph, plan.models[0].batch, job["seed"])
     stir = torch.empty(4 * CACHE_BYTES // 4)  # CACHE_BYTES is half the last-level cache
     executor.run(x)

@@ -2,16 +2,18 @@
 kernels, kept in a profile. The prediction from them is analysis/predict.py.
 
 Every step of a plan has a key (analysis/predict.step_key). A key is timed once, by binding the
-step exactly as the executor does (`compile_step`) to views of the same shapes and running it:
+step exactly as the executor does (export/step_args.py, runtime/library.py) to views of the same
+shapes in an arena of its own and running it through the library's `tf_run`, as the executor does:
 the median of several runs, each after the caches are stirred ("stirred": the step's code and
 data are in the last-level cache only) and of several runs back to back ("hot"). Times are kept
-on disk in a profile whose id names the machine, torch, the thread count and the kernels' code,
+on disk in a profile whose id names the machine, the kernels' code and flags, and our Python code,
 so every planner and search shares one set of measurements. Searches never measure: they read a
 frozen snapshot (`CostModel.frozen`), and the command layer measures what they missed
 (`measure_missing`, runtime/profiling.py).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import math
@@ -24,21 +26,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import torch
+import numpy as np
 
 from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, CODE_PROBE_SHRINK,
                                       COLD_PROBE_BYTES, Predictor, Profile, _footprint, _op_kind, step_key)
 from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
-from tightfit.ops import get_op
-from tightfit.ops.native import NativeCalls
-from tightfit.ops.native import available as native_available
 from tightfit.plan.schema import Plan, Step
+from tightfit.runtime import library as kernels
 
 if TYPE_CHECKING:
-    from tightfit.runtime.executor import _Compiled
+    from tightfit.export.step_args import Args
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 SAMPLES = 7
 # A step shorter than this is timed as a run of copies of it back to back lasting about this long
 # (at most BATCH_MAX copies), which leaves the call and the clock around one step out.
@@ -66,26 +66,29 @@ DECAY_REPEATS = 5
 
 
 def profile_id() -> str:
-    """Names what the measurements depend on: CPU, core count, torch, threads, kernel code."""
+    """Names what the measurements depend on: CPU, core count, the kernels' code and flags (one
+    thread: the library runs a step on the calling thread)."""
     cpu = platform.processor()
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                    if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    text = f"{cpu}|{os.cpu_count()}|{torch.__version__}|{torch.get_num_threads()}|{PROFILE_VERSION}|{_kernel_code()}"
+    text = f"{cpu}|{os.cpu_count()}|{PROFILE_VERSION}|{_kernel_code()}"
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _kernel_code() -> str:
-    """A digest of the code a step runs (ops and executor): changed kernels, new profile."""
+    """A digest of the code a step runs (the kernels, their flags, the ops, how steps bind and run):
+    changed kernels, new profile."""
+    import tightfit.export.step_args as step_args
     import tightfit.ops as ops
     import tightfit.runtime.executor as executor
 
     here = Path(ops.__file__).parent
-    files = sorted(here.glob("*.py")) + sorted(here.glob("*.c")) + [Path(executor.__file__), Path(__file__)]
-    used = b"native" if native_available() else b"onednn only"
-    return hashlib.sha1(b"".join(f.read_bytes() for f in files) + used).hexdigest()
+    files = sorted(here.glob("*.py")) + [Path(executor.__file__), Path(kernels.__file__), Path(step_args.__file__),
+                                         Path(__file__)]
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files) + kernels.code_digest().encode()).hexdigest()
 
 
 def default_path() -> Path | None:
@@ -112,7 +115,6 @@ class CostModel:
         if self._store is not None and not reprofile:
             for key, entry in self._store.load().items():
                 self._take(key, entry)
-        self._params: dict[tuple[int, int], tuple[Graph, list]] = {}
         self._code_probe_bytes: dict[str, int] = {}  # per code key measured here, its probe's bytes
         # Profiling done through this model: step shapes measured and the seconds it took
         # (reported apart from a search's time, which does not count it).
@@ -130,7 +132,8 @@ class CostModel:
 
     @property
     def native_call_seconds(self) -> float:
-        """The cost of calling a run of native steps from Python (a run of none)."""
+        """The cost of calling tf_run from Python (on no steps): every step runs in the library, a
+        partition's steps in one call."""
         return self._once("native_call", _native_call_overhead)
 
     @property
@@ -223,14 +226,13 @@ class CostModel:
 
     def _profile(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> None:
         """Time a step shape the profile lacks (stirred, hot, and its op's code if new)."""
-        bound = self._bound_step(plan, graphs, step)
-        native = isinstance(bound, NativeCalls)
-        run = bound if native else (lambda: bound.run(*bound.args))
+        bound = _bind_alone(plan, graphs, step)
+        run = bound.runs(1)
         alone_hot, stirred = _median_seconds(run, HOT_SAMPLES, stir_bytes=0), _median_seconds(run)
         hot = self._in_loop_seconds(bound, alone_hot)
         # A stir costs a step the same however it is timed; a single call's timing also carries
         # what the call and the clock cost around it, which the loop's own time replaces.
-        entry = {"s": hot + max(0.0, stirred - alone_hot), "h": hot, "n": native}
+        entry = {"s": hot + max(0.0, stirred - alone_hot), "h": hot, "n": True}
         touched = _footprint(plan, graphs, step, ARENA_CHUNK)[0]
         if touched >= COLD_PROBE_BYTES:
             # Evicted by a stir of the whole last-level cache, as the cold_byte constant is.
@@ -245,26 +247,15 @@ class CostModel:
             self.record(code_key, max(0.0, cold - stirred - touched * self.cold_byte_seconds))
             self._code_probe_bytes[code_key] = touched
 
-    def _in_loop_seconds(self, bound: "NativeCalls | _Compiled", alone: float) -> float:
-        """A step's own seconds inside a run of steps, back to back: k copies run as the executor
-        runs them (k so that they take BATCH_SECONDS), less the loop's or the one native call's
-        overhead, over k. A one-step timing carries the call from Python and the clock's reading
-        around it (mobilenet_v1_025 by one-row bands: 1-5 us steps timed 0.5-1 us long each,
-        0.3 us past the native call, 20% of the plan)."""
+    def _in_loop_seconds(self, bound: "_Alone", alone: float) -> float:
+        """A step's own seconds inside a run of steps, back to back: k copies in one table run by
+        one tf_run call (k so that they take BATCH_SECONDS), less the call's overhead, over k. A
+        one-step timing carries the call from Python and the clock's reading around it
+        (mobilenet_v1_025 by one-row bands: 1-5 us steps timed 0.5-1 us long each)."""
         k = max(1, min(BATCH_MAX, math.ceil(BATCH_SECONDS / max(alone, 1e-9))))
-        if k == 1:  # long enough that the lone timing is the loop's, but for the call
-            return max(0.0, alone - (self.native_call_seconds if isinstance(bound, NativeCalls) else self.loop_seconds))
-        if isinstance(bound, NativeCalls):
-            many, overhead = NativeCalls.merged([bound] * k), self.native_call_seconds
-        else:
-            steps = [bound] * k
-
-            def many() -> None:
-                for st in steps:
-                    st.run(*st.args)
-
-            overhead = k * self.loop_seconds
-        return max(0.0, (_median_seconds(many, HOT_SAMPLES, stir_bytes=0) - overhead) / k)
+        if k == 1:  # long enough that the lone timing is the step's, but for the call
+            return max(0.0, alone - self.native_call_seconds)
+        return max(0.0, (_median_seconds(bound.runs(k), HOT_SAMPLES, stir_bytes=0) - self.native_call_seconds) / k)
 
     def record(self, key: str, seconds: float) -> None:
         """Keep a time measured outside this model (e.g. a whole run), saved with the step times."""
@@ -296,39 +287,46 @@ class CostModel:
         self._store.compact(self._new)
         self._new = {}
 
-    def _bound_step(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> "NativeCalls | _Compiled":
-        from tightfit.runtime.executor import buffer_view, compile_step, native_input, set_input
 
+
+class _Alone:
+    """One step bound in an arena of its own (random values), run through tf_run."""
+
+    def __init__(self, args: "Args", floats: int, weights: np.ndarray, indices: np.ndarray, x: np.ndarray | None):
+        self.args = args
+        self.arena = np.random.default_rng(0).standard_normal(max(floats, 1), dtype=np.float32)
+        self.weights, self.indices, self.x = weights, indices, x
+        self.source = None if x is None else kernels.Tensor(x.ctypes.data, *x.shape[1:4])
+        self.input_fn = kernels.tensor_input() if x is not None else None
+        self.tables: dict[int, kernels.StepTable] = {}
+
+    def runs(self, k: int) -> Callable[[], None]:
+        """A call of tf_run over k copies of the step."""
+        table = self.tables.setdefault(k, kernels.StepTable([self.args] * k))
+        run, ctx = kernels.library().tf_run, None if self.source is None else ctypes.addressof(self.source)
+        pointers = (self.arena.ctypes.data, self.weights.ctypes.data, self.indices.ctypes.data)
+        call = functools.partial(run, *pointers, table.address, table.count, self.input_fn, ctx)
+        call.keep = self  # type: ignore[attr-defined]  # the arena and tables the pointers point into
+        return call
+
+
+def _bind_alone(plan: Plan, graphs: Sequence[Graph], step: Step) -> _Alone:
+    """The step with the buffers it touches placed one after another in an arena of their own."""
+    from tightfit.export.step_args import Context, _dims4, step_args
+
+    at, buffers = 0, list(plan.buffers)
+    for a in dict.fromkeys(x.buffer for x in (step.out,) + step.inputs):
+        b = buffers[a]
+        buffers[a] = replace(b, offsets=(at,) * len(b.offsets))
+        at += -(-b.nbytes // 64) * 64
+    ctx = Context(replace(plan, buffers=tuple(buffers)), graphs, 0)
+    args = step_args(ctx, step)
+    x = None
+    if step.kind == "input":
         g = graphs[step.model]
-        batch = plan.models[step.model].batch
-        views: dict[int, torch.Tensor] = {}
-        for a in (step.out,) + step.inputs:
-            if a.buffer not in views:
-                b = plan.buffers[a.buffer]
-                storage = torch.randn(b.nbytes // b.itemsize)
-                views[a.buffer] = buffer_view(storage, replace(b, offsets=(0,)))
-        params = {}
-        if step.kind == "compute":
-            layer = g.layers[step.layer]
-            params[layer.id] = self._layer_params(g, layer.id)
-        if step.kind == "input":  # as the executor runs it on a tensor input: our copy where it can
-            x = torch.randn((batch,) + g.shape(g.inputs[0])[1:])
-            native = native_input(step, views, tuple(x.shape))
-            if native is not None:
-                call, args, offset = native
-                args.x = x.data_ptr() + offset
-                args.keep += (x,)
-                return call
-            set_input(x)
-        compiled = compile_step(step, views, g, params, batch)
-        return compiled.run if isinstance(compiled.run, NativeCalls) else compiled
-
-    def _layer_params(self, g: Graph, lid: int) -> list:
-        key = (id(g), lid)
-        if key not in self._params:  # the graph is kept with them, so its id is not reused
-            layer = g.layers[lid]
-            self._params[key] = (g, get_op(layer.op).prepare_params(layer, [g.params[p] for p in layer.params]))
-        return self._params[key][1]
+        shape = _dims4((plan.models[step.model].batch,) + tuple(g.shape(g.inputs[0])[1:]))
+        x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32)
+    return _Alone(args, at // 4, ctx.weights.array(), ctx.indices.array(), x)
 
 
 def _valid_entry(key: str, entry: dict) -> bool:
@@ -347,27 +345,23 @@ def _cold_byte_seconds() -> float:
     use); a stir of twice that costs the band 50% more again (memory pages and their table
     entries evicted too), which put plans by one-row bands through resnet18's, resnet50's and the
     inceptions' large layers 11-17% slow, their weights fetched again every few steps."""
-    from tightfit.graph.ir import Layer
-    from tightfit.ops.base import Region
+    from tightfit.export.step_args import Acts, Args, Code, View
 
-    op = get_op("conv")
     c = 512
-    layer = Layer(0, "probe", "conv", ("x",), "y", {"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1),
-                                                    "pads": (1, 1, 1, 1), "groups": 1, "out_channels": c, "act": ()})
-    weight = torch.randn(c, c, 3, 3)
-    params = op.prepare_params(layer, [weight.numpy(), torch.zeros(c).numpy()])
-    out_region = Region(0, 1, 3, 4, 0, 7)
-    windows = op.input_windows(layer, out_region, [(1, c, 7, 7)])
-    r = windows[0].region
-    x = torch.randn(1, r.h, r.w, c).permute(0, 3, 1, 2)
-    y = torch.empty(1, 1, 7, c).permute(0, 3, 1, 2)
-    run = lambda: op.compute(layer, [x], windows, y, out_region, params)  # noqa: E731
+    # Output row 3 of a 7x7 map (input rows 2-4 whole width, padding left and right), channels last.
+    x = View(0, (1, c, 3, 7), (3 * 7 * c, 1, 7 * c, c))
+    y = View(3 * 7 * c, (1, c, 1, 7), (7 * c, 1, 7 * c, c))
+    weights = np.random.default_rng(0).standard_normal(9 * c * c + c, dtype=np.float32)
+    args = Args("conv", "tf_conv_args", (x, y, 0, 9 * c * c, Code("CONV", "dense"), 1, 3, 3, 1, 1, 1, 1, 0, 1,
+                                         -math.inf, math.inf, Acts(())))
+    run = _Alone(args, 4 * 7 * c, weights, np.zeros(1, np.int32), None).runs(1)
+    weight_bytes = 9 * c * c * 4
     # The median of COLD_BYTE_REPEATS differences, each of two medians taken one after the other:
     # a single difference moved 2x with a moment's load on the shared last-level cache, and
     # every cold byte of every plan in the profile with it.
     differences = [_median_seconds(run, 21, stir_bytes=2 * CACHE_BYTES) - _median_seconds(run, 21)
                    for _ in range(COLD_BYTE_REPEATS)]
-    return max(statistics.median(differences), 0.0) / weight.nbytes
+    return max(statistics.median(differences), 0.0) / weight_bytes
 
 
 def _llc_decay() -> float:
@@ -379,7 +373,7 @@ def _llc_decay() -> float:
     The slope of -log(1 - f) over DECAY_WAITS leaves out what the spin itself costs the read; the
     median of DECAY_REPEATS slopes. (A stir of the whole cache is no reference: a read after a
     16 ms spin took up to twice as long as one after the stir.)"""
-    block = torch.ones(DECAY_PROBE_BYTES // 4)
+    block = np.ones(DECAY_PROBE_BYTES // 4, np.float32)
 
     def read_after(wait: float, samples: int = DECAY_SAMPLES) -> float:
         times = []
@@ -409,29 +403,24 @@ def _median_seconds(run: Callable[[], None], samples: int = SAMPLES, stir_bytes:
     overwritten), or with `stir_bytes` 0 back to back ("hot": a band repeated with little in
     between); `steps_seconds` blends the two."""
     stir = _stir_buffer(stir_bytes) if stir_bytes else None  # none: back-to-back runs ("hot")
-    with torch.no_grad():
-        run()  # warm-up: weights are packed and pages touched on the first call, as in a plan's first run
-        times: list[float] = []
-        while len(times) < samples and (len(times) < MIN_SAMPLES or sum(times) < ENOUGH_SECONDS):
-            if stir is not None:
-                stir.fill_(1.0)
-            times.append(timed(run))
+    run()  # warm-up: pages touched on the first call, as in a plan's first run
+    times: list[float] = []
+    while len(times) < samples and (len(times) < MIN_SAMPLES or sum(times) < ENOUGH_SECONDS):
+        if stir is not None:
+            stir.fill(1.0)
+        times.append(timed(run))
     return max(0.0, statistics.median(times))
 
 
 
 def timed(run: Callable[[], object]) -> float:
-    """Seconds of one call of `run`, as steps and plans are timed. At one torch thread every
-    kernel runs on the calling thread, so the thread's CPU time is the run's own: on a shared
+    """Seconds of one call of `run`, as steps and plans are timed. The kernel library runs on the
+    calling thread, so the thread's CPU time is the run's own: on a shared
     machine it leaves out the time other processes held the core (a 25 ms plan measured 3x slow
     at load 10 on 2 cores; a profile timed so stayed slow). The CPU clock has no vDSO path (a
     reading costs 0.6 us here, and its empty interval varies by a tenth of that, which hundreds
     of one-row steps add up), so the wall interval is taken when it is the shorter: not
-    preempted. With more threads, wall time."""
-    if torch.get_num_threads() != 1:
-        t0 = time.perf_counter()
-        run()
-        return time.perf_counter() - t0
+    preempted."""
     wall_empty, cpu_empty = _empty_intervals()
     c0 = time.thread_time()
     w0 = time.perf_counter()
@@ -455,23 +444,23 @@ def _empty_intervals() -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-_STIR: dict[int, torch.Tensor] = {}
+_STIR: dict[int, np.ndarray] = {}
 
 
-def _stir_buffer(nbytes: int) -> torch.Tensor:
+def _stir_buffer(nbytes: int) -> np.ndarray:
     if nbytes not in _STIR:
-        _STIR[nbytes] = torch.empty(nbytes // 4)
+        _STIR[nbytes] = np.empty(nbytes // 4, np.float32)
     return _STIR[nbytes]
 
 
 def _loop_overhead() -> float:
-    from tightfit.runtime.executor import _Compiled
-
-    steps = [_Compiled(_nothing, ()) for _ in range(1000)]
+    """A Python loop's iteration with a call (the predictor's cost of a step run from Python; the
+    executor runs none so, its steps all run inside tf_run)."""
+    steps = [_nothing] * 1000
 
     def run() -> None:
         for st in steps:
-            st.run(*st.args)
+            st()
 
     return _median_seconds(run, 21) / len(steps)
 
@@ -481,10 +470,11 @@ def _nothing() -> None:
 
 
 def _native_call_overhead() -> float:
-    if not native_available():
-        return 0.0
-    calls = NativeCalls([])
-    return _median_seconds(lambda: [calls() for _ in range(1000)], 21) / 1000
+    """A call of tf_run from Python on no steps."""
+    from tightfit.export.step_args import Args
+
+    run = _Alone(Args("copy", "tf_copy_args", ()), 1, np.zeros(1, np.float32), np.zeros(1, np.int32), None).runs(0)
+    return _median_seconds(lambda: [run() for _ in range(1000)], 21) / 1000
 
 
 def _partition_overhead() -> float:
@@ -493,8 +483,11 @@ def _partition_overhead() -> float:
 
     from tightfit.runtime.executor import ArenaExecutor, _Partition
 
-    x = torch.empty(1, 1, 1, 1)
+    x = np.empty((1, 1, 1, 1), np.float32)
     ex = ArenaExecutor.__new__(ArenaExecutor)
     ex.plan = SimpleNamespace(partitions=[SimpleNamespace(model=0)])
-    ex.frames, ex._outputs = [[_Partition([], [], (), tuple(x.shape))]], [[{}]]
+    ex.lib, ex._tensor_fn = kernels.library(), kernels.tensor_input()
+    arena = np.zeros(1, np.float32)
+    ex.arena, ex._pointers = arena, (arena.ctypes.data, arena.ctypes.data, arena.ctypes.data)
+    ex.frames, ex._outputs = [[_Partition(kernels.StepTable([]), tuple(x.shape), {})]], [[{}]]
     return _median_seconds(lambda: ex.run(x), 201, stir_bytes=0)

@@ -111,14 +111,14 @@ def _sync_page_counters() -> None:
         os.close(file_fd)
 
 
-def release_pages(t: "torch.Tensor") -> None:
-    """Give the whole pages under a tensor back to the OS while keeping its address, so every
-    view of it stays valid: they read as zeros and count again once a run touches them. (At
-    most two partial pages at its ends stay resident.)"""
+def release_pages(t: "np.ndarray") -> None:
+    """Give the whole pages under an array (the arena) back to the OS while keeping its address,
+    so every view of it stays valid: they read as zeros and count again once a run touches them.
+    (At most two partial pages at its ends stay resident.)"""
     import ctypes
 
-    start = -(-t.data_ptr() // PAGE_BYTES) * PAGE_BYTES
-    end = (t.data_ptr() + t.untyped_storage().nbytes()) // PAGE_BYTES * PAGE_BYTES
+    start = -(-t.ctypes.data // PAGE_BYTES) * PAGE_BYTES
+    end = (t.ctypes.data + t.nbytes) // PAGE_BYTES * PAGE_BYTES
     if end > start and _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) != 0:
         raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
 
