@@ -139,14 +139,24 @@ def test_aligned_rows_hold_one_band_plus_halo():
 @pytest.mark.parametrize("dim", [0, 2, 3])
 @pytest.mark.parametrize("shift", [1, 2, 3, -1, -2])
 def test_shift_within_a_buffer_without_a_temporary(shift, dim):
-    from tightfit.runtime.executor import _shift
+    """The library's copy moves samples, rows or columns within one buffer (source and
+    destination overlapping) in the order that reads every place before it is overwritten."""
+    import numpy as np
 
-    buf = torch.arange(12 * 3 * 12 * 12, dtype=torch.float32).view(12, 3, 12, 12)
+    from tightfit.export.step_args import Args, View
+    from tightfit.runtime import library
+
+    buf = np.arange(12 * 3 * 12 * 12, dtype=np.float32).reshape(12, 3, 12, 12)
     src0, size = (shift, 7) if shift > 0 else (0, 7)
     dst0 = src0 - shift
-    expected = buf.narrow(dim, src0, size).clone()
-    _shift(buf.narrow(dim, dst0, size), buf.narrow(dim, src0, size), shift, dim)
-    assert torch.equal(buf.narrow(dim, dst0, size), expected)
+    strides = tuple(s // 4 for s in buf.strides)
+    dims = tuple(size if d == dim else n for d, n in enumerate(buf.shape))
+    x = View(src0 * strides[dim], dims, strides)
+    y = View(dst0 * strides[dim], dims, strides)
+    expected = buf.take(range(src0, src0 + size), axis=dim).copy()
+    table = library.StepTable([Args("copy", "tf_copy_args", (x, y))])
+    library.library().tf_run(buf.ctypes.data, buf.ctypes.data, buf.ctypes.data, table.address, 1, None, None)
+    assert np.array_equal(buf.take(range(dst0, dst0 + size), axis=dim), expected)
 
 
 def test_border_band_needs_no_band_sized_temporary():

@@ -190,19 +190,23 @@ def test_application_files(tmp_path, capsys, text, words):
         assert w in line, line
 
 
-def test_native_kernels_refuse_weights_their_views_do_not_fit():
-    from tightfit.ops import native
+def test_kernel_calls_refuse_weights_their_views_do_not_fit():
+    """A convolution whose weight is not for its input's channels is refused when its step is
+    bound (the kernel would read past the weight), naming the layer; the right weight binds."""
+    import numpy as np
 
-    if not native.available():
-        pytest.skip("no C compiler: the native kernels are off")
-    x = torch.zeros(1, 8, 6, 6).to(memory_format=torch.channels_last)
-    y = torch.zeros(1, 4, 4, 4).to(memory_format=torch.channels_last)
-    taps = torch.zeros(9 * 2, 4)  # a weight for 2 input channels, read as if for 8
-    w, b = native.dense_panels(taps, torch.zeros(4))
-    with pytest.raises(ValueError, match="dense weight"):
-        native.conv_call("dense", x, y, w, b, (3, 3), (1, 1), (0, 0), (-1.0, 1.0))
-    w, b = native.dense_panels(torch.zeros(9 * 8, 4), torch.zeros(4))
-    assert native.conv_call("dense", x, y, w, b, (3, 3), (1, 1), (0, 0), (-1.0, 1.0)) is not None
+    from tightfit.export.errors import ExportError
+    from tightfit.graph.ir import Layer
+    from tightfit.runtime.reference import run_layer
+
+    attrs = {"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1), "pads": (0, 0, 0, 0), "groups": 1,
+             "out_channels": 4, "act": ()}
+    layer = Layer(0, "conv0", "conv", ("x",), "y", attrs, ("w", "b"))
+    x, y = np.zeros((1, 8, 6, 6), np.float32), np.zeros((1, 4, 4, 4), np.float32)
+    with pytest.raises(ExportError, match="conv0.*do not agree"):  # a weight for 2 input channels
+        run_layer(layer, [x], [np.zeros((4, 2, 3, 3), np.float32), np.zeros(4, np.float32)], y)
+    run_layer(layer, [x], [np.ones((4, 8, 3, 3), np.float32), np.ones(4, np.float32)], y)
+    assert (y == 1.0).all()
 
 
 def test_squeeze_without_axes_verifies(tmp_path, capsys):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-import torch
+import numpy as np
 
 from tightfit.analysis.memory import ModelMemory, account
 from tightfit.errors import OptionError
@@ -25,11 +25,11 @@ def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: 
 
 @dataclass(frozen=True)
 class RunResult:
-    outputs: dict[str, torch.Tensor]
+    outputs: dict[str, np.ndarray]
     seconds: float
 
 
-def run(graph: Graph, x: torch.Tensor | None = None, keep: Sequence[str] = ()) -> RunResult:
+def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = ()) -> RunResult:
     """Run the reference executor once on `x` (a seeded random input if None)."""
     from tightfit.runtime.reference import random_input, run_reference
 
@@ -267,13 +267,13 @@ def write_plan(plan_, path: str | Path) -> None:
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
-def plan_inputs(graphs, plan_, seed: int = 0) -> list[torch.Tensor]:
+def plan_inputs(graphs, plan_, seed: int = 0) -> list[np.ndarray]:
     from tightfit.runtime.reference import random_input
 
     return [random_input(g, ref.batch, seed + i) for i, (g, ref) in enumerate(zip(graphs, plan_.models))]
 
 
-def execute(plan_, graphs, inputs: Sequence[torch.Tensor] | None = None, fill_nan: bool = False):
+def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan: bool = False):
     """Run a plan once with the arena executor; returns per model {output: array} (copies)."""
     from tightfit.runtime.executor import ArenaExecutor
 
@@ -293,8 +293,8 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     from tightfit.runtime.reference import run_reference
 
     inputs = plan_inputs(graphs, plan_, seed)
-    refs = [run_reference(g, x)[t].numpy() for g, x in zip(graphs, inputs) for t in g.outputs]
-    return [x.numpy() for x in inputs], refs
+    refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]
+    return list(inputs), refs
 
 
 def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflags=None, runs: int = 1,

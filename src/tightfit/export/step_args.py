@@ -14,6 +14,7 @@ import numpy as np
 from tightfit.export.errors import ExportError
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import abi, get_op
+from tightfit.ops.base import Region
 from tightfit.ops.conv import clamp_bounds
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 
@@ -189,20 +190,35 @@ def step_args(ctx: Context, s: Step) -> Args:
         return Args("copy", "tf_copy_args", (x, y), f"copy from buffer {s.inputs[0].buffer}: {where}")
     g = ctx.graphs[s.model]
     layer = g.layers[s.layer]
+    xs = [ctx.view(s.model, a) for a in s.inputs]
+    b = Bind(g, r, ctx.plan.models[s.model].batch, s.model, ctx.weights, ctx.indices)
+    return layer_args(b, layer, xs, y, f"L{layer.id} {layer.op} {layer.name!r}: {where}")
+
+
+def layer_args(b: Bind, layer: Layer, xs: Sequence[View], y: View, comment: str = "") -> Args:
+    """The kernel call computing region `b.region` of `layer` into view `y` from input views `xs`."""
     if layer.op not in BINDERS:
         raise ExportError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
-    xs = [ctx.view(s.model, a) for a in s.inputs]
-    kind, ctype, fields = BINDERS[layer.op](ctx, s, g, layer, xs, y)
-    return Args(kind, ctype, tuple(fields), f"L{layer.id} {layer.op} {layer.name!r}: {where}")
+    kind, ctype, fields = BINDERS[layer.op](b, layer, list(xs), y)
+    return Args(kind, ctype, tuple(fields), comment)
 
 
-def _windows(s: Step, g: Graph, layer: Layer, batch: int):
-    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
-    return get_op(layer.op).input_windows(layer, s.out.region, in_shapes)
+@dataclass(frozen=True)
+class Bind:
+    """What a binder needs besides the layer and its views: the graph, the output region, the
+    batch, the model's index (keys of its constants) and the pools its constants go to."""
+
+    g: Graph
+    region: Region
+    batch: int
+    model: int
+    weights: Pool
+    indices: Pool
 
 
-def _win(ctx: Context, s: Step, g: Graph, layer: Layer):
-    return _windows(s, g, layer, ctx.plan.models[s.model].batch)
+def _win(b: Bind, layer: Layer):
+    in_shapes = [(b.batch,) + tuple(b.g.shape(t)[1:]) for t in layer.inputs]
+    return get_op(layer.op).input_windows(layer, b.region, in_shapes)
 
 
 def _expect(condition: bool, layer: Layer, what: str) -> None:
@@ -210,7 +226,7 @@ def _expect(condition: bool, layer: Layer, what: str) -> None:
         raise ExportError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
 
 
-def _conv_weights(ctx: Context, s: Step, layer: Layer, w: np.ndarray, bias: np.ndarray, kind: str) -> tuple[int, int]:
+def _conv_weights(b: "Bind", layer: Layer, w: np.ndarray, bias: np.ndarray, kind: str) -> tuple[int, int]:
     """The weight and bias in the layout of the kernel `kind` (tf_conv_args), pooled once per layer."""
     cout, cin_g, kh, kw = w.shape
     groups = layer.attrs["groups"]
@@ -222,29 +238,29 @@ def _conv_weights(ctx: Context, s: Step, layer: Layer, w: np.ndarray, bias: np.n
             taps[:, :cout] = w.transpose(2, 3, 1, 0).reshape(-1, cout)
             return taps.reshape(-1, panels, 16).transpose(1, 0, 2)
 
-        return (ctx.weights.add((s.model, layer.id, "w"), panel_taps),
-                ctx.weights.add((s.model, layer.id, "b"), lambda: np.pad(bias, (0, panels * 16 - cout))))
+        return (b.weights.add((b.model, layer.id, "w"), panel_taps),
+                b.weights.add((b.model, layer.id, "b"), lambda: np.pad(bias, (0, panels * 16 - cout))))
     if kind == "depthwise":
-        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.transpose(2, 3, 1, 0).reshape(kh * kw, cout))
+        w_off = b.weights.add((b.model, layer.id, "w"), lambda: w.transpose(2, 3, 1, 0).reshape(kh * kw, cout))
     else:
         cog = cout // groups
-        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.reshape(groups, cog, cin_g, kh, kw).transpose(0, 3, 4, 2, 1))
-    return w_off, ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
+        w_off = b.weights.add((b.model, layer.id, "w"), lambda: w.reshape(groups, cog, cin_g, kh, kw).transpose(0, 3, 4, 2, 1))
+    return w_off, b.weights.add((b.model, layer.id, "b"), lambda: bias)
 
 
-def _conv(ctx, s, g, layer, xs, y):
+def _conv(b, layer, xs, y):
     a = layer.attrs
-    win = _win(ctx, s, g, layer)[0]
-    w = g.params[layer.params[0]]
+    win = _win(b, layer)[0]
+    w = b.g.params[layer.params[0]]
     cout, cin_g, kh, kw = w.shape
     groups = a["groups"]
     # The kernel reads the weight for the views' channels: they must agree (import checks it).
-    _expect(cin_g * groups == g.shape(layer.inputs[0])[1] and cout == g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
-            layer, f"weight {w.shape} for {g.shape(layer.inputs[0])[1]} -> {g.shape(layer.output)[1]} channels")
+    _expect(cin_g * groups == b.g.shape(layer.inputs[0])[1] and cout == b.g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
+            layer, f"weight {w.shape} for {b.g.shape(layer.inputs[0])[1]} -> {b.g.shape(layer.output)[1]} channels")
     kind = ("dense" if groups == 1 and tuple(a["dilation"]) == (1, 1) else
             "depthwise" if groups == cout == cin_g * groups and cin_g == 1 else "grouped")
-    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
-    w_off, b_off = _conv_weights(ctx, s, layer, w, bias, kind)
+    bias = b.g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
+    w_off, b_off = _conv_weights(b, layer, w, bias, kind)
     clamp = clamp_bounds(a["act"])
     lo, hi = clamp if clamp is not None else (-math.inf, math.inf)
     rest = () if clamp is not None else a["act"]
@@ -252,54 +268,54 @@ def _conv(ctx, s, g, layer, xs, y):
                                      *a["dilation"], win.pad[0], win.pad[2], float(lo), float(hi), Acts(tuple(rest))])
 
 
-def _pool(ctx, s, g, layer, xs, y):
+def _pool(b, layer, xs, y):
     a = layer.attrs
-    win = _win(ctx, s, g, layer)[0]
-    r = s.out.region
+    win = _win(b, layer)[0]
+    r = b.region
     pt, pl, pb, pr = a["pads"]
-    in_h, in_w = g.shape(layer.inputs[0])[2:]
+    in_h, in_w = b.g.shape(layer.inputs[0])[2:]
     return ("pool", "tf_pool_args", [
         xs[0], y, Code("POOL", "max" if layer.op == "maxpool" else "avg"), int(a.get("count_include_pad", False)),
         *a["kernel"], *a["stride"], *a.get("dilation", (1, 1)), win.pad[0], win.pad[2], r.h0, r.w0, in_h, in_w,
         pt, pl, pb, pr, Acts(tuple(a["act"]))])
 
 
-def _global(ctx, s, g, layer, xs, y):
+def _global(b, layer, xs, y):
     kind = Code("GLOBAL", "max" if layer.attrs["kind"] == "max" else "mean")
     return "global", "tf_global_args", [xs[0], y, kind, Acts(tuple(layer.attrs["act"]))]
 
 
-def _channel_reduce(ctx, s, g, layer, xs, y):
-    return ("channel_reduce",) + _global(ctx, s, g, layer, xs, y)[1:]
+def _channel_reduce(b, layer, xs, y):
+    return ("channel_reduce",) + _global(b, layer, xs, y)[1:]
 
 
-def _gemm(ctx, s, g, layer, xs, y):
-    w = g.params[layer.params[0]]
-    features = int(np.prod(g.shape(layer.inputs[0])[1:]))
-    _expect(w.shape == (g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
-    w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w)
-    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: g.params[layer.params[1]]) if len(layer.params) > 1 else -1
+def _gemm(b, layer, xs, y):
+    w = b.g.params[layer.params[0]]
+    features = int(np.prod(b.g.shape(layer.inputs[0])[1:]))
+    _expect(w.shape == (b.g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
+    w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
+    b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     return "gemm", "tf_gemm_args", [xs[0], y, w_off, b_off, w.shape[1], Acts(tuple(layer.attrs["act"]))]
 
 
-def _softmax(ctx, s, g, layer, xs, y):
+def _softmax(b, layer, xs, y):
     return "softmax", "tf_softmax_args", [xs[0], y, int(bool(layer.attrs.get("log")))]
 
 
-def _norm(ctx, s, g, layer, xs, y):
-    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: g.params[layer.params[0]])
-    b_off = ctx.weights.add((s.model, layer.id, "bias"), lambda: g.params[layer.params[1]])
+def _norm(b, layer, xs, y):
+    s_off = b.weights.add((b.model, layer.id, "scale"), lambda: b.g.params[layer.params[0]])
+    b_off = b.weights.add((b.model, layer.id, "bias"), lambda: b.g.params[layer.params[1]])
     kind = "channel_norm" if layer.op == "channel_norm" else "instance_norm"
     return kind, "tf_norm_args", [xs[0], y, s_off, b_off, float(layer.attrs["epsilon"]), Acts(tuple(layer.attrs["act"]))]
 
 
-def _eltwise(ctx, s, g, layer, xs, y):
-    r = s.out.region
+def _eltwise(b, layer, xs, y):
+    r = b.region
     operands = [Struct("tf_operand", (0, x, 0, 0, 0, 0, 0, 0)) for x in xs]
     for p in layer.params:
-        arr = g.params[p]
+        arr = b.g.params[p]
         _, c, h, w = _dims4(arr.shape)
-        off = ctx.weights.add((s.model, layer.id, p), lambda arr=arr: arr)
+        off = b.weights.add((b.model, layer.id, p), lambda arr=arr: arr)
         operands.append(Struct("tf_operand", (1, View(0, (0, 0, 0, 0), (0, 0, 0, 0)), off, c, h, w,
                                               r.h0 if h > 1 else 0, r.w0 if w > 1 else 0)))
     if len(operands) > abi.MAX_OPERANDS:
@@ -312,62 +328,62 @@ def _eltwise(ctx, s, g, layer, xs, y):
              Acts(tuple(layer.attrs["act"]))])
 
 
-def _activation(ctx, s, g, layer, xs, y):
+def _activation(b, layer, xs, y):
     return "affine", "tf_affine_args", [xs[0], y, -1, -1, Acts(tuple(layer.attrs["act"]))]
 
 
-def _batchnorm(ctx, s, g, layer, xs, y):
-    gamma, beta, mean, var = (g.params[p].astype(np.float64) for p in layer.params)
+def _batchnorm(b, layer, xs, y):
+    gamma, beta, mean, var = (b.g.params[p].astype(np.float64) for p in layer.params)
     scale = gamma / np.sqrt(var + layer.attrs["epsilon"])
-    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: scale.astype(np.float32))
-    t_off = ctx.weights.add((s.model, layer.id, "shift"), lambda: (beta - mean * scale).astype(np.float32))
+    s_off = b.weights.add((b.model, layer.id, "scale"), lambda: scale.astype(np.float32))
+    t_off = b.weights.add((b.model, layer.id, "shift"), lambda: (beta - mean * scale).astype(np.float32))
     return "affine", "tf_affine_args", [xs[0], y, s_off, t_off, Acts(tuple(layer.attrs["act"]))]
 
 
-def _lrn(ctx, s, g, layer, xs, y):
+def _lrn(b, layer, xs, y):
     a = layer.attrs
     return "lrn", "tf_lrn_args", [xs[0], y, a["size"], float(a["alpha"]), float(a["beta"]), float(a["bias"])]
 
 
-def _concat(ctx, s, g, layer, xs, y):
+def _concat(b, layer, xs, y):
     """The inputs' views in an array of their own (DenseNet joins dozens)."""
     return "concat", "tf_concat_args", [y, len(xs), Array("tf_view", tuple(xs)), Acts(tuple(layer.attrs["act"]))]
 
 
-def _pad(ctx, s, g, layer, xs, y):
+def _pad(b, layer, xs, y):
     a = layer.attrs
-    win = _win(ctx, s, g, layer)[0]
+    win = _win(b, layer)[0]
     t, l, _, _ = a["pads_hw"]
-    in_h, in_w = g.shape(layer.inputs[0])[2:]
-    r = s.out.region
+    in_h, in_w = b.g.shape(layer.inputs[0])[2:]
+    r = b.region
     return ("pad", "tf_pad_args", [xs[0], y, Code("PAD", a["mode"]), float(a["value"]), r.h0, r.w0, win.region.h0,
                                    win.region.w0, in_h, in_w, t, l])
 
 
-def _resize_nearest(ctx, s, g, layer, xs, y):
+def _resize_nearest(b, layer, xs, y):
     op = get_op("resize")
-    win = _win(ctx, s, g, layer)[0].region
-    r = s.out.region
-    rows = ctx.indices.add(("rows", s.model, layer.id, r.h0, r.h1, win.h0),
+    win = _win(b, layer)[0].region
+    r = b.region
+    rows = b.indices.add(("rows", b.model, layer.id, r.h0, r.h1, win.h0),
                            lambda: [i - win.h0 for i in op._indices(layer, 0, r.h0, r.h1)])  # type: ignore[attr-defined]
-    cols = ctx.indices.add(("cols", s.model, layer.id, r.w0, r.w1, win.w0),
+    cols = b.indices.add(("cols", b.model, layer.id, r.w0, r.w1, win.w0),
                            lambda: [i - win.w0 for i in op._indices(layer, 1, r.w0, r.w1)])  # type: ignore[attr-defined]
     return "resize", "tf_resize_args", [xs[0], y, rows, cols]
 
 
-def _resize(ctx, s, g, layer, xs, y):
+def _resize(b, layer, xs, y):
     """Nearest: an index table per axis; linear and cubic: index and weight tables of their taps."""
     if layer.attrs.get("mode", "nearest") == "nearest":
-        return _resize_nearest(ctx, s, g, layer, xs, y)
+        return _resize_nearest(b, layer, xs, y)
     op = get_op("resize")
-    win = _win(ctx, s, g, layer)[0].region
-    r = s.out.region
+    win = _win(b, layer)[0].region
+    r = b.region
     (row_at, row_w), (col_at, col_w) = op.taps(layer, 0, r.h0, r.h1), op.taps(layer, 1, r.w0, r.w1)  # type: ignore[attr-defined]
-    key = (s.model, layer.id, r.h0, r.h1, r.w0, r.w1)
-    rows = ctx.indices.add(("interp rows", *key), lambda: np.asarray(row_at) - win.h0)
-    cols = ctx.indices.add(("interp cols", *key), lambda: np.asarray(col_at) - win.w0)
-    rw = ctx.weights.add(("interp row weights", *key), lambda: np.asarray(row_w))
-    cw = ctx.weights.add(("interp col weights", *key), lambda: np.asarray(col_w))
+    key = (b.model, layer.id, r.h0, r.h1, r.w0, r.w1)
+    rows = b.indices.add(("interp rows", *key), lambda: np.asarray(row_at) - win.h0)
+    cols = b.indices.add(("interp cols", *key), lambda: np.asarray(col_at) - win.w0)
+    rw = b.weights.add(("interp row weights", *key), lambda: np.asarray(row_w))
+    cw = b.weights.add(("interp col weights", *key), lambda: np.asarray(col_w))
     return "interp", "tf_interp_args", [xs[0], y, len(row_at[0]), rows, cols, rw, cw]
 
 
@@ -386,47 +402,47 @@ def _block_moves(xs: list[View], y: View, moves, act=()):
     return "moves", "tf_moves_args", [y, len(moves), src, dst, Acts(tuple(act))]
 
 
-def _slice(ctx, s, g, layer, xs, y):
-    return _block_moves(xs, y, get_op("slice").moves(layer, s.out.region, _win(ctx, s, g, layer)))  # type: ignore[attr-defined]
+def _slice(b, layer, xs, y):
+    return _block_moves(xs, y, get_op("slice").moves(layer, b.region, _win(b, layer)))  # type: ignore[attr-defined]
 
 
-def _depth_space(ctx, s, g, layer, xs, y):
-    depth = g.shape(layer.inputs[0])[1]
-    return _block_moves(xs, y, get_op(layer.op).moves(layer, s.out.region, _win(ctx, s, g, layer), depth))  # type: ignore[attr-defined]
+def _depth_space(b, layer, xs, y):
+    depth = b.g.shape(layer.inputs[0])[1]
+    return _block_moves(xs, y, get_op(layer.op).moves(layer, b.region, _win(b, layer), depth))  # type: ignore[attr-defined]
 
 
-def _concat_any(ctx, s, g, layer, xs, y):
+def _concat_any(b, layer, xs, y):
     if layer.attrs.get("axis", 1) == 1:
-        return _concat(ctx, s, g, layer, xs, y)
-    moves = get_op("concat").moves(layer, s.out.region, g.shape(layer.inputs[0])[1])  # type: ignore[attr-defined]
+        return _concat(b, layer, xs, y)
+    moves = get_op("concat").moves(layer, b.region, b.g.shape(layer.inputs[0])[1])  # type: ignore[attr-defined]
     return _block_moves(xs, y, moves, layer.attrs["act"])
 
 
-def _conv_transpose(ctx, s, g, layer, xs, y):
+def _conv_transpose(b, layer, xs, y):
     a = layer.attrs
-    win = _win(ctx, s, g, layer)[0].region
-    w = g.params[layer.params[0]]
+    win = _win(b, layer)[0].region
+    w = b.g.params[layer.params[0]]
     cin, cog, kh, kw = w.shape
     groups = a["groups"]
-    w_off = ctx.weights.add((s.model, layer.id, "w"),
+    w_off = b.weights.add((b.model, layer.id, "w"),
                             lambda: w.reshape(groups, cin // groups, cog, kh, kw).transpose(0, 3, 4, 1, 2))
-    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cog * groups, np.float32)
-    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
-    r = s.out.region
+    bias = b.g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cog * groups, np.float32)
+    b_off = b.weights.add((b.model, layer.id, "b"), lambda: bias)
+    r = b.region
     return ("deconv", "tf_deconv_args", [xs[0], y, w_off, b_off, groups, kh, kw, *a["stride"], *a["dilation"],
                                          r.h0 + a["pads"][0], r.w0 + a["pads"][1], win.h0, win.w0,
                                          Acts(tuple(a["act"]))])
 
 
-def _reshape(ctx, s, g, layer, xs, y):
+def _reshape(b, layer, xs, y):
     return "copy", "tf_copy_args", [xs[0], y]
 
 
-def _transpose(ctx, s, g, layer, xs, y):
+def _transpose(b, layer, xs, y):
     return "copy", "tf_copy_args", [xs[0].permuted(layer.attrs["perm"], y.dims), y]
 
 
-def _shuffle(ctx, s, g, layer, xs, y):
+def _shuffle(b, layer, xs, y):
     return "shuffle", "tf_shuffle_args", [xs[0], y, layer.attrs["groups"]]
 
 

@@ -1,16 +1,16 @@
 """The op interface: everything tightfit knows about one layer type lives in one Op.
 
-An op computes any (N, H, W) region of its output into a view it is given, reading views of the
-input windows it asked for. It never knows who split the work.
+An op describes a layer type: shapes, the input windows an output region needs, accounting, and
+(export/step_args.py) how a step binds to its kernel in the C library, which computes any
+(N, H, W) region of its output into a view it is given. An op never computes; it never knows who
+split the work.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer, spatial
 
@@ -55,8 +55,8 @@ class Region:
         per_pixel = shape[1] if len(shape) == 4 else _prod(shape[1:])
         return self.n * self.h * self.w * per_pixel
 
-    def slice(self, t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 4:
+    def slice(self, t: np.ndarray) -> np.ndarray:
+        if t.ndim == 4:
             return t[self.n0 : self.n1, :, self.h0 : self.h1, self.w0 : self.w1]
         return t[self.n0 : self.n1]
 
@@ -191,12 +191,12 @@ class Op:
         `dense_out`: the output view is one dense channels-last block (an NHWC buffer's whole
         tensor or full-width band), which kernels can write into without a temporary;
         `channels_last`: every view has unit-stride channels (NHWC buffers), which our own
-        kernels (ops/native.py) take as they are."""
+        kernels take as they are."""
         return 0
 
-    def prepare_params(self, layer: Layer, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
-        """The tensors `compute` receives as `params`, made once when a graph is loaded."""
-        return [param_tensor(a) for a in arrays]
+    def prepare_params(self, layer: Layer, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The arrays `run_layer` takes as a layer's `params` (its parameters, float32)."""
+        return [np.asarray(a, dtype=np.float32) for a in arrays]
 
     def kernel_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
         """Bytes of the layer's main weight tensor (MAFAT's 'Weights' column)."""
@@ -208,23 +208,6 @@ class Op:
     def macs(self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         """Multiply-accumulates to compute `out` (elementwise ops count one per element)."""
         return out.numel(out_shape)
-
-    def compute(
-        self, layer: Layer, inputs: Sequence[torch.Tensor], windows: Sequence[InputWindow],
-        out: torch.Tensor, out_region: Region, params: Sequence[torch.Tensor],
-    ) -> None:
-        """Write the output `out_region` into the view `out`, reading `inputs[i]`, which are views
-        of `windows[i].region` of each input."""
-        raise NotImplementedError
-
-    def bind(
-        self, layer: Layer, inputs: Sequence[torch.Tensor], windows: Sequence[InputWindow],
-        out: torch.Tensor, out_region: Region, params: Sequence[torch.Tensor],
-    ) -> Callable[[], None]:
-        """`compute` with its arguments fixed, as the executor calls it on every run. An op whose
-        per-call setup (cutting views, choosing calls) costs about as much as its kernel on
-        small bands overrides this to do that setup once."""
-        return functools.partial(self.compute, layer, inputs, windows, out, out_region, params)
 
 
 class InvalidNode(ValueError):
@@ -242,24 +225,13 @@ def expect_rank(shape: Shape, ranks: tuple[int, ...], what: str = "input") -> No
     expect(len(shape) in ranks, f"{what} of shape {tuple(shape)} must have rank {' or '.join(map(str, ranks))}")
 
 
-# Kernels, strides and dilations reach torch and our C kernels as 32-bit ints.
+# Kernels, strides and dilations reach the C kernels as 32-bit ints.
 WINDOW_INT_MAX = 2**31 - 1
 
 
 def expect_positive(values: Sequence[int], n: int, what: str) -> None:
     expect(len(values) == n and all(isinstance(v, (int, np.integer)) and 1 <= v <= WINDOW_INT_MAX for v in values),
            f"{what} {tuple(values)} must be {n} integers >= 1 (below 2^31)")
-
-
-def param_tensor(a: np.ndarray) -> torch.Tensor:
-    """A parameter array as a tensor sharing its memory. Graph parameters may be read-only
-    (memory-mapped from the zoo cache); kernels never write them, so torch's warning about
-    non-writable arrays does not apply."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(a)
 
 
 def _broadcast_region(out: Region, shape: Shape) -> Region:

@@ -3,14 +3,10 @@ squeeze-excitation). Constant operands (a bias or a scale) are parameters."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect
-from tightfit.ops.conv import clamp_bounds
-from tightfit.ops.native import add_call
 
 
 class _Elementwise(Op):
@@ -64,43 +60,6 @@ class _Elementwise(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * max(1, len(in_shapes) + len(layer.params) - 1)
 
-    def bind(self, layer, inputs, windows, out, out_region, params):
-        """A sum of two same-shaped views with a clamp runs on our own kernel (ops/native.py)."""
-        clamp = clamp_bounds(layer.attrs["act"])
-        if self.combine == "add" and len(inputs) == 2 and not params and clamp is not None:
-            native = add_call(out, inputs[0], inputs[1], clamp)
-            if native is not None:
-                return native
-        return super().bind(layer, inputs, windows, out, out_region, params)
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        operands = list(inputs) + [_param_region(p, out_region) for p in params]
-        # Add and Mul commute: start from the operand the output is written over (if any), so
-        # an output placed over any input of its shape is read before it is overwritten.
-        for i, x in enumerate(operands):
-            if x.shape == out.shape and x.data_ptr() == out.data_ptr() and x.stride() == out.stride():
-                operands.insert(0, operands.pop(i))
-                break
-        first = operands[0]
-        if first.shape == out.shape:
-            if out.data_ptr() != first.data_ptr():
-                out.copy_(first)
-        else:
-            out.copy_(first.expand_as(out))
-        for x in operands[1:]:
-            (out.add_ if self.combine == "add" else out.mul_)(x)
-        apply_activations(out, layer.attrs["act"])
-
-
-def _param_region(p: torch.Tensor, region) -> torch.Tensor:
-    """A constant operand broadcast over N; slice each of its H, W that is not broadcast."""
-    if p.dim() == 4:
-        if p.shape[2] > 1:
-            p = p[:, :, region.h0 : region.h1]
-        if p.shape[3] > 1:
-            p = p[:, :, :, region.w0 : region.w1]
-    return p
-
 
 @register
 class Add(_Elementwise):
@@ -121,24 +80,6 @@ class Mul(_Elementwise):
 # ONNX type -> the function; each folds over its operands in order: ((a f b) f c) ...
 ELTWISE_FNS = {"Sub": "sub", "Div": "div", "Pow": "pow", "Min": "min", "Max": "max", "PRelu": "prelu", "Clip": "clip"}
 COMMUTATIVE = ("min", "max")
-
-
-def _fold_into(fn: str, i: int, r: torch.Tensor, v: torch.Tensor) -> None:
-    """r = r f v in place, `v` operand number i (>= 1) of the fold."""
-    if fn == "sub":
-        r.sub_(v)
-    elif fn == "div":
-        r.div_(v)
-    elif fn == "pow":
-        r.pow_(v)
-    elif fn == "min" or (fn == "clip" and i == 2):
-        torch.minimum(r, v, out=r)
-    elif fn == "max" or (fn == "clip" and i == 1):
-        torch.maximum(r, v, out=r)
-    elif fn == "prelu":
-        r.copy_(torch.where(r < 0, r * v, r))
-    else:  # pragma: no cover - from_onnx only makes the functions above
-        raise AssertionError(f"unknown elementwise function {fn!r}")
 
 
 @register
@@ -188,25 +129,6 @@ class Eltwise(_Elementwise):
         temps = (1 if late and a["fn"] not in COMMUTATIVE else 0) + (2 if a["fn"] == "prelu" else 0)
         return temps * out.numel(out_shape) * itemsize
 
-    def bind(self, layer, inputs, windows, out, out_region, params):
-        return Op.bind(self, layer, inputs, windows, out, out_region, params)
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        a = layer.attrs
-        operands = [inputs[i] if i >= 0 else _param_region(params[-1 - i], out_region) for i in a["order"]]
-        over = [k for k, x in enumerate(operands) if _is_view_of(x, out)]
-        target = out if not over or over == [0] or a["fn"] in COMMUTATIVE else torch.empty_like(out)
-        if over and a["fn"] in COMMUTATIVE:
-            operands.insert(0, operands.pop(over[0]))
-        first = operands[0]
-        if not _is_view_of(first, target):
-            target.copy_(first.expand_as(target))
-        for k, v in enumerate(operands[1:], 1):
-            _fold_into(a["fn"], k, target, v)
-        if target is not out:
-            out.copy_(target)
-        apply_activations(out, a["act"])
-
 
 def _operand_names(node: OnnxNode, fn: str) -> list[str]:
     """The node's operands in order; Clip's missing bounds as empty names (no bound)."""
@@ -239,7 +161,3 @@ def _order_and_constants(node: OnnxNode, names: list[str], dynamic: list[str],
         order.append(-1 - len(consts))
         consts.append(c)
     return order, consts
-
-
-def _is_view_of(x: torch.Tensor, out: torch.Tensor) -> bool:
-    return x.shape == out.shape and x.data_ptr() == out.data_ptr() and x.stride() == out.stride()

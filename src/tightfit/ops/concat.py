@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect
-from tightfit.ops.conv import NO_CLAMP, clamp_bounds
-from tightfit.ops.moves import Move, apply_moves
-from tightfit.ops.native import NativeCalls, copy_call
+from tightfit.ops.moves import Move
 
 
 @register
@@ -86,25 +83,3 @@ class Concat(Op):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape)
-
-    def bind(self, layer, inputs, windows, out, out_region, params):
-        """Along channels, a copy of each input into its channels of `out` on our own kernel,
-        the clamp fused, where the output's channels are unit-stride (channels-last)."""
-        clamp = clamp_bounds(layer.attrs["act"])
-        if layer.attrs.get("axis", 1) == 1 and clamp is not None:
-            bounds = None if clamp == NO_CLAMP else clamp
-            parts = out.split([x.shape[1] for x in inputs], 1)
-            calls = [copy_call(y, x, bounds) for y, x in zip(parts, inputs)]
-            if None not in calls:
-                return NativeCalls.merged(calls)
-        return super().bind(layer, inputs, windows, out, out_region, params)
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        if layer.attrs.get("axis", 1) != 1:
-            apply_moves(inputs, out, self.moves(layer, out_region, inputs[0].shape[1]))
-        else:
-            c = 0
-            for x in inputs:
-                out[:, c : c + x.shape[1]].copy_(x)
-                c += x.shape[1]
-        apply_activations(out, layer.attrs["act"])

@@ -6,18 +6,14 @@ import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops import native
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import (InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_positive, expect_rank,
-                               param_tensor, sliding_windows)
+                               sliding_windows)
 
 
 def conv_out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int = 1, ceil: bool = False) -> int:
@@ -140,14 +136,6 @@ class Conv(Op):
         w1 = w if out.w1 == ow and pr == 0 and a["pads"][3] >= 0 else r.w1
         return (InputWindow(Region(r.n0, r.n1, r.h0, h1, r.w0, w1), win.pad),)
 
-    def prepare_params(self, layer: Layer, arrays) -> list[torch.Tensor]:
-        """Weight, bias, and the weight prepacked once for oneDNN: without it every call
-        reorders the weight into a temporary as large as the weight itself."""
-        a = layer.attrs
-        w = param_tensor(arrays[0])
-        b = param_tensor(arrays[1]) if len(arrays) > 1 else torch.zeros(w.shape[0])
-        return [w, b, PackedWeights(w, a)]
-
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         """torch model: the zero-padded copy of an input window whose padding is asymmetric
         (a band at the border), plus the result temporary when the output view is not a dense
@@ -166,7 +154,7 @@ class Conv(Op):
             return 0  # our kernel: any window, its padding included, into any view
         padded = max((win.region.n * cin * (c.in_rows[1] - c.in_rows[0] + c.pad[0] + c.pad[1]) * (win.region.w + c.pad[2] + c.pad[3])
                       for c in kernel_calls(win, out, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"])) if c.copy), default=0)
-        if dense_out and _ONEDNN:
+        if dense_out:
             return padded * itemsize
         # The fallback F.conv2d: its result before the copy into place, and oneDNN's reorder of
         # the weight for the call (as large as the weight).
@@ -177,48 +165,6 @@ class Conv(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         kh, kw = layer.attrs["kernel"]
         return out.numel(out_shape) * (in_shapes[0][1] // layer.attrs["groups"]) * kh * kw
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        self.bind(layer, inputs, windows, out, out_region, params)()
-
-    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """The step's kernel calls with their views cut, their padding chosen and, where oneDNN
-        takes both views directly, the weight packed for the input's shape, once: on a band of
-        a few rows this setup costs as much as a tenth of the convolution. Our own kernel takes
-        any window in one call, its border padding included (no padded copy)."""
-        a = layer.attrs
-        clamp = clamp_bounds(a["act"])
-        native = _native(inputs[0], out, windows[0], a, params, clamp or NO_CLAMP)
-        if native is not None:
-            return native if clamp is not None else _then_activations(native, out, a["act"])
-        calls = kernel_calls(windows[0], out_region, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["dilation"]))
-        kernels = [_bind_call(x, y, call, a, params) for call in calls for x, y in [(inputs[0], out) if len(calls) == 1 else (
-            inputs[0][:, :, call.in_rows[0] : call.in_rows[1]], out[:, :, call.out_rows[0] : call.out_rows[1]])]]
-
-        def run() -> None:
-            for kernel in kernels:
-                kernel()
-            apply_activations(out, a["act"])
-
-        return run
-
-
-def _then_activations(kernel: Callable[[], None], out: torch.Tensor, act) -> Callable[[], None]:
-    def run() -> None:
-        kernel()
-        apply_activations(out, act)
-
-    return run
-
-
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
-
-
-# A pointwise convolution of at most this many multiply-adds runs as one matrix product: oneDNN's
-# in-place convolution costs about 20 us a call besides its arithmetic, a GEMM about 2 us, but
-# oneDNN computes about twice as fast on large blocks (a one-row band of mobilenet_v2's 16->96
-# expansion: 21 us against 5 us; 512->512 on 14x14: 416 us against 913 us).
-GEMM_MACS = 2**20
 
 
 # A convolution runs on our own kernels (ops/native.py) with its clamp fused, where they are faster
@@ -253,15 +199,13 @@ def clamp_bounds(act: Sequence[tuple]) -> tuple[float, float] | None:
     return None
 
 
-def native_applies(a: dict, in_channels: int, macs: int, dtype: torch.dtype = torch.float32,
-                   any_threads: bool = False) -> str | None:
-    """Which of our kernels runs a convolution step ('depthwise'; 'dense', for a grouped one a
-    call per group or one over its block-diagonal weight), or None for oneDNN (views permitting:
-    channels unit-stride). `any_threads`: at every thread count (the plans' kernel temporaries
-    must hold wherever a plan runs)."""
-    if tuple(a["dilation"]) != (1, 1) or dtype != torch.float32 or not native.available():
+def native_applies(a: dict, in_channels: int, macs: int, any_threads: bool = True) -> str | None:
+    """The scratch model's rule (workspace "torch"): which steps it charges no temporaries,
+    'depthwise' or 'dense', as the torch executor's own kernels took them; None where it charges
+    the padded copy. (The kernel library needs no scratch for any step: see workspace_bytes.)"""
+    if tuple(a["dilation"]) != (1, 1):
         return None
-    one_thread, groups = torch.get_num_threads() == 1 and not any_threads, a["groups"]
+    one_thread, groups = not any_threads, a["groups"]
     if in_channels == a["out_channels"] == groups and groups > 1:
         return "depthwise" if one_thread or macs <= DEPTHWISE_MACS else None
     weight_bytes = in_channels // groups * a["kernel"][0] * a["kernel"][1] * a["out_channels"] // groups * 4
@@ -275,59 +219,6 @@ def block_diagonal(a: dict, in_channels: int) -> bool:
     """Whether a grouped convolution runs on our dense kernel as one call over its block-diagonal
     weight (too few channels per group for a call per group)."""
     return a["groups"] > 1 and min(in_channels, a["out_channels"]) // a["groups"] < GROUP_CHANNELS_MIN
-
-
-def _native(x: torch.Tensor, y: torch.Tensor, win: InputWindow, a: dict, params,
-            clamp: tuple[float, float]) -> Callable[[], None] | None:
-    """The whole step on our own kernel, its border padding and the clamp included, where it applies."""
-    kernel = tuple(a["kernel"])
-    macs = y.numel() * kernel[0] * kernel[1] * (x.shape[1] // a["groups"])
-    kind = native_applies(a, x.shape[1], macs, x.dtype)
-    if kind is None or y.dtype != x.dtype or x.stride(1) != 1 or y.stride(1) != 1 or 0 in x.shape or 0 in y.shape:
-        return None
-    _, b, packs = params
-    geometry = (kernel, tuple(a["stride"]), (win.pad[0], win.pad[2]), clamp)
-    if kind == "depthwise":
-        return native.conv_call(kind, x, y, packs.as_taps(), b, *geometry)
-    groups = a["groups"]
-    if block_diagonal(a, x.shape[1]):
-        return native.conv_call(kind, x, y, *packs.block_diagonal_panels(b, groups), *geometry)
-    xs, ys = x.tensor_split(groups, 1), y.tensor_split(groups, 1)
-    calls = [native.conv_call(kind, xg, yg, w, bg, *geometry) for xg, yg, (w, bg) in zip(xs, ys, packs.panels(b, groups))]
-    return None if None in calls else calls[0] if groups == 1 else native.NativeCalls.merged(calls)
-
-
-def _bind_call(x: torch.Tensor, y: torch.Tensor, call: "KernelCall", a: dict, params) -> Callable[[], None]:
-    if call.copy:
-        return functools.partial(_convolve_padded, x, y, call.pad, a, params)
-    pad = list(call.pad)
-    _, b, packs = params
-    if packs is not None and _pointwise_gemm(x, y, pad, a):
-        return functools.partial(torch.addmm, b, _pixels(x), packs.as_taps(), out=_pixels(y))
-    packed = packs.get(x.shape, pad) if packs is not None and _dense_nhwc(y) and _dense_nhwc(x) else None
-    if packed is None:
-        return functools.partial(_convolve, x, y, pad, a, params)
-    return functools.partial(_accumulate, y, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"])
-
-
-def _convolve_padded(x: torch.Tensor, y: torch.Tensor, pad: tuple[int, int, int, int], a: dict, params) -> None:
-    _convolve(pad_copy(x, pad), y, [0, 0], a, params)
-
-
-def _convolve(x: torch.Tensor, out: torch.Tensor, pad: list[int], a: dict, params) -> None:
-    w, b, packs = params
-    packed = packs.get(x.shape, pad) if packs is not None else None
-    if packed is not None and _dense_nhwc(out) and _dense_nhwc(x):
-        _accumulate(out, x, packed, b, pad, list(a["stride"]), list(a["dilation"]), a["groups"])
-    else:
-        out.copy_(F.conv2d(x, w, b, a["stride"], pad, a["dilation"], a["groups"]))
-
-
-def _accumulate(y: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor, pad: list[int],
-                stride: list[int], dilation: list[int], groups: int) -> None:
-    """oneDNN accumulates the convolution into `y` in place: no result temporary."""
-    y.zero_()
-    torch.ops.mkldnn._convolution_pointwise_.binary(y, x, packed, b, pad, stride, dilation, groups, "add", 1.0, None, [], None)
 
 
 @dataclass(frozen=True)
@@ -394,85 +285,3 @@ def direct_padding(win: InputWindow, out: Region, kernel, stride, dilation) -> l
         if (size + 2 * p - (k - 1) * d - 1) // s + 1 != want:
             return None
     return [pt, pl]
-
-
-def pad_copy(x: torch.Tensor, pad: tuple[int, int, int, int], value: float = 0.0) -> torch.Tensor:
-    """A padded copy of x in x's memory format (one allocation, counted as step scratch)."""
-    pt, pb, pl, pr = pad
-    n, c, h, w = x.shape
-    fmt = torch.channels_last if _dense_nhwc(x) or not x.is_contiguous() else torch.contiguous_format
-    # Made in its format at once: torch.full(...).contiguous(memory_format=...) would hold two
-    # padded copies for a moment, twice the counted scratch.
-    out = torch.empty((n, c, h + pt + pb, w + pl + pr), dtype=x.dtype, memory_format=fmt).fill_(value)
-    out[:, :, pt : pt + h, pl : pl + w].copy_(x)
-    return out
-
-
-def _pointwise_gemm(x: torch.Tensor, y: torch.Tensor, pad: list[int], a: dict) -> bool:
-    """A small 1x1 convolution between dense channels-last views: a (pixels x C) matrix product."""
-    return (tuple(a["kernel"]) == (1, 1) and tuple(a["stride"]) == (1, 1) and a["groups"] == 1 and not any(pad)
-            and _dense_nhwc(x) and _dense_nhwc(y) and x.shape[2:] == y.shape[2:] and y.numel() * x.shape[1] <= GEMM_MACS)
-
-
-def _pixels(t: torch.Tensor) -> torch.Tensor:
-    """A dense channels-last view as a (pixels x channels) matrix over the same memory."""
-    return t.permute(0, 2, 3, 1).view(-1, t.shape[1])
-
-
-def _dense_nhwc(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and t.shape[1] > 1
-
-
-class PackedWeights:
-    """The weight reordered for oneDNN, once per input shape (oneDNN picks the blocked format
-    by shape): made on the first run, reused after, so runs never reorder weights."""
-
-    def __init__(self, w: torch.Tensor, a: dict):
-        self.w, self.a = w, a
-        self.by_shape: dict[tuple, torch.Tensor] = {}
-        self._taps: torch.Tensor | None = None
-        self._panels: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._block_diagonal: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def as_taps(self) -> torch.Tensor:
-        """The weight as (kh*kw*C_in/groups) x C_out: per tap and input channel, its coefficient
-        for every output channel (our depthwise kernel's layout; for a 1x1 weight, the matrix that
-        multiplies a view's pixels); made once."""
-        if self._taps is None:
-            self._taps = self._taps_view().contiguous()
-        return self._taps
-
-    def _taps_view(self) -> torch.Tensor:
-        return self.w.permute(2, 3, 1, 0).reshape(-1, self.w.shape[0])
-
-    def panels(self, b: torch.Tensor, groups: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per group, its weight and bias in our dense kernel's layout (native.dense_panels); made once."""
-        if self._panels is None:
-            # The taps matrix is not kept: one copy of the weight besides w.
-            taps = self._taps if self._taps is not None and groups == 1 else None
-            self._panels = [native.dense_panels(taps if taps is not None else w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]), bg)
-                            for w, bg in zip(self.w.tensor_split(groups), b.tensor_split(groups))]
-        return self._panels
-
-    def block_diagonal_panels(self, b: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The grouped weight as one dense weight, zero between the groups, and the bias, in our
-        dense kernel's layout; made once."""
-        if self._block_diagonal is None:
-            c, per_group = self.w.shape[:2]
-            dense = self.w.new_zeros(c, per_group * groups, *self.w.shape[2:])
-            for k, wg in enumerate(self.w.tensor_split(groups)):
-                dense[k * (c // groups) : (k + 1) * (c // groups), k * per_group : (k + 1) * per_group] = wg
-            self._block_diagonal = native.dense_panels(dense.permute(2, 3, 1, 0).reshape(-1, c), b)
-        return self._block_diagonal
-
-    def get(self, shape: torch.Size, pad: list[int]) -> torch.Tensor | None:
-        if not _ONEDNN:
-            return None
-        key = (tuple(shape), tuple(pad))
-        packed = self.by_shape.get(key)
-        if packed is None:
-            a = self.a
-            packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                self.w.to_mkldnn(), list(pad), list(a["stride"]), list(a["dilation"]), a["groups"], list(shape))
-            self.by_shape[key] = packed
-        return packed

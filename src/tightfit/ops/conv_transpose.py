@@ -9,12 +9,9 @@ tiles like a convolution."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
-from tightfit.ops.activation import apply_activations
-from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, param_tensor
+from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
 from tightfit.ops.registry import register
 
 
@@ -128,28 +125,6 @@ class ConvTranspose(Op):
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         (h0, h1, _), (w0, w1, _) = self._spans(layer, out, in_shapes)
         return (InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1)),)
-
-    def prepare_params(self, layer: Layer, arrays) -> list[torch.Tensor]:
-        w = param_tensor(arrays[0])
-        b = param_tensor(arrays[1]) if len(arrays) > 1 else torch.zeros(layer.attrs["out_channels"])
-        return [w, b]
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        """The window's full transposed convolution (no padding), then its overlap with the
-        region placed over the bias: places of the region no window input reaches hold the bias."""
-        a = layer.attrs
-        w, b = params
-        r = windows[0].region
-        full = F.conv_transpose2d(inputs[0], w, None, a["stride"], 0, 0, a["groups"], a["dilation"])
-        out.copy_(b.view(1, -1, 1, 1).expand_as(out))
-        # Padded output place of the region's first row (column), and of the result's.
-        top, left = out_region.h0 + a["pads"][0], out_region.w0 + a["pads"][1]
-        ft, fl = r.h0 * a["stride"][0], r.w0 * a["stride"][1]
-        y0, y1 = max(top, ft), min(top + out_region.h, ft + full.shape[2])
-        x0, x1 = max(left, fl), min(left + out_region.w, fl + full.shape[3])
-        if y0 < y1 and x0 < x1:
-            out[:, :, y0 - top : y1 - top, x0 - left : x1 - left].add_(full[:, :, y0 - ft : y1 - ft, x0 - fl : x1 - fl])
-        apply_activations(out, a["act"])
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
                         channels_last: bool = False) -> int:

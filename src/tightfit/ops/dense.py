@@ -3,11 +3,9 @@ along N), and Softmax over channels, which is per pixel."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
 
@@ -66,12 +64,6 @@ class Gemm(Op):
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        x = inputs[0].reshape(inputs[0].shape[0], -1)
-        y = torch.nn.functional.linear(x, params[0], params[1] if len(params) > 1 else None)
-        apply_activations(y, layer.attrs["act"])
-        out.copy_(y)
-
 
 @register
 class Softmax(Op):
@@ -104,7 +96,3 @@ class Softmax(Op):
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        fn = torch.log_softmax if layer.attrs.get("log") else torch.softmax
-        out.copy_(fn(inputs[0], dim=1))

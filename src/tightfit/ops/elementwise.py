@@ -3,14 +3,10 @@ not be fused into a preceding conv (e.g. DenseNet's pre-activation BN -> ReLU)."
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import OnnxNode, OnnxSpec, Op, Shape, expect, expect_rank
-from tightfit.ops.conv import clamp_bounds
-from tightfit.ops.native import scale_shift_call
 
 
 @register
@@ -22,11 +18,6 @@ class Activation(Op):
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        if out.data_ptr() != inputs[0].data_ptr():
-            out.copy_(inputs[0])
-        apply_activations(out, layer.attrs["act"])
 
 
 @register
@@ -57,28 +48,3 @@ class BatchNorm(Op):
 
     def param_bytes(self, layer, graph, itemsize) -> int:
         return 2 * int(graph.params[layer.params[0]].size) * itemsize  # folded to scale + shift
-
-    def prepare_params(self, layer, arrays) -> list[torch.Tensor]:
-        gamma, beta, mean, var = (a.astype(np.float64) for a in arrays)
-        scale = gamma / np.sqrt(var + layer.attrs["epsilon"])
-        view = (1, -1, 1, 1)
-        return [torch.from_numpy(scale.astype(np.float32)).view(view),
-                torch.from_numpy((beta - mean * scale).astype(np.float32)).view(view)]
-
-    def bind(self, layer, inputs, windows, out, out_region, params):
-        """Our kernel, the clamp fused, where the views' channels are unit-stride (channels-last)."""
-        clamp = clamp_bounds(layer.attrs["act"])
-        if clamp is not None and out.dim() == 4:
-            ours = scale_shift_call(out, inputs[0], params[0], params[1], clamp)
-            if ours is not None:
-                return ours
-        return super().bind(layer, inputs, windows, out, out_region, params)
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        scale, shift = params
-        if out.dim() == 2:
-            scale, shift = scale.view(1, -1), shift.view(1, -1)
-        if out.data_ptr() != inputs[0].data_ptr():
-            out.copy_(inputs[0])
-        out.mul_(scale).add_(shift)
-        apply_activations(out, layer.attrs["act"])

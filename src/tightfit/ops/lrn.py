@@ -2,8 +2,6 @@
 splits by rows and tiles."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
@@ -37,20 +35,3 @@ class LRN(Op):
             return 0
         c, size = out_shape[1], layer.attrs["size"]
         return out.n * out.h * out.w * (2 * c + c + size - 1) * itemsize
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        # ONNX: square_sum over channels [c - floor((size-1)/2), c + ceil((size-1)/2)]. torch's
-        # local_response_norm centres an even window the other way (size // 2 before), so it
-        # differs from ONNX for even sizes; and it needs a contiguous input.
-        a = layer.attrs
-        x = inputs[0]
-        size = a["size"]
-        c = x.shape[1]
-        before, after = (size - 1) // 2, size // 2
-        sq = F.pad(x * x, (0, 0, 0, 0, before, after))
-        total = sq[:, 0:c].clone()
-        for j in range(1, size):
-            total.add_(sq[:, j : j + c])
-        total.mul_(a["alpha"] / size).add_(a["bias"]).pow_(a["beta"])
-        torch.div(x, total, out=total)
-        out.copy_(total)

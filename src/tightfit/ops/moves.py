@@ -2,16 +2,17 @@
 (Slice, Split, spatial Concat, DepthToSpace, SpaceToDepth).
 
 A step of such an op is a list of Moves, each copying a strided (C, H, W) block of one input
-window into a strided block of the output view (batch whole). The Python executor applies them
-with torch views; the C export turns the same moves into pairs of tf_views (export/codegen.py),
-so both back ends run one description of the op.
+window into a strided block of the output view (batch whole). The kernel library's moves step
+takes them as pairs of tf_views (export/step_args.py); `apply_moves` applies them to numpy arrays
+where the importer checks what a pattern of nodes moves where (ops/rearrange.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
+import numpy as np
+
 
 # (start, count, step) along one axis; a negative step walks backwards from `start`.
 Span = tuple[int, int, int]
@@ -30,30 +31,24 @@ class Move:
         return any(count <= 0 for _, count, _ in self.y)
 
 
-def take(t: torch.Tensor, spans: Sequence[Span]) -> torch.Tensor:
-    """The block of an (N, C, H, W) tensor the spans name: a view, except that a negative step
-    flips (a copy: torch views have no negative strides)."""
+def take(t: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    """The block of an (N, C, H, W) array the spans name, as a view (a negative step walks back)."""
     index: list[slice] = [slice(None)]
-    flip: list[int] = []
-    for dim, (start, count, step) in enumerate(spans, start=1):
-        last = start + (count - 1) * step
-        if step > 0:
-            index.append(slice(start, last + 1, step))
-        else:
-            index.append(slice(last, start + 1, -step))
-            flip.append(dim)
-    block = t[tuple(index)]
-    return block.flip(flip) if flip else block
+    for start, count, step in spans:
+        stop = start + count * step
+        index.append(slice(start, stop if stop >= 0 else None, step))
+    return t[tuple(index)]
 
 
-def apply_moves(inputs: Sequence[torch.Tensor], out: torch.Tensor, moves: Sequence[Move]) -> None:
+def apply_moves(inputs: Sequence[np.ndarray], out: np.ndarray, moves: Sequence[Move]) -> None:
     for m in moves:
         if not m.is_empty():
-            take(out, m.y).copy_(take(inputs[m.src], m.x))
+            take(out, m.y)[...] = take(inputs[m.src], m.x)
 
 
 def flipped_bytes(moves: Sequence[Move], batch: int, itemsize: int) -> int:
-    """The largest temporary `apply_moves` makes: a block read with a negative step."""
+    """The scratch model's temporary for a block read with a negative step (workspace "torch":
+    torch views had no negative strides; the kernel library walks them in place)."""
     return max((batch * m.y[0][1] * m.y[1][1] * m.y[2][1] * itemsize
                 for m in moves if any(step < 0 for _, _, step in m.x)), default=0)
 

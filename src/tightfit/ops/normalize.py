@@ -4,12 +4,9 @@ each sample's H x W: whole samples only), and ReduceMean/ReduceMax over C (per p
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
 
 # The attribute the importer's channels-last rewrite sets on a LayerNormalization that ran over
@@ -84,19 +81,6 @@ class ChannelNorm(_Normalization):
         return OnnxSpec({"epsilon": _epsilon(node), "act": ()}, [node.inputs[0]], [scale, bias])
 
 
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        scale, bias = params
-        x = inputs[0]
-        c = x.shape[1]
-        eps = layer.attrs["epsilon"]
-        if x.dim() == 2:
-            out.copy_(F.layer_norm(x, (c,), scale, bias, eps))
-        else:
-            out.copy_(F.layer_norm(x.permute(0, 2, 3, 1), (c,), scale, bias, eps).permute(0, 3, 1, 2))
-        apply_activations(out, layer.attrs["act"])
-
-
 @register
 class InstanceNorm(_Normalization):
     """y = (x - mean_HW x) / sqrt(var_HW x + eps) * scale_c + bias_c per sample and channel."""
@@ -116,15 +100,8 @@ class InstanceNorm(_Normalization):
         bias = _channel_vector(node, 2, c, "bias", 0.0)
         return OnnxSpec({"epsilon": _epsilon(node), "act": ()}, [node.inputs[0]], [scale, bias])
 
-
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
-
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        scale, bias = params
-        out.copy_(F.instance_norm(inputs[0].contiguous(), weight=scale, bias=bias, eps=layer.attrs["epsilon"]))
-        apply_activations(out, layer.attrs["act"])
 
 
 @register
@@ -157,9 +134,3 @@ class ChannelReduce(Op):
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
                         channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        x = inputs[0]
-        y = x.amax(dim=1, keepdim=True) if layer.attrs["kind"] == "max" else x.mean(dim=1, keepdim=True)
-        out.copy_(y)
-        apply_activations(out, layer.attrs["act"])

@@ -4,8 +4,6 @@ edge padding of a band read only the band's rows; reflect padding reads the whol
 builds the padded tensor as scratch."""
 from __future__ import annotations
 
-import numpy as np
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
@@ -83,25 +81,6 @@ class Pad(Op):
         w0, w1, pl, pr = window_1d(out.w0, out.w1, 1, l, 1, w)
         return (InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1), (pt, pb, pl, pr)),)
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        """Constant and edge padding copy straight into the output view (no temporary)."""
-        x, win = inputs[0], windows[0]
-        t, l, b, r = layer.attrs["pads_hw"]
-        if layer.attrs["mode"] == "constant":
-            pt, pb, pl, pr = win.pad
-            if pt or pb or pl or pr:
-                out.fill_(layer.attrs["value"])
-            out[:, :, pt : pt + x.shape[2], pl : pl + x.shape[3]].copy_(x)
-        elif layer.attrs["mode"] == "edge":
-            rows = _edge_blocks(out_region.h0 - t - win.region.h0, out.shape[2], x.shape[2])
-            cols = _edge_blocks(out_region.w0 - l - win.region.w0, out.shape[3], x.shape[3])
-            for (o0, o1), (i0, i1) in rows:
-                for (p0, p1), (j0, j1) in cols:
-                    out[:, :, o0:o1, p0:p1].copy_(x[:, :, i0:i1, j0:j1])  # broadcasts a border row / column
-        else:
-            full = F.pad(x, (l, r, t, b), mode="reflect")
-            out.copy_(full[:, :, out_region.h0 : out_region.h1, out_region.w0 : out_region.w1])
-
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         if model != "torch" or layer.attrs["mode"] != "reflect":
             return 0
@@ -110,12 +89,3 @@ class Pad(Op):
 
 def _clamp(i: int, size: int) -> int:
     return min(max(i, 0), size - 1)
-
-
-def _edge_blocks(first: int, out_size: int, in_size: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Edge padding along one axis: (output span, input span) pairs, where output place k reads
-    input place clamp(first + k); a border span reads one place (broadcast)."""
-    top = min(max(-first, 0), out_size)
-    bottom = min(max(in_size - first, top), out_size)
-    blocks = [((0, top), (0, 1)), ((top, bottom), (first + top, first + bottom)), ((bottom, out_size), (in_size - 1, in_size))]
-    return [b for b in blocks if b[0][1] > b[0][0]]

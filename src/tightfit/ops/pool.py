@@ -2,17 +2,10 @@
 global pooling over H and W (GlobalAveragePool, GlobalMaxPool, ReduceMean/ReduceMax over H, W)."""
 from __future__ import annotations
 
-import functools
-from typing import Callable
-
-import torch
-import torch.nn.functional as F
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
-from tightfit.ops.activation import apply_activations
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, sliding_windows
-from tightfit.ops import native
 from tightfit.ops.conv import check_window, clamp_bounds, conv_out_size, resolve_pads
 
 
@@ -83,49 +76,6 @@ class MaxPool(_WindowPool):
     name = "maxpool"
     onnx_types = ("MaxPool",)
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        self.bind(layer, inputs, windows, out, out_region, params)()
-
-    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """Our kernel where it applies (`_native_pool`); else max over the k x k taps as in-place
-        maxima of strided views into `out`: torch's own
-        max pooling always builds int64 indices (twice the output) even without autograd.
-        Each tap touches the outputs whose tap lands inside the window; padding and ceil-mode
-        overhang are simply never read (they would be -inf). The first two taps that cover
-        every output start it off in one call. The views are cut here, once: on a one-row band
-        cutting them costs five times the maxima themselves."""
-        a = layer.attrs
-        x = inputs[0]
-        ours = _native_pool(a, x, out, windows[0], None)
-        if ours is not None:
-            return ours
-        pt, _, pl, _ = windows[0].pad
-        (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["stride"], a["dilation"]
-        oh, ow = out.shape[2], out.shape[3]
-        taps, full = [], []
-        for i in range(kh):
-            r0, r1, rin = _tap_span(oh, sh, i * dh - pt, x.shape[2])
-            for j in range(kw):
-                c0, c1, cin = _tap_span(ow, sw, j * dw - pl, x.shape[3])
-                if r1 > r0 and c1 > c0:
-                    src = x[:, :, rin : rin + (r1 - r0 - 1) * sh + 1 : sh, cin : cin + (c1 - c0 - 1) * sw + 1 : sw]
-                    (full if (r0, r1, c0, c1) == (0, oh, 0, ow) else taps).append((out[:, :, r0:r1, c0:c1], src))
-        rest = full[2:] + taps
-        act = a["act"]
-
-        def run() -> None:
-            if len(full) >= 2:
-                torch.maximum(full[0][1], full[1][1], out=out)
-            elif full:
-                out.copy_(full[0][1])
-            else:
-                out.fill_(float("-inf"))
-            for dst, src in rest:
-                torch.maximum(dst, src, out=dst)
-            apply_activations(out, act)
-
-        return run
-
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return 0
 
@@ -134,20 +84,6 @@ def _is_identity(attrs: dict) -> bool:
     """A 1x1 window with stride 1 and no padding (an adaptive pool exported at its input size,
     as torchvision's VGG and AlexNet do): a copy."""
     return tuple(attrs["kernel"]) == (1, 1) and tuple(attrs["stride"]) == (1, 1) and not any(attrs["pads"])
-
-
-def _tap_span(n_out: int, stride: int, offset: int, size: int) -> tuple[int, int, int]:
-    """Outputs [o0, o1) whose tap at input row o * stride + offset lies in [0, size), and the
-    input row of o0."""
-    o0 = max(0, -(offset // stride))  # ceil(-offset / stride)
-    o1 = max(o0, min(n_out, -((offset - size) // stride)))  # ceil((size - offset) / stride)
-    return o0, o1, o0 * stride + offset
-
-
-def _counts(o0: int, o1: int, k: int, s: int, pad_before: int, lo: int, hi: int, d: int = 1) -> torch.Tensor:
-    """How many of each window's k taps (dilation d) fall in [lo, hi), for outputs o0..o1-1."""
-    taps = (torch.arange(o0, o1) * s - pad_before).view(-1, 1) + torch.arange(k).view(1, -1) * d
-    return ((taps >= lo) & (taps < hi)).sum(dim=1).to(torch.float32)
 
 
 @register
@@ -160,77 +96,11 @@ class AveragePool(_WindowPool):
             return 0
         return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out, channels_last)
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        self.bind(layer, inputs, windows, out, out_region, params)()
-
-    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """Our kernel where it applies (`_native_pool`), else torch's. The divisors are worked out
-        once: on a band of a few rows their dozen small tensor calls cost more than the pooling
-        (onnxzoo-shufflenet's 3x3 bands)."""
-        a, x = layer.attrs, inputs[0]
-        if _is_identity(a):
-            return functools.partial(_copy_activated, out, x, a["act"])
-        divisor = _divisor(a, out_region)
-        ours = _native_pool(a, x, out, windows[0], divisor)
-        if ours is not None:
-            return ours
-        return functools.partial(_average, out, x, windows[0].pad, a, divisor)
-
 
 def _native_applies(a: dict) -> bool:
     """Whether our pooling kernel takes a step of this layer (views permitting: channels
     unit-stride): no dilation, an activation that is a clamp."""
-    return native.available() and tuple(a.get("dilation", (1, 1))) == (1, 1) and clamp_bounds(a["act"]) is not None
-
-
-def _native_pool(a: dict, x: torch.Tensor, out: torch.Tensor, win: InputWindow,
-                 divisor: torch.Tensor | None) -> native.NativeCalls | None:
-    """The step on our own kernel, its window's padding and ceil-mode overhang left out and its
-    clamp fused (max pooling; average pooling with `divisor`), where it applies."""
-    if not _native_applies(a) or x.dtype != torch.float32 or 0 in x.shape or 0 in out.shape:
-        return None
-    inverse = None if divisor is None else 1.0 / divisor
-    return native.pool_call(out, x, a["kernel"], a["stride"], (win.pad[0], win.pad[2]), clamp_bounds(a["act"]), inverse)
-
-
-def _copy_activated(out: torch.Tensor, x: torch.Tensor, act) -> None:
-    out.copy_(x)
-    apply_activations(out, act)
-
-
-def _average(out: torch.Tensor, x: torch.Tensor, pad: tuple[int, int, int, int], a: dict, divisor: torch.Tensor) -> None:
-    pt, pb, pl, pr = pad
-    if pt or pb or pl or pr:
-        x = F.pad(x, (pl, pr, pt, pb))
-    kh, kw = a["kernel"]
-    sh, sw = a["stride"]
-    dh, dw = a.get("dilation", (1, 1))
-    if (dh, dw) == (1, 1):
-        y = F.avg_pool2d(x, (kh, kw), (sh, sw), 0, divisor_override=1)
-    else:  # ONNX AveragePool-19 dilations: a per-channel sum with a dilated all-ones kernel
-        c = x.shape[1]
-        ones = torch.ones((c, 1, kh, kw), dtype=x.dtype)
-        y = F.conv2d(x, ones, None, (sh, sw), 0, (dh, dw), c)
-    y.div_(divisor)
-    apply_activations(y, a["act"])
-    out.copy_(y)
-
-
-def _divisor(a: dict, out_region: Region) -> torch.Tensor:
-    """Per output position, its taps inside the input (or inside input + padding when
-    count_include_pad), excluding ceil_mode overhang, as ONNX and torch define it."""
-    kh, kw = a["kernel"]
-    sh, sw = a["stride"]
-    dh, dw = a.get("dilation", (1, 1))
-    h, w = a["in_hw"]
-    ptop, pleft, pbot, pright = a["pads"]
-    if a["count_include_pad"]:
-        ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, -ptop, h + pbot, dh)
-        cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, -pleft, w + pright, dw)
-    else:
-        ch = _counts(out_region.h0, out_region.h1, kh, sh, ptop, 0, h, dh)
-        cw = _counts(out_region.w0, out_region.w1, kw, sw, pleft, 0, w, dw)
-    return ch.view(-1, 1) * cw.view(1, -1)
+    return tuple(a.get("dilation", (1, 1))) == (1, 1) and clamp_bounds(a["act"]) is not None
 
 
 @register
@@ -278,9 +148,3 @@ class GlobalPool(Op):
 
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
         return out.numel(out_shape) * itemsize if model == "torch" else 0
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        x = inputs[0]
-        y = x.amax(dim=(2, 3), keepdim=True) if layer.attrs["kind"] == "max" else x.mean(dim=(2, 3), keepdim=True)
-        apply_activations(y, layer.attrs["act"])
-        out.copy_(y.view(out.shape))

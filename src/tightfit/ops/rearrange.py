@@ -98,9 +98,6 @@ class Slice(Op):
         x = ((bc, a["size"][0], sc), (bh + out.h0 * sh - r.h0, out.h, sh), (bw + out.w0 * sw - r.w0, out.w, sw))
         return [Move(0, x, ((0, a["size"][0], 1), (0, out.h, 1), (0, out.w, 1)))]
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        apply_moves(inputs, out, self.moves(layer, out_region, windows))
-
     def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
                         channels_last: bool = False) -> int:
         if model != "torch":
@@ -178,9 +175,6 @@ class _BlockOp(Op):
             raise ValueError(f"H x W {shape[2]}x{shape[3]} do not divide by blocksize {b}")
         return OnnxSpec({"block": b, "mode": mode}, [node.inputs[0]])
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        apply_moves(inputs, out, self.moves(layer, out_region, windows, inputs[0].shape[1]))
-
     def _phase_channels(self, layer: Layer, i: int, j: int, depth: int) -> tuple[int, int]:
         """(first, stride) of the depth-side channels that phase (i, j) of `depth` channels holds."""
         b = layer.attrs["block"]
@@ -254,8 +248,6 @@ def depth_space_equivalent(in_shape: Shape, split_shape: Sequence[int], perm: Se
     (N, *out_shape) compute, or None. PyTorch spells pixel_unshuffle (and older exporters
     pixel_shuffle) so. Checked on the element indices, not by matching shapes: the pattern is
     the op exactly when it moves every element where the op does."""
-    import torch
-
     _, c, h, w = in_shape
     if len(split_shape) != 5 or len(out_shape) != 3 or tuple(sorted(perm)) != tuple(range(6)) or perm[0] != 0:
         return None
@@ -267,15 +259,16 @@ def depth_space_equivalent(in_shape: Shape, split_shape: Sequence[int], perm: Se
     if block < 2 or tuple(out_shape) != ((c // block**2, h * block, w * block) if op == "depth_to_space"
                                          else (c * block**2, h // block, w // block)):
         return None
-    index = torch.arange(c * h * w, dtype=torch.float64).reshape(1, c, h, w)
-    moved = index.reshape(1, *split_shape).permute(*perm).reshape(1, *out_shape)
+    index = np.arange(c * h * w, dtype=np.float64).reshape(1, c, h, w)
+    moved = index.reshape(1, *split_shape).transpose(*perm).reshape(1, *out_shape)
     kernel = DepthToSpace() if op == "depth_to_space" else SpaceToDepth()
     for mode in ("DCR", "CRD"):
         attrs = {"block": block, "mode": mode}
         layer = Layer(0, "probe", op, ("x",), "y", attrs)
         region = Region.whole(tuple(moved.shape))
-        out = torch.empty_like(moved)
-        kernel.compute(layer, [index], kernel.input_windows(layer, region, [tuple(index.shape)]), out, region, [])
-        if torch.equal(out, moved):
+        out = np.full(moved.shape, np.nan)
+        windows = kernel.input_windows(layer, region, [tuple(index.shape)])
+        apply_moves([index], out, kernel.moves(layer, region, windows, c))
+        if np.array_equal(out, moved):
             return op, attrs
     return None

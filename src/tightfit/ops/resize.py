@@ -10,10 +10,8 @@ downscaling filter as wide as the scale)."""
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
@@ -170,35 +168,6 @@ class Resize(Op):
         rows = [i for t in self.taps(layer, 0, out.h0, out.h1)[0] for i in t]
         cols = [i for t in self.taps(layer, 1, out.w0, out.w1)[0] for i in t]
         return (InputWindow(Region(out.n0, out.n1, min(rows), max(rows) + 1, min(cols), max(cols) + 1)),)
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        self.bind(layer, inputs, windows, out, out_region, params)()
-
-    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """The index (and weight) tables of the region, made once."""
-        r, x = windows[0].region, inputs[0]
-        if layer.attrs.get("mode", "nearest") == "nearest":
-            rows = torch.tensor([i - r.h0 for i in self._indices(layer, 0, out_region.h0, out_region.h1)])
-            cols = torch.tensor([i - r.w0 for i in self._indices(layer, 1, out_region.w0, out_region.w1)])
-            return lambda: out.copy_(x.index_select(2, rows).index_select(3, cols))
-        (row_at, row_w), (col_at, col_w) = (self.taps(layer, 0, out_region.h0, out_region.h1),
-                                            self.taps(layer, 1, out_region.w0, out_region.w1))
-        rows = torch.tensor(row_at) - r.h0
-        cols = torch.tensor(col_at) - r.w0
-        rw = torch.tensor(row_w, dtype=x.dtype)
-        cw = torch.tensor(col_w, dtype=x.dtype)
-
-        def run() -> None:
-            # Each tap gathered and weighted in place, summed into one accumulator (then into the
-            # output view itself): at most two temporaries of the pass along rows at once.
-            along_rows = x.index_select(2, rows[:, 0]).mul_(rw[:, 0].view(1, 1, -1, 1))
-            for t in range(1, rows.shape[1]):
-                along_rows.add_(x.index_select(2, rows[:, t]).mul_(rw[:, t].view(1, 1, -1, 1)))
-            out.copy_(along_rows.index_select(3, cols[:, 0]).mul_(cw[:, 0].view(1, 1, 1, -1)))
-            for t in range(1, cols.shape[1]):
-                out.add_(along_rows.index_select(3, cols[:, t]).mul_(cw[:, t].view(1, 1, 1, -1)))
-
-        return run
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         taps = {"nearest": 1, "linear": 2, "cubic": 4}[layer.attrs.get("mode", "nearest")]

@@ -5,17 +5,12 @@ splits by rows like any elementwise op).
 Reshape-like ops keep the batch dim: dim 0 of every tensor is N and is free."""
 from __future__ import annotations
 
-import functools
 from math import prod
-from typing import Callable
 
-import numpy as np
-import torch
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
-from tightfit.ops.native import shuffle_call
 
 
 class _Whole(Op):
@@ -44,9 +39,6 @@ class Flatten(_Whole):
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return (in_shapes[0][0], prod(in_shapes[0][1:]))
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        out.copy_(inputs[0].reshape(out.shape))
-
 
 @register
 class Reshape(_Whole):
@@ -71,9 +63,6 @@ class Reshape(_Whole):
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return (in_shapes[0][0],) + tuple(layer.attrs["sample_shape"])
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        out.copy_(inputs[0].reshape(out.shape))
 
 
 def _target_shape(node: OnnxNode, in_shape: Shape) -> tuple[int, ...]:
@@ -132,9 +121,6 @@ class Transpose(_Whole):
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0][p] for p in layer.attrs["perm"])
 
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        out.copy_(inputs[0].permute(*layer.attrs["perm"]))
-
 
 @register
 class ChannelShuffle(Op):
@@ -150,18 +136,3 @@ class ChannelShuffle(Op):
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
-
-    def compute(self, layer, inputs, windows, out, out_region, params) -> None:
-        self.bind(layer, inputs, windows, out, out_region, params)()
-
-    def bind(self, layer, inputs, windows, out, out_region, params) -> Callable[[], None]:
-        """Our kernel's shuffle where the views' channels are unit-stride (channels-last), else
-        one strided copy from the input's groups into the output's interleaved channels, without a
-        temporary (splitting one dimension of a view is a view whatever its strides)."""
-        x = inputs[0]
-        n, c, h, w = x.shape
-        g = layer.attrs["groups"]
-        native = shuffle_call(out, x, g)
-        if native is not None:
-            return native
-        return functools.partial(torch.Tensor.copy_, out.view(n, c // g, g, h, w), x.view(n, g, c // g, h, w).transpose(1, 2))

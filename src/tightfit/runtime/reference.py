@@ -1,48 +1,76 @@
-"""The reference executor: runs any Graph layer by layer with the registry's kernels, each layer
-computing its whole output into a fresh tensor, each tensor freed after its last reader."""
+"""The reference run: a graph layer by layer on the kernel library, every tensor in a buffer of
+its own (the naive plan, channels-first: the kernels' portable paths, where plans' channels-last
+buffers take the vector ones). Outputs of plans are compared with it; the independent checks of
+the kernels themselves are onnxruntime and onnx's reference evaluator (tests/op_cases.py, verify.py)."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
 import numpy as np
-import torch
 
-from tightfit.graph.ir import Graph, last_reads
-from tightfit.ops import get_op, run_layer
+from tightfit.graph.ir import Graph
 
 
-def load_params(graph: Graph) -> dict[int, list[torch.Tensor]]:
-    """Kernel-ready parameters per layer id, made once per graph."""
-    return {l.id: get_op(l.op).prepare_params(l, [graph.params[p] for p in l.params]) for l in graph.layers}
+def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, np.ndarray]:
+    """Run the graph on one input (an array, or {input name: array}); return its outputs (in the
+    model's order) and any tensors named in `keep`, as arrays of their own."""
+    from tightfit.export.step_args import Context
+    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.runtime.executor import ArenaExecutor, view_array
+
+    x = inputs[graph.inputs[0]] if isinstance(inputs, Mapping) else inputs
+    x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    plan = plan_reuse(PlannedModel(graph, graph.name or "reference", int(x.shape[0])), planner="naive", layout="nchw")
+    ex = ArenaExecutor(plan, [graph])
+    outs = ex.run(x)[0]
+    wanted = dict.fromkeys(list(graph.outputs) + list(keep))
+    ctx = Context(plan, [graph], 0)
+    written = {s.out.tensor: s.out for s in plan.steps()}
+    result = {}
+    for t in wanted:
+        if t in outs:
+            result[t] = outs[t].copy()
+        elif t in written:
+            shape = (x.shape[0],) + tuple(graph.shape(t)[1:])
+            result[t] = view_array(ex.arena, ctx.view(0, written[t]), shape).copy()
+    return result
 
 
-def run_reference(
-    graph: Graph, inputs: Mapping[str, torch.Tensor] | torch.Tensor,
-    keep: Iterable[str] = (), params: dict[int, list[torch.Tensor]] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Run the graph; return its outputs (in the model's order) and any tensors named in `keep`."""
-    if isinstance(inputs, torch.Tensor):
-        inputs = {graph.inputs[0]: inputs}
-    params = load_params(graph) if params is None else params
-    keep = dict.fromkeys(list(graph.outputs) + list(keep))
-    batch = next(iter(inputs.values())).shape[0]
-    live: dict[str, torch.Tensor] = {k: v.contiguous() for k, v in inputs.items()}
-    last = last_reads(graph)
-    with torch.no_grad():
-        for layer in graph.layers:
-            shape = (batch,) + graph.shape(layer.output)[1:]
-            out = torch.empty(shape, dtype=torch.float32)
-            run_layer(layer, [live[t] for t in layer.inputs], params[layer.id], out)
-            live[layer.output] = out
-            for t in set(layer.inputs):
-                if last.get(t) == layer.id and t not in keep:
-                    del live[t]
-    return {k: live[k] for k in keep if k in live}
-
-
-def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> torch.Tensor:
+def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> np.ndarray:
     shape = graph.shape(graph.inputs[0])
     if batch is not None:
         shape = (batch,) + shape[1:]
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g)
+    return np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
+
+
+def run_layer(layer, inputs, params, out) -> None:
+    """One layer's whole output written into `out` (anything numpy views in place: an array, a
+    CPU tensor) from whole `inputs`, with `params` the layer's arrays in its order, on the
+    kernel library: inputs and output laid out NCHW in an arena of their own."""
+    from dataclasses import replace
+
+    from tightfit.export.step_args import Bind, Pool, View, _dims4, layer_args
+    from tightfit.graph.ir import Tensor
+    from tightfit.ops.base import Region
+    from tightfit.runtime import library as kernels
+
+    y = np.asarray(out)
+    arrays = {t: np.asarray(x, dtype=np.float32) for t, x in zip(layer.inputs, inputs)}
+    at, views = 0, {}
+    for t, shape in list((t, a.shape) for t, a in arrays.items()) + [(layer.output, y.shape)]:
+        n, c, h, w = _dims4(shape)
+        views[t] = View(at, (n, c, h, w), (c * h * w, h * w, w, 1))
+        at += -(-n * c * h * w // 16) * 16
+    tensors = {t: Tensor(t, tuple(a.shape)) for t, a in arrays.items()} | {layer.output: Tensor(layer.output, y.shape)}
+    graph = Graph("layer", (replace(layer, id=0),), tensors, tuple(arrays), (layer.output,),
+                  {p: np.asarray(a, dtype=np.float32) for p, a in zip(layer.params, params)})
+    weights, indices = Pool(np.float32), Pool(np.int32)
+    bind = Bind(graph, Region.whole(y.shape), int(y.shape[0]), 0, weights, indices)
+    args = layer_args(bind, graph.layers[0], [views[t] for t in layer.inputs], views[layer.output])
+    arena = np.zeros(max(at, 1), np.float32)
+    for t, a in arrays.items():
+        arena[views[t].off : views[t].off + a.size] = a.reshape(-1)
+    table, wts, idx = kernels.StepTable([args]), weights.array(), indices.array()
+    kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, None)
+    v = views[layer.output]
+    y[...] = arena[v.off : v.off + y.size].reshape(y.shape)
