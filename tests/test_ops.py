@@ -1,20 +1,25 @@
-"""Property tests for every registered op.
+"""The op-case table (CASES) and the property tests it drives for every registered op's C kernel.
 
 For each op there is a hypothesis strategy that builds a one-layer case the way the importer
 would: a small ONNX model (the op's node, plus any nodes its fused attributes stand for: a crop
-Pad in front of a conv, the activation chain behind a host), the op's own `from_onnx` turning
-that node into layer attributes, and `prepare_params` turning its arrays into kernel params.
+Pad in front of a conv, the activation chain behind a host) and the op's own `from_onnx` turning
+that node into layer attributes. Every case runs on the kernel library (kernels/tf_kernels.c, the
+build the executor loads), bound by export/step_args.py exactly as plans and the exported program
+bind their steps.
 
-Three properties per op:
+Properties per op:
 
-* the whole-tensor output equals onnxruntime's on the same ONNX model (ONNX semantics are what
-  we import), to 1e-5 x max abs;
-* any region of the output computed into a view (NaN-filled buffer, contiguous and
-  channels-last, inputs in either layout) equals the same slice of the whole output, writes
-  nothing outside the view and leaves its inputs alone; non-splittable ops get sample ranges;
+* the whole-tensor output (channels-first views: the kernels' portable paths) equals onnxruntime's
+  on the same ONNX model (ONNX semantics are what we import), to 1e-5 x max abs;
+* any region of the output computed into a view of an arena (NaN-filled, channels-first or
+  channels-last: the vector paths where the build has them, inputs in either layout) equals the
+  same slice of the whole output, writes nothing outside the view and leaves its inputs alone;
+  non-splittable ops get sample ranges; ops that may run in place do, over any operand;
 * `macs` and `workspace_bytes` are non-negative; conv's darknet workspace is MAFAT eq. 2.1.
 
-A new op without a case fails `test_every_op_has_a_case`.
+A registered op without a case, without a C kernel (a binder) or an activation kind without a
+case fails `test_every_op_has_a_case_and_a_kernel`. The default run draws a few examples per op;
+`test_kernels_at_length` (slow) draws thousands.
 """
 from __future__ import annotations
 
@@ -24,28 +29,27 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from tightfit.graph.ir import Layer, spatial
-from tightfit.ops import WORKSPACE_MODELS, get_op, op_names, run_layer
-from tightfit.ops.activation import INPLACE
+from tightfit.export.step_args import BINDERS, Bind, Pool, access_view, layer_args
+from tightfit.graph.ir import Graph, Layer, Tensor, spatial
+from tightfit.ops import WORKSPACE_MODELS, abi, get_op, op_names, run_layer
 from tightfit.ops.base import InputWindow, OnnxNode, Region
+from tightfit.plan.schema import Access, Buffer
+from tightfit.runtime import library
 
 SETTINGS = dict(
     derandomize=True, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-REGION_EXAMPLES = 60
-REFERENCE_EXAMPLES = 50
+REGION_EXAMPLES = 25
+REFERENCE_EXAMPLES = 20
+LONG_EXAMPLES = 1000  # per op, whole and regions: test_kernels_at_length (slow)
 RTOL = 1e-5
 
 ort.set_default_logger_severity(3)  # no deprecation chatter (tf_half_pixel_for_nn)
-
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- cases ---------------------------------------------------------------------------------
@@ -53,8 +57,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @dataclass
 class Case:
     layer: Layer
-    inputs: list[torch.Tensor]              # whole input tensors, contiguous
-    params: list[torch.Tensor]              # what compute receives
+    inputs: list[np.ndarray]                # whole input arrays, contiguous
+    params: list[np.ndarray]                # the layer's parameter arrays, in its order
     model: onnx.ModelProto | None = None    # reference model for onnxruntime
     feeds: dict[str, np.ndarray] = field(default_factory=dict)
     ref: object = None                      # a numpy reference where onnxruntime has none
@@ -70,10 +74,9 @@ class Case:
     def out_shape(self) -> tuple[int, ...]:
         return tuple(self.op.output_shape(self.layer, self.in_shapes))
 
-    def whole(self) -> torch.Tensor:
-        out = torch.full(self.out_shape(), float("nan"))
-        with torch.no_grad():
-            run_layer(self.layer, list(self.inputs), list(self.params), out)
+    def whole(self) -> np.ndarray:
+        out = np.full(self.out_shape(), np.nan, np.float32)
+        run_layer(self.layer, list(self.inputs), list(self.params), out)
         return out
 
     def reference(self) -> np.ndarray:
@@ -236,7 +239,7 @@ def onnx_case(op_name: str, nodes: list, main: int, inputs: dict[str, np.ndarray
     names = layer_inputs if layer_inputs is not None else spec.inputs
     layer = Layer(0, "main", op_name, tuple(names), "y", attrs, tuple(f"p{i}" for i in range(len(spec.params))))
     params = op.prepare_params(layer, spec.params)
-    return Case(layer, [torch.from_numpy(inputs[n].copy()) for n in names], params, model, dict(inputs))
+    return Case(layer, [inputs[n].copy() for n in names], params, model, dict(inputs))
 
 
 def _hand_case(op_name: str, attrs: dict, inputs: dict[str, np.ndarray], nodes, output: str, opset: int = 13,
@@ -244,7 +247,7 @@ def _hand_case(op_name: str, attrs: dict, inputs: dict[str, np.ndarray], nodes, 
     """A case for ops no ONNX node maps onto directly (activation, channel_shuffle)."""
     model = _model(nodes, inputs, inits or {}, output, opset)
     layer = Layer(0, "main", op_name, tuple(inputs), "y", attrs)
-    return Case(layer, [torch.from_numpy(v.copy()) for v in inputs.values()], [], model, dict(inputs))
+    return Case(layer, [v.copy() for v in inputs.values()], [], model, dict(inputs))
 
 
 # --- per-op strategies ----------------------------------------------------------------------
@@ -522,7 +525,7 @@ def channel_norm_cases(draw):
     model = _model(nodes + act_nodes, {"x": x}, {**inits, **act_inits}, out, 17)
     layer = Layer(0, "main", "channel_norm", ("x",), "y", {"epsilon": eps, "act": acts}, ("p0", "p1"))
     params = get_op("channel_norm").prepare_params(layer, [inits["s"], inits["b"]])
-    return Case(layer, [torch.from_numpy(x.copy())], params, model, {"x": x})
+    return Case(layer, [x.copy()], params, model, {"x": x})
 
 
 @st.composite
@@ -738,7 +741,7 @@ def conv_transpose_cases(draw):
     if style == "pads":  # pads leave at least one output place
         pads = [draw(st.integers(0, 2)) for _ in range(4)]
         kw["pads"] = [min(pads[i], max(0, full[i % 2] - 1 - pads[(i + 2) % 4])) for i in range(4)]
-        kw["output_padding"] = [draw(st.integers(0, max(s[i], d[i]) - 1)) for i in range(2)]
+        kw["output_padding"] = [draw(st.integers(0, s[i] - 1)) for i in range(2)]  # onnxruntime: below the stride
     elif style == "output_shape":
         kw["output_shape"] = [draw(st.integers(max(1, full[i] - 2), full[i])) for i in range(2)]
     else:
@@ -845,16 +848,14 @@ def _case_strategy(op_name: str):
 
 # --- helpers ---------------------------------------------------------------------------------
 
-def _tol(expected: torch.Tensor) -> dict:
-    finite = expected[torch.isfinite(expected)]
-    top = float(finite.abs().max()) if finite.numel() else 0.0
+def _tol(expected: np.ndarray) -> dict:
+    finite = expected[np.isfinite(expected)]
+    top = float(np.abs(finite).max()) if finite.size else 0.0
     return dict(rtol=RTOL, atol=max(1e-5 * top, 1e-30))
 
 
-def _formatted(t: torch.Tensor, fmt: str) -> torch.Tensor:
-    if t.dim() == 4 and fmt == "channels_last":
-        return t.contiguous(memory_format=torch.channels_last)
-    return t.contiguous()
+def _close(got: np.ndarray, want: np.ndarray, tol_from: np.ndarray, what: str) -> None:
+    np.testing.assert_allclose(got, want, **_tol(tol_from), equal_nan=False, err_msg=what)
 
 
 @st.composite
@@ -893,51 +894,91 @@ def _check_window_bounds(windows: tuple[InputWindow, ...], in_shapes) -> None:
         assert all(p >= 0 for p in win.pad), (win, shape)
 
 
-def _compute_region(case: Case, region: Region, whole: torch.Tensor, fmt_in: str, fmt_out: str) -> None:
-    op, layer = case.op, case.layer
-    in_shapes = case.in_shapes
-    out_shape = tuple(whole.shape)
-    inputs = [_formatted(x, fmt_in) for x in case.inputs]
-    before = [x.clone() for x in inputs]
-    buf = _formatted(torch.full(out_shape, float("nan")), fmt_out)
-    view = region.slice(buf)
-    windows = op.input_windows(layer, region, in_shapes)
-    assert len(windows) == len(inputs)
+def _strides(shape: tuple[int, ...], fmt: str) -> tuple[int, ...]:
+    """Element strides of a buffer of `shape` in `fmt` (channels-last only for rank 4)."""
+    if len(shape) == 4 and fmt == "channels_last":
+        _, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    return tuple(int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
+
+
+class _Arena:
+    """Buffers of given shapes and formats laid out one after another in one float32 arena (NaN
+    first), as a plan places them; `array(i)` views buffer i in its logical shape."""
+
+    def __init__(self, shapes_fmts: list[tuple[tuple[int, ...], str]]):
+        self.buffers, at = [], 0
+        for i, (shape, fmt) in enumerate(shapes_fmts):
+            self.buffers.append(Buffer(i, "whole", tuple(shape), "nhwc" if len(shape) == 4 and fmt == "channels_last" else "nchw", (at * 4,)))
+            at += -(-int(np.prod(shape)) // 16) * 16 + 16
+        self.data = np.full(at, np.nan, np.float32)
+
+    def array(self, i: int) -> np.ndarray:
+        b = self.buffers[i]
+        strides = _strides(b.shape, "channels_last" if b.layout == "nhwc" else "contiguous")
+        return np.lib.stride_tricks.as_strided(self.data[b.offsets[0] // 4 :], b.shape, tuple(4 * s for s in strides))
+
+    def view(self, i: int, tensor_shape, region: Region):
+        return access_view(self.buffers[i], Access("t", i, region, (region.n0, region.h0, region.w0)), 0, tensor_shape)
+
+
+def _run_step(case: Case, region: Region, arena: _Arena, ins: list[int], out: int) -> None:
+    """The kernel call of `region` of the case's layer, its input windows read from buffers `ins`
+    of `arena` and its output written to buffer `out` there (at the region's place)."""
+    layer, in_shapes = case.layer, case.in_shapes
+    out_shape = case.out_shape()
+    names = list(dict.fromkeys(layer.inputs))
+    tensors = {t: Tensor(t, s) for t, s in zip(layer.inputs, in_shapes)} | {layer.output: Tensor(layer.output, out_shape)}
+    graph = Graph("case", (layer,), tensors, tuple(names), (layer.output,), dict(zip(layer.params, case.params)))
+    windows = case.op.input_windows(layer, region, in_shapes)
     _check_window_bounds(windows, in_shapes)
-    views = [w.region.slice(x) for w, x in zip(windows, inputs)]
-    with torch.no_grad():
-        op.compute(layer, views, windows, view, region, case.params)
-    expected = region.slice(whole)
-    torch.testing.assert_close(view, expected, **_tol(whole), equal_nan=False,
-                               msg=lambda m: f"{layer.op} region {region} ({fmt_in} -> {fmt_out}) attrs {dict(layer.attrs)}: {m}")
-    outside = torch.ones(out_shape, dtype=torch.bool)
-    region.slice(outside).fill_(False)
-    assert torch.isnan(buf[outside]).all(), f"{layer.op} wrote outside region {region}"
-    for x, b in zip(inputs, before):
-        assert torch.equal(x, b), f"{layer.op} modified its input"
+    xs = [arena.view(i, s, w.region) for i, s, w in zip(ins, in_shapes, windows)]
+    y = arena.view(out, out_shape, region)
+    weights, indices = Pool(np.float32), Pool(np.int32)
+    args = layer_args(Bind(graph, region, out_shape[0], 0, weights, indices), layer, xs, y)
+    table, w, idx = library.StepTable([args]), weights.array(), indices.array()
+    library.library().tf_run(arena.data.ctypes.data, w.ctypes.data, idx.ctypes.data, table.address, 1, None, None)
 
 
-def _compute_inplace(case: Case, region: Region, whole: torch.Tensor, over: int = 0) -> None:
+def _compute_region(case: Case, region: Region, whole: np.ndarray, fmt_in: str, fmt_out: str) -> None:
+    layer, out_shape = case.layer, tuple(whole.shape)
+    arena = _Arena([(x.shape, fmt_in) for x in case.inputs] + [(out_shape, fmt_out)])
+    for i, x in enumerate(case.inputs):
+        arena.array(i)[...] = x
+    out = len(case.inputs)
+    _run_step(case, region, arena, list(range(out)), out)
+    buf = arena.array(out)
+    what = f"{layer.op} region {region} ({fmt_in} -> {fmt_out}) attrs {dict(layer.attrs)}"
+    _close(region.slice(buf), region.slice(whole), whole, what)
+    outside = np.ones(out_shape, dtype=bool)
+    region.slice(outside)[...] = False
+    assert np.isnan(buf[outside]).all(), f"{layer.op} wrote outside region {region}"
+    for i, x in enumerate(case.inputs):
+        assert np.array_equal(arena.array(i), x), f"{layer.op} modified its input"
+
+
+def _compute_inplace(case: Case, region: Region, whole: np.ndarray, over: int = 0, fmt: str = "contiguous") -> None:
     """An inplace_ok op computing its output over its input `over` (for add and mul, any input
     of the output's shape: a planner may reuse either operand's buffer)."""
-    op, layer = case.op, case.layer
-    inputs = [x.clone() for x in case.inputs]
-    windows = op.input_windows(layer, region, case.in_shapes)
-    views = [w.region.slice(x) for w, x in zip(windows, inputs)]
-    out = region.slice(inputs[over])
-    assert views[over].data_ptr() == out.data_ptr() and views[over].shape == out.shape
-    with torch.no_grad():
-        op.compute(layer, views, windows, out, region, case.params)
-    torch.testing.assert_close(out, region.slice(whole), **_tol(whole))
+    arena = _Arena([(x.shape, fmt) for x in case.inputs])
+    for i, x in enumerate(case.inputs):
+        arena.array(i)[...] = x
+    _run_step(case, region, arena, list(range(len(case.inputs))), over)
+    _close(region.slice(arena.array(over)), region.slice(whole), whole, f"{case.layer.op} in place over input {over}")
 
 
 # --- the tests ---------------------------------------------------------------------------------
 
-def test_every_op_has_a_case():
+def test_every_op_has_a_case_and_a_kernel():
     missing = sorted(set(op_names()) - set(CASES))
     assert not missing, f"ops without a property-test case: {missing}"
     assert not set(CASES) - set(op_names()), "cases for ops that are not registered"
-    assert set(INPLACE) == ACTIVATION_KINDS, f"activations without a case in ACTIVATIONS: {set(INPLACE) - ACTIVATION_KINDS}"
+    no_kernel = sorted(set(op_names()) - set(BINDERS))
+    assert not no_kernel, f"ops without a C kernel (a binder in export/step_args.py): {no_kernel}"
+    no_cost = sorted(n for n in op_names() if not callable(getattr(get_op(n), "macs", None)))
+    assert not no_cost, f"ops without a cost: {no_cost}"
+    kinds = set(abi.ACT_NAMES)
+    assert kinds == ACTIVATION_KINDS, f"activations without a case in ACTIVATIONS: {kinds - ACTIVATION_KINDS}"
 
 
 @pytest.mark.parametrize("op_name", op_names())
@@ -949,19 +990,21 @@ def test_whole_matches_onnxruntime(op_name, data):
     whole = case.whole()
     ref = case.reference()
     assert tuple(whole.shape) == ref.shape, f"{op_name}: shape {tuple(whole.shape)} but onnxruntime gives {ref.shape}"
-    expected = torch.from_numpy(ref)
-    torch.testing.assert_close(whole, expected, **_tol(expected),
-                               msg=lambda m: f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}: {m}")
+    _close(whole, ref, ref, f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}")
 
 
 @pytest.mark.parametrize("op_name", op_names())
 @settings(max_examples=REGION_EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_region_equals_slice_of_whole(op_name, data):
+    _region_property(op_name, data)
+
+
+def _region_property(op_name, data) -> None:
     case = data.draw(_case_strategy(op_name))
     op = case.op
     whole = case.whole()
-    assert not torch.isnan(whole).any(), f"{op_name}: whole output has NaN (not all written?)"
+    assert not np.isnan(whole).any(), f"{op_name}: whole output has NaN (not all written?)"
     formats = st.sampled_from(["contiguous", "channels_last"])
     for _ in range(3):
         region = data.draw(regions(tuple(whole.shape), op.splittable))
@@ -971,7 +1014,20 @@ def test_region_equals_slice_of_whole(op_name, data):
         any_input = op_name in ("add", "mul", "eltwise")  # the planner may reuse any operand's buffer
         if same and (same[0] == 0 or any_input):
             over = data.draw(st.sampled_from(same)) if any_input else 0
-            _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole, over)
+            _compute_inplace(case, data.draw(regions(tuple(whole.shape), op.splittable)), whole, over, data.draw(formats))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op_name", op_names())
+@settings(max_examples=LONG_EXAMPLES, **SETTINGS)
+@given(data=st.data())
+def test_kernels_at_length(op_name, data):
+    """Thousands of drawn attribute sets per op: the whole output against onnxruntime, then
+    regions against the whole."""
+    case = data.draw(_case_strategy(op_name))
+    whole, ref = case.whole(), case.reference()
+    _close(whole, ref, ref, f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}")
+    _region_property(op_name, data)
 
 
 @pytest.mark.parametrize("op_name", op_names())
@@ -1041,7 +1097,7 @@ def test_windows_wholly_in_padding(x_shape, kernel, stride, pads):
     slice (base.window_1d), and the conv kernel handles an empty input window."""
     case = _fixed_conv_case(x_shape, kernel, stride, pads)
     whole = case.whole()
-    torch.testing.assert_close(whole, torch.from_numpy(case.reference()), **_tol(whole))
+    _close(whole, case.reference(), whole, "conv")
     n, _, oh, ow = whole.shape
     for h0 in range(oh):
         for w0 in range(ow):
@@ -1057,7 +1113,7 @@ def test_constant_pad_region_wholly_in_padding():
     case = onnx_case("pad", [node], 0, {"x": x}, {"p": np.array([0, 0, 3, 1, 0, 0, 2, 4], np.int64),
                                                   "v": np.array(1.5, np.float32)}, opset=13)
     whole = case.whole()
-    torch.testing.assert_close(whole, torch.from_numpy(case.reference()))
+    _close(whole, case.reference(), whole, case.layer.op)
     for region in (Region(0, 1, 0, 3, 0, 8), Region(0, 1, 5, 7, 0, 1), Region(0, 1, 0, 1, 4, 8)):
         _compute_region(case, region, whole, "contiguous", "channels_last")
 
@@ -1069,7 +1125,7 @@ def test_identity_average_pool_is_a_copy_with_no_scratch():
     node = helper.make_node("AveragePool", ["x"], ["y0"], kernel_shape=[1, 1], strides=[1, 1])
     case = onnx_case("avgpool", [node], 0, {"x": _randn(rng, (2, 3, 5, 4))}, {})
     whole = case.whole()
-    torch.testing.assert_close(whole, torch.from_numpy(case.reference()))
+    _close(whole, case.reference(), whole, case.layer.op)
     out_shape = case.out_shape()
     for region in (Region.whole(out_shape), Region(0, 2, 1, 3, 0, 4)):
         assert case.op.workspace_bytes(case.layer, region, case.in_shapes, out_shape, 4) == 0

@@ -20,7 +20,7 @@ ACTS = {name: i for i, name in enumerate(ACT_NAMES, 1)}
 ELT_NAMES = ("sum", "product", "sub", "div", "pow", "min", "max", "prelu", "clip")
 # The ops' `fn` attribute (ops/binary.py) -> the code of its fold.
 ELT_FNS = {"add": 0, "mul": 1, "sub": 2, "div": 3, "pow": 4, "min": 5, "max": 6, "prelu": 7, "clip": 8}
-MAX_ACTS = 4
+MAX_ACTS = 10  # a fused chain (the importer fuses up to this many; the test chains reach 9)
 MAX_OPERANDS = 8
 
 STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", "lrn", "concat", "pad", "resize",

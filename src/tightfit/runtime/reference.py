@@ -51,6 +51,7 @@ def run_layer(layer, inputs, params, out) -> None:
 
     from tightfit.export.step_args import Bind, Pool, View, _dims4, layer_args
     from tightfit.graph.ir import Tensor
+    from tightfit.ops import get_op
     from tightfit.ops.base import Region
     from tightfit.runtime import library as kernels
 
@@ -65,8 +66,10 @@ def run_layer(layer, inputs, params, out) -> None:
     graph = Graph("layer", (replace(layer, id=0),), tensors, tuple(arrays), (layer.output,),
                   {p: np.asarray(a, dtype=np.float32) for p, a in zip(layer.params, params)})
     weights, indices = Pool(np.float32), Pool(np.int32)
-    bind = Bind(graph, Region.whole(y.shape), int(y.shape[0]), 0, weights, indices)
-    args = layer_args(bind, graph.layers[0], [views[t] for t in layer.inputs], views[layer.output])
+    region = Region.whole(y.shape)
+    windows = get_op(layer.op).input_windows(layer, region, [arrays[t].shape for t in layer.inputs])
+    xs = [_window(views[t], w.region) for t, w in zip(layer.inputs, windows)]  # a kernel reads its window
+    args = layer_args(Bind(graph, region, int(y.shape[0]), 0, weights, indices), graph.layers[0], xs, views[layer.output])
     arena = np.zeros(max(at, 1), np.float32)
     for t, a in arrays.items():
         arena[views[t].off : views[t].off + a.size] = a.reshape(-1)
@@ -74,3 +77,11 @@ def run_layer(layer, inputs, params, out) -> None:
     kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, None)
     v = views[layer.output]
     y[...] = arena[v.off : v.off + y.size].reshape(y.shape)
+
+
+def _window(v, r):
+    """The part of a whole tensor's view `v` that region `r` (an input window) covers."""
+    from tightfit.export.step_args import View
+
+    sn, _, sh, sw = v.strides
+    return View(v.off + r.n0 * sn + r.h0 * sh + r.w0 * sw, (r.n, v.dims[1], r.h, r.w), v.strides)
