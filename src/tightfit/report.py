@@ -64,7 +64,7 @@ def inspect_table(mem: ModelMemory) -> str:
 def run_report(graph, result) -> dict[str, Any]:
     outs = {}
     for name, t in result.outputs.items():
-        outs[name] = {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()) if t.numel() > 1 else 0.0,
+        outs[name] = {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()) if t.size > 1 else 0.0,
                       "argmax": int(t.reshape(t.shape[0], -1).argmax(1)[0])}
     return {"model": graph.name, "layers": len(graph.layers), "seconds": result.seconds, "outputs": outs}
 

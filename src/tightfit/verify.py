@@ -5,7 +5,6 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from tightfit.graph.ir import Graph
 from tightfit.tolerance import RTOL, Comparison, compare, worst  # noqa: F401 (the checks' one definition, re-exported)
@@ -33,16 +32,17 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()
 
 
-def model_input(graph: Graph, x: torch.Tensor) -> np.ndarray:
+def model_input(graph: Graph, x) -> np.ndarray:
     """The graph's NCHW input as the model file takes it (channels-last where it starts with a
     Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW)."""
     forms = {name: (form, shape) for name, form, shape in graph.input_forms}
     form, shape = forms.get(graph.inputs[0], ("nchw", ()))
+    x = np.asarray(x, dtype=np.float32)
     if form == "nhwc":
-        return x.permute(0, 2, 3, 1).contiguous().numpy()
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     if form == "reshape":
-        return x.reshape(shape).numpy()
-    return x.numpy()
+        return x.reshape(shape)
+    return x
 
 
 def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
@@ -70,7 +70,7 @@ def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence
         raise ModelLoadError(f"onnxruntime, the reference of --verify, rejects this model: {reason}") from None
 
 
-def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> Comparison:
+def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
     """Our outputs against onnxruntime's. Where they differ, onnx's reference evaluator (numpy,
     independent of both) runs the model in float64 and decides: onnxruntime sums in float32 as it
     goes, which over millions of values drifts (a GlobalAveragePool over 21 M values read 1% off)."""

@@ -1,8 +1,7 @@
 """A timing worker: `python -m tightfit.runtime._timer JOB_PICKLE` times one plan in a process of
 its own (see `PlanTimer`).
 
-job = {"plan": Plan, "graph": Graph, "seed": int, "threads": int}. The worker loads the
-parameters, builds the executor, runs once to warm up and prints "ready"; then for each line
+job = {"plan": Plan, "graph": Graph, "seed": int}. The worker builds the executor, runs once to warm up and prints "ready"; then for each line
 "N" on stdin it runs the plan N times and prints the seconds of each run as one JSON list.
 Each run starts after twice the last-level cache has been written, so that a run's time does
 not depend on which plan ran before it (in this worker or in another); with job["stir"] False
@@ -19,7 +18,7 @@ import time
 
 
 def main() -> None:
-    import torch
+    import numpy as np
 
     from tightfit.analysis.predict import CACHE_BYTES
     from tightfit.runtime.cost import timed
@@ -28,19 +27,17 @@ def main() -> None:
 
     with open(sys.argv[1], "rb") as f:
         job = pickle.load(f)
-    torch.set_num_threads(job["threads"])
-    torch.set_grad_enabled(False)
     plan, graph = job["plan"], job["graph"]
     executor = ArenaExecutor(plan, [graph])
     x = random_input(graph, plan.models[0].batch, job["seed"])
-    stir = torch.empty(4 * CACHE_BYTES // 4)  # CACHE_BYTES is half the last-level cache
+    stir = np.empty(4 * CACHE_BYTES // 4, np.float32)  # CACHE_BYTES is half the last-level cache
     executor.run(x)
     print("ready", flush=True)
     for line in sys.stdin:
         seconds = []
         for _ in range(int(line)):
             if job.get("stir", True):
-                stir.fill_(1.0)
+                stir.fill(1.0)
             if job.get("clock") == "step":
                 seconds.append(timed(lambda: executor.run(x)))
                 continue

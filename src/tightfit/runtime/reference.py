@@ -1,6 +1,5 @@
-"""The reference run: a graph layer by layer on the kernel library, every tensor in a buffer of
-its own (the naive plan, channels-first: the kernels' portable paths, where plans' channels-last
-buffers take the vector ones). Outputs of plans are compared with it; the independent checks of
+"""The reference run: a graph layer by layer on the kernel library, channels-last (channels-first
+views take the kernels' portable paths: resnet18 5 s a run there against 0.2 s). Outputs of plans are compared with it; the independent checks of
 the kernels themselves are onnxruntime and onnx's reference evaluator (tests/op_cases.py, verify.py)."""
 from __future__ import annotations
 
@@ -20,10 +19,13 @@ def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, n
 
     x = inputs[graph.inputs[0]] if isinstance(inputs, Mapping) else inputs
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
-    plan = plan_reuse(PlannedModel(graph, graph.name or "reference", int(x.shape[0])), planner="naive", layout="nchw")
+    wanted = dict.fromkeys(list(graph.outputs) + list(keep))
+    # Tensors asked for besides the outputs each keep a buffer of their own (the naive plan);
+    # else buffers are reused after their last reader, as a layer-by-layer run frees tensors.
+    planner = "naive" if len(wanted) > len(graph.outputs) else "improve"
+    plan = plan_reuse(PlannedModel(graph, graph.name or "reference", int(x.shape[0])), planner=planner, layout="nhwc")
     ex = ArenaExecutor(plan, [graph])
     outs = ex.run(x)[0]
-    wanted = dict.fromkeys(list(graph.outputs) + list(keep))
     ctx = Context(plan, [graph], 0)
     written = {s.out.tensor: s.out for s in plan.steps()}
     result = {}

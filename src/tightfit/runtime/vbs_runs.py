@@ -57,20 +57,18 @@ def time_rounds(plans: Sequence[Plan], graph: Graph, repeats: int = 5, seed: int
 
 
 class PlanTimer:
-    """One plan loaded and warmed up in a worker process (`runtime/_timer.py`) with this
-    process's torch thread count; `run(n)` times n runs there (each after a cache stir unless
+    """One plan loaded and warmed up in a worker process (`runtime/_timer.py`; the kernel library
+    runs on one thread); `run(n)` times n runs there (each after a cache stir unless
     `stir` is False: then back to back, as frames of a stream; `clock` "step": timed as the cost
     model times steps, else wall time)."""
 
     def __init__(self, plan: Plan, graph: Graph, seed: int = 0, stir: bool = True, clock: str = "wall"):
-        import torch
-
         with tempfile.NamedTemporaryFile("wb", suffix=".pickle", delete=False) as f:
             atomic.track(f.name)
-            pickle.dump({"plan": plan, "graph": graph, "seed": seed, "threads": torch.get_num_threads(),
+            pickle.dump({"plan": plan, "graph": graph, "seed": seed,
                          "stir": stir, "clock": clock}, f)
         self._job = f.name
-        env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
         self.proc = children.popen([sys.executable, "-m", "tightfit.runtime._timer", self._job], env=env, text=True,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._ready = False
