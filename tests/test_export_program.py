@@ -16,7 +16,7 @@ def test_weights_file_program_is_clean_under_the_sanitizers(tmp_path):
     assert sources.weights_in_file
     built = build(tmp_path / "c", sources.name, cflags=["-std=c99", "-O2"], sanitize=True)
     x = tightfit.api.plan_inputs(graphs, plan)[0]
-    ref = run_reference(graphs[0], x)[graphs[0].outputs[0]].numpy()
+    ref = np.asarray(run_reference(graphs[0], x)[graphs[0].outputs[0]])
     for preload in (False, True):
         ran = run(built.binary, [np.asarray(x)], [ref.size], 2, tmp_path / "c" / "weights.bin", preload=preload)
         assert abs(ran.outputs[0] - ref.ravel()).max() < 1e-4

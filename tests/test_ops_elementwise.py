@@ -160,7 +160,7 @@ def test_op_matches_onnxruntime_whole_and_split(tmp_path, case):
     x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
     ref = run_reference(g, x)
     expected = _onnxruntime(model, np.asarray(x))[0]
-    got = ref[g.outputs[0]].numpy()
+    got = np.asarray(ref[g.outputs[0]])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(expected).max())))
     _assert_plans_match(path, g, x, ref)
 
@@ -214,7 +214,7 @@ def test_every_op_model_imports_and_matches():
     assert {"silu", "hardswish", "gelu"} <= kinds, kinds
     x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
     expected = _onnxruntime(model, np.asarray(x))[0]
-    got = run_reference(g, x)[g.outputs[0]].numpy()
+    got = np.asarray(run_reference(g, x)[g.outputs[0]])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
 
 
@@ -377,7 +377,7 @@ def test_shape_arithmetic_folds_to_constants(tmp_path):
     x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
     ref = run_reference(g, x)
     expected = _onnxruntime(model, np.asarray(x))[0]
-    np.testing.assert_allclose(ref[g.outputs[0]].numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ref[g.outputs[0]]), expected, rtol=1e-5, atol=1e-5)
     _assert_plans_match(path, g, x, ref)
 
 

@@ -87,7 +87,7 @@ def test_pytorch_converted(case):
     # A rank-3 input reaches NCHW through the file's own reshapes (absorbed at import): the
     # graph's input is their end.
     x4 = torch.from_numpy(np.array(x, copy=True)).reshape(graph.shape(graph.inputs[0]))
-    out = run_reference(graph, x4)[graph.outputs[0]].numpy()
+    out = np.asarray(run_reference(graph, x4)[graph.outputs[0]])
     assert out.shape == expected.shape, f"{case}: output shape {out.shape}, expected {expected.shape}"
     scale = float(np.abs(expected).max())
     err = float(np.abs(out.astype(np.float64) - expected).max())
