@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import header, is_loaded, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, docs_section, header, is_loaded, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
@@ -179,12 +179,20 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)),
                     help="the core that profiles, searches and runs the plans (-1: wherever the scheduler puts them)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    add_write_docs(ap)
     args = ap.parse_args()
     if args.cpu != -1 and args.cpu not in os.sched_getaffinity(0):
         ap.error(f"--cpu {args.cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))} (or -1)")
     if args.one:
         one_model(args.one, args)
         return
+    shown = " ".join(["python bench/predict.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    with docs_section("predict", args.write_docs, shown):
+        all_models(args, names)
+
+
+def all_models(args, names) -> None:
+    """Every model in a child process of its own, then the error per technique and the verdict."""
     torch.set_num_threads(1)
     header(__doc__.splitlines()[0])
     models = [m for m in (args.models.split(",") if args.models else names()) if m not in args.skip.split(",")]

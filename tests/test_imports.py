@@ -1,4 +1,4 @@
-"""The layering: imports in src/tightfit point one way and form no cycle (README, Layout).
+"""The layering: imports in src/tightfit point one way and form no cycle (docs/design.md, Layout).
 
 Every import is read from the source with `ast` (module level and inside functions, `import x`,
 `from x import y`, relative imports), so an import hidden in a function to dodge a cycle counts.
@@ -16,7 +16,7 @@ SRC = ROOT / "src"
 PACKAGE = "tightfit"
 
 # The one rule table: layer -> the other layers its modules may import (a layer's modules may
-# import each other). README's Layout section shows the same table (checked below). A subpackage
+# import each other). docs/design.md's Layout section shows the same table (checked below). A subpackage
 # of tightfit is its own layer; top-level modules are the face or the base. The techniques are,
 # for now, the modules of plan/ outside the plan format (PLAN_FORMAT), until they get a package.
 ALLOWED: dict[str, set[str]] = {
@@ -170,10 +170,10 @@ def test_no_edge_against_the_direction(graph):
     assert against_direction(graph) == []
 
 
-def test_readme_shows_the_rule_table():
-    text = (ROOT / "README.md").read_text()
+def test_design_doc_shows_the_rule_table():
+    text = (ROOT / "docs" / "design.md").read_text()
     block = re.search(r"<!-- import-rules -->\n(.*?)<!-- /import-rules -->", text, re.S)
-    assert block, "README's Layout section lost its import-rules block"
+    assert block, "docs/design.md's Layout section lost its import-rules block"
     rows = [line.split() for line in block.group(1).splitlines()[1:] if line.strip()]
     assert {row[0]: set(row[1:]) - {"-"} for row in rows} == ALLOWED
     listed = re.search(r"<!-- plan-format -->(.*?)<!-- /plan-format -->", text, re.S)
