@@ -45,10 +45,11 @@ import tightfit
 from benchlib import add_write_docs, docs_section, header, loaded, verdict
 from tightfit import fit as F
 from tightfit.analysis.csdf import max_phases
-from tightfit.plan import windows
+from tightfit.techniques import windows
 from tightfit.techniques.fit import FitApp
-from tightfit.plan.parts import plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.cost import CostModel
 
 MB = 1e6

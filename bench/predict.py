@@ -59,9 +59,10 @@ VBS_REQUEST = 4
 def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool, cost) -> list[tuple[str, str, object]]:
     """(technique, label, plan) for one model."""
     import tightfit
-    from tightfit.plan.deadline import Deadline
+    from tightfit.techniques.deadline import Deadline
     from tightfit.techniques.parts.phase_search import plan_point as parts_plan, search_parts
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.tiling import cost_seconds, plan_point as tiling_plan, search_tiling
 
     g = tightfit.load(name)
@@ -86,7 +87,8 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
 def vbs_plans(name: str, cost) -> list[tuple[str, str, object]]:
     import tightfit
     from tightfit.errors import BudgetError
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
 
     g = tightfit.load(name)
     budget = run_memory(plan_reuse(PlannedModel(g, name, VBS_REQUEST))) // 2

@@ -47,7 +47,8 @@ import tightfit  # noqa: E402
 from benchlib import header, loaded, verdict, verified  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
-from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 from tightfit.techniques.tiling import (TileGroup, TilingSetting, cost_seconds, format_tiling, plan_point,  # noqa: E402
                                   plan_tiling, search_tiling, step_memory, tiling_point)
 from tightfit.runtime.cost import CostModel  # noqa: E402

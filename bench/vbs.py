@@ -29,7 +29,7 @@ import torch
 import tightfit
 from benchlib import header, loaded, verdict, verified
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.vbs.graph_dp import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
                                      plan_schedule, predicted_seconds, run_memory, search_vbs, smallest_feasible_budget,
                                      solve_problem)

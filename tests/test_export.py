@@ -216,8 +216,8 @@ def test_parts_overlay_plan(tmp_path):
     """A whole tensor written over the dead rows of one still read (plan/overlay.py): the C steps
     run in the plan's order, so the overlay holds as in the executor."""
     from test_overlay import PHASES, _Stage
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.reuse import PlannedModel
+    from tightfit.techniques.parts.planner import plan_parts
+    from tightfit.techniques.interface import PlannedModel
 
     g = tightfit.load(_Stage(), (1, 1, 16, 16))
     plan = plan_parts(PlannedModel(g, "stage"), PHASES)

@@ -13,8 +13,8 @@ import tightfit
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import block_positions
-from tightfit.plan.parts import plan_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.parts.planner import plan_parts
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import PlanError
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import run_reference

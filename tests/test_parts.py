@@ -12,8 +12,9 @@ from tightfit.analysis.csdf import max_phases
 from tightfit.ops import get_op
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
-from tightfit.plan.parts import phases_for_rows, plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import run_reference
 from tightfit.verify import compare
@@ -117,7 +118,7 @@ def test_aligned_rows_hold_one_band_plus_halo():
     halo where equal parts hold two bands."""
     from tightfit.analysis.csdf import split_rows
     from tightfit.graph.ir import spatial
-    from tightfit.plan.parts import aligned_rows
+    from tightfit.techniques.parts.planner import aligned_rows
 
     g = tightfit.load("mobilenet_v1_025")
     phases = {l: 8 for l, p in max_phases(g).items() if p >= 8}

@@ -15,9 +15,9 @@ from tightfit.ops import get_op
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
-from tightfit.plan.parts import plan_parts
+from tightfit.techniques.parts.planner import plan_parts
 from tightfit.techniques.parts.phase_search import _peak_tensors, plan_point, search_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -189,7 +189,7 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     streamed."""
     from test_overlay import _Doubling
 
-    from tightfit.plan.parts import draft_parts
+    from tightfit.techniques.parts.planner import draft_parts
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import run_reference
     from tightfit.verify import compare

@@ -11,9 +11,9 @@ from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
-from tightfit.plan.parts import plan_parts
+from tightfit.techniques.parts.planner import plan_parts
 from tightfit.techniques.parts.phase_search import splittable_layers
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import run_reference

@@ -7,8 +7,8 @@ import pytest
 
 import tightfit.fit as F
 from tightfit.analysis.predict import Predictor, Profile
-from tightfit.plan.deadline import Deadline
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.deadline import Deadline
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.interface import Config, Point, Problem, pareto
 from tightfit.techniques.registry import TECHNIQUES, fit_sources, technique
 

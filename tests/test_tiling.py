@@ -12,10 +12,12 @@ from tightfit.cli import main
 from tightfit.errors import BudgetError
 from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
-from tightfit.plan import schema, windows
+from tightfit.plan import schema
+from tightfit.techniques import windows
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor

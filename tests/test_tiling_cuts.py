@@ -8,7 +8,7 @@ import pytest
 import torch.nn as nn
 
 import tightfit
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.tiling import candidate_cuts, search_tiling, tileable
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,10 +8,10 @@ import pytest
 import tightfit
 import tightfit.fit as F
 from tightfit.cli import main
-from tightfit.plan.deadline import Deadline
+from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import Constraints, FitProblem, search
 from tightfit.techniques.parts.phase_search import search_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.tiling import search_tiling
 from test_parts_search import step_cost
 

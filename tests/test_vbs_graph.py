@@ -17,7 +17,7 @@ from torch import nn
 
 import tightfit
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.vbs.linear_dp import INF
 from tightfit.techniques.vbs.graph_dp import (Problem, Special, fbs_steps, main_path, plan_schedule, profile_seconds,
                                      run_memory, search_vbs, smallest_feasible_budget, solve_problem, baseline)

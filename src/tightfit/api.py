@@ -69,7 +69,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     `model` may be module:factory; an application file's CNNs may only with `allow_code`."""
     from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.interface import Config
     from tightfit.techniques.registry import TECHNIQUES, technique
 
@@ -123,7 +124,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
 def _deadline(time_limit: float | None):
     """A new deadline `time_limit` seconds of search from now, per search pass (None: no limit)."""
-    from tightfit.plan.deadline import Deadline
+    from tightfit.techniques.deadline import Deadline
 
     return lambda: None if time_limit is None else Deadline.after(time_limit)
 

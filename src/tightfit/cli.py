@@ -347,8 +347,8 @@ def _parts_arena_line(spec: str, graph, phases: dict, source_rows, item: int) ->
     per element as the summary above."""
     from tightfit.graph.ir import DTYPE_BYTES
     from tightfit.plan.check import check_plan
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.reuse import PlannedModel
+    from tightfit.techniques.parts.planner import plan_parts
+    from tightfit.techniques.interface import PlannedModel
 
     dtype = next((d for d, n in DTYPE_BYTES.items() if n == item), None)
     if dtype is None:

@@ -20,10 +20,10 @@ import torch
 
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan
-from tightfit.plan.deadline import Deadline
+from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, search, select
 from tightfit.techniques.interface import Technique
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import Measurement
 from tightfit.units import human

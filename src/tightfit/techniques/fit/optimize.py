@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from tightfit.errors import TightfitError
-from tightfit.plan.deadline import Deadline, expired
+from tightfit.techniques.deadline import Deadline, expired
 from tightfit.techniques.fit.problem import FitProblem, _OutOfWork, _silent
 from tightfit.techniques.fit.space import FitPoint
 from tightfit.techniques.interface import Technique

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.reuse import PlannedModel, _fifo_copies
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
 from tightfit.techniques.interface import SEARCH_PLANNER, Point, run_memory
 
@@ -131,8 +132,8 @@ class CNNSpace:
         return self._memory[key]
 
     def _one_partition(self, key: tuple) -> Plan:
-        from tightfit.plan.parts import draft_parts
-        from tightfit.plan.reuse import plan_reuse
+        from tightfit.techniques.parts.planner import draft_parts
+        from tightfit.techniques.reuse.planner import plan_reuse
 
         if key[0] == "candidate":
             return self.candidates[key[1] - 1].build()

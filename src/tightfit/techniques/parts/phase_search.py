@@ -52,9 +52,9 @@ from typing import Callable, Iterable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.deadline import Deadline, TimeUp, check
+from tightfit.techniques.deadline import Deadline, TimeUp, check
 from tightfit.plan.lifetimes import Lifetimes, buffer_tensors, lifetimes, live_at
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Point, pareto, run_memory
 
@@ -104,7 +104,7 @@ def label(setting: PartsSetting) -> str:
 def plan_point(model: PlannedModel, point: Point, planner: str = "improve", layout: str = "nhwc",
                dtype: str = "fp32") -> Plan:
     """The placed plan of a point the search evaluated."""
-    from tightfit.plan.parts import plan_parts
+    from tightfit.techniques.parts.planner import plan_parts
 
     c: PartsSetting = point.config
     return plan_parts(model, c.phases_dict(), c.source_phases, planner, layout, dtype, align=c.align, held=c.held)
@@ -207,7 +207,7 @@ class _Evaluations:
         return self._plan(c.phases_dict(), c.source_phases, c.align, c.held)
 
     def _plan(self, phases: Mapping[int, int], source: int, align: bool, held: tuple[int, ...]) -> Plan:
-        from tightfit.plan.parts import draft_parts
+        from tightfit.techniques.parts.planner import draft_parts
 
         return draft_parts(self.model, dict(phases), source, self.layout, self.dtype, align=align, held=held)
 

@@ -31,7 +31,7 @@ full-width band of the tile buffer, so kernels still write dense views. Column o
 recomputed (a reused column strip would make the computed part a strided view).
 
 Below its space of tilings (a budget no coarse grid fits), the search also considers the whole
-network by parts (plan/parts.py, found by the parts search): the limit the fine tilings approach,
+network by parts (techniques/parts/planner.py, found by the parts search): the limit the fine tilings approach,
 row bands of the full width, but each layer with its own band height and a stream cut where a
 tensor is held whole, which tiles of one grid per group cannot express. Such a configuration
 has no groups; its `parts` says how it runs.
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, _distinct, technique
 from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions

@@ -8,8 +8,8 @@ from functools import partial
 from typing import Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.deadline import Deadline, TimeUp, check, expired
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.deadline import Deadline, TimeUp, check, expired
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan, Step
 from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, plan_tiling
 from tightfit.techniques.interface import Config, Point, Problem, pareto, technique

@@ -5,7 +5,7 @@ linear network; graph_dp.py: over a branched graph's main path, and the plans of
 from __future__ import annotations
 
 from tightfit.errors import TightfitError
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, run_memory
 

@@ -27,8 +27,9 @@ from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan.deadline import Deadline, expired
-from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
+from tightfit.techniques.deadline import Deadline, expired
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.techniques.interface import run_memory
 from tightfit.techniques.vbs.linear_dp import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans

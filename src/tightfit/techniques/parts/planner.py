@@ -15,10 +15,11 @@ from typing import Collection, Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
-from tightfit.plan import windows as memo
+from tightfit.techniques import windows as memo
 from tightfit.ops.base import Region
 from tightfit.plan.overlay import overlay_buffers
-from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
 
