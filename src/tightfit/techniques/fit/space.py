@@ -132,14 +132,14 @@ class CNNSpace:
         return self._memory[key]
 
     def _one_partition(self, key: tuple) -> Plan:
-        from tightfit.techniques.parts.planner import draft_parts
+        from tightfit.techniques.parts.planner import PartsOptions, draft_parts
         from tightfit.techniques.reuse.planner import plan_reuse
 
         if key[0] == "candidate":
             return self.candidates[key[1] - 1].build()
         if key[0] == "whole":
             return plan_reuse(self.model, SEARCH_PLANNER, key[1], self.layout, self.dtype)
-        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, align=key[3])
+        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, PartsOptions(align=key[3]))
 
 
 def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:
