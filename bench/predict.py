@@ -63,7 +63,7 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
     from tightfit.techniques.parts.phase_search import plan_point as parts_plan, search_parts
     from tightfit.techniques.interface import PlannedModel
     from tightfit.techniques.reuse.planner import plan_reuse
-    from tightfit.techniques.tiling import cost_seconds, plan_point as tiling_plan, search_tiling
+    from tightfit.techniques.tiling import TilingOptions, cost_seconds, plan_point as tiling_plan, search_tiling
 
     g = tightfit.load(name)
     model = PlannedModel(g, name)
@@ -75,9 +75,9 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
         found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, deadline=Deadline.after(time_limit))
         plans.append(("parts", _label(f, found.fits, found.timed_out), parts_plan(model, found.chosen)))
         try:
-            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0, deadline=Deadline.after(time_limit))
+            found = search_tiling(model, cost_seconds(cost, g), budget, options=TilingOptions(front_points=0), deadline=Deadline.after(time_limit))
         except KeyError:  # the search fails when time is up before its plain segments are planned
-            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0)
+            found = search_tiling(model, cost_seconds(cost, g), budget, options=TilingOptions(front_points=0))
         plans.append(("tiling", _label(f, found.fits, found.timed_out) + " " + found.chosen.config.spec[:28], tiling_plan(model, found.chosen)))
     if vbs:
         plans += vbs_plans(name, cost)

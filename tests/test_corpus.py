@@ -151,9 +151,8 @@ def test_tiling_search_stopped_by_its_deadline_answers():
     """Found by the corpus under load: a tiling search whose deadline passed before the fine
     space had its layer-by-layer options for the new cut points failed with KeyError."""
     from tightfit.techniques.deadline import Deadline
-    from tightfit.techniques.tiling import search_tiling
+    from tightfit.techniques.tiling import TilingOptions, search_tiling
 
     g = load_onnx(corpus.onnx_path("squeezenet1_1", 17))
-    found = search_tiling(PlannedModel(g, "squeezenet1_1"), lambda plan, steps: float(len(steps)), 1,
-                          front_points=0, deadline=Deadline.after(0.0))
+    found = search_tiling(PlannedModel(g, "squeezenet1_1"), lambda plan, steps: float(len(steps)), 1, options=TilingOptions(front_points=0), deadline=Deadline.after(0.0))
     assert found.timed_out and found.chosen.memory_bytes > 0

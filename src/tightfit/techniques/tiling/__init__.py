@@ -46,11 +46,12 @@ from tightfit.techniques.interface import Config, Front, Point, Problem, Techniq
 from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, check_groups, cut_points, downsampling_cuts,
                                                format_tiling, group_problem, groupable_runs, parse_tiling, tileable)
-from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingSearch, TilingSetting, candidate_cuts, cost_seconds,
+from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingOptions, TilingSearch, TilingSetting, candidate_cuts,
+                                                      cost_seconds,
                                                       default_grids, fine_groups, plan_point, search_tiling, smallest_key,
                                                       step_memory, tiling_point)
 
-__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingSearch", "TilingSetting", "candidate_cuts",
+__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingOptions", "TilingSearch", "TilingSetting", "candidate_cuts",
            "check_groups", "clear_edge", "cost_seconds", "cut_points", "default_grids", "downsampling_cuts", "draft",
            "draft_tiling", "executed_macs", "fine_groups", "format_tiling", "group_problem", "groupable_runs",
            "parse_tiling", "plan_point", "plan_tiling", "search", "search_tiling", "smallest_key", "step_memory",
@@ -93,8 +94,8 @@ def search(problem: Problem) -> Front | None:
         options.update(max_groups=2, timed_per_segment=1, front_points=0, parts=False)
         if problem.quick:
             options.update(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS))
-    found = config_search.search_tiling(problem.model, cost_seconds(problem.predict, g), problem.budget_bytes, layout=c.layout,
-                          dtype=c.dtype, deadline=problem.deadline, progress=problem.progress, **options)
+    found = config_search.search_tiling(problem.model, cost_seconds(problem.predict, g), problem.budget_bytes,
+                                        TilingOptions(**options), c.layout, c.dtype, problem.deadline, problem.progress)
     smallest = min(found.points or (found.chosen,), key=smallest_key)
 
     def point(p: Point, exact: bool = False) -> Point:
