@@ -1,7 +1,7 @@
 """Fused tiling (Farley & Gerstlauer's MAFAT, DeepThings' fused tile partitioning, generalised):
 a group of consecutive layers runs tile by tile over an N x M grid of its output, so the
 group's intermediates hold one tile instead of the whole tensor. groups.py: where groups may go
-and how they are written; draft.py: the planner (pure: graph and groups in, Plan out);
+and how they are written; planner.py: the planner (pure: graph and groups in, Plan out);
 config_search.py: the configuration search.
 
 A group is a run of layers [first, last] with one input tensor and one output tensor (branches
@@ -43,7 +43,7 @@ from dataclasses import replace
 from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, _distinct, technique
-from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
+from tightfit.techniques.tiling.planner import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, check_groups, cut_points, downsampling_cuts,
                                                format_tiling, group_problem, groupable_runs, parse_tiling, tileable)
 from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingOptions, TilingSearch, TilingSetting, candidate_cuts,

@@ -11,7 +11,7 @@ from tightfit.graph.ir import Graph, spatial
 from tightfit.techniques.deadline import Deadline, TimeUp, check, expired
 from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan, Step
-from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, plan_tiling
+from tightfit.techniques.tiling.planner import clear_edge, draft_tiling, plan_tiling
 from tightfit.techniques.interface import Config, Point, Problem, pareto, technique
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, cut_points, downsampling_cuts,
                                                format_tiling, groupable_runs, tileable)
