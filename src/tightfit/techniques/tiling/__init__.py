@@ -95,7 +95,8 @@ def search(problem: Problem) -> Front | None:
         if problem.quick:
             options.update(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS))
     found = config_search.search_tiling(problem.model, cost_seconds(problem.predict, g), problem.budget_bytes,
-                                        TilingOptions(**options), c.layout, c.dtype, problem.deadline, problem.progress)
+                                        options=TilingOptions(**options), layout=c.layout, dtype=c.dtype,
+                                        deadline=problem.deadline, progress=problem.progress)
     smallest = min(found.points or (found.chosen,), key=smallest_key)
 
     def point(p: Point, exact: bool = False) -> Point:
