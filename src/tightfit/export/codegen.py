@@ -1,14 +1,14 @@
-"""A plan as C99: the same steps the arena executor runs, each a call of a portable kernel
-(c/tf_kernels.c) on views of the caller's arena given by buffer offset and strides, weights as
+"""A plan as C99: the same steps the arena executor runs, each a call of a kernel of the library
+(kernels/tf_kernels.c, copied as it is; the values of each call from export/step_args.py) on views of the caller's arena given by buffer offset and strides, weights as
 const data. Pure: a plan and its graphs in, file contents out; the same plan gives the same bytes.
 
 The arena holds everything a run touches besides the stack: the C kernels need no temporaries
 (border padding is applied inside the kernels, moves run in address order), so the steps'
-`scratch` (torch's temporaries in the Python executor) is not needed here."""
+`scratch` is not needed here."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Sequence
@@ -16,29 +16,23 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.export.errors import ExportError
-from tightfit.graph.ir import Graph, Layer
-from tightfit.ops import get_op
-from tightfit.ops.conv import clamp_bounds
-from tightfit.ops.resize import Resize
+from tightfit.export.step_args import (BINDERS, Acts, Array, Code, Context, Struct, View, _dims4, access_view,  # noqa: F401
+                                       buffer_strides, step_args)
+from tightfit.graph.ir import Graph
 from tightfit.plan.lifetimes import output_accesses
-from tightfit.plan.schema import Access, Buffer, Plan, Step
+from tightfit.plan.schema import Plan, Step
 
 C_DIR = Path(__file__).with_name("c")
-SIMD_SOURCE = Path(__file__).parents[1] / "ops" / "_conv.c"
+KERNELS_DIR = Path(__file__).parents[1] / "kernels"
+# The kernel library's files, copied into every export as they are.
+KERNEL_FILES = ("tf_kernels.h", "tf_kernels.c")
 # Above this many weights, C initializers compile slowly (3 M floats: ~10 s and 1 GB of gcc):
 # the weights go to a file read once by the program instead.
 C_WEIGHTS_LIMIT = 4_000_000
-
-ACTS = {"relu": 1, "leakyrelu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "hardsigmoid": 6, "hardswish": 7, "silu": 8,
-        "mish": 9, "gelu": 10, "gelu_tanh": 11, "softplus": 12, "elu": 13, "selu": 14, "sqrt": 15, "exp": 16, "log": 17,
-        "neg": 18, "abs": 19, "reciprocal": 20, "erf": 21}
-# tf_kernels.h's TF_ELT_*: how an elementwise layer's operands combine.
-ELT_FNS = {"add": 0, "mul": 1, "sub": 2, "div": 3, "pow": 4, "min": 5, "max": 6, "prelu": 7, "clip": 8}
-MAX_ACTS = 4
-MAX_OPERANDS = 8
+EMITTERS = BINDERS  # the registered ops the C program runs (one binder each, shared with the executor)
 
 
-# --- the values a step's arguments are made of ------------------------------------------------
+# --- values as C text --------------------------------------------------------------------------
 
 def c_float(v: float) -> str:
     if math.isinf(v):
@@ -46,93 +40,35 @@ def c_float(v: float) -> str:
     return f"{float(np.float32(v))!r}f"
 
 
-@dataclass(frozen=True)
-class View:
-    """tf_view: element offset in the arena and a logical (N, C, H, W) block with element strides."""
-
-    off: int
-    dims: tuple[int, int, int, int]
-    strides: tuple[int, int, int, int]
-
-    def c(self) -> str:
-        return "{" + ", ".join(str(v) for v in (self.off,) + self.dims + self.strides) + "}"
-
-    def permuted(self, perm: Sequence[int], dims: tuple[int, int, int, int]) -> "View":
-        """This view read in the order of a transpose: output dim k is input dim perm[k]."""
-        perm = tuple(perm) + tuple(range(len(perm), 4))
-        return View(self.off, dims, tuple(self.strides[p] for p in perm))  # type: ignore[arg-type]
+def view_c(v: View) -> str:
+    return "{" + ", ".join(str(int(x)) for x in v.values()) + "}"
 
 
-def _dims4(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    if len(shape) > 4:
-        raise ExportError(f"tensors of rank {len(shape)} are not exported (at most 4)")
-    return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
-
-
-def buffer_strides(b: Buffer) -> tuple[int, int, int, int]:
-    if b.layout == "nhwc":
-        _, c, h, w = b.shape
-        return (h * w * c, 1, w * c, c)
-    n, c, h, w = _dims4(b.shape)
-    return (c * h * w, h * w, w, 1)
-
-
-def access_view(b: Buffer, a: Access, copy: int, shape: Sequence[int]) -> View:
-    """The executor's access_view as a C view; `shape` is the tensor's logical shape."""
-    if b.itemsize != 4:
-        raise ExportError(f"buffer {b.id} holds {b.itemsize}-byte items; the C export runs fp32 plans")
-    base = b.offsets[copy % b.copies] // 4
-    strides = buffer_strides(b)
-    r = a.region
-    if len(b.shape) == 4:
-        n, h, w = a.at
-        return View(base + n * strides[0] + h * strides[2] + w * strides[3], (r.n, b.shape[1], r.h, r.w), strides)
-    return View(base + a.at[0] * strides[0], (r.n,) + _dims4(shape)[1:], strides)
-
-
-class Pool:
-    """Constant data (weights, index tables) appended once per key; offsets in elements, each
-    array starting on a 64-byte boundary (a vector load of 16 floats then never straddles two
-    cache lines: unaligned, the dense kernel ran at half speed)."""
-
-    ALIGN = 16
-
-    def __init__(self, dtype: type) -> None:
-        self.dtype, self.parts, self.size, self.at = dtype, [], 0, {}
-
-    def add(self, key: object, make) -> int:
-        if key not in self.at:
-            arr = np.ascontiguousarray(make(), dtype=self.dtype).reshape(-1)
-            pad = -self.size % self.ALIGN
-            if pad:
-                self.parts.append(np.zeros(pad, self.dtype))
-                self.size += pad
-            self.at[key] = self.size
-            self.parts.append(arr)
-            self.size += arr.size
-        return self.at[key]
-
-    def array(self) -> np.ndarray:
-        return np.concatenate(self.parts) if self.parts else np.zeros(0, self.dtype)
-
-
-def acts_c(chain: Sequence[tuple]) -> str:
+def acts_c(acts: Acts) -> str:
     """A pointer to the chain (a compound literal of static storage), NULL for none."""
-    if not chain:
+    if not acts.chain:
         return "NULL"
-    if len(chain) > MAX_ACTS:
-        raise ExportError(f"an activation chain of {len(chain)} (at most {MAX_ACTS} are exported)")
-    kinds, a, b = [0] * MAX_ACTS, [0.0] * MAX_ACTS, [0.0] * MAX_ACTS
-    for i, (kind, *args) in enumerate(chain):
-        if kind not in ACTS:
-            raise ExportError(f"activation {kind!r} has no C kernel")
-        kinds[i] = ACTS[kind]
-        a[i], b[i] = (list(args) + [0.0, 0.0])[:2]
+    kinds, a, b = acts.fields()
     return ("&(const tf_acts){{" + ", ".join(map(str, kinds)) + "}, {" + ", ".join(map(c_float, a)) + "}, {"
             + ", ".join(map(c_float, b)) + "}}")
 
 
-# --- one step ---------------------------------------------------------------------------------
+def value_c(v: object) -> str:
+    """One field's initializer."""
+    if isinstance(v, View):
+        return view_c(v)
+    if isinstance(v, Code):
+        return v.c_name
+    if isinstance(v, Acts):
+        return acts_c(v)
+    if isinstance(v, Struct):
+        return "{" + ", ".join(value_c(f) for f in v.fields) + "}"
+    if isinstance(v, Array):
+        return f"(const {v.ctype}[]){{{', '.join(value_c(i) for i in v.items) or '{0}'}}}"
+    if isinstance(v, (float, np.floating)):
+        return c_float(float(v))
+    return str(int(v))  # type: ignore[call-overload]
+
 
 @dataclass
 class Emitted:
@@ -142,276 +78,10 @@ class Emitted:
     comment: str
 
 
-@dataclass
-class Context:
-    plan: Plan
-    graphs: Sequence[Graph]
-    copy: int
-    weights: Pool = field(default_factory=lambda: Pool(np.float32))
-    indices: Pool = field(default_factory=lambda: Pool(np.int32))
-
-    def view(self, model: int, a: Access) -> View:
-        return access_view(self.plan.buffers[a.buffer], a, self.copy, self.graphs[model].shape(a.tensor))
-
-
 def emit_step(ctx: Context, s: Step) -> Emitted:
-    r = s.out.region
-    where = f"samples {r.n0}-{r.n1} rows {r.h0}-{r.h1} cols {r.w0}-{r.w1} of {s.out.tensor!r} -> buffer {s.out.buffer}"
-    y = ctx.view(s.model, s.out)
-    if s.kind == "input":
-        return Emitted("TF_STEP_INPUT", "tf_input_args", f"{{{y.c()}, {r.n0}, {r.h0}, {r.w0}}}", f"input: {where}")
-    if s.kind == "copy":
-        x = ctx.view(s.model, s.inputs[0])
-        return Emitted("TF_STEP_COPY", "tf_copy_args", f"{{{x.c()}, {y.c()}}}", f"copy from buffer {s.inputs[0].buffer}: {where}")
-    g = ctx.graphs[s.model]
-    layer = g.layers[s.layer]
-    if layer.op not in EMITTERS:
-        raise ExportError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
-    xs = [ctx.view(s.model, a) for a in s.inputs]
-    kind, ctype, init = EMITTERS[layer.op](ctx, s, g, layer, xs, y)
-    return Emitted(kind, ctype, init, f"L{layer.id} {layer.op} {layer.name!r}: {where}")
-
-
-def _windows(s: Step, g: Graph, layer: Layer, batch: int):
-    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
-    return get_op(layer.op).input_windows(layer, s.out.region, in_shapes)
-
-
-def _conv(ctx: Context, s: Step, g: Graph, layer: Layer, xs: list[View], y: View):
-    a = layer.attrs
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0]
-    w = g.params[layer.params[0]]
-    cout, cin_g, kh, kw = w.shape
-    groups = a["groups"]
-    # The C kernel reads the weight for the views' channels: they must agree (import checks it).
-    _expect(cin_g * groups == g.shape(layer.inputs[0])[1] and cout == g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
-            layer, f"weight {w.shape} for {g.shape(layer.inputs[0])[1]} -> {g.shape(layer.output)[1]} channels")
-    kind = ("TF_CONV_DENSE" if groups == 1 and tuple(a["dilation"]) == (1, 1) else
-            "TF_CONV_DEPTHWISE" if groups == cout == cin_g * groups and cin_g == 1 else "TF_CONV_GROUPED")
-    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
-    if kind == "TF_CONV_DENSE":
-        panels = -(-cout // 16)
-        taps = np.zeros((kh * kw * cin_g, panels * 16), np.float32)
-        taps[:, :cout] = w.transpose(2, 3, 1, 0).reshape(-1, cout)
-        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: taps.reshape(-1, panels, 16).transpose(1, 0, 2))
-        b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: np.pad(bias, (0, panels * 16 - cout)))
-    elif kind == "TF_CONV_DEPTHWISE":
-        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.transpose(2, 3, 1, 0).reshape(kh * kw, cout))
-        b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
-    else:
-        cog = cout // groups
-        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.reshape(groups, cog, cin_g, kh, kw).transpose(0, 3, 4, 2, 1))
-        b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
-    clamp = clamp_bounds(a["act"])
-    lo, hi = clamp if clamp is not None else (-math.inf, math.inf)
-    rest = () if clamp is not None else a["act"]
-    fields = [xs[0].c(), y.c(), w_off, b_off, kind, groups, kh, kw, *a["stride"], *a["dilation"], win.pad[0], win.pad[2],
-              c_float(lo), c_float(hi), acts_c(rest)]
-    return "TF_STEP_CONV", "tf_conv_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _expect(condition: bool, layer: Layer, what: str) -> None:
-    if not condition:
-        raise ExportError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
-
-
-def _pool(ctx: Context, s: Step, g: Graph, layer: Layer, xs: list[View], y: View):
-    a = layer.attrs
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0]
-    r = s.out.region
-    pt, pl, pb, pr = a["pads"]
-    in_h, in_w = g.shape(layer.inputs[0])[2:]
-    fields = [xs[0].c(), y.c(), "TF_POOL_MAX" if layer.op == "maxpool" else "TF_POOL_AVG", int(a.get("count_include_pad", False)),
-              *a["kernel"], *a["stride"], *a.get("dilation", (1, 1)), win.pad[0], win.pad[2], r.h0, r.w0, in_h, in_w,
-              pt, pl, pb, pr, acts_c(a["act"])]
-    return "TF_STEP_POOL", "tf_pool_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _global(ctx, s, g, layer, xs, y):
-    kind = "TF_GLOBAL_MAX" if layer.attrs["kind"] == "max" else "TF_GLOBAL_MEAN"
-    return "TF_STEP_GLOBAL", "tf_global_args", f"{{{xs[0].c()}, {y.c()}, {kind}, {acts_c(layer.attrs['act'])}}}"
-
-
-def _gemm(ctx, s, g, layer, xs, y):
-    w = g.params[layer.params[0]]
-    features = int(np.prod(g.shape(layer.inputs[0])[1:]))
-    _expect(w.shape == (g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
-    w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w)
-    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: g.params[layer.params[1]]) if len(layer.params) > 1 else -1
-    fields = [xs[0].c(), y.c(), w_off, b_off, w.shape[1], acts_c(layer.attrs["act"])]
-    return "TF_STEP_GEMM", "tf_gemm_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _softmax(ctx, s, g, layer, xs, y):
-    return "TF_STEP_SOFTMAX", "tf_softmax_args", f"{{{xs[0].c()}, {y.c()}, {int(bool(layer.attrs.get('log')))}}}"
-
-
-def _norm(ctx, s, g, layer, xs, y):
-    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: g.params[layer.params[0]])
-    b_off = ctx.weights.add((s.model, layer.id, "bias"), lambda: g.params[layer.params[1]])
-    kind = "TF_STEP_CHANNEL_NORM" if layer.op == "channel_norm" else "TF_STEP_INSTANCE_NORM"
-    return kind, "tf_norm_args", (f"{{{xs[0].c()}, {y.c()}, {s_off}, {b_off}, {c_float(layer.attrs['epsilon'])}, "
-                                  f"{acts_c(layer.attrs['act'])}}}")
-
-
-def _channel_reduce(ctx, s, g, layer, xs, y):
-    kind = "TF_GLOBAL_MAX" if layer.attrs["kind"] == "max" else "TF_GLOBAL_MEAN"
-    return "TF_STEP_CHANNEL_REDUCE", "tf_global_args", f"{{{xs[0].c()}, {y.c()}, {kind}, {acts_c(layer.attrs['act'])}}}"
-
-
-def _eltwise(ctx, s, g, layer, xs, y):
-    r = s.out.region
-    operands = [f"{{0, {x.c()}, 0, 0, 0, 0, 0, 0}}" for x in xs]
-    for p in layer.params:
-        arr = g.params[p]
-        _, c, h, w = _dims4(arr.shape)
-        off = ctx.weights.add((s.model, layer.id, p), lambda arr=arr: arr)
-        operands.append(f"{{1, {{0}}, {off}, {c}, {h}, {w}, {r.h0 if h > 1 else 0}, {r.w0 if w > 1 else 0}}}")
-    if len(operands) > MAX_OPERANDS:
-        raise ExportError(f"layer {layer.id}: {len(operands)} operands (at most {MAX_OPERANDS} are exported)")
-    if "order" in layer.attrs:  # data input i >= 0, constant -1 - j: the node's own operand order
-        operands = [operands[i] if i >= 0 else operands[len(xs) - 1 - i] for i in layer.attrs["order"]]
-    fn = ELT_FNS[layer.attrs.get("fn", layer.op)]
-    return ("TF_STEP_ELTWISE", "tf_eltwise_args",
-            f"{{{y.c()}, {fn}, {len(operands)}, (const tf_operand[]){{{', '.join(operands)}}}, {acts_c(layer.attrs['act'])}}}")
-
-
-def _activation(ctx, s, g, layer, xs, y):
-    return "TF_STEP_AFFINE", "tf_affine_args", f"{{{xs[0].c()}, {y.c()}, -1, -1, {acts_c(layer.attrs['act'])}}}"
-
-
-def _batchnorm(ctx, s, g, layer, xs, y):
-    gamma, beta, mean, var = (g.params[p].astype(np.float64) for p in layer.params)
-    scale = gamma / np.sqrt(var + layer.attrs["epsilon"])
-    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: scale.astype(np.float32))
-    t_off = ctx.weights.add((s.model, layer.id, "shift"), lambda: (beta - mean * scale).astype(np.float32))
-    return "TF_STEP_AFFINE", "tf_affine_args", f"{{{xs[0].c()}, {y.c()}, {s_off}, {t_off}, {acts_c(layer.attrs['act'])}}}"
-
-
-def _lrn(ctx, s, g, layer, xs, y):
-    a = layer.attrs
-    return ("TF_STEP_LRN", "tf_lrn_args",
-            f"{{{xs[0].c()}, {y.c()}, {a['size']}, {c_float(a['alpha'])}, {c_float(a['beta'])}, {c_float(a['bias'])}}}")
-
-
-def _concat(ctx, s, g, layer, xs, y):
-    """The inputs' views in an array of their own (DenseNet joins dozens), named after the step."""
-    views = f"(const tf_view[]){{{', '.join(x.c() for x in xs)}}}"
-    return "TF_STEP_CONCAT", "tf_concat_args", f"{{{y.c()}, {len(xs)}, {views}, {acts_c(layer.attrs['act'])}}}"
-
-
-def _pad(ctx, s, g, layer, xs, y):
-    a = layer.attrs
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0]
-    t, l, _, _ = a["pads_hw"]
-    in_h, in_w = g.shape(layer.inputs[0])[2:]
-    mode = {"constant": "TF_PAD_CONSTANT", "edge": "TF_PAD_EDGE", "reflect": "TF_PAD_REFLECT"}[a["mode"]]
-    r = s.out.region
-    fields = [xs[0].c(), y.c(), mode, c_float(a["value"]), r.h0, r.w0, win.region.h0, win.region.w0, in_h, in_w, t, l]
-    return "TF_STEP_PAD", "tf_pad_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _resize(ctx, s, g, layer, xs, y):
-    op: Resize = get_op("resize")  # type: ignore[assignment]
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0].region
-    r = s.out.region
-    rows = ctx.indices.add(("rows", s.model, layer.id, r.h0, r.h1, win.h0),
-                           lambda: [i - win.h0 for i in op._indices(layer, 0, r.h0, r.h1)])
-    cols = ctx.indices.add(("cols", s.model, layer.id, r.w0, r.w1, win.w0),
-                           lambda: [i - win.w0 for i in op._indices(layer, 1, r.w0, r.w1)])
-    return "TF_STEP_RESIZE", "tf_resize_args", f"{{{xs[0].c()}, {y.c()}, {rows}, {cols}}}"
-
-
-def _moved(v: View, spans) -> View:
-    """The block of view `v` a Move's (C, H, W) spans name (a negative step: a negative stride)."""
-    (c0, cc, sc), (h0, hc, sh), (w0, wc, sw) = spans
-    sn, s_c, s_h, s_w = v.strides
-    return View(v.off + c0 * s_c + h0 * s_h + w0 * s_w, (v.dims[0], cc, hc, wc), (sn, s_c * sc, s_h * sh, s_w * sw))
-
-
-def _block_moves(xs: list[View], y: View, moves, act=()):
-    """Block moves (ops/moves.py) as two arrays of views of their own, named after the step."""
-    moves = [m for m in moves if not m.is_empty()]
-    src = f"(const tf_view[]){{{', '.join(_moved(xs[m.src], m.x).c() for m in moves) or '{0}'}}}"
-    dst = f"(const tf_view[]){{{', '.join(_moved(y, m.y).c() for m in moves) or '{0}'}}}"
-    return "TF_STEP_MOVES", "tf_moves_args", f"{{{y.c()}, {len(moves)}, {src}, {dst}, {acts_c(act)}}}"
-
-
-def _slice(ctx, s, g, layer, xs, y):
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)
-    return _block_moves(xs, y, get_op("slice").moves(layer, s.out.region, win))  # type: ignore[attr-defined]
-
-
-def _depth_space(ctx, s, g, layer, xs, y):
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)
-    depth = g.shape(layer.inputs[0])[1]
-    return _block_moves(xs, y, get_op(layer.op).moves(layer, s.out.region, win, depth))  # type: ignore[attr-defined]
-
-
-def _concat_any(ctx, s, g, layer, xs, y):
-    if layer.attrs.get("axis", 1) == 1:
-        return _concat(ctx, s, g, layer, xs, y)
-    moves = get_op("concat").moves(layer, s.out.region, g.shape(layer.inputs[0])[1])  # type: ignore[attr-defined]
-    return _block_moves(xs, y, moves, layer.attrs["act"])
-
-
-def _conv_transpose(ctx, s, g, layer, xs, y):
-    a = layer.attrs
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0].region
-    w = g.params[layer.params[0]]
-    cin, cog, kh, kw = w.shape
-    groups = a["groups"]
-    w_off = ctx.weights.add((s.model, layer.id, "w"),
-                            lambda: w.reshape(groups, cin // groups, cog, kh, kw).transpose(0, 3, 4, 1, 2))
-    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cog * groups, np.float32)
-    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
-    r = s.out.region
-    fields = [xs[0].c(), y.c(), w_off, b_off, groups, kh, kw, *a["stride"], *a["dilation"],
-              r.h0 + a["pads"][0], r.w0 + a["pads"][1], win.h0, win.w0, acts_c(a["act"])]
-    return "TF_STEP_DECONV", "tf_deconv_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _resize_any(ctx, s, g, layer, xs, y):
-    """Nearest: an index table per axis; linear and cubic: index and weight tables of their taps."""
-    if layer.attrs.get("mode", "nearest") == "nearest":
-        return _resize(ctx, s, g, layer, xs, y)
-    op: Resize = get_op("resize")  # type: ignore[assignment]
-    win = _windows(s, g, layer, ctx.plan.models[s.model].batch)[0].region
-    r = s.out.region
-    (row_at, row_w), (col_at, col_w) = op.taps(layer, 0, r.h0, r.h1), op.taps(layer, 1, r.w0, r.w1)
-    key = (s.model, layer.id, r.h0, r.h1, r.w0, r.w1)
-    rows = ctx.indices.add(("interp rows", *key), lambda: np.asarray(row_at) - win.h0)
-    cols = ctx.indices.add(("interp cols", *key), lambda: np.asarray(col_at) - win.w0)
-    rw = ctx.weights.add(("interp row weights", *key), lambda: np.asarray(row_w))
-    cw = ctx.weights.add(("interp col weights", *key), lambda: np.asarray(col_w))
-    fields = [xs[0].c(), y.c(), len(row_at[0]), rows, cols, rw, cw]
-    return "TF_STEP_INTERP", "tf_interp_args", "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _reshape(ctx, s, g, layer, xs, y):
-    return "TF_STEP_COPY", "tf_copy_args", f"{{{xs[0].c()}, {y.c()}}}"
-
-
-def _transpose(ctx, s, g, layer, xs, y):
-    return "TF_STEP_COPY", "tf_copy_args", f"{{{xs[0].permuted(layer.attrs['perm'], y.dims).c()}, {y.c()}}}"
-
-
-def _shuffle(ctx, s, g, layer, xs, y):
-    return "TF_STEP_SHUFFLE", "tf_shuffle_args", f"{{{xs[0].c()}, {y.c()}, {layer.attrs['groups']}}}"
-
-
-EMITTERS = {
-    "conv": _conv, "maxpool": _pool, "avgpool": _pool, "global_pool": _global, "gemm": _gemm, "softmax": _softmax,
-    "add": _eltwise, "mul": _eltwise, "eltwise": _eltwise, "activation": _activation, "batchnorm": _batchnorm, "lrn": _lrn,
-    "concat": _concat, "pad": _pad, "resize": _resize, "flatten": _reshape, "reshape": _reshape,
-    "transpose": _transpose, "channel_shuffle": _shuffle,
-    "channel_norm": _norm, "instancenorm": _norm, "channel_reduce": _channel_reduce,
-}
-# Issue 22's spatial and structural ops (concat along H and W, resize's linear and cubic modes).
-EMITTERS.update({
-    "concat": _concat_any, "resize": _resize_any, "slice": _slice, "depth_to_space": _depth_space,
-    "space_to_depth": _depth_space, "conv_transpose": _conv_transpose,
-})
+    args = step_args(ctx, s)
+    return Emitted(Code("STEP", args.kind).c_name, args.ctype, "{" + ", ".join(value_c(f) for f in args.fields) + "}",
+                   args.comment)
 
 
 # --- the files --------------------------------------------------------------------------------
@@ -488,9 +158,7 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
         f"{name}.h": _header(plan, graphs, name, upper, in_file, weights_arr.size * 4).encode(),
         f"{name}.c": _model_c(plan, graphs, name, upper, in_file, weights_arr, ctxs[0].indices.array(), body, tables,
                               outputs, copies).encode(),
-        "tf_kernels.h": (C_DIR / "tf_kernels.h").read_bytes(),
-        "tf_kernels.c": (C_DIR / "tf_kernels.c").read_bytes(),
-        "tf_simd.inc": SIMD_SOURCE.read_bytes(),
+        **{f: (KERNELS_DIR / f).read_bytes() for f in KERNEL_FILES},
         "main.c": (C_DIR / "main.c").read_text().replace("MODEL_", upper + "_").replace("model_", name + "_")
                    .replace('"model.h"', f'"{name}.h"').encode(),
         "Makefile": (C_DIR / "Makefile").read_text().replace("@NAME@", name).encode(),
@@ -587,7 +255,7 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"    {{{p.model}, {len(p.steps)}, {{{', '.join(f'p{p.id}' + (f'_f{c}' if copies > 1 else '') for c in range(copies))}}}}}"
         for p in plan.partitions)
     order = sorted(range(len(plan.partitions)), key=lambda i: plan.partitions[i].id)
-    outs = ",\n".join("    {" + ", ".join(v.c() for _, _, v in frame) + "}" for frame in outputs)
+    outs = ",\n".join("    {" + ", ".join(view_c(v) for _, _, v in frame) + "}" for frame in outputs)
     first_out = [0]
     for m in range(len(graphs)):
         first_out.append(first_out[-1] + len(graphs[m].outputs))
@@ -611,23 +279,12 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"        if (status) return status;",
         "    }",
         "    return 0;", "}", "",
-        "typedef struct { const float *x; long c, h, w; } tensor_source;", "",
-        "static int tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1, float *dst, long sn, long sc, long sh, long sw) {",
-        "    const tensor_source *t = (const tensor_source *)ctx;",
-        "    for (long n = n0; n < n1; n++)",
-        "    for (long c = 0; c < t->c; c++)",
-        "    for (long h = h0; h < h1; h++) {",
-        "        const float *src = t->x + ((n * t->c + c) * t->h + h) * t->w;",
-        "        float *out = dst + (n - n0) * sn + c * sc + (h - h0) * sh;",
-        "        for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];",
-        "    }",
-        "    return 0;", "}", "",
         f"static const long model_input_shapes[{len(graphs)}][4] = {{"
         + ", ".join(f"{upper}_CNN{m}_INPUT_SHAPE" for m in range(len(graphs))) + "};", "",
         f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const float *input) {{",
         f"    if (cnn < 0 || cnn >= {len(graphs)}) return -1;",
-        "    tensor_source t = {input, model_input_shapes[cnn][1], model_input_shapes[cnn][2], model_input_shapes[cnn][3]};",
-        f"    return {name}_run_cnn(arena, {w_arg}cnn, frame, tensor_rows, &t);", "}", "",
+        "    tf_tensor t = {input, model_input_shapes[cnn][1], model_input_shapes[cnn][2], model_input_shapes[cnn][3]};",
+        f"    return {name}_run_cnn(arena, {w_arg}cnn, frame, tf_tensor_rows, &t);", "}", "",
         f"int {name}_run(void *arena, {w_param}const float *input) {{",
         f"    return {name}_run_tensor(arena, {w_arg}0, 0, input);", "}", "",
         f"int {name}_run_rows(void *arena, {w_param}tf_input_fn fill, void *ctx) {{",

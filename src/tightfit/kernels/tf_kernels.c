@@ -1,47 +1,24 @@
-/* tightfit kernels (see tf_kernels.h). Portable C99; with AVX-512 enabled by the compiler flags
- * (-mavx512f, -march=...) or -DTF_SIMD=1, dense and depthwise convolutions on channels-last views
- * run on the register-blocked kernels of tightfit's own executor (tf_simd.inc, the same source). */
+/* tightfit kernels (see tf_kernels.h): every op of the plan format over strided views of one arena.
+ * This one file is what the Python executor loads (built as a shared library), what its profiler
+ * times and what the exported program compiles.
+ *
+ * Each op has a portable C99 path that takes any view. Where the compiler targets vectors (GCC or
+ * clang with AVX-512, AVX2 or NEON enabled by the flags: -march=native, -mavx2, an aarch64 target),
+ * or with -DTF_SIMD=1, the hot ops on channels-last views (unit-stride channels) take a vector path
+ * written with the compiler's generic vectors of 16 floats (one zmm, two ymm or four q registers):
+ * dense and depthwise convolutions register-blocked, pooling, batch norm and residual sums with their
+ * clamp fused. -DTF_SIMD=0 forces the portable path (a microcontroller build has no vectors). */
 #include <math.h>
 #include <string.h>
 
 #include "tf_kernels.h"
 
 #ifndef TF_SIMD
-#if defined(__GNUC__) && defined(__AVX512F__)
+#if defined(__GNUC__) && (defined(__AVX512F__) || defined(__AVX2__) || defined(__ARM_NEON) || defined(__aarch64__))
 #define TF_SIMD 1
 #else
 #define TF_SIMD 0
 #endif
-#endif
-
-#if TF_SIMD
-#if defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-/* The executor's kernels under names of their own (they are global functions there). */
-#define dense tf_simd_dense
-#define depthwise tf_simd_depthwise
-#define copy tf_simd_copy
-#define move tf_simd_move
-#define add tf_simd_add
-#define run_calls tf_simd_run_calls
-#define clamp tf_simd_clamp
-#define copy_clamp tf_simd_copy_clamp
-#define pool tf_simd_pool
-#define shuffle tf_simd_shuffle
-#define scale_shift tf_simd_scale_shift
-#include "tf_simd.inc"
-#undef dense
-#undef depthwise
-#undef copy
-#undef move
-#undef add
-#undef run_calls
-#undef clamp
-#undef copy_clamp
-#undef pool
-#undef shuffle
-#undef scale_shift
 #endif
 
 /* --- activations ------------------------------------------------------------------------------ */
@@ -199,26 +176,247 @@ static void conv_grouped(float *arena, const float *wts, const tf_conv_args *a) 
     }
 }
 
+/* --- the vector path ---------------------------------------------------------------------------- */
+
 #if TF_SIMD
-static int simd_conv(float *arena, const float *wts, const tf_conv_args *a) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+/* Output pixels the dense convolution accumulates at once, each in two panels of 16 channels held in
+ * registers: 6 fill 24 of AVX-512's 32 vector registers; AVX2 (16 of 8 floats) and NEON (32 of 4)
+ * hold 3 without spilling. */
+#ifndef TF_PIXELS
+#if defined(__AVX512F__)
+#define TF_PIXELS 6
+#else
+#define TF_PIXELS 3
+#endif
+#endif
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+/* A convolution as the vector kernels take it: pointers and element strides of channels-last views
+ * (channels unit-stride), the window (dilation 1) and the clamp. */
+typedef struct {
+    const float *x; float *y; const float *w; const float *b;
+    long n, c, ih, iw, oh, ow, cin;          /* c: output channels, cin: input channels */
+    long xs_n, xs_h, xs_w, ys_n, ys_h, ys_w;
+    long kh, kw, sh, sw, pt, pl;             /* kernel, stride, top and left zero padding */
+    float lo, hi;
+} vconv;
+
+/* m <= 16 floats; a constant 16 is one vector load or store. */
+static inline __attribute__((always_inline)) v16 load(const float *p, long m) {
+    v16 v = {0};
+    if (m == 16) memcpy(&v, p, 64); else memcpy(&v, p, (size_t)m * sizeof(float));
+    return v;
+}
+
+static inline __attribute__((always_inline)) void store(float *p, v16 v, long m) {
+    if (m == 16) memcpy(p, &v, 64); else memcpy(p, &v, (size_t)m * sizeof(float));
+}
+
+static inline __attribute__((always_inline)) v16 splat(float v) { return v - (v16){0}; }
+
+static inline __attribute__((always_inline)) v16 clamp16(v16 v, v16 lo, v16 hi) { /* NaN passes through */
+    const i16 below = v < lo, above = v > hi;
+    const i16 r = ((i16)lo & below) | ((i16)v & ~below);
+    return (v16)(((i16)hi & above) | (r & ~above));
+}
+
+static void clamp_run(float *restrict out, long c, float lo, float hi) {
+    for (long k = 0; k < c; k++) {
+        float v = out[k];
+        v = v < lo ? lo : v;
+        out[k] = v > hi ? hi : v;
+    }
+}
+
+/* The kernel taps of output pixel (oy, ox) that read the input, not its zero padding: rows [y0, y1)
+ * and columns [x0, x1) of the kernel; tap (ky, kx) reads input pixel (iy + ky, ix + kx). */
+typedef struct { long y0, y1, x0, x1, iy, ix; } taps;
+
+static taps taps_of(const vconv *a, long oy, long ox) {
+    const long iy = oy * a->sh - a->pt, ix = ox * a->sw - a->pl;
+    taps t = {iy < 0 ? -iy : 0, a->ih - iy < a->kh ? a->ih - iy : a->kh,
+              ix < 0 ? -ix : 0, a->iw - ix < a->kw ? a->iw - ix : a->kw, iy, ix};
+    return t;
+}
+
+static const float *input_pixel(const vconv *a, long n, long y, long x) {
+    return a->x + n * a->xs_n + y * a->xs_h + x * a->xs_w;
+}
+
+/* Channels [k0, k0 + 16) of one output row; with `three`, a 3x3 kernel whose interior pixels take
+ * constant taps (the weights held in registers). */
+static inline __attribute__((always_inline)) void dw_row(const vconv *a, long n, long oy, long k0, int three) {
+    const long m = 16, c = a->c;
+    const v16 lo = splat(a->lo), hi = splat(a->hi), bias = load(a->b + k0, m);
+    v16 w[9];
+    if (three) for (int t = 0; t < 9; t++) w[t] = load(a->w + t * c + k0, m);
+    for (long ox = 0; ox < a->ow; ox++) {
+        const taps t = taps_of(a, oy, ox);
+        const float *base = input_pixel(a, n, t.iy, t.ix) + k0;
+        v16 acc = bias;
+        if (three && t.y0 == 0 && t.x0 == 0 && t.y1 == 3 && t.x1 == 3) {
+            for (int ky = 0; ky < 3; ky++)
+                for (int kx = 0; kx < 3; kx++) acc += load(base + ky * a->xs_h + kx * a->xs_w, m) * w[ky * 3 + kx];
+        } else {
+            for (long ky = t.y0; ky < t.y1; ky++)
+                for (long kx = t.x0; kx < t.x1; kx++)
+                    acc += load(base + ky * a->xs_h + kx * a->xs_w, m) * load(a->w + (ky * a->kw + kx) * c + k0, m);
+        }
+        store(a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w + k0, clamp16(acc, lo, hi), m);
+    }
+}
+
+/* One output row of channels [k0, c), fewer than 16: per pixel, a channel loop per tap. */
+static void dw_tail(const vconv *a, long n, long oy, long k0) {
+    const long c = a->c;
+    for (long ox = 0; ox < a->ow; ox++) {
+        float *restrict out = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        const taps t = taps_of(a, oy, ox);
+        for (long k = k0; k < c; k++) out[k] = a->b[k];
+        for (long ky = t.y0; ky < t.y1; ky++)
+            for (long kx = t.x0; kx < t.x1; kx++) {
+                const float *restrict in = input_pixel(a, n, t.iy + ky, t.ix + kx);
+                const float *restrict tap = a->w + (ky * a->kw + kx) * c;
+                for (long k = k0; k < c; k++) out[k] += in[k] * tap[k];
+            }
+        clamp_run(out + k0, c - k0, a->lo, a->hi);
+    }
+}
+
+/* w is (kh * kw) x c: the taps of every channel, one row per tap. Row by row, 16 channels at a time,
+ * so a 3x3 block's weights stay in registers along the row. */
+static void v_depthwise(const vconv *a) {
+    const int three = a->kh == 3 && a->kw == 3;
+    for (long n = 0; n < a->n; n++)
+    for (long oy = 0; oy < a->oh; oy++)
+    for (long k0 = 0; k0 < a->c; k0 += 16) {
+        if (a->c - k0 < 16) dw_tail(a, n, oy, k0);
+        else if (three) dw_row(a, n, oy, k0, 1);
+        else dw_row(a, n, oy, k0, 0);
+    }
+}
+
+/* Dense: w is panels of 16 output channels, (ceil(c / 16), kh * kw * cin, 16), zero padded; b is
+ * padded to the panels. r <= TF_PIXELS output pixels with the same taps (xp: each one's input pixel
+ * at tap (0, 0), which may lie in the padding; yp: its output) times one or two panels are
+ * accumulated in registers, one broadcast input value and two weight vectors per tap and channel. */
+static inline __attribute__((always_inline)) void dense_block(
+        const vconv *a, const float **xp, float **yp, int r, int two, int pointwise, long j, const taps *t) {
+    const long cin = a->cin, rows = a->kh * a->kw * cin;
+    const float *w0 = a->w + j * rows * 16, *w1 = w0 + rows * 16;
+    v16 acc0[TF_PIXELS], acc1[TF_PIXELS];
+    const v16 b0 = load(a->b + j * 16, 16), b1 = two ? load(a->b + j * 16 + 16, 16) : b0;
+    for (int i = 0; i < r; i++) { acc0[i] = b0; acc1[i] = b1; }
+    for (long ky = pointwise ? 0 : t->y0; ky < (pointwise ? 1 : t->y1); ky++)
+    for (long kx = pointwise ? 0 : t->x0; kx < (pointwise ? 1 : t->x1); kx++) {
+        const long off = ky * a->xs_h + kx * a->xs_w, row = (ky * a->kw + kx) * cin;
+        for (long k = 0; k < cin; k++) {
+            v16 u0, u1;
+            memcpy(&u0, w0 + (row + k) * 16, 64);
+            if (two) memcpy(&u1, w1 + (row + k) * 16, 64);
+            for (int i = 0; i < r; i++) {
+                const float xv = xp[i][off + k];
+                acc0[i] += xv * u0;
+                if (two) acc1[i] += xv * u1;
+            }
+        }
+    }
+    const v16 lo = splat(a->lo), hi = splat(a->hi);
+    const long left = a->c - j * 16, m0 = left < 16 ? left : 16, m1 = left - 16 < 16 ? left - 16 : 16;
+    for (int i = 0; i < r; i++) {
+        store(yp[i] + j * 16, clamp16(acc0[i], lo, hi), m0);
+        if (two) store(yp[i] + j * 16 + 16, clamp16(acc1[i], lo, hi), m1);
+    }
+}
+
+#define TF_BLOCK(n) \
+    case (n * 2) * 2: dense_block(a, xp, yp, n, 0, 0, j, t); break; \
+    case (n * 2 + 1) * 2: dense_block(a, xp, yp, n, 1, 0, j, t); break; \
+    case (n * 2) * 2 + 1: dense_block(a, xp, yp, n, 0, 1, j, t); break; \
+    case (n * 2 + 1) * 2 + 1: dense_block(a, xp, yp, n, 1, 1, j, t); break;
+
+static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
+    const int pointwise = a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1;
+    for (long j = j0; j < j1; j += 2) {
+        const int two = j + 1 < j1;
+        switch ((r * 2 + two) * 2 + pointwise) { /* each block shape compiled apart: constant loop bounds */
+        TF_BLOCK(1) TF_BLOCK(2) TF_BLOCK(3)
+#if TF_PIXELS >= 6
+        TF_BLOCK(4) TF_BLOCK(5) TF_BLOCK(6)
+#endif
+        default: break;
+        }
+    }
+}
+
+/* Weight bytes of the panels one pass over the pixels uses: they stay in L2 while every pixel reads
+ * them (one pass over all panels would read a large layer's whole weight from memory again for every
+ * block of pixels: 3x3 512->512 on 7x7, 9.4 MB, nine times). */
+#define TF_PASS_BYTES (256 * 1024)
+
+/* Output pixels in order, TF_PIXELS at a time while their taps are the same (interior pixels), in
+ * passes over a few panels of output channels each. */
+static void v_dense(const vconv *a) {
+    const float *xp[TF_PIXELS];
+    float *yp[TF_PIXELS];
+    const long panels = (a->c + 15) / 16, panel_bytes = a->kh * a->kw * a->cin * 16 * (long)sizeof(float);
+    const long fit = TF_PASS_BYTES / panel_bytes, chunk = fit < 2 ? 2 : fit - fit % 2;
+    for (long j0 = 0; j0 < panels; j0 += chunk) {
+        const long j1 = j0 + chunk < panels ? j0 + chunk : panels;
+        taps t0 = {0, 0, 0, 0, 0, 0};
+        int r = 0;
+        for (long n = 0; n < a->n; n++)
+        for (long oy = 0; oy < a->oh; oy++)
+        for (long ox = 0; ox < a->ow; ox++) {
+            const taps t = taps_of(a, oy, ox);
+            if (r && (r == TF_PIXELS || t.x0 != t0.x0 || t.x1 != t0.x1 || t.y0 != t0.y0 || t.y1 != t0.y1)) {
+                dense_pixels(a, xp, yp, r, &t0, j0, j1);
+                r = 0;
+            }
+            t0 = t;
+            xp[r] = input_pixel(a, n, t.iy, t.ix);
+            yp[r++] = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+        }
+        if (r) dense_pixels(a, xp, yp, r, &t0, j0, j1);
+    }
+}
+
+static int unit_channels(const tf_view *x, const tf_view *y) {
+    return (x->sc == 1 || x->c == 1) && (y->sc == 1 || y->c == 1);
+}
+
+/* Dense and depthwise convolutions of dilation 1 on channels-last views; 0 where another applies. */
+static int v_conv(float *arena, const float *wts, const tf_conv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
-    if (x->sc != 1 || y->sc != 1 || a->dh != 1 || a->dw != 1 || a->kind == TF_CONV_GROUPED) return 0;
+    if (!unit_channels(x, y) || a->dh != 1 || a->dw != 1 || a->kind == TF_CONV_GROUPED) return 0;
     if (!y->n || !y->h || !y->w || !y->c) return 1;
-    conv_args c;
-    memset(&c, 0, sizeof c);
-    c.x = arena + x->off; c.y = arena + y->off; c.w = wts + a->w; c.b = wts + a->b;
-    c.n = y->n; c.c = y->c; c.ih = x->h; c.iw = x->w; c.oh = y->h; c.ow = y->w; c.cin = x->c;
-    c.xs_n = x->sn; c.xs_h = x->sh; c.xs_w = x->sw; c.ys_n = y->sn; c.ys_h = y->sh; c.ys_w = y->sw;
-    c.kh = a->kh; c.kw = a->kw; c.sh = a->sh; c.sw = a->sw; c.pt = a->pt; c.pl = a->pl;
-    c.lo = a->lo; c.hi = a->hi; c.xs_c = 1;
-    if (a->kind == TF_CONV_DENSE) tf_simd_dense(&c); else tf_simd_depthwise(&c);
+    vconv c = {arena + x->off, arena + y->off, wts + a->w, wts + a->b, y->n, y->c, x->h, x->w, y->h, y->w, x->c,
+               x->sn, x->sh, x->sw, y->sn, y->sh, y->sw, a->kh, a->kw, a->sh, a->sw, a->pt, a->pl, a->lo, a->hi};
+    if (a->kind == TF_CONV_DENSE) v_dense(&c); else v_depthwise(&c);
     return 1;
+}
+
+/* Whether an activation chain is one clamp (none, ReLU or Clip), which a vector kernel fuses. */
+static int one_clamp(const tf_acts *a, float *lo, float *hi) {
+    *lo = -INFINITY;
+    *hi = INFINITY;
+    if (!a || !a->kind[0]) return 1;
+    if (TF_MAX_ACTS > 1 && a->kind[1]) return 0;
+    if (a->kind[0] == TF_ACT_RELU) { *lo = 0.0f; return 1; }
+    if (a->kind[0] == TF_ACT_CLIP) { *lo = a->a[0]; *hi = a->b[0]; return 1; }
+    return 0;
 }
 #endif
 
 static void conv(float *arena, const float *wts, const tf_conv_args *a) {
 #if TF_SIMD
-    if (!simd_conv(arena, wts, a))
+    if (!v_conv(arena, wts, a))
 #endif
     {
         if (a->kind == TF_CONV_DENSE) conv_dense(arena, wts, a);
@@ -240,8 +438,55 @@ static long taps_in(long o, long k, long s, long pad, long d, long lo, long hi) 
     return count;
 }
 
+/* An average's divisor at output pixel (oy, ox) of the view: the taps inside the input, and with
+ * count_include_pad those in the layer's padding too (never the ceil-mode overhang). */
+static float pool_divisor(const tf_pool_args *a, long oy, long ox) {
+    const long gy = a->oy0 + oy, gx = a->ox0 + ox, inc = a->count_include_pad;
+    return (float)(taps_in(gy, a->kh, a->sh, a->pad_t, a->dh, inc ? -a->pad_t : 0, a->in_h + (inc ? a->pad_b : 0))
+                   * taps_in(gx, a->kw, a->sw, a->pad_l, a->dw, inc ? -a->pad_l : 0, a->in_w + (inc ? a->pad_r : 0)));
+}
+
+#if TF_SIMD
+/* Pooling of dilation 1 on channels-last views, 16 channels at a time, a clamp fused. */
+static int v_pool(float *arena, const tf_pool_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    float lo, hi;
+    if (!unit_channels(x, y) || a->dh != 1 || a->dw != 1 || !one_clamp(a->act, &lo, &hi)) return 0;
+    const int avg = a->kind == TF_POOL_AVG;
+    const v16 vlo = splat(lo), vhi = splat(hi), none = splat(-INFINITY);
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, 1, 1);
+        const float *base = arena + x->off + n * x->sn + t.iy * x->sh + t.ix * x->sw;
+        float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
+        const v16 div = splat(avg ? pool_divisor(a, oy, ox) : 1.0f);
+        for (long k0 = 0; k0 < y->c; k0 += 16) {
+            const long m = y->c - k0 < 16 ? y->c - k0 : 16;
+            v16 acc = avg ? splat(0.0f) : none;
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+                for (long kx = t.kx0; kx < t.kx1; kx++) {
+                    const v16 v = load(base + ky * x->sh + kx * x->sw + k0, m);
+                    if (avg) {
+                        acc += v;
+                    } else { /* a NaN tap gives NaN */
+                        const i16 take = (v > acc) | (v != v);
+                        acc = (v16)(((i16)v & take) | ((i16)acc & ~take));
+                    }
+                }
+            if (avg) acc /= div;
+            store(out + k0, clamp16(acc, vlo, vhi), m);
+        }
+    }
+    return 1;
+}
+#endif
+
 /* Per output pixel, the taps in the window (padding never read), each over every channel. */
 static void pool(float *arena, const tf_pool_args *a) {
+#if TF_SIMD
+    if (v_pool(arena, a)) return;
+#endif
     const tf_view *x = &a->x, *y = &a->y;
     const int avg = a->kind == TF_POOL_AVG;
     for (long n = 0; n < y->n; n++)
@@ -254,12 +499,13 @@ static void pool(float *arena, const tf_pool_args *a) {
         for (long kx = t.kx0; kx < t.kx1; kx++) {
             const float *in = arena + x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw;
             if (avg) for (long c = 0; c < y->c; c++) out[c * y->sc] += in[c * x->sc];
-            else for (long c = 0; c < y->c; c++) out[c * y->sc] = in[c * x->sc] > out[c * y->sc] ? in[c * x->sc] : out[c * y->sc];
+            else for (long c = 0; c < y->c; c++) {
+                const float v = in[c * x->sc];
+                out[c * y->sc] = v > out[c * y->sc] || v != v ? v : out[c * y->sc];
+            }
         }
         if (avg) {
-            const long gy = a->oy0 + oy, gx = a->ox0 + ox, inc = a->count_include_pad;
-            const float div = (float)(taps_in(gy, a->kh, a->sh, a->pad_t, a->dh, inc ? -a->pad_t : 0, a->in_h + (inc ? a->pad_b : 0))
-                                      * taps_in(gx, a->kw, a->sw, a->pad_l, a->dw, inc ? -a->pad_l : 0, a->in_w + (inc ? a->pad_r : 0)));
+            const float div = pool_divisor(a, oy, ox);
             for (long c = 0; c < y->c; c++) out[c * y->sc] /= div;
         }
         acts_pixel(out, y->c, y->sc, a->act);
@@ -462,7 +708,33 @@ static void eltwise(float *arena, const float *wts, const tf_eltwise_args *a) {
     }
 }
 
+#if TF_SIMD
+/* Batch norm (or a bare activation, scale < 0) on channels-last views with a clamp fused. */
+static int v_affine(float *arena, const float *wts, const tf_affine_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    float lo, hi;
+    if (!unit_channels(x, y) || !one_clamp(a->act, &lo, &hi)) return 0;
+    const v16 vlo = splat(lo), vhi = splat(hi);
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
+        for (long k0 = 0; k0 < y->c; k0 += 16) {
+            const long m = y->c - k0 < 16 ? y->c - k0 : 16;
+            v16 v = load(in + k0, m);
+            if (a->scale >= 0) v = v * load(wts + a->scale + k0, m) + load(wts + a->shift + k0, m);
+            store(out + k0, clamp16(v, vlo, vhi), m);
+        }
+    }
+    return 1;
+}
+#endif
+
 static void affine(float *arena, const float *wts, const tf_affine_args *a) {
+#if TF_SIMD
+    if (v_affine(arena, wts, a)) return;
+#endif
     const tf_view *x = &a->x, *y = &a->y;
     for (long n = 0; n < y->n; n++)
     for (long h = 0; h < y->h; h++)
@@ -548,14 +820,18 @@ static void concat(float *arena, const tf_concat_args *a) {
     acts_view(arena, &a->y, a->act);
 }
 
+/* y's channel k * groups + i is x's channel i * (c / groups) + k (ShuffleNet's reshape, transpose,
+ * reshape), pixel by pixel. */
 static void shuffle(float *arena, const tf_shuffle_args *a) {
-    const long per = a->y.c / a->groups;
-    for (long j = 0; j < a->y.c; j++) { /* output channel k * groups + i is input channel i * per + k */
-        tf_view x = a->x, y = a->y;
-        x.off += (j % a->groups * per + j / a->groups) * x.sc;
-        y.off += j * y.sc;
-        x.c = y.c = 1;
-        copy_same(arena, &x, &y);
+    const tf_view *x = &a->x, *y = &a->y;
+    const long g = a->groups, per = y->c / g;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
+        float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw;
+        for (long i = 0; i < g; i++)
+            for (long k = 0; k < per; k++) out[(k * g + i) * y->sc] = in[(i * per + k) * x->sc];
     }
 }
 
@@ -699,4 +975,30 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
 
 void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst) {
     for (long i = 0; i < count; i++) dst[i] = *at((float *)arena, v, first + i);
+}
+
+int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                   float *dst, long sn, long sc, long sh, long sw) {
+    const tf_tensor *t = (const tf_tensor *)ctx;
+    for (long n = n0; n < n1; n++)
+    for (long c = 0; c < t->c; c++)
+    for (long h = h0; h < h1; h++) {
+        const float *src = t->x + ((n * t->c + c) * t->h + h) * t->w;
+        float *out = dst + (n - n0) * sn + c * sc + (h - h0) * sh;
+        if (sw == 1) memcpy(out, src + w0, (size_t)(w1 - w0) * sizeof(float));
+        else for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];
+    }
+    return 0;
+}
+
+int tf_simd(void) {
+#if !TF_SIMD
+    return 0;
+#elif defined(__AVX512F__)
+    return 16;
+#elif defined(__AVX2__)
+    return 8;
+#else
+    return 4;
+#endif
 }

@@ -1,0 +1,441 @@
+"""A plan's step as the argument values of its kernel in the C library (kernels/tf_kernels.h): the
+one place that turns a step into a kernel call. The C generator (codegen.py) writes these values as
+initializers of static structs; the executor (runtime/library.py) packs the same values into ctypes
+structures of the same layout (both made from ops/abi.py's table). Pure: a step, its plan and graph
+in; values, plus the constants they point to appended to the context's pools, out."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tightfit.export.errors import ExportError
+from tightfit.graph.ir import Graph, Layer
+from tightfit.ops import abi, get_op
+from tightfit.ops.conv import clamp_bounds
+from tightfit.plan.schema import Access, Buffer, Plan, Step
+
+
+@dataclass(frozen=True)
+class View:
+    """tf_view: element offset in the arena and a logical (N, C, H, W) block with element strides."""
+
+    off: int
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+
+    def permuted(self, perm: Sequence[int], dims: tuple[int, int, int, int]) -> "View":
+        """This view read in the order of a transpose: output dim k is input dim perm[k]."""
+        perm = tuple(perm) + tuple(range(len(perm), 4))
+        return View(self.off, dims, tuple(self.strides[p] for p in perm))  # type: ignore[arg-type]
+
+    def values(self) -> tuple[int, ...]:
+        return (self.off,) + self.dims + self.strides
+
+
+@dataclass(frozen=True)
+class Code:
+    """An enum constant of the library: its C name and value (abi.ENUMS)."""
+
+    prefix: str
+    name: str
+
+    @property
+    def value(self) -> int:
+        return abi.code(self.prefix, self.name)
+
+    @property
+    def c_name(self) -> str:
+        return f"TF_{self.prefix}_{self.name.upper()}"
+
+
+@dataclass(frozen=True)
+class Acts:
+    """A pointer to an activation chain (tf_acts), NULL where the chain is empty."""
+
+    chain: tuple
+
+    def __post_init__(self) -> None:
+        if len(self.chain) > abi.MAX_ACTS:
+            raise ExportError(f"an activation chain of {len(self.chain)} (at most {abi.MAX_ACTS} run in the kernels)")
+        for kind, *_ in self.chain:
+            if kind not in abi.ACTS:
+                raise ExportError(f"activation {kind!r} has no C kernel")
+
+    def fields(self) -> tuple[list[int], list[float], list[float]]:
+        kinds, a, b = [0] * abi.MAX_ACTS, [0.0] * abi.MAX_ACTS, [0.0] * abi.MAX_ACTS
+        for i, (kind, *args) in enumerate(self.chain):
+            kinds[i] = abi.ACTS[kind]
+            a[i], b[i] = (float(v) for v in (list(args) + [0.0, 0.0])[:2])
+        return kinds, a, b
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A struct held inline or in an array (tf_operand)."""
+
+    ctype: str
+    fields: tuple
+
+
+@dataclass(frozen=True)
+class Array:
+    """A pointer to `items` (structs or views) of C type `ctype`."""
+
+    ctype: str
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Args:
+    """One step: its kind (TF_STEP_*), its argument struct's type and field values in order."""
+
+    kind: str
+    ctype: str
+    fields: tuple
+    comment: str = ""
+
+
+class Pool:
+    """Constant data (weights, index tables) appended once per key; offsets in elements, each
+    array starting on a 64-byte boundary (a vector load of 16 floats then never straddles two
+    cache lines: unaligned, the dense kernel ran at half speed)."""
+
+    ALIGN = 16
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype, self.parts, self.size, self.at = dtype, [], 0, {}
+
+    def add(self, key: object, make) -> int:
+        if key not in self.at:
+            arr = np.ascontiguousarray(make(), dtype=self.dtype).reshape(-1)
+            pad = -self.size % self.ALIGN
+            if pad:
+                self.parts.append(np.zeros(pad, self.dtype))
+                self.size += pad
+            self.at[key] = self.size
+            self.parts.append(arr)
+            self.size += arr.size
+        return self.at[key]
+
+    def array(self) -> np.ndarray:
+        """The pool as one array, 64-byte aligned in memory."""
+        out = _aligned_empty(self.size, self.dtype)
+        at = 0
+        for part in self.parts:
+            out[at : at + part.size] = part
+            at += part.size
+        return out
+
+
+def _aligned_empty(count: int, dtype: type) -> np.ndarray:
+    """An uninitialised array whose data starts on a 64-byte boundary."""
+    nbytes = max(count, 1) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + nbytes].view(dtype)[:count]
+
+
+def _dims4(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    if len(shape) > 4:
+        raise ExportError(f"tensors of rank {len(shape)} are not run by the kernels (at most 4)")
+    return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
+
+
+def buffer_strides(b: Buffer) -> tuple[int, int, int, int]:
+    if b.layout == "nhwc":
+        _, c, h, w = b.shape
+        return (h * w * c, 1, w * c, c)
+    n, c, h, w = _dims4(b.shape)
+    return (c * h * w, h * w, w, 1)
+
+
+def access_view(b: Buffer, a: Access, copy: int, shape: Sequence[int]) -> View:
+    """Access `a` of buffer `b` (frame copy `copy`) as a view; `shape` is the tensor's logical shape."""
+    if b.itemsize != 4:
+        raise ExportError(f"buffer {b.id} holds {b.itemsize}-byte items; the kernels run fp32 plans")
+    base = b.offsets[copy % b.copies] // 4
+    strides = buffer_strides(b)
+    r = a.region
+    if len(b.shape) == 4:
+        n, h, w = a.at
+        return View(base + n * strides[0] + h * strides[2] + w * strides[3], (r.n, b.shape[1], r.h, r.w), strides)
+    return View(base + a.at[0] * strides[0], (r.n,) + _dims4(shape)[1:], strides)
+
+
+@dataclass
+class Context:
+    plan: Plan
+    graphs: Sequence[Graph]
+    copy: int
+    weights: Pool = field(default_factory=lambda: Pool(np.float32))
+    indices: Pool = field(default_factory=lambda: Pool(np.int32))
+
+    def view(self, model: int, a: Access) -> View:
+        return access_view(self.plan.buffers[a.buffer], a, self.copy, self.graphs[model].shape(a.tensor))
+
+
+def step_args(ctx: Context, s: Step) -> Args:
+    """The kernel call of step `s`: its kind and argument values."""
+    r = s.out.region
+    where = f"samples {r.n0}-{r.n1} rows {r.h0}-{r.h1} cols {r.w0}-{r.w1} of {s.out.tensor!r} -> buffer {s.out.buffer}"
+    y = ctx.view(s.model, s.out)
+    if s.kind == "input":
+        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0), f"input: {where}")
+    if s.kind == "copy":
+        x = ctx.view(s.model, s.inputs[0])
+        return Args("copy", "tf_copy_args", (x, y), f"copy from buffer {s.inputs[0].buffer}: {where}")
+    g = ctx.graphs[s.model]
+    layer = g.layers[s.layer]
+    if layer.op not in BINDERS:
+        raise ExportError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
+    xs = [ctx.view(s.model, a) for a in s.inputs]
+    kind, ctype, fields = BINDERS[layer.op](ctx, s, g, layer, xs, y)
+    return Args(kind, ctype, tuple(fields), f"L{layer.id} {layer.op} {layer.name!r}: {where}")
+
+
+def _windows(s: Step, g: Graph, layer: Layer, batch: int):
+    in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
+    return get_op(layer.op).input_windows(layer, s.out.region, in_shapes)
+
+
+def _win(ctx: Context, s: Step, g: Graph, layer: Layer):
+    return _windows(s, g, layer, ctx.plan.models[s.model].batch)
+
+
+def _expect(condition: bool, layer: Layer, what: str) -> None:
+    if not condition:
+        raise ExportError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
+
+
+def _conv_weights(ctx: Context, s: Step, layer: Layer, w: np.ndarray, bias: np.ndarray, kind: str) -> tuple[int, int]:
+    """The weight and bias in the layout of the kernel `kind` (tf_conv_args), pooled once per layer."""
+    cout, cin_g, kh, kw = w.shape
+    groups = layer.attrs["groups"]
+    if kind == "dense":
+        panels = -(-cout // 16)
+
+        def panel_taps() -> np.ndarray:
+            taps = np.zeros((kh * kw * cin_g, panels * 16), np.float32)
+            taps[:, :cout] = w.transpose(2, 3, 1, 0).reshape(-1, cout)
+            return taps.reshape(-1, panels, 16).transpose(1, 0, 2)
+
+        return (ctx.weights.add((s.model, layer.id, "w"), panel_taps),
+                ctx.weights.add((s.model, layer.id, "b"), lambda: np.pad(bias, (0, panels * 16 - cout))))
+    if kind == "depthwise":
+        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.transpose(2, 3, 1, 0).reshape(kh * kw, cout))
+    else:
+        cog = cout // groups
+        w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w.reshape(groups, cog, cin_g, kh, kw).transpose(0, 3, 4, 2, 1))
+    return w_off, ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
+
+
+def _conv(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    win = _win(ctx, s, g, layer)[0]
+    w = g.params[layer.params[0]]
+    cout, cin_g, kh, kw = w.shape
+    groups = a["groups"]
+    # The kernel reads the weight for the views' channels: they must agree (import checks it).
+    _expect(cin_g * groups == g.shape(layer.inputs[0])[1] and cout == g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
+            layer, f"weight {w.shape} for {g.shape(layer.inputs[0])[1]} -> {g.shape(layer.output)[1]} channels")
+    kind = ("dense" if groups == 1 and tuple(a["dilation"]) == (1, 1) else
+            "depthwise" if groups == cout == cin_g * groups and cin_g == 1 else "grouped")
+    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
+    w_off, b_off = _conv_weights(ctx, s, layer, w, bias, kind)
+    clamp = clamp_bounds(a["act"])
+    lo, hi = clamp if clamp is not None else (-math.inf, math.inf)
+    rest = () if clamp is not None else a["act"]
+    return ("conv", "tf_conv_args", [xs[0], y, w_off, b_off, Code("CONV", kind), groups, kh, kw, *a["stride"],
+                                     *a["dilation"], win.pad[0], win.pad[2], float(lo), float(hi), Acts(tuple(rest))])
+
+
+def _pool(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    win = _win(ctx, s, g, layer)[0]
+    r = s.out.region
+    pt, pl, pb, pr = a["pads"]
+    in_h, in_w = g.shape(layer.inputs[0])[2:]
+    return ("pool", "tf_pool_args", [
+        xs[0], y, Code("POOL", "max" if layer.op == "maxpool" else "avg"), int(a.get("count_include_pad", False)),
+        *a["kernel"], *a["stride"], *a.get("dilation", (1, 1)), win.pad[0], win.pad[2], r.h0, r.w0, in_h, in_w,
+        pt, pl, pb, pr, Acts(tuple(a["act"]))])
+
+
+def _global(ctx, s, g, layer, xs, y):
+    kind = Code("GLOBAL", "max" if layer.attrs["kind"] == "max" else "mean")
+    return "global", "tf_global_args", [xs[0], y, kind, Acts(tuple(layer.attrs["act"]))]
+
+
+def _channel_reduce(ctx, s, g, layer, xs, y):
+    return ("channel_reduce",) + _global(ctx, s, g, layer, xs, y)[1:]
+
+
+def _gemm(ctx, s, g, layer, xs, y):
+    w = g.params[layer.params[0]]
+    features = int(np.prod(g.shape(layer.inputs[0])[1:]))
+    _expect(w.shape == (g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
+    w_off = ctx.weights.add((s.model, layer.id, "w"), lambda: w)
+    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: g.params[layer.params[1]]) if len(layer.params) > 1 else -1
+    return "gemm", "tf_gemm_args", [xs[0], y, w_off, b_off, w.shape[1], Acts(tuple(layer.attrs["act"]))]
+
+
+def _softmax(ctx, s, g, layer, xs, y):
+    return "softmax", "tf_softmax_args", [xs[0], y, int(bool(layer.attrs.get("log")))]
+
+
+def _norm(ctx, s, g, layer, xs, y):
+    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: g.params[layer.params[0]])
+    b_off = ctx.weights.add((s.model, layer.id, "bias"), lambda: g.params[layer.params[1]])
+    kind = "channel_norm" if layer.op == "channel_norm" else "instance_norm"
+    return kind, "tf_norm_args", [xs[0], y, s_off, b_off, float(layer.attrs["epsilon"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _eltwise(ctx, s, g, layer, xs, y):
+    r = s.out.region
+    operands = [Struct("tf_operand", (0, x, 0, 0, 0, 0, 0, 0)) for x in xs]
+    for p in layer.params:
+        arr = g.params[p]
+        _, c, h, w = _dims4(arr.shape)
+        off = ctx.weights.add((s.model, layer.id, p), lambda arr=arr: arr)
+        operands.append(Struct("tf_operand", (1, View(0, (0, 0, 0, 0), (0, 0, 0, 0)), off, c, h, w,
+                                              r.h0 if h > 1 else 0, r.w0 if w > 1 else 0)))
+    if len(operands) > abi.MAX_OPERANDS:
+        raise ExportError(f"layer {layer.id}: {len(operands)} operands (at most {abi.MAX_OPERANDS} run in the kernels)")
+    if "order" in layer.attrs:  # data input i >= 0, constant -1 - j: the node's own operand order
+        operands = [operands[i] if i >= 0 else operands[len(xs) - 1 - i] for i in layer.attrs["order"]]
+    fn = abi.ELT_FNS[layer.attrs.get("fn", layer.op)]
+    return ("eltwise", "tf_eltwise_args",
+            [y, Code("ELT", abi.ELT_NAMES[fn]), len(operands), Array("tf_operand", tuple(operands)),
+             Acts(tuple(layer.attrs["act"]))])
+
+
+def _activation(ctx, s, g, layer, xs, y):
+    return "affine", "tf_affine_args", [xs[0], y, -1, -1, Acts(tuple(layer.attrs["act"]))]
+
+
+def _batchnorm(ctx, s, g, layer, xs, y):
+    gamma, beta, mean, var = (g.params[p].astype(np.float64) for p in layer.params)
+    scale = gamma / np.sqrt(var + layer.attrs["epsilon"])
+    s_off = ctx.weights.add((s.model, layer.id, "scale"), lambda: scale.astype(np.float32))
+    t_off = ctx.weights.add((s.model, layer.id, "shift"), lambda: (beta - mean * scale).astype(np.float32))
+    return "affine", "tf_affine_args", [xs[0], y, s_off, t_off, Acts(tuple(layer.attrs["act"]))]
+
+
+def _lrn(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    return "lrn", "tf_lrn_args", [xs[0], y, a["size"], float(a["alpha"]), float(a["beta"]), float(a["bias"])]
+
+
+def _concat(ctx, s, g, layer, xs, y):
+    """The inputs' views in an array of their own (DenseNet joins dozens)."""
+    return "concat", "tf_concat_args", [y, len(xs), Array("tf_view", tuple(xs)), Acts(tuple(layer.attrs["act"]))]
+
+
+def _pad(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    win = _win(ctx, s, g, layer)[0]
+    t, l, _, _ = a["pads_hw"]
+    in_h, in_w = g.shape(layer.inputs[0])[2:]
+    r = s.out.region
+    return ("pad", "tf_pad_args", [xs[0], y, Code("PAD", a["mode"]), float(a["value"]), r.h0, r.w0, win.region.h0,
+                                   win.region.w0, in_h, in_w, t, l])
+
+
+def _resize_nearest(ctx, s, g, layer, xs, y):
+    op = get_op("resize")
+    win = _win(ctx, s, g, layer)[0].region
+    r = s.out.region
+    rows = ctx.indices.add(("rows", s.model, layer.id, r.h0, r.h1, win.h0),
+                           lambda: [i - win.h0 for i in op._indices(layer, 0, r.h0, r.h1)])  # type: ignore[attr-defined]
+    cols = ctx.indices.add(("cols", s.model, layer.id, r.w0, r.w1, win.w0),
+                           lambda: [i - win.w0 for i in op._indices(layer, 1, r.w0, r.w1)])  # type: ignore[attr-defined]
+    return "resize", "tf_resize_args", [xs[0], y, rows, cols]
+
+
+def _resize(ctx, s, g, layer, xs, y):
+    """Nearest: an index table per axis; linear and cubic: index and weight tables of their taps."""
+    if layer.attrs.get("mode", "nearest") == "nearest":
+        return _resize_nearest(ctx, s, g, layer, xs, y)
+    op = get_op("resize")
+    win = _win(ctx, s, g, layer)[0].region
+    r = s.out.region
+    (row_at, row_w), (col_at, col_w) = op.taps(layer, 0, r.h0, r.h1), op.taps(layer, 1, r.w0, r.w1)  # type: ignore[attr-defined]
+    key = (s.model, layer.id, r.h0, r.h1, r.w0, r.w1)
+    rows = ctx.indices.add(("interp rows", *key), lambda: np.asarray(row_at) - win.h0)
+    cols = ctx.indices.add(("interp cols", *key), lambda: np.asarray(col_at) - win.w0)
+    rw = ctx.weights.add(("interp row weights", *key), lambda: np.asarray(row_w))
+    cw = ctx.weights.add(("interp col weights", *key), lambda: np.asarray(col_w))
+    return "interp", "tf_interp_args", [xs[0], y, len(row_at[0]), rows, cols, rw, cw]
+
+
+def _moved(v: View, spans) -> View:
+    """The block of view `v` a Move's (C, H, W) spans name (a negative step: a negative stride)."""
+    (c0, cc, sc), (h0, hc, sh), (w0, wc, sw) = spans
+    sn, s_c, s_h, s_w = v.strides
+    return View(v.off + c0 * s_c + h0 * s_h + w0 * s_w, (v.dims[0], cc, hc, wc), (sn, s_c * sc, s_h * sh, s_w * sw))
+
+
+def _block_moves(xs: list[View], y: View, moves, act=()):
+    """Block moves (ops/moves.py) as two arrays of views."""
+    moves = [m for m in moves if not m.is_empty()]
+    src = Array("tf_view", tuple(_moved(xs[m.src], m.x) for m in moves))
+    dst = Array("tf_view", tuple(_moved(y, m.y) for m in moves))
+    return "moves", "tf_moves_args", [y, len(moves), src, dst, Acts(tuple(act))]
+
+
+def _slice(ctx, s, g, layer, xs, y):
+    return _block_moves(xs, y, get_op("slice").moves(layer, s.out.region, _win(ctx, s, g, layer)))  # type: ignore[attr-defined]
+
+
+def _depth_space(ctx, s, g, layer, xs, y):
+    depth = g.shape(layer.inputs[0])[1]
+    return _block_moves(xs, y, get_op(layer.op).moves(layer, s.out.region, _win(ctx, s, g, layer), depth))  # type: ignore[attr-defined]
+
+
+def _concat_any(ctx, s, g, layer, xs, y):
+    if layer.attrs.get("axis", 1) == 1:
+        return _concat(ctx, s, g, layer, xs, y)
+    moves = get_op("concat").moves(layer, s.out.region, g.shape(layer.inputs[0])[1])  # type: ignore[attr-defined]
+    return _block_moves(xs, y, moves, layer.attrs["act"])
+
+
+def _conv_transpose(ctx, s, g, layer, xs, y):
+    a = layer.attrs
+    win = _win(ctx, s, g, layer)[0].region
+    w = g.params[layer.params[0]]
+    cin, cog, kh, kw = w.shape
+    groups = a["groups"]
+    w_off = ctx.weights.add((s.model, layer.id, "w"),
+                            lambda: w.reshape(groups, cin // groups, cog, kh, kw).transpose(0, 3, 4, 1, 2))
+    bias = g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cog * groups, np.float32)
+    b_off = ctx.weights.add((s.model, layer.id, "b"), lambda: bias)
+    r = s.out.region
+    return ("deconv", "tf_deconv_args", [xs[0], y, w_off, b_off, groups, kh, kw, *a["stride"], *a["dilation"],
+                                         r.h0 + a["pads"][0], r.w0 + a["pads"][1], win.h0, win.w0,
+                                         Acts(tuple(a["act"]))])
+
+
+def _reshape(ctx, s, g, layer, xs, y):
+    return "copy", "tf_copy_args", [xs[0], y]
+
+
+def _transpose(ctx, s, g, layer, xs, y):
+    return "copy", "tf_copy_args", [xs[0].permuted(layer.attrs["perm"], y.dims), y]
+
+
+def _shuffle(ctx, s, g, layer, xs, y):
+    return "shuffle", "tf_shuffle_args", [xs[0], y, layer.attrs["groups"]]
+
+
+# Registered op -> its binder: (kind, argument struct, values) of one step.
+BINDERS = {
+    "conv": _conv, "maxpool": _pool, "avgpool": _pool, "global_pool": _global, "gemm": _gemm, "softmax": _softmax,
+    "add": _eltwise, "mul": _eltwise, "eltwise": _eltwise, "activation": _activation, "batchnorm": _batchnorm,
+    "lrn": _lrn, "concat": _concat_any, "pad": _pad, "resize": _resize, "flatten": _reshape, "reshape": _reshape,
+    "transpose": _transpose, "channel_shuffle": _shuffle, "channel_norm": _norm, "instancenorm": _norm,
+    "channel_reduce": _channel_reduce, "slice": _slice, "depth_to_space": _depth_space,
+    "space_to_depth": _depth_space, "conv_transpose": _conv_transpose,
+}

@@ -1,0 +1,180 @@
+"""The one table of the kernel library's interface: its codes (activation kinds, elementwise
+functions, step kinds, ...) and its argument structs. The C declarations in kernels/tf_kernels.h
+(between the GENERATED markers) are written from it by `c_declarations`, and the executor's ctypes
+structures (runtime/library.py) are made from it, so the two sides cannot drift;
+tests/test_kernel_abi.py fails when the header's text is not what this table gives.
+
+A struct is a list of (field, type): "tf_int" (int32_t: offsets, sizes, strides), "int", "float",
+another struct's name (held inline), ("int", n) / ("float", n) (an array of n), or a pointer
+"const NAME *" (to one NAME, or to an array of them)."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+# Activation kinds (a chain of up to MAX_ACTS runs after a layer; 0 ends it): name -> code.
+ACT_NAMES = ("relu", "leakyrelu", "clip", "sigmoid", "tanh", "hardsigmoid", "hardswish", "silu", "mish", "gelu",
+             "gelu_tanh", "softplus", "elu", "selu", "sqrt", "exp", "log", "neg", "abs", "reciprocal", "erf")
+ACTS = {name: i for i, name in enumerate(ACT_NAMES, 1)}
+# How an elementwise layer's operands combine, folded left to right.
+ELT_NAMES = ("sum", "product", "sub", "div", "pow", "min", "max", "prelu", "clip")
+# The ops' `fn` attribute (ops/binary.py) -> the code of its fold.
+ELT_FNS = {"add": 0, "mul": 1, "sub": 2, "div": 3, "pow": 4, "min": 5, "max": 6, "prelu": 7, "clip": 8}
+MAX_ACTS = 4
+MAX_OPERANDS = 8
+
+STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", "lrn", "concat", "pad", "resize",
+              "copy", "shuffle", "input", "moves", "deconv", "interp", "channel_norm", "instance_norm",
+              "channel_reduce")
+STEP = {k: i for i, k in enumerate(STEP_KINDS)}
+CONV_KINDS = ("dense", "depthwise", "grouped")
+POOL_KINDS = ("max", "avg")
+GLOBAL_KINDS = ("mean", "max")
+PAD_MODES = ("constant", "edge", "reflect")
+
+# enum prefix -> names, in code order (C: TF_<PREFIX>_<NAME>).
+ENUMS: dict[str, Sequence[str]] = {
+    "ACT": ("none",) + ACT_NAMES, "ELT": ELT_NAMES, "CONV": CONV_KINDS, "POOL": POOL_KINDS, "GLOBAL": GLOBAL_KINDS,
+    "PAD": PAD_MODES, "STEP": STEP_KINDS,
+}
+
+
+def code(prefix: str, name: str) -> int:
+    return list(ENUMS[prefix]).index(name)
+
+
+I, F, N = "tf_int", "float", "int"
+VIEW = "tf_view"
+ACT_P = "const tf_acts *"
+
+# name -> (fields, comment). Order matters: a struct is declared after those it holds.
+STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
+    "tf_view": ([(f, I) for f in ("off", "n", "c", "h", "w", "sn", "sc", "sh", "sw")],
+                "A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's\n"
+                " * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view."),
+    "tf_acts": ([("kind", (N, MAX_ACTS)), ("a", (F, MAX_ACTS)), ("b", (F, MAX_ACTS))],
+                "An activation chain applied in order after a layer (kind 0 ends it). Steps point to one (NULL:\n"
+                " * none) rather than hold it: a finely tiled plan has thousands of steps and few chains."),
+    "tf_conv_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("kind", N), ("groups", I), ("kh", I), ("kw", I),
+                      ("sh", I), ("sw", I), ("dh", I), ("dw", I), ("pt", I), ("pl", I), ("lo", F), ("hi", F),
+                      ("act", ACT_P)],
+                     "Convolution. x: the input window without its zero padding (pt, pl: zero rows / columns above\n"
+                     " * and left of it); w, b: float offsets in the weights; kind by weight layout: DENSE (groups 1,\n"
+                     " * dilation 1): panels of 16 output channels, (ceil(C_out/16), kh*kw*C_in, 16), bias padded to\n"
+                     " * the panels; DEPTHWISE: taps (kh*kw) x C; GROUPED: per group (kh*kw*C_in/g) x (C_out/g).\n"
+                     " * lo, hi: a clamp fused into the kernel (ReLU, ReLU6, Clip); act: any other activations."),
+    "tf_pool_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("count_include_pad", N), ("kh", I), ("kw", I),
+                      ("sh", I), ("sw", I), ("dh", I), ("dw", I), ("pt", I), ("pl", I), ("oy0", I), ("ox0", I),
+                      ("in_h", I), ("in_w", I), ("pad_t", I), ("pad_l", I), ("pad_b", I), ("pad_r", I),
+                      ("act", ACT_P)],
+                     "Pooling. pt, pl: padding above and left of the window x; oy0, ox0: the output region's first\n"
+                     " * row and column; in_*, pad_*: the whole input and the layer's padding (averages' divisors)."),
+    "tf_global_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("act", ACT_P)],
+                       "Mean or max over H x W (STEP_GLOBAL) or over C at each pixel (STEP_CHANNEL_REDUCE)."),
+    "tf_gemm_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("in_features", I), ("act", ACT_P)],
+                     "y = x W^T + b; w: (out, in); b < 0: none."),
+    "tf_operand": ([("is_const", N), ("v", VIEW), ("w", I), ("c", I), ("h", I), ("w_", I), ("h0", I), ("w0", I)],
+                   "An operand of an elementwise fold: a view (a dimension of size 1 broadcast), or a constant of\n"
+                   " * (1, c, h, w_) at offset w in the weights, its rows and columns from (h0, w0)."),
+    "tf_eltwise_args": ([("y", VIEW), ("fn", N), ("count", N), ("op", "const tf_operand *"), ("act", ACT_P)],
+                        "y = acts(op[0] fn op[1] fn ...), folded left to right; PRELU: op1 is the slope; CLIP: op1\n"
+                        " * the lower bound, op2 the upper."),
+    "tf_affine_args": ([("x", VIEW), ("y", VIEW), ("scale", I), ("shift", I), ("act", ACT_P)],
+                       "Batch norm: y = acts(x * scale[c] + shift[c]); scale < 0: acts(x)."),
+    "tf_norm_args": ([("x", VIEW), ("y", VIEW), ("scale", I), ("bias", I), ("eps", F), ("act", ACT_P)],
+                     "(x - mean) / sqrt(var + eps) * scale[c] + bias[c]; CHANNEL_NORM: statistics over C at each\n"
+                     " * pixel (LayerNorm over channels), INSTANCE_NORM: over H x W of each sample and channel."),
+    "tf_softmax_args": ([("x", VIEW), ("y", VIEW), ("log", N)], "Over C at every pixel; log: LogSoftmax."),
+    "tf_lrn_args": ([("x", VIEW), ("y", VIEW), ("size", I), ("alpha", F), ("beta", F), ("bias", F)],
+                    "ONNX LRN over channels."),
+    "tf_concat_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("act", ACT_P)],
+                       "Concatenation along C of `count` views x."),
+    "tf_pad_args": ([("x", VIEW), ("y", VIEW), ("mode", N), ("value", F), ("oy0", I), ("ox0", I), ("iy0", I),
+                     ("ix0", I), ("in_h", I), ("in_w", I), ("t", I), ("l", I)],
+                    "Pad: the output region's origin (oy0, ox0), the input window's (iy0, ix0), the whole input\n"
+                    " * and the padding above and left."),
+    "tf_resize_args": ([("x", VIEW), ("y", VIEW), ("rows", I), ("cols", I)],
+                       "Nearest resize; rows, cols: int offsets of the index tables."),
+    "tf_copy_args": ([("x", VIEW), ("y", VIEW)],
+                     "y = x in logical order (a reshape when the shapes differ; a transpose is x with permuted\n"
+                     " * strides); x and y may overlap in one buffer with the same shape and strides (a shift)."),
+    "tf_shuffle_args": ([("x", VIEW), ("y", VIEW), ("groups", I)], "Channel shuffle in `groups`."),
+    "tf_input_args": ([("y", VIEW), ("n0", I), ("h0", I), ("w0", I)],
+                      "The model input's region from (n0, h0, w0), of y's size, into y (tf_input_fn)."),
+    "tf_moves_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("to", "const tf_view *"),
+                       ("act", ACT_P)],
+                      "Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]\n"
+                      " * for each of `count` pairs (negative strides walk backwards), then the activations over y."),
+    "tf_deconv_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("groups", I), ("kh", I), ("kw", I),
+                        ("sh", I), ("sw", I), ("dh", I), ("dw", I), ("oy0", I), ("ox0", I), ("iy0", I), ("ix0", I),
+                        ("act", ACT_P)],
+                       "Transposed convolution: weight (groups, kh, kw, C_in/g, C_out/g); y's first row and\n"
+                       " * column are padded output places (oy0, ox0); x's are input places (iy0, ix0). Input place\n"
+                       " * i adds into padded output places i * s + k * d."),
+    "tf_interp_args": ([("x", VIEW), ("y", VIEW), ("taps", I), ("rows", I), ("cols", I), ("row_w", I),
+                        ("col_w", I)],
+                       "Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t]\n"
+                       " * of x with weights wts[row_w + oy * taps + t]; columns likewise."),
+    "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
+}
+
+BEGIN = "/* BEGIN GENERATED by tightfit.ops.abi: edit the table there, then `python -m tightfit.ops.abi` */"
+END = "/* END GENERATED */"
+
+
+def _c_field_type(t: object) -> tuple[str, str]:
+    """(type, suffix) of a field's C declaration."""
+    if isinstance(t, tuple):
+        return t[0], f"[{t[1]}]"  # type: ignore[index]
+    return str(t), ""
+
+
+def _c_struct(name: str) -> str:
+    fields, comment = STRUCTS[name]
+    groups: list[tuple[str, list[str]]] = []
+    for f, t in fields:
+        ctype, suffix = _c_field_type(t)
+        decl = f"*{f}" if ctype.endswith("*") else f + suffix
+        base = ctype[:-1].rstrip() if ctype.endswith("*") else ctype
+        if groups and groups[-1][0] == base:
+            groups[-1][1].append(decl)
+        else:
+            groups.append((base, [decl]))
+    body = " ".join(f"{t} {', '.join(ds)};" for t, ds in groups)
+    return f"/* {comment} */\n" + _wrap(f"typedef struct {{ {body} }} {name};")
+
+
+def c_declarations() -> str:
+    """The header's generated part: the enums and the argument structs."""
+    out = [BEGIN, f"#define TF_MAX_ACTS {MAX_ACTS}", f"#define TF_MAX_OPERANDS {MAX_OPERANDS}"]
+    for prefix, names in ENUMS.items():
+        items = [f"TF_{prefix}_{n.upper()} = {i}" for i, n in enumerate(names) if not (prefix == "ACT" and i == 0)]
+        out.append(_wrap(f"enum {{ {', '.join(items)} }};"))
+    out += [_c_struct(name) for name in STRUCTS]
+    out.append(END)
+    return "\n".join(out) + "\n"
+
+
+def _wrap(line: str, width: int = 110) -> str:
+    """One declaration over lines of at most `width`, broken after its commas and semicolons."""
+    words, lines, cur = re.split(r"(?<=[,;]) ", line), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = "       " + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return "\n".join(lines + [cur])
+
+
+def header_with_declarations(text: str) -> str:
+    """`text` (tf_kernels.h) with its generated part replaced by this table's."""
+    a, b = text.index(BEGIN), text.index(END) + len(END) + 1
+    return text[:a] + c_declarations() + text[b:]
+
+
+if __name__ == "__main__":  # rewrites the header's generated part
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "kernels" / "tf_kernels.h"
+    path.write_text(header_with_declarations(path.read_text()))
