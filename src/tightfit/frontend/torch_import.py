@@ -146,7 +146,7 @@ def randomize_module(module: "torch.nn.Module", seed: int,
     """He-scaled conv and dense weights, non-trivial batch-norm statistics, small biases.
 
     With `calibrate_shape`, each batch norm's running statistics are then scaled to its input
-    on a seeded random batch of that shape (see `zoo.bn_scale`), so that values keep their scale
+    on a seeded random batch of that shape (see `weights.bn_scale`), so that values keep their scale
     however deep the network is: without it, residual networks grow by orders of magnitude
     (ResNet-50's logits reached ~4e3, ShuffleNet's ~1e5, past what fp16 holds)."""
     torch = require_torch("a PyTorch module's random weights")
@@ -176,7 +176,7 @@ def randomize_module(module: "torch.nn.Module", seed: int,
 
 def _calibrate(module: "torch.nn.Module", bns: list, x: "torch.Tensor") -> None:
     """One forward pass on `x`, each batch norm's statistics scaled to its input just before it runs."""
-    from tightfit.frontend.zoo import bn_scale
+    from tightfit.frontend.weights import bn_scale
 
     torch = require_torch("a PyTorch module's random weights")
 
