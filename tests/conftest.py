@@ -14,11 +14,6 @@ import pytest
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("torchvision") is not None
 TORCH_REASON = "needs PyTorch and torchvision (pip install 'tightfit[torch]')"
-requires_torch = pytest.mark.requires_torch
-
-
-def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", f"requires_torch: {TORCH_REASON}; skipped where they are not installed")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
