@@ -90,10 +90,6 @@ def onnx_model(name: str, input_shape: Sequence[int] | None = None) -> bytes:
     keep their own declared shape (give the shape to `load` instead). Exporting is slow (VGG-19
     takes ~15 s), so the bytes are kept on disk, see `cache_dir`."""
     _check_name(name)
-    if name in TORCHVISION:
-        from tightfit.frontend.torch_import import require_torch
-
-        require_torch(f"zoo model {name!r} (from torchvision)", torchvision=True)
     if name.startswith("onnxzoo-"):
         shape = None
     else:
@@ -191,10 +187,15 @@ def _cached_model(path: Path | None) -> bytes | None:
 
 
 def _check_name(name: str) -> None:
+    """A zoo name, whose model can be made here: a torchvision model needs the torch extra."""
     if name not in names():
         from tightfit.errors import ModelLoadError
 
         raise ModelLoadError(f"no zoo model {name!r}; `tightfit zoo` lists them")
+    if name in TORCHVISION:
+        from tightfit.frontend.torch_import import require_torch
+
+        require_torch(f"zoo model {name!r} (from torchvision)", torchvision=True)
 
 
 def _default_shape(name: str) -> tuple[int, ...]:
