@@ -110,7 +110,7 @@ def test_zoo_model_matches_reference(name):
     # ONNX bytes. Tensor names in the graph are the ONNX model's: a fused layer's output is its
     # last node's output.
     wanted = [mid] if torch_sourced else [mid, logits]
-    ort_out = onnxruntime_run(zoo.onnx_model(name), x.numpy(), wanted)
+    ort_out = onnxruntime_run(zoo.onnx_model(name), np.asarray(x), wanted)
     for t in wanted:
         r = diff_ratio(ours[t], ort_out[t])
         assert r <= RTOL, f"{name}: {t} differs from onnxruntime by {r:.2e} x max abs"
@@ -118,11 +118,11 @@ def test_zoo_model_matches_reference(name):
     if torch_sourced:
         from tightfit.frontend.torch_import import run_module
 
-        expected = run_module(zoo.torch_module(name), x.numpy())
+        expected = run_module(zoo.torch_module(name), np.asarray(x))
         r = diff_ratio(ours[graph.outputs[0]], expected)
         assert r <= RTOL, f"{name}: output differs from the torch module by {r:.2e} x max abs"
 
-    std = float(ours[logits].double().std())
+    std = float(np.asarray(ours[logits], dtype=np.float64).std())
     assert std > 1e-3 and math.isfinite(std), f"{name}: logits std {std} (weights make the check trivial)"
 
 
@@ -274,7 +274,7 @@ def _tiny_model(nodes, inits, out_shape, opset):
 def _check_against_onnxruntime(model, graph):
     x = random_input(graph, seed=1)
     out = run_reference(graph, x)[graph.outputs[0]]
-    ref = onnxruntime_run(model.SerializeToString(), x.numpy(), [graph.outputs[0]])[graph.outputs[0]]
+    ref = onnxruntime_run(model.SerializeToString(), np.asarray(x), [graph.outputs[0]])[graph.outputs[0]]
     assert diff_ratio(out, ref) <= RTOL
 
 
