@@ -145,11 +145,13 @@ def _code_version(source: str) -> str:
     """What the made bytes depend on besides the name and shape: library versions, the seed and
     the sources that build and draw them (onnxruntime calibrates the batch norms; torch exports
     the torchvision models), so editing a model or the weight drawing invalidates the cache."""
-    import onnxruntime
+    from importlib.metadata import version
 
     from tightfit.frontend import tables, weights
 
-    parts = [onnx.__version__, np.__version__, onnxruntime.__version__, str(SEED)]
+    # onnxruntime's version read from its metadata: importing it here would add ~20 MB to a
+    # process that may never run it.
+    parts = [onnx.__version__, np.__version__, version("onnxruntime"), str(SEED)]
     files = [__file__, tables.__file__, weights.__file__]
     if source == "torchvision":
         from tightfit.frontend import torch_import
