@@ -20,8 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import torch
-
 
 def cpu_model() -> str:
     try:
@@ -67,11 +65,20 @@ def header(title: str, profile_id: str | None = None) -> None:
 
         profile_id = current()
     print(f"{title}")
-    print(f"machine: {cpu_model()}, {cores()} cores; torch threads {torch.get_num_threads()}; "
+    print(f"machine: {cpu_model()}, {cores()} cores; torch threads {_torch_threads()}; "
           f"cost profile {profile_id}")
     print(f"load average at start: {_loads()}{'  (loaded: timings below are marked)' if is_loaded() else ''}")
     print("(a timing taken while the 1-minute load average exceeds the core count is marked [loaded])", flush=True)
     atexit.register(lambda: print(f"\nload average at end: {_loads()}", flush=True))
+
+
+def _torch_threads() -> str:
+    """torch's intra-op threads, where torch (an optional extra) is installed."""
+    try:
+        import torch
+    except ImportError:
+        return "- (not installed)"
+    return str(torch.get_num_threads())
 
 
 def _loads() -> str:

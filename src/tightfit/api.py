@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-import torch
-
 from tightfit.analysis.memory import ModelMemory, account
 from tightfit.errors import OptionError
 from tightfit.frontend.load import load, load_ref
@@ -16,6 +14,8 @@ from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
+    import torch
+
     from tightfit.runtime.cost import CostModel
 
 

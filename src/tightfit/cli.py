@@ -150,16 +150,20 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-_LOADING_LIBRARIES = False  # True while torch is imported: nothing started yet, nothing to clean up
+_LOADING_LIBRARIES = False  # True while the libraries load: nothing started yet, nothing to clean up
 
 
 def _load_libraries() -> None:
-    """torch, imported while an interrupt simply ends the process: an exception raised into its
-    import can come out as another (its C code turned ours into a TypeError, a traceback)."""
+    """The compiled libraries every command needs (numpy, onnx, and the op registry with what
+    its kernels load), imported while an interrupt simply ends the process: an exception raised
+    into a C extension's import can come out as another (a TypeError, a traceback)."""
     global _LOADING_LIBRARIES
     _LOADING_LIBRARIES = True
     try:
-        import torch  # noqa: F401
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+
+        import tightfit.ops  # noqa: F401
     finally:
         _LOADING_LIBRARIES = False
 
@@ -191,7 +195,7 @@ def _stopped(signum: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from tightfit import children
 
-    # Handlers first: building the parser imports torch (the techniques' options), a second or more.
+    # Handlers first: building the parser imports the op registry (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
         _load_libraries()

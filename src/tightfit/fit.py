@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
+from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan
@@ -135,11 +134,19 @@ def fit(app: FitApp, budget_bytes: int | None, with_params: bool = False, min_fp
     return outcome
 
 
+def _kernel_threads():
+    """torch where the kernels that run plans loaded it (its intra-op threads are theirs), else
+    None: fit never imports torch itself, an ONNX model's plans need none."""
+    return sys.modules.get("torch")
+
+
 def run_threads(measure: bool) -> int:
-    """torch threads `fit` times and runs plans with: its own count, less the core the measuring
-    process takes."""
-    free = (os.cpu_count() or 1) - 1 if measure else torch.get_num_threads()
-    return max(1, min(torch.get_num_threads(), free))
+    """Threads `fit` times and runs plans with: the kernels' own count, less the core the
+    measuring process takes."""
+    torch = _kernel_threads()
+    own = torch.get_num_threads() if torch is not None else os.cpu_count() or 1
+    free = (os.cpu_count() or 1) - 1 if measure else own
+    return max(1, min(own, free))
 
 
 def _fit(app: FitApp, budget_bytes: int | None, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
@@ -285,7 +292,11 @@ def unmet_fps_line(choice: Choice, constraints: Constraints, budget_bytes: int |
 
 @contextmanager
 def _threads(n: int):
-    """torch's intra-op threads set to `n` for a while."""
+    """The kernels' intra-op threads (torch's, where they use it) set to `n` for a while."""
+    torch = _kernel_threads()
+    if torch is None:
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -420,13 +431,13 @@ def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
     return fps
 
 
-def run_cnn(ex, m: int, x) -> dict[str, torch.Tensor]:
+def run_cnn(ex, m: int, x) -> Mapping[str, Any]:
     """Run only CNN `m`'s partitions of an application plan on input `x` (a frame routed to one
-    CNN); returns its outputs as views into the arena."""
-    with torch.no_grad():
-        for p, compiled in zip(ex.plan.partitions, ex.frames[0]):
-            if p.model == m:
-                compiled.run(x)
+    CNN); returns its outputs as views into the arena. (No autograd to turn off: no tensor of a
+    plan's run asks for gradients.)"""
+    for p, compiled in zip(ex.plan.partitions, ex.frames[0]):
+        if p.model == m:
+            compiled.run(x)
     return ex._outputs[0][m]
 
 
