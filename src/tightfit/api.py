@@ -298,18 +298,30 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
 
 
 def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflags=None, runs: int = 1,
-                 sanitize: bool = False, seed: int = 0, timeout_s: float = 600):
+                 sanitize: bool = False, seed: int = 0, timeout_s: float = 600, keep_io: str | Path | None = None):
     """Build an exported plan, run it on the seeded inputs, compare with the reference executor
-    (tightfit.export.Check)."""
+    (tightfit.export.Check). With `keep_io`, a folder: the inputs and reference outputs are left
+    there as input.bin and reference.bin (float32, every CNN's in order), to rerun the program on."""
     from tightfit.export import check
 
     inputs, refs = reference_io(plan_, graphs, seed)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs, refs)
     return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize, timeout_s)
 
 
-def check_export_mcu(plan_, graphs, built, seed: int = 0):
+def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):
     """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
     from tightfit.export import check_mcu
 
     inputs, refs = reference_io(plan_, graphs[:1], seed)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs[:1], refs[:1])
     return check_mcu(built, inputs[0], refs[0])
+
+
+def _keep_io(folder: Path, inputs, refs) -> None:
+    import numpy as np
+
+    (folder / "input.bin").write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+    (folder / "reference.bin").write_bytes(b"".join(np.ascontiguousarray(r, dtype="<f4").tobytes() for r in refs))

@@ -104,13 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
+    p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
     _search_args(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
     p.add_argument("plan", help="a plan made by `tightfit plan --out` or `tightfit fit --out`")
     _allow_code_arg(p)
-    p.add_argument("--out", required=True, help="folder to write (replaced whole; nothing partial is left)")
+    p.add_argument("--out", required=True, help="folder to write, whole or not at all; an existing non-empty folder only with --force")
+    p.add_argument("--force", action="store_true", help="replace an existing non-empty --out folder (whole, in one step)")
     p.add_argument("--name", help="C identifier prefix of the library (default: the model's name)")
     p.add_argument("--weights", default="auto", choices=("auto", "c", "file"),
                    help="weights as const C arrays (c), as weights.bin read once (file), or c up to 16 MB (auto)")
@@ -120,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
     p.add_argument("--runs", type=int, default=5, help="with --check: runs timed (the median is printed)")
     p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
+    p.add_argument("--keep-io", action="store_true",
+                   help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
     p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
                    help="host (default) or a microcontroller, linked with arm-none-eabi-gcc and run under qemu with --check")
     p.add_argument("--ram", help="with a cortex-m target: the RAM the program may use, e.g. 512KiB")
@@ -448,7 +452,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from tightfit import fit as F
     from tightfit.units import parse_size
 
+    from tightfit import atomic
+
     budget = parse_size(args.budget) if args.budget is not None else None
+    for option, folder in (("--out", args.out), ("--export", args.export)):
+        if folder:  # refused now, not after minutes of search
+            atomic.check_output_folder(folder, args.force, option)
+    if args.out and args.export and os.path.abspath(args.out) == os.path.abspath(args.export):
+        raise OptionError("--out and --export name the same folder: give each its own")
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
                          allow_code=args.allow_code)
     try:
@@ -462,67 +473,113 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     report = fit_report(outcome)
     if args.out:
-        write_fit_outputs(outcome, args.out, report)
+        write_fit_outputs(outcome, args.out, report, args.force)
         report["written"] = args.out
     if args.export:
         from tightfit.export import export
 
-        sources = export(outcome.plan, outcome.app.graphs, args.export)
+        sources = export(outcome.plan, outcome.app.graphs, args.export, force=args.force)
         report["exported"] = {"folder": args.export, "name": sources.name, "steps": sources.steps}
     print(json.dumps(report, indent=1) if args.json else fit_text(report))
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    import shlex
-
-    import tightfit
-    from tightfit.export import export
-
+def _export_options(args: argparse.Namespace) -> None:
     if args.target == "host" and (args.ram or args.flash):
         raise OptionError("--ram and --flash go with a cortex-m target")
     if args.target != "host" and not (args.ram and args.flash):
         raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
+    if args.target != "host" and args.weights == "file":
+        raise OptionError(f"--target {args.target} keeps the weights in flash: --weights file goes with the host target")
     if args.runs < 1:
         raise OptionError("--runs must be at least 1")
+    if args.keep_io and not args.check:
+        raise OptionError("--keep-io goes with --check (it keeps the checked input and reference output)")
+    if args.target != "host" and (args.sanitize or args.cc or args.cflags):
+        raise OptionError("--sanitize, --cc and --cflags go with the host target")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit import atomic
+
+    _export_options(args)
+    atomic.check_output_folder(args.out, args.force)  # before the plan is loaded: no work wasted
     plan_, graphs = tightfit.api.load_plan(args.plan, allow_code=args.allow_code)
+    # Everything, --check's build and run included, happens in a staged folder that takes
+    # --out's place only at the end: a failure or a signal leaves --out as it was.
+    with atomic.output_folder(args.out, args.force) as stage:
+        report, lines, ok = export_into(args, plan_, graphs, stage)
+    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
+    return 0 if ok else 1
+
+
+def export_into(args: argparse.Namespace, plan_, graphs, stage: Path) -> tuple[dict, list[str], bool]:
+    """Export (and with --check build, run and compare) into `stage`, which becomes --out."""
+    from tightfit.export import default_name, generate
+    from tightfit.export.build import write_files
+
     weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
-    sources = export(plan_, graphs, args.out, args.name, weights)
+    sources = generate(plan_, graphs, args.name or default_name(plan_), weights)
+    if args.target != "host":
+        return _export_mcu(args, plan_, graphs, sources, stage)
+    write_files(sources, stage)
     report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
                     "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
                     "weights_file": sources.weights_in_file}
     lines = [f"exported {sources.steps} steps to {args.out}/ ({sources.name}.c, {sources.name}.h, tf_kernels.c, main.c, Makefile"
              + (", weights.bin" if sources.weights_in_file else "") + ")",
-             f"build: make -C {args.out}   run: {args.out}/{sources.name} input.bin output.bin [runs]"]
-    ok = True
-    if args.target != "host":
-        from dataclasses import asdict
+             f"build: make -C {args.out}   run: {args.out}/{sources.name} INPUT.bin OUTPUT.bin [RUNS]"
+             f"   (make -C {args.out} debug: the same program under -fsanitize=address,undefined)"]
+    if not args.check:
+        return report, lines, True
+    return _check_host(args, plan_, graphs, sources, stage, report, lines)
 
-        from tightfit.export import mcu
-        from tightfit.units import parse_size
 
-        built = mcu.build_mcu(Path(args.out), sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
-                              Path(args.out) / f"{sources.name}-{args.target}.elf")
-        report["mcu"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}
-        lines.append(built.memory_report())
-        if args.check:
-            got = tightfit.api.check_export_mcu(plan_, graphs, built)
-            report["mcu_check"] = asdict(got)
-            lines.append(got.summary())
-            ok = got.ok
-    elif args.check:
-        flags = shlex.split(args.cflags) if args.cflags else None
-        result = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, args.runs)
-        report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
-        lines += result.lines()
-        ok = result.ok
-        if args.sanitize:
-            clean = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, 1, sanitize=True)
-            report["sanitized"] = {"ok": clean.ok}
-            lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
-            ok = ok and clean.ok
-    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
-    return 0 if ok else 1
+def _check_host(args, plan_, graphs, sources, stage: Path, report: dict, lines: list[str]) -> tuple[dict, list[str], bool]:
+    import shlex
+
+    import tightfit
+
+    flags = shlex.split(args.cflags) if args.cflags else None
+    result = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, args.runs,
+                                       keep_io=stage if args.keep_io else None)
+    report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
+    lines += result.lines()
+    if args.keep_io:
+        lines.append(f"kept: {args.out}/input.bin (the checked input) and {args.out}/reference.bin (the reference output), "
+                     f"float32 NCHW: {args.out}/{sources.name} {args.out}/input.bin out.bin, then compare out.bin with reference.bin")
+    ok = result.ok
+    if args.sanitize:
+        clean = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, 1, sanitize=True)
+        report["sanitized"] = {"ok": clean.ok}
+        lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
+        ok = ok and clean.ok
+    return report, lines, ok
+
+
+def _export_mcu(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:
+    from dataclasses import asdict
+
+    import tightfit
+    from tightfit.export import mcu
+    from tightfit.export.build import write_files
+    from tightfit.units import parse_size
+
+    write_files(sources, stage)
+    built = mcu.build_mcu(stage, sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
+                          stage / f"{sources.name}-{args.target}.elf")
+    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
+                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
+                    "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
+    report["mcu"]["elf"] = str(Path(args.out) / built.elf.name)
+    lines = [f"exported {sources.steps} steps to {args.out}/", built.memory_report()]
+    if not args.check:
+        return report, lines, True
+    got = tightfit.api.check_export_mcu(plan_, graphs, built, keep_io=stage if args.keep_io else None)
+    report["mcu_check"] = asdict(got)
+    lines.append(got.summary())
+    return report, lines, got.ok
 
 
 COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit,

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tightfit.analysis.memory import ModelMemory
-from tightfit.errors import OptionError
 from tightfit.plan.lifetimes import buffer_tensors, lifetimes, live_at
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import PAGE_BYTES
@@ -304,27 +303,20 @@ def fit_plot(o: FitOutcome, path: Path) -> None:
     plt.close(fig)
 
 
-def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
-    """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
-    moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
+def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any], force: bool = False) -> None:
+    """plan.json, report.json, report.txt and memory.png, written into a staged folder that takes
+    `out`'s place when complete (nothing partial on disk; an existing non-empty `out` is replaced,
+    whole, only with `force`; a file is never replaced)."""
     import json
-    import os
 
     from tightfit import atomic
     from tightfit.plan import schema
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise OptionError(f"--out {out} is a file, not a folder")
-    with atomic.temporary_dir(out) as tmp:  # OSError: one line (atomic.OutputError), nothing left
+    with atomic.output_folder(out, force) as tmp:  # OSError: one line (atomic.OutputError), nothing left
         from tightfit.api import portable
 
         (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(fit_text(r) + "\n")
         fit_plot(o, tmp / "memory.png")
-        if not out.exists():
-            os.replace(tmp, out)
-            return
-        for f in tmp.iterdir():  # each file whole: renamed over the old one
-            f.replace(out / f.name)
