@@ -264,6 +264,8 @@ def write_plan(plan_, path: str | Path) -> None:
     from tightfit.plan import schema
 
     path = Path(path)
+    if path.is_dir():
+        raise atomic.OutputError(f"{path} is a folder; a plan is one JSON file: name one, e.g. {path / 'plan.json'}")
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 

@@ -23,6 +23,44 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line (OptionError: exit 2, no usage block), and a value that
+    starts with '-' and a digit (`--budget -5kB`, `--seed -1`) is read as a value, to be judged by
+    the option itself, not taken for an unknown option."""
+
+    def error(self, message: str):
+        hint = f" (see `{self.prog} --help`)" if "unrecognized arguments" in message or "required" in message else ""
+        raise OptionError(message + hint)
+
+    def _parse_optional(self, arg_string):
+        if arg_string[:1] == "-" and (arg_string[1:2].isdigit() or arg_string[1:2] == "."):
+            return None
+        return super()._parse_optional(arg_string)
+
+
+def _number(kind: type, what: str, low: float | None = None, high: float | None = None, low_open: bool = False):
+    """An argparse type: a finite number of `kind` within [low, high] (low excluded with low_open)."""
+    import math
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {what}")
+        return value
+
+    return parse
+
+
+COUNT = _number(int, "a whole number of at least 1", 1)
+SECONDS = _number(float, "a number of seconds above 0", 0, low_open=True)
+SEED = _number(int, f"a whole number from 0 to {2**32 - 1}", 0, 2**32 - 1)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (see `tightfit zoo`), path to .onnx, or package.module:factory")
     p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs)")
@@ -35,7 +73,10 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tightfit", description="Make CNN inference fit a memory budget.")
+    from tightfit import __version__
+
+    parser = Parser(prog="tightfit", description="Make CNN inference fit a memory budget.")
+    parser.add_argument("--version", action="version", version=f"tightfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("zoo", help="list the built-in models")
@@ -45,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16, int8")
     p.add_argument("--workspace", default="torch", help="scratch model: torch (our kernels, default), darknet (MAFAT eq. 2.1), none")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
@@ -54,20 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--method", default="reuse", help="a technique: " + ", ".join(f"{t.name} ({t.summary})" for t in TECHNIQUES.values())
                    + "; or naive (every tensor its own buffer); default reuse")
-    p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
+    p.add_argument("--rows", type=COUNT, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
     p.add_argument("--hold", default="", help="with --method parts: layers (ID or NAME,...) whose outputs are held whole, "
                    "computed before their readers start (cuts the stream of windows in two)")
     p.add_argument("--budget", help="with --method parts, tiling or vbs: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
     p.add_argument("--tiling", help="with --method tiling: groups FIRST-LAST:NxM[:reuse|:recompute],... (layer ids), e.g. 0-7:5x5,8-15:2x2")
     p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
-    p.add_argument("--latency", type=float, help="with --method vbs: seconds that the samples of any pivot step may take at most")
+    p.add_argument("--latency", type=SECONDS, help="with --method vbs: seconds that the samples of any pivot step may take at most")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
     _search_args(p)
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--out", help="write the plan here (JSON)")
     p.add_argument("--layout-map", action="store_true", help="print the arena layout")
     p.add_argument("--json", action="store_true")
@@ -76,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--phases", default="", help="phases per layer: ID=P,NAME=P,... or 'max' (one row per phase everywhere)")
     p.add_argument("--source-rows", default="", help="rows the input source delivers per phase, e.g. 24,8")
-    p.add_argument("--source-phases", type=int, help="the input arrives in this many equal row bands")
-    p.add_argument("--itemsize", type=int, default=1, help="bytes per token (default 1, as the paper's examples)")
+    p.add_argument("--source-phases", type=COUNT, help="the input arrives in this many equal row bands")
+    p.add_argument("--itemsize", type=COUNT, default=1, help="bytes per token (default 1, as the paper's examples)")
     p.add_argument("--format", default="dot", choices=("dot", "sdf3", "summary"))
 
     p = sub.add_parser("run", help="run a model (reference executor) or a plan.json (arena executor)")
@@ -97,12 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("speed", "memory"), default="speed",
                    help="with --min-fps: the fastest plan that fits (speed, the default) or the smallest whose measured "
                         "fps meet the minimum (memory); without it, the fastest")
-    p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
+    p.add_argument("--seed", type=SEED, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
-    p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
+    p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
     _search_args(p)
@@ -120,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build with cc, run on the reference executor's seeded input, compare, measure the whole process")
     p.add_argument("--cc", help="C compiler for --check (default $CC or cc)")
     p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
-    p.add_argument("--runs", type=int, default=5, help="with --check: runs timed (the median is printed)")
+    p.add_argument("--runs", type=COUNT, default=5, help="with --check: runs timed (the median is printed)")
     p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
     p.add_argument("--keep-io", action="store_true",
                    help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
@@ -133,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--time-limit", type=float, default=60.0,
+    p.add_argument("--time-limit", type=SECONDS, default=60.0,
                    help="seconds of search (default 60; profiling new step shapes not counted): then the best found")
     p.add_argument("--progress", action="store_true",
                    help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")

@@ -211,7 +211,7 @@ def fit_report(o: FitOutcome) -> dict[str, Any]:
         "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
         "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
         "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
-        "search_seconds": o.search_seconds, "threads": o.threads,
+        "search_seconds": o.search_seconds, "search_timing": o.timing, "threads": o.threads,
         "chosen_by": o.choice.rule if o.choice else "", "timed_fps": list(o.choice.measured_fps) if o.choice else [],
         "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
                    "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
@@ -233,12 +233,12 @@ def fit_report(o: FitOutcome) -> dict[str, Any]:
 def fit_text(r: dict[str, Any]) -> str:
     c = r["chosen"]
     what = "with parameters" if r["with_params"] else "run memory (arena + kernel temporaries)"
-    verdict = "fits" if r["fits"] else "does NOT fit (best effort: the closest plan)"
     within = (f"in {_mb(r['budget_bytes'])}" if r["budget_bytes"] is not None
               else f"at min fps {', '.join(f'{f:g}' for f in r['min_fps'])}, the smallest")
-    lines = [f"fit {' + '.join(r['cnns'])} {within}, {what}: {verdict}"
+    lines = [f"fit {' + '.join(r['cnns'])} {within}, {what}: {_verdict(r)}"
              + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
-             f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
+             f"  {_counted_line(r)}",
+             f"  {_search_line(r)}",
              f"  chosen: {'; '.join(c['techniques'])}",
              f"  chosen by {r['chosen_by']}",
              f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
@@ -246,8 +246,9 @@ def fit_text(r: dict[str, Any]) -> str:
     if "measured_memory_bytes" in c:
         # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
         small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
-        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} +/- {human(c['measured_uncertainty_bytes'])} "
-                     f"(fresh process, peak above the loaded model"
+        low, high = _measured_range(c)
+        lines.append(f"          measured {_mb(c['measured_memory_bytes'])}, between {_mb(low)} and {_mb(high)} "
+                     f"(+/- {human(c['measured_uncertainty_bytes'])}; fresh process, peak above the loaded model"
                      f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
     lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
                  f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
@@ -274,6 +275,41 @@ def fit_text(r: dict[str, Any]) -> str:
     for p in r["front"]:
         lines.append(f"    {p['memory_bytes'] / MB:9.3f} | {', '.join(f'{f:.1f}' for f in p['predicted_fps'])} | {'; '.join(p['techniques'])}")
     return "\n".join(lines)
+
+
+def _measured_range(c: dict[str, Any]) -> tuple[int, int]:
+    m, u = c["measured_memory_bytes"], c["measured_uncertainty_bytes"]
+    return max(m - u, 0), m + u
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """"fits" where the measurement confirms it too; "fits (analysed)" where its uncertainty is
+    larger than the margin under the budget, so only the analysis can say."""
+    if not r["fits"]:
+        return "does NOT fit (best effort: the closest plan)"
+    c = r["chosen"]
+    if r["budget_bytes"] is None or "measured_memory_bytes" not in c:
+        return "fits"
+    return "fits" if _measured_range(c)[1] <= r["budget_bytes"] else "fits (analysed: the measurement's uncertainty exceeds the margin)"
+
+
+def _counted_line(r: dict[str, Any]) -> str:
+    weights = f"{human(r['param_bytes'])}"
+    if r["with_params"]:
+        return f"budget covers the weights ({weights}) and the activations (arena + kernel temporaries)"
+    return f"budget covers activations (the weights, {weights}, are not counted; --with-params counts them)"
+
+
+def _search_line(r: dict[str, Any]) -> str:
+    t = r.get("search_timing") or {}
+    line = f"searched {r['evaluated']} plans in {r['search_seconds']:.1f} s"
+    if not t:
+        return line
+    limit = f" of the {t['time_limit']:g} s limit" if t.get("time_limit") else " (no limit)"
+    line += f": search {t['search_seconds']:.1f} s{limit}, profiling {t['profiled_shapes']} new step shapes {t['profiling_seconds']:.1f} s"
+    if t["passes"] > 1:
+        line += f", finding them {t['finding_seconds']:.1f} s ({t['passes'] - 1} more search passes)"
+    return line + " (profiling is not counted in the limit)"
 
 
 def fit_plot(o: FitOutcome, path: Path) -> None:
