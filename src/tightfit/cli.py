@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true", help="measure peak memory in a fresh process")
     p.add_argument("--enforce", action="store_true", help="run a plan under RLIMIT_DATA = loaded baseline + limit")
     p.add_argument("--limit", help="with --enforce: the limit above the loaded baseline (default: analysed peak + margin)")
+    p.add_argument("--input", help="run on this input, not a seeded random one: .npy, or raw NCHW float32 or int8 "
+                   "(every CNN's input one after another, as the exported program reads it)")
+    p.add_argument("--output", help="write the outputs here: .npy (one output), .npz (by name) or raw float32 "
+                   "(every output one after another, as the exported program writes them)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("fit", help="search every technique for the plan that fits a budget; run, verify, measure, report")
@@ -420,9 +424,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # onnxruntime (--verify) holds the model's weights and activations a second time.
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if args.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if args.verify else ""))
-    x = random_input(graph)
+    x = tightfit.api.read_inputs(args.input, [graph.shape(graph.inputs[0])])[0] if args.input else random_input(graph)
     result = tightfit.run(graph, x)
     report = run_report(graph, result)
+    if args.output:
+        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, list(result.outputs.items()))}
     if args.verify:
         from tightfit.verify import verify_with_onnxruntime
 
@@ -464,10 +470,14 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         report["enforced_run_bytes"] = m.run_bytes
     elif args.limit:
         raise OptionError("--limit goes with --enforce")
-    xs = tightfit.api.plan_inputs(graphs, plan_)
+    shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
+    xs = tightfit.api.read_inputs(args.input, shapes) if args.input else tightfit.api.plan_inputs(graphs, plan_)
     outs, seconds = tightfit.api.execute(plan_, graphs, xs)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
+    if args.output:
+        named = [(k if len(outs) == 1 else f"cnn{m}_{k}", v) for m, o in enumerate(outs) for k, v in o.items()]
+        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, named)}
     if args.verify:
         from tightfit.runtime.reference import run_reference
         from tightfit.verify import compare

@@ -80,7 +80,12 @@ def run_text(report: dict[str, Any]) -> str:
         m = report["measured"]
         lines.append(f"  measured peak above loaded baseline: {_measured(m)} (analysed layer-by-layer peak "
                      f"{human(report['analysed_layer_peak_bytes'])}); run {m['seconds'] * 1e3:.1f} ms")
-    return "\n".join(lines)
+    return "\n".join(lines + _written(report))
+
+
+def _written(report: dict[str, Any]) -> list[str]:
+    w = report.get("written")
+    return [f"  outputs written to {w['file']}: {w['outputs']}"] if isinstance(w, dict) else []
 
 
 def _measured(m: dict[str, Any]) -> str:
@@ -132,7 +137,7 @@ def plan_run_text(r: dict[str, Any]) -> str:
     if "measured" in r:
         m = r["measured"]
         lines.append(f"  measured peak above loaded baseline: {_measured(m)} (analysed {human(r['analysed_peak_bytes'])})")
-    return "\n".join(lines)
+    return "\n".join(lines + _written(r))
 
 
 def vbs_text(r: dict[str, Any], graph) -> str:

@@ -57,7 +57,7 @@ class Built:
     binary: Path
     text: int      # code (`size`'s text includes the read-only data: the const weights in c mode)
     data: int
-    bss: int       # the arena is in bss (main.c's static array)
+    bss: int       # static data of the program and libc (the arena is allocated at start, main.c)
     stack_bound: int  # sum of every function's static frame: no recursion, so no chain is deeper
 
 
