@@ -614,18 +614,24 @@ def _export_mcu(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[s
 
     import tightfit
     from tightfit.export import mcu
-    from tightfit.export.build import write_files
     from tightfit.units import parse_size
 
-    write_files(sources, stage)
-    built = mcu.build_mcu(stage, sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
-                          stage / f"{sources.name}-{args.target}.elf")
+    project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
+    built = mcu.build_project(stage, project)
     report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
                     "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
                     "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
     report["mcu"]["elf"] = str(Path(args.out) / built.elf.name)
-    lines = [f"exported {sources.steps} steps to {args.out}/", built.memory_report()]
+    lines = [f"exported {sources.steps} steps to {args.out}/ as a {args.target} firmware project: the library "
+             f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
+             f"build: make -C {args.out}   run under qemu: make -C {args.out} run-qemu "
+             f"(reads {args.out}/input.bin, writes {args.out}/output.bin: float32 NCHW)",
+             built.memory_report()]
     if not args.check:
+        return report, lines, True
+    if built.qemu_problem:
+        report["mcu_check"] = {"ran": False, "why": built.qemu_problem}
+        lines.append(f"--check not run: {built.qemu_problem}")
         return report, lines, True
     got = tightfit.api.check_export_mcu(plan_, graphs, built, keep_io=stage if args.keep_io else None)
     report["mcu_check"] = asdict(got)
