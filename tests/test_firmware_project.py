@@ -5,6 +5,7 @@ are the user's numbers; a failure leaves nothing."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,3 +99,46 @@ def test_mobilenet_v2_for_a_cortex_m7_with_16_mib_of_flash_builds(tmp_path, caps
     assert main(["export", str(plan), "--out", str(out), "--target", "cortex-m7", "--ram", "8MiB", "--flash", "16MiB"]) == 0
     said = capsys.readouterr().out
     assert (out / "mobilenet_v2_cortex-m7.elf").is_file() and "FLASH" in said
+
+
+@needs_toolchain
+def test_fit_for_a_cortex_m7_fits_the_arena_to_what_the_ram_leaves(tmp_path, capsys):
+    out = tmp_path / "fw"
+    assert main(["fit", "minakova5", "--target", "cortex-m7", "--ram", "20KiB", "--flash", "256KiB", "--export", str(out),
+                 "--time-limit", "5"]) == 0
+    said = capsys.readouterr().out
+    assert "budget: what --ram 20KiB leaves after the 8192 B stack" in said and "firmware project" in said
+    built = mcu.build_project(out, mcu.Project("minakova5", "cortex-m7", 20 * KIB, 256 * KIB, 8192, 0, ()))
+    assert built.ram_used <= 20 * KIB and built.arena <= 20 * KIB - 8192
+    assert (out / "Makefile").is_file() and (out / "startup_cortex_m.S").is_file()
+
+
+@needs_toolchain
+def test_fit_fits_again_when_the_programs_data_overflows_the_ram(tmp_path, capsys, monkeypatch):
+    """The first guess of the program's own RAM is made too small on purpose: the link overflows,
+    and fit chooses a plan smaller by as much."""
+    import tightfit.cli as cli
+
+    monkeypatch.setattr(cli, "RAM_RESERVE", -2048)
+    ram = 8192 + 8192 + 64  # the stack, minakova5's layer-by-layer arena (8 KiB): no room for the program's data
+    assert main(["fit", "minakova5", "--target", "cortex-m7", "--ram", str(ram), "--flash", "256KiB",
+                 "--export", str(tmp_path / "fw"), "--time-limit", "5", "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert "the program's own data took 48 B more RAM; fitting again to 8128 B" in captured.err
+    used = int(re.search(r"RAM (\d+) B of (\d+) B \(arena (\d+) B", captured.out).group(1))
+    assert used <= ram
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--ram", "20KiB", "--flash", "256KiB"], "needs --ram, --flash and --export"),
+    (["--ram", "8KiB", "--flash", "256KiB", "--export", "x"], "leaves nothing for the arena"),
+    (["--ram", "20KiB", "--flash", "4KiB", "--export", "x"], "the weights alone"),
+    (["--ram", "20KiB", "--flash", "256KiB", "--export", "x", "--budget", "4kB"], "leave out --budget"),
+])
+def test_fit_target_mistakes_are_one_line(tmp_path, capsys, monkeypatch, argv, said):
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["fit", "minakova5", "--target", "cortex-m7", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
+    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
+                   help="with --export: a microcontroller; the budget is then what --ram leaves after the stack and the "
+                        "program's data, and --export is a firmware project built for --ram and --flash")
+    p.add_argument("--ram", help="with a cortex-m --target: the RAM of the device, e.g. 512KiB")
+    p.add_argument("--flash", help="with a cortex-m --target: the flash of the device (weights and code), e.g. 2MiB")
     _search_args(p)
     p.add_argument("--json", action="store_true")
 
@@ -499,40 +504,120 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
-def cmd_fit(args: argparse.Namespace) -> int:
-    from tightfit import fit as F
+def _fit_options(args: argparse.Namespace) -> int | None:
+    """The run-memory budget: --budget, or with a cortex-m target what --ram leaves after the
+    stack and the program's other data (its first guess: RAM_RESERVE)."""
+    from tightfit import atomic
     from tightfit.units import parse_size
 
-    from tightfit import atomic
-
-    budget = parse_size(args.budget) if args.budget is not None else None
     for option, folder in (("--out", args.out), ("--export", args.export)):
         if folder:  # refused now, not after minutes of search
             atomic.check_output_folder(folder, args.force, option)
     if args.out and args.export and os.path.abspath(args.out) == os.path.abspath(args.export):
         raise OptionError("--out and --export name the same folder: give each its own")
+    if args.target == "host":
+        if args.ram or args.flash:
+            raise OptionError("--ram and --flash go with a cortex-m --target")
+        return parse_size(args.budget) if args.budget is not None else None
+    from tightfit.export import mcu
+
+    if not (args.ram and args.flash and args.export):
+        raise OptionError(f"--target {args.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
+    if args.budget is not None or args.with_params or args.min_fps:
+        raise OptionError(f"with --target {args.target} the budget is what --ram leaves (the weights live in --flash): "
+                          "leave out --budget, --with-params and --min-fps")
+    left = parse_size(args.ram) - mcu.DEFAULT_STACK_BYTES - RAM_RESERVE
+    if left <= 0:
+        raise OptionError(f"--ram {args.ram} leaves nothing for the arena after the {mcu.DEFAULT_STACK_BYTES} B stack")
+    return left
+
+
+RAM_RESERVE = 256  # bytes of RAM first set aside for the test program's own .data/.bss (measured: ~112)
+FIT_TRIES = 3      # a RAM overflow at link time lowers the arena budget by as much and fits again
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from tightfit import fit as F
+
+    budget = _fit_options(args)
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
                          allow_code=args.allow_code)
-    try:
-        outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        thorough=args.thorough,
-                        objective=args.objective, time_limit=args.time_limit, say=_say(args))
-    except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
-        print(f"tightfit: internal error: {e}", file=sys.stderr)
-        return 1
-    from tightfit.report import fit_report, fit_text, write_fit_outputs
+    if args.target != "host":
+        from tightfit.units import human, parse_size
 
-    report = fit_report(outcome)
+        weights = F.param_bytes(app)
+        if weights >= parse_size(args.flash):  # known now: no search for a program that cannot fit
+            raise OptionError(f"the weights alone ({weights} B, {human(weights)}) do not fit --flash {args.flash}")
+    for attempt in range(FIT_TRIES):
+        try:
+            outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
+                            thorough=args.thorough, objective=args.objective, time_limit=args.time_limit, say=_say(args))
+        except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
+            print(f"tightfit: internal error: {e}", file=sys.stderr)
+            return 1
+        from tightfit.export.errors import DoesNotFitError
+        from tightfit.report import fit_report, fit_text, write_fit_outputs
+
+        report = fit_report(outcome)
+        if args.target != "host":
+            report["target_budget"] = (f"budget: what --ram {args.ram} leaves after the {mcu_stack()} B stack and the "
+                                       f"program's own data: {budget} B")
+        try:
+            if args.export:
+                report["exported"] = _fit_export(args, outcome)
+            break
+        except DoesNotFitError as e:
+            if not e.ram_overflow or e.flash_overflow or attempt == FIT_TRIES - 1:
+                raise
+            # The program's data took more than set aside: a plan smaller by as much as it overflowed.
+            budget = min(budget, outcome.memory_bytes) - -(-e.ram_overflow // 64) * 64
+            _say(args)(f"fit: the program's own data took {e.ram_overflow} B more RAM; fitting again to {budget} B")
     if args.out:
         write_fit_outputs(outcome, args.out, report, args.force)
         report["written"] = args.out
-    if args.export:
-        from tightfit.export import export
-
-        sources = export(outcome.plan, outcome.app.graphs, args.export, force=args.force)
-        report["exported"] = {"folder": args.export, "name": sources.name, "steps": sources.steps}
-    print(json.dumps(report, indent=1) if args.json else fit_text(report))
+    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join([fit_text(report), *_exported_lines(report)]))
     return 0
+
+
+def _fit_export(args: argparse.Namespace, outcome) -> dict:
+    """The chosen plan exported into --export: the host C program, or with a cortex-m target the
+    firmware project, built (whole or not at all)."""
+    from dataclasses import asdict
+
+    from tightfit import atomic
+    from tightfit.export import default_name, generate
+    from tightfit.export.build import write_files
+
+    weights = "c" if args.target != "host" else "auto"
+    sources = generate(outcome.plan, outcome.app.graphs, default_name(outcome.plan), weights)
+    with atomic.output_folder(args.export, args.force, "--export") as stage:
+        if args.target == "host":
+            write_files(sources, stage)
+            return {"folder": args.export, "name": sources.name, "steps": sources.steps}
+        from tightfit.export import mcu
+        from tightfit.units import parse_size
+
+        project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
+        built = mcu.build_project(stage, project)
+        return {"folder": args.export, "name": sources.name, "steps": sources.steps, "target": args.target,
+                "memory": built.memory_report(), "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
+
+
+def mcu_stack() -> int:
+    from tightfit.export import mcu
+
+    return mcu.DEFAULT_STACK_BYTES
+
+
+def _exported_lines(report: dict) -> list[str]:
+    e = report.get("exported")
+    if not e:
+        return []
+    if "target" not in e:
+        return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
+    return [f"  {report['target_budget']}",
+            f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
+            f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
 
 
 def _export_options(args: argparse.Namespace) -> None:

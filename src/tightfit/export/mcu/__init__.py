@@ -499,7 +499,7 @@ def _raise_build_failure(
         explained.append(_ram_overflow(unbounded, overflows["RAM"], ram_bytes))
     if "FLASH" in overflows:
         explained.append(_flash_overflow(unbounded, overflows["FLASH"], flash_bytes))
-    raise DoesNotFitError(f"{core.name}: " + "; ".join(explained))
+    raise DoesNotFitError(f"{core.name}: " + "; ".join(explained), overflows.get("RAM", 0), overflows.get("FLASH", 0))
 
 
 def _unbounded_build(
