@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(every output one after another, as the exported program writes them)")
     p.add_argument("--json", action="store_true")
 
+    _fit_parser(sub)
+    _export_parser(sub)
+    return parser
+
+
+def _fit_parser(sub) -> None:
     p = sub.add_parser("fit", help="search every technique for the plan that fits a budget; run, verify, measure, report")
     _model_args(p)
     p.add_argument("--budget", help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters); "
@@ -158,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     _search_args(p)
     p.add_argument("--json", action="store_true")
 
+
+def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
     p.add_argument("plan", help="a plan made by `tightfit plan --out` or `tightfit fit --out`")
     _allow_code_arg(p)
@@ -175,11 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-io", action="store_true",
                    help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
     p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="host (default) or a microcontroller, linked with arm-none-eabi-gcc and run under qemu with --check")
-    p.add_argument("--ram", help="with a cortex-m target: the RAM the program may use, e.g. 512KiB")
-    p.add_argument("--flash", help="with a cortex-m target: the flash, e.g. 2MiB")
+                   help="host (default), or a microcontroller: --out is then a firmware project (library, startup code, "
+                        "linker script, test main, semihosting shim, Makefile with run-qemu), built with arm-none-eabi-gcc "
+                        "and with --check run under qemu")
+    p.add_argument("--ram", help="with a cortex-m target: the device's RAM, e.g. 512KiB: it holds the stack (8 KiB), "
+                   "the program's data and the arena")
+    p.add_argument("--flash", help="with a cortex-m target: the device's flash, e.g. 2MiB: it holds the code and the weights")
     p.add_argument("--json", action="store_true")
-    return parser
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
