@@ -40,6 +40,7 @@ def _one_line(argv, capsys) -> str:
     (["fit", "minakova5", "--bugdet", "5kB"], "unrecognized arguments"),
     (["export", "x.json"], "--out"),
     (["fit", "minakova5", "--budget", "10kB", "--seed", "one"], "--seed"),
+    (["export", "x.json", "--out", "o", "--check", "--cflags", "-O2"], "is written --cflags=VALUE"),
 ])
 def test_bad_values_are_one_line(capsys, argv, said):
     assert said in _one_line(argv, capsys)

@@ -29,7 +29,12 @@ class Parser(argparse.ArgumentParser):
     the option itself, not taken for an unknown option."""
 
     def error(self, message: str):
+        import re
+
         hint = f" (see `{self.prog} --help`)" if "unrecognized arguments" in message or "required" in message else ""
+        dash = re.match(r"argument (--[\w-]+): expected one argument", message)
+        if dash:
+            hint = f" (a value that starts with '-' is written {dash.group(1)}=VALUE, e.g. {dash.group(1)}=-O2)"
         raise OptionError(message + hint)
 
     def _parse_optional(self, arg_string):
