@@ -83,7 +83,7 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
         raise ModelLoadError(f"external data could not be read: {e}") from None
 
 
-MIN_OPSET, MAX_OPSET = 6, 21  # 6: onnx's own pytorch-converted backend cases (tests/test_pytorch_converted.py)
+MIN_OPSET, MAX_OPSET = 1, 21  # older forms are read (opset 4's Reshape attribute: tests/test_zoo.py; opset 6: tests/test_pytorch_converted.py)
 
 
 def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
