@@ -197,12 +197,17 @@ def test_cli_export_bad_plan_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "c").exists() and not list(tmp_path.glob(".c.*"))
 
 
-def test_export_replaces_a_folder_whole(tmp_path):
+def test_export_replaces_a_folder_whole_only_with_force(tmp_path):
+    from tightfit.atomic import OutputError
+
     plan, graphs = tightfit.api.plan("minakova5")
     out = tmp_path / "c"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    export(plan, graphs, out, name="m")
+    with pytest.raises(OutputError, match="not empty: give --force"):
+        export(plan, graphs, out, name="m")
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    export(plan, graphs, out, name="m", force=True)
     assert not (out / "stale.txt").exists() and (out / "m.c").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["c"]
 

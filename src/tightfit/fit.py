@@ -59,6 +59,9 @@ class FitOutcome:
     measured: dict[str, Any] = field(default_factory=dict)
     threads: int = 1  # torch threads the plans were timed and run with
     choice: "Choice | None" = None  # how the plan was chosen among those that fit
+    # Where search_seconds went: the search itself (what --time-limit bounds) and the profiling of
+    # new step shapes between its passes (not bounded), with the limit it ran under.
+    timing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def counted_params(self) -> int:
@@ -201,7 +204,10 @@ def _fit(app: FitApp, budget_bytes: int | None, with_params: bool, min_fps: str 
         plan, analysis = placed.get(point.genes) or _placed(problem, point)
         naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
         outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, choice.met,
-                             naive, 0.0, search_seconds, choice=choice)
+                             naive, 0.0, search_seconds, choice=choice,
+                             timing={"search_seconds": profiling.search_seconds, "profiling_seconds": profiling.measure_seconds,
+                                     "finding_seconds": profiling.finding_seconds, "profiled_shapes": profiling.shapes,
+                                     "passes": profiling.passes, "time_limit": time_limit})
 
         def verified() -> None:
             outcome.max_abs_diff = verify(plan, graphs)

@@ -84,6 +84,9 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
         raise ModelLoadError(f"external data could not be read: {e}") from None
 
 
+MIN_OPSET, MAX_OPSET = 1, 21  # older forms are read (opset 4's Reshape attribute: tests/test_zoo.py; opset 6: tests/test_pytorch_converted.py)
+
+
 def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
                  fuse_batchnorm: bool = True, nchw_shape: bool = False) -> Graph:
     """`fuse_batchnorm=False` keeps every batch norm a layer of its own (with its ONNX node's
@@ -93,6 +96,9 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
+    if not MIN_OPSET <= opset <= MAX_OPSET:  # the range the importer's ops are written and tested for
+        raise ModelLoadError(f"{name}: ONNX opset {opset} is not supported: tightfit imports opsets {MIN_OPSET}-{MAX_OPSET} "
+                             f"(convert it with onnx.version_converter.convert_version(model, 17), or export again at opset 17)")
     check_wiring(model)
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
