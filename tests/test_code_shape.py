@@ -56,14 +56,15 @@ def _xfail(why: str):
     return pytest.mark.xfail(reason=why, strict=True)
 
 
-# Offenders outside this round's reach, each named in its reason (issue 41).
-PENDING_LINES = {"face": _xfail("cli.py build_parser (92 lines): the command layer, reshaped by issue 37")}
+# Offenders left to issue 41's point 2 (one options object per command, a staged pipeline), each
+# named in its reason.
+PENDING_LINES: dict = {}
 PENDING_PARAMETERS = {
-    "face": _xfail("api.py plan (18), api.py check_export (10), fit.py fit (16): the command layer, issue 37"),
+    "face": _xfail("api.py plan (18), api.py check_export (11), fit.py fit (16): the command layer, issue 41 point 2"),
     "techniques": _xfail("techniques/fit/optimize.py search (12): fit.py passes its options through **search_options "
-                         "(issue 37's options object takes them)"),
-    "export": _xfail("export/__init__.py check (9): the export's face, issue 37"),
-    "ops": _xfail("ops/native.py conv_call (9): the kernel binding, moving to src/tightfit/kernels/"),
+                         "(issue 41 point 2's options object takes them)"),
+    "export": _xfail("export/__init__.py check (9), export/mcu write_mcu_sources (9): the export's face, issue 41 point 2"),
+    "ops": _xfail("ops/native.py conv_call (9): the torch-side binding, gone once the executor runs on src/tightfit/kernels/"),
 }
 
 
