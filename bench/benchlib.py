@@ -6,15 +6,19 @@
   count (other work shared the cores: such a time is slower, and noisier, than the machine's);
   `load_mark(load)` the same for a load sampled earlier (timings taken over several rounds).
 - `verdict()`: "yes" only when every condition of a target holds, else "NO (" the failed ones ")".
+- `docs_section()`: with `--write-docs` (`add_write_docs`), what the bench printed replaces its
+  generated section of docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
-
-import torch
+from typing import Iterator, Sequence
 
 
 def cpu_model() -> str:
@@ -61,11 +65,20 @@ def header(title: str, profile_id: str | None = None) -> None:
 
         profile_id = current()
     print(f"{title}")
-    print(f"machine: {cpu_model()}, {cores()} cores; torch threads {torch.get_num_threads()}; "
+    print(f"machine: {cpu_model()}, {cores()} cores; torch threads {_torch_threads()}; "
           f"cost profile {profile_id}")
     print(f"load average at start: {_loads()}{'  (loaded: timings below are marked)' if is_loaded() else ''}")
     print("(a timing taken while the 1-minute load average exceeds the core count is marked [loaded])", flush=True)
     atexit.register(lambda: print(f"\nload average at end: {_loads()}", flush=True))
+
+
+def _torch_threads() -> str:
+    """torch's intra-op threads, where torch (an optional extra) is installed."""
+    try:
+        import torch
+    except ImportError:
+        return "- (not installed)"
+    return str(torch.get_num_threads())
 
 
 def _loads() -> str:
@@ -88,3 +101,81 @@ def verified(plan, g) -> tuple[bool, str]:
         return True, ""
     except VerificationFailed as e:
         return False, f"outputs not verified: {e}"
+
+
+# --- figures written into docs/benchmarks.md ------------------------------------------------------
+# A bench run with --write-docs replaces its own generated section of docs/benchmarks.md with what
+# it printed, so a figure there changes with a rerun, never with prose.
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def add_write_docs(ap) -> None:
+    """The --write-docs flag, the same on every bench that records its figures."""
+    ap.add_argument("--write-docs", action="store_true",
+                    help=f"also write what this run prints into its section of {DOCS.relative_to(DOCS.parents[1])}")
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """`text` with the section `<!-- bench:NAME -->...<!-- /bench:NAME -->` replaced by `body`
+    (appended at the end if the section is not there yet). A section marked twice, or whose end
+    comes before its start, is a ValueError: which one to replace is not clear."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    i, j = text.find(begin), text.find(end)
+    if text.count(begin) > 1 or text.count(end) > 1 or (i < 0) != (j < 0) or j < i:
+        raise ValueError(f"docs section bench:{name} is not marked exactly once, start before end")
+    if i < 0:
+        return text.rstrip("\n") + "\n\n" + block + "\n"
+    return text[:i] + block + text[j + len(end):]
+
+
+def write_docs(name: str, body: str, path: Path | None = None) -> None:
+    """Replace the section `name` of `path` (docs/benchmarks.md) with `body`, the file written
+    whole or not at all."""
+    from tightfit.atomic import write_text
+
+    path = DOCS if path is None else path
+    write_text(path, replace_section(path.read_text(), name, body))
+
+
+class _Tee:
+    def __init__(self, stream) -> None:
+        self.stream, self.parts = stream, []
+
+    def write(self, s: str) -> int:
+        self.parts.append(s)
+        return self.stream.write(s)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, attr):
+        return getattr(self.stream, attr)
+
+
+@contextmanager
+def docs_section(name: str, enabled: bool, command: str) -> Iterator[None]:
+    """Print as usual; if `enabled` and the block ends without an error, what it printed becomes
+    the section `name` of docs/benchmarks.md, headed by the command, the date and the commit."""
+    if not enabled:
+        yield
+        return
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee
+    try:
+        yield
+    finally:
+        sys.stdout = tee.stream
+    head = f"Written by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} at commit {_commit()}:"
+    write_docs(name, head + "\n\n```text\n" + "".join(tee.parts).strip("\n") + "\n```")
+    print(f"(written into {DOCS}, section bench:{name})")
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=DOCS.parents[1], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -44,7 +44,8 @@ from tightfit.frontend import corpus  # noqa: E402
 from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
 from tightfit.graph.ir import Graph  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
-from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 from tightfit.runtime.reference import random_input, run_reference  # noqa: E402
 from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
 

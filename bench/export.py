@@ -165,7 +165,7 @@ def references(row: Row) -> list[np.ndarray]:
 def prepare_c(row: Row, work: Path) -> None:
     """Export, build, run once by rows: outputs compared, whole-process peak."""
     row.folder = work / row.label.replace(" ", "_").replace("/", "of")
-    sources = export(row.plan, row.graphs, row.folder)
+    sources = export(row.plan, row.graphs, row.folder, force=True)  # a --keep folder of an earlier run
     chk = check_export(row.plan, row.graphs, sources, row.folder, runs=1)
     row.c_ok, row.c_diff, row.c_peak, row.limit = chk.ok, chk.max_abs_diff, chk.peak_rss, chk.budget_bytes
     row.arena, row.weights = chk.arena_bytes, chk.weight_bytes
@@ -393,7 +393,7 @@ def part2(args, work: Path) -> None:
             results.append((label, budget_mib, None))
             continue
         folder = work / f"mafat-{budget_mib or 'reuse'}"
-        sources = export(p, g, folder)
+        sources = export(p, g, folder, force=True)
         chk = check_export(p, g, sources, folder, runs=1)
         limited = {kind: prlimit_run(chk, p, g, sources, folder, kind, budget_mib) for kind in ("data", "as")} if budget_mib else {}
         results.append((label, budget_mib, (chk, limited, p, g, sources)))
@@ -471,7 +471,7 @@ def fit_yolov2_16(budget_mib: int, work: Path) -> Path:
     fit_budget = budget_mib * MiB - FIT_MARGIN
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tightfit.cli", "fit", "yolov2-16", "--budget", str(fit_budget),
-                           "--with-params", "--best-effort", "--out", str(folder), "--json"], capture_output=True, text=True)
+                           "--with-params", "--best-effort", "--out", str(folder), "--force", "--json"], capture_output=True, text=True)
     took = time.perf_counter() - t0
     if done.returncode != 0:
         print(f"  {budget_mib} MiB: fit to {human(fit_budget)} (with params) stopped after {took:.0f} s: "

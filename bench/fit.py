@@ -42,13 +42,14 @@ import time
 import torch
 
 import tightfit
-from benchlib import header, loaded, verdict
+from benchlib import add_write_docs, docs_section, header, loaded, verdict
 from tightfit import fit as F
 from tightfit.analysis.csdf import max_phases
-from tightfit.plan import windows
+from tightfit.techniques import windows
 from tightfit.techniques.fit import FitApp
-from tightfit.plan.parts import plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.cost import CostModel
 
 MB = 1e6
@@ -244,7 +245,15 @@ def main() -> int:
     ap.add_argument("--constraints", default=None, help="only these rows of ours: MB values and/or min, e.g. 15,min")
     ap.add_argument("--timing-only", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    add_write_docs(ap)
     args = ap.parse_args()
+    shown = " ".join(["python bench/fit.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    with docs_section("fit", args.write_docs, shown):
+        return run(args)
+
+
+def run(args) -> int:
+    """The table and the densenet121 timing, as the options ask."""
     torch.set_num_threads(1)  # steadier timings on a shared machine; the cost model is profiled so too
     cost = CostModel.default()
     header(__doc__.splitlines()[0], cost.id)

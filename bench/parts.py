@@ -46,9 +46,10 @@ from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
-from tightfit.plan.parts import phases_for_rows, plan_parts
+from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
 from tightfit.techniques.parts.phase_search import plan_point, search_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import header, is_loaded, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, docs_section, header, is_loaded, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
@@ -59,10 +59,11 @@ VBS_REQUEST = 4
 def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool, cost) -> list[tuple[str, str, object]]:
     """(technique, label, plan) for one model."""
     import tightfit
-    from tightfit.plan.deadline import Deadline
+    from tightfit.techniques.deadline import Deadline
     from tightfit.techniques.parts.phase_search import plan_point as parts_plan, search_parts
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
-    from tightfit.techniques.tiling import cost_seconds, plan_point as tiling_plan, search_tiling
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
+    from tightfit.techniques.tiling import TilingOptions, cost_seconds, plan_point as tiling_plan, search_tiling
 
     g = tightfit.load(name)
     model = PlannedModel(g, name)
@@ -74,9 +75,9 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
         found = search_parts(model, lambda p: cost.plan_seconds(p, [g]), budget, deadline=Deadline.after(time_limit))
         plans.append(("parts", _label(f, found.fits, found.timed_out), parts_plan(model, found.chosen)))
         try:
-            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0, deadline=Deadline.after(time_limit))
+            found = search_tiling(model, cost_seconds(cost, g), budget, options=TilingOptions(front_points=0), deadline=Deadline.after(time_limit))
         except KeyError:  # the search fails when time is up before its plain segments are planned
-            found = search_tiling(model, cost_seconds(cost, g), budget, front_points=0)
+            found = search_tiling(model, cost_seconds(cost, g), budget, options=TilingOptions(front_points=0))
         plans.append(("tiling", _label(f, found.fits, found.timed_out) + " " + found.chosen.config.spec[:28], tiling_plan(model, found.chosen)))
     if vbs:
         plans += vbs_plans(name, cost)
@@ -86,7 +87,8 @@ def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool,
 def vbs_plans(name: str, cost) -> list[tuple[str, str, object]]:
     import tightfit
     from tightfit.errors import BudgetError
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
 
     g = tightfit.load(name)
     budget = run_memory(plan_reuse(PlannedModel(g, name, VBS_REQUEST))) // 2
@@ -179,12 +181,20 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)),
                     help="the core that profiles, searches and runs the plans (-1: wherever the scheduler puts them)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    add_write_docs(ap)
     args = ap.parse_args()
     if args.cpu != -1 and args.cpu not in os.sched_getaffinity(0):
         ap.error(f"--cpu {args.cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))} (or -1)")
     if args.one:
         one_model(args.one, args)
         return
+    shown = " ".join(["python bench/predict.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    with docs_section("predict", args.write_docs, shown):
+        all_models(args, names)
+
+
+def all_models(args, names) -> None:
+    """Every model in a child process of its own, then the error per technique and the verdict."""
     torch.set_num_threads(1)
     header(__doc__.splitlines()[0])
     models = [m for m in (args.models.split(",") if args.models else names()) if m not in args.skip.split(",")]

@@ -31,7 +31,8 @@ from tightfit.frontend import zoo
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.place import planner_names
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor, set_input
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import load_params, run_reference

@@ -47,9 +47,10 @@ import tightfit  # noqa: E402
 from benchlib import header, loaded, verdict, verified  # noqa: E402
 from tightfit.plan import schema  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
-from tightfit.plan.reuse import PlannedModel, plan_reuse  # noqa: E402
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 from tightfit.techniques.tiling import (TileGroup, TilingSetting, cost_seconds, format_tiling, plan_point,  # noqa: E402
-                                  plan_tiling, search_tiling, step_memory, tiling_point)
+                                  plan_tiling, search_tiling, TilingOptions, step_memory, tiling_point)
 from tightfit.runtime.cost import CostModel  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import measure_subprocess  # noqa: E402
@@ -134,7 +135,7 @@ def part_mafat(runs: int, tmp: Path, budgets_mib: tuple[int, ...] = BUDGETS_MIB)
     cost = CostModel(None)
     budgets = {b: b * MiB - params for b in budgets_mib}
     t0 = time.perf_counter()
-    found = search_tiling(model, cost_seconds(cost, g), None, extra_budgets=[v for v in budgets.values() if v > 0])
+    found = search_tiling(model, cost_seconds(cost, g), None, options=TilingOptions(extra_budgets=[v for v in budgets.values() if v > 0]))
     cost.save()
     search_s = time.perf_counter() - t0
     print(f"yolov2-16: parameters {params / MiB:.2f} MiB (run time, batch norms folded; counted in every budget); "
@@ -283,7 +284,7 @@ def part_mcunet(runs: int) -> None:
     model = PlannedModel(g, "mobilenet_v2")
     no_time = lambda *a: 0.0  # noqa: E731  (int8 plans are accounted, not timed: smallest memory is asked)
     t0 = time.perf_counter()
-    tiled = search_tiling(model, no_time, 1, dtype="int8", front_points=0, parts=False).chosen
+    tiled = search_tiling(model, no_time, 1, options=TilingOptions(front_points=0, parts=False), dtype="int8").chosen
     tiling_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     parts = search_parts(model, no_time, 1, dtype="int8").chosen

@@ -29,8 +29,8 @@ import torch
 import tightfit
 from benchlib import header, loaded, verdict, verified
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel
-from tightfit.techniques.vbs.graph_dp import (DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.vbs.graph_dp import (VbsSettings, DEFAULT_UNIT_BYTES, PAPER_UNIT_BYTES, baseline, fbs_steps, make_problem,
                                      plan_schedule, predicted_seconds, run_memory, search_vbs, smallest_feasible_budget,
                                      solve_problem)
 from tightfit.runtime.cost import CostModel
@@ -62,8 +62,7 @@ def bench_model(name: str, request: int, budgets: int, repeats: int, cost: CostM
     rows = []
     for k in range(budgets):
         budget = int(least + (full - least) * k / max(budgets - 1, 1))
-        vbs = search_vbs(problem.model, None, budget, cost, problem=problem, lookup=False, margin=MIXED_SCHEDULE_ERROR,
-                         fbs_margin=UNIFORM_SCHEDULE_ERROR)
+        vbs = search_vbs(problem.model, budget, cost, settings=VbsSettings(lookup=False, margin=MIXED_SCHEDULE_ERROR, fbs_margin=UNIFORM_SCHEDULE_ERROR), problem=problem)
         source = vbs.plan.knobs["source"] if vbs.plan.knobs["source"] == "dp" else f"b={vbs.plan.knobs['batch']}"
         fbs = baseline(problem, budget, "fbs")
         greedy = baseline(problem, budget, "greedy")

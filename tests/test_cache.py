@@ -131,7 +131,8 @@ MEASURER = """
     from pathlib import Path
     import torch
     import tightfit
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.runtime.cost import CostModel, step_key
     torch.set_num_threads(1)
     g = tightfit.load("minakova5")

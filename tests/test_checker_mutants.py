@@ -35,7 +35,8 @@ from tightfit.graph.ir import Graph
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, PlanError, Step
 from tightfit.runtime.executor import ArenaExecutor, buffer_view
 from tightfit.runtime.reference import random_input, run_reference

@@ -22,8 +22,9 @@ from tightfit.errors import UnsupportedOpsError
 from tightfit.frontend import corpus
 from tightfit.frontend.onnx_import import load_onnx
 from tightfit.plan.check import check_plan
-from tightfit.plan.parts import phases_for_rows, plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.reference import random_input, run_reference
 from tightfit.verify import verify_with_onnxruntime
 
@@ -149,10 +150,9 @@ def test_fit_half_the_reuse_arena(name, opset):
 def test_tiling_search_stopped_by_its_deadline_answers():
     """Found by the corpus under load: a tiling search whose deadline passed before the fine
     space had its layer-by-layer options for the new cut points failed with KeyError."""
-    from tightfit.plan.deadline import Deadline
-    from tightfit.techniques.tiling import search_tiling
+    from tightfit.techniques.deadline import Deadline
+    from tightfit.techniques.tiling import TilingOptions, search_tiling
 
     g = load_onnx(corpus.onnx_path("squeezenet1_1", 17))
-    found = search_tiling(PlannedModel(g, "squeezenet1_1"), lambda plan, steps: float(len(steps)), 1,
-                          front_points=0, deadline=Deadline.after(0.0))
+    found = search_tiling(PlannedModel(g, "squeezenet1_1"), lambda plan, steps: float(len(steps)), 1, options=TilingOptions(front_points=0), deadline=Deadline.after(0.0))
     assert found.timed_out and found.chosen.memory_bytes > 0

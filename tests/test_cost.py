@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import tightfit
-
-from tightfit.plan.parts import phases_for_rows, plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime import cost
 from tightfit.analysis import predict
 from tightfit.analysis.predict import bytes_since_same_key, cold_fetches, footprints, step_key

@@ -14,7 +14,8 @@ from tightfit.cli import main
 from tightfit.export.step_args import Array, Context, Struct, View, step_args
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import run_reference

@@ -197,12 +197,17 @@ def test_cli_export_bad_plan_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "c").exists() and not list(tmp_path.glob(".c.*"))
 
 
-def test_export_replaces_a_folder_whole(tmp_path):
+def test_export_replaces_a_folder_whole_only_with_force(tmp_path):
+    from tightfit.atomic import OutputError
+
     plan, graphs = tightfit.api.plan("minakova5")
     out = tmp_path / "c"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    export(plan, graphs, out, name="m")
+    with pytest.raises(OutputError, match="not empty: give --force"):
+        export(plan, graphs, out, name="m")
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    export(plan, graphs, out, name="m", force=True)
     assert not (out / "stale.txt").exists() and (out / "m.c").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["c"]
 
@@ -217,8 +222,8 @@ def test_parts_overlay_plan(tmp_path):
     """A whole tensor written over the dead rows of one still read (plan/overlay.py): the C steps
     run in the plan's order, so the overlay holds as in the executor."""
     from test_overlay import PHASES, _Stage
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.reuse import PlannedModel
+    from tightfit.techniques.parts.planner import plan_parts
+    from tightfit.techniques.interface import PlannedModel
 
     g = tightfit.load(_Stage(), (1, 1, 16, 16))
     plan = plan_parts(PlannedModel(g, "stage"), PHASES)

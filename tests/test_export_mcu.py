@@ -207,12 +207,42 @@ def test_weights_larger_than_the_flash_fail_at_link_time(tmp_path):
         mcu.build_mcu(library, "fake", "cortex-m4", 64 * KIB, 2 * KIB, tmp_path / "fake.elf")
 
 
-def test_sizes_beyond_the_board_are_refused(tmp_path):
+def test_sizes_beyond_the_memory_map_are_refused(tmp_path):
     library = write_fake_library(tmp_path / "lib")
-    with pytest.raises(ExportError, match=r"--ram 8 MiB = 8388608 B is not within the mps2-an500 board's 4 MiB"):
-        mcu.build_mcu(library, "fake", "cortex-m7", 8 * 2**20, 2**20, tmp_path / "fake.elf")
+    with pytest.raises(ExportError, match=r"--ram 1024 MiB = 1073741824 B is not within the 512 MiB = 536870912 B SRAM region"):
+        mcu.build_mcu(library, "fake", "cortex-m7", 2**30, 2**20, tmp_path / "fake.elf")
     with pytest.raises(ExportError, match="unknown microcontroller target 'cortex-m0'"):
         mcu.build_mcu(library, "fake", "cortex-m0", 64 * KIB, 2**20, tmp_path / "fake.elf")
+
+
+@pytest.mark.parametrize("target, ram, flash, origins", [
+    ("cortex-m7", 64 * KIB, 2**20, (0x00000000, 0x20000000, False)),
+    ("cortex-m7", 64 * KIB, 8 * 2**20, (0x60000000, 0x20000000, True)),   # flash in the PSRAM, vectors at 0
+    ("cortex-m7", 8 * 2**20, 2**20, (0x00000000, 0x60000000, False)),     # RAM in the PSRAM
+    ("cortex-m4", 8 * 2**20, 2**20, (0x00000000, 0x21000000, False)),
+])
+def test_the_board_memory_map_that_holds_the_users_sizes(target, ram, flash, origins):
+    layout = mcu.choose_layout(mcu.mcu_target(target), ram, flash)
+    assert (layout.flash_origin, layout.ram_origin, layout.boot) == origins and layout.why_not is None
+
+
+@needs_toolchain
+@pytest.mark.parametrize("ram, flash", [(64 * KIB, 8 * 2**20), (6 * 2**20, 2**20)])
+def test_a_program_beyond_the_boards_first_memories_runs_in_its_psram(tmp_path, ram, flash):
+    library = write_fake_library(tmp_path / "lib")
+    built = mcu.build_mcu(library, "fake", "cortex-m7", ram, flash, tmp_path / "fake.elf")
+    assert built.qemu_problem is None and built.flash_bytes == flash and built.ram_bytes == ram
+    x = some_input()
+    np.testing.assert_allclose(mcu.run_qemu(built, x, timeout_s=30), x.ravel() + np.exp(WEIGHT), rtol=2e-6, atol=2e-6)
+
+
+@needs_toolchain
+def test_sizes_no_board_map_holds_build_and_say_why_qemu_cannot_run(tmp_path):
+    library = write_fake_library(tmp_path / "lib")
+    built = mcu.build_mcu(library, "fake", "cortex-m7", 8 * 2**20, 8 * 2**20, tmp_path / "fake.elf")
+    assert built.elf.is_file() and "cannot hold --flash 8 MiB" in built.qemu_problem
+    with pytest.raises(ExportError, match="cannot run under qemu: qemu's mps2-an500 has 4 MiB"):
+        mcu.run_qemu(built, some_input())
 
 
 @needs_toolchain

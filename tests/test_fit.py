@@ -263,10 +263,10 @@ def test_a_large_cnn_is_searched_quickly_unless_thorough(monkeypatch):
     quick = searched(False)
     assert quick.spaces[0].quick and len(FitProblem._layer_seeds(quick.spaces[0])) == 3
     assert not any(c.technique == "parts" for c in quick.spaces[0].candidates)
-    assert max(n for n, m in asked[0]["grids"]) == T.QUICK_GRID_LIMIT
-    assert asked[0]["cuts"] == T.candidate_cuts(app.graphs[0], T.QUICK_CUTS)
+    assert max(n for n, m in asked[0]["options"].grids) == T.QUICK_GRID_LIMIT
+    assert asked[0]["options"].cuts == T.candidate_cuts(app.graphs[0], T.QUICK_CUTS)
     assert len(quick.points) <= len(quick.seeds()) + 4  # the seeds and the combinations of the smallest
     full = searched(True)
-    assert not full.spaces[0].quick and "grids" not in asked[1]
+    assert not full.spaces[0].quick and asked[1]["options"].grids is None
     assert any(c.technique == "parts" for c in full.spaces[0].candidates)
     assert len(full.points) > len(quick.points)

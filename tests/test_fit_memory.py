@@ -128,7 +128,7 @@ def test_the_memory_side_ignores_the_time_guided_candidates(tmp_path):
     """A source offers its smallest plan (exact) and, where a budget is met, its fastest pick
     (time-guided: whether it differs from the smallest depends on the profile). Neither the
     memory side's seeds nor the choice to enumerate the space may change with that pick."""
-    from tightfit.plan.reuse import plan_reuse
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.fit.space import Candidate
 
     app = small_app("two CNNs", tmp_path)

@@ -1,4 +1,4 @@
-"""The layering: imports in src/tightfit point one way and form no cycle (README, Layout).
+"""The layering: imports in src/tightfit point one way and form no cycle (docs/design.md, Layout).
 
 Every import is read from the source with `ast` (module level and inside functions, `import x`,
 `from x import y`, relative imports), so an import hidden in a function to dodge a cycle counts.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -15,10 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = "tightfit"
 
-# The one rule table: layer -> the other layers its modules may import (a layer's modules may
-# import each other). README's Layout section shows the same table (checked below). A subpackage
-# of tightfit is its own layer; top-level modules are the face or the base. The techniques are,
-# for now, the modules of plan/ outside the plan format (PLAN_FORMAT), until they get a package.
+# The one rule table: folder -> the other folders its modules may import (a folder's modules may
+# import each other). A subpackage of tightfit is its folder; the modules directly in tightfit/
+# are the face (cli, api, report, ...; the package's own __init__ is the face's door), except the
+# base: the top-level modules that import only each other (errors, units, ...), which any folder
+# may import. No file is named here: a module's folder, or for a top-level module what it
+# imports, says where it stands. docs/design.md shows the same table (checked below).
 ALLOWED: dict[str, set[str]] = {
     "face": {"techniques", "frontend", "analysis", "plan", "runtime", "export", "ops", "graph", "base"},
     "techniques": {"analysis", "plan", "ops", "graph", "base"},
@@ -31,10 +34,6 @@ ALLOWED: dict[str, set[str]] = {
     "graph": {"base"},
     "base": set(),
 }
-PLAN_FORMAT = {"schema", "check", "lifetimes", "offsets", "overlay", "place"}
-FACE = {"tightfit", "tightfit.api", "tightfit.cli", "tightfit.report", "tightfit.fit", "tightfit.verify",
-        "tightfit.vbs_calibration", "tightfit._child"}
-BASE = {"tightfit.errors", "tightfit.units", "tightfit.cache", "tightfit.tolerance", "tightfit.atomic", "tightfit.children"}
 
 
 def module_files(src: Path) -> dict[str, Path]:
@@ -85,19 +84,40 @@ def import_graph(src: Path = SRC) -> dict[str, set[str]]:
     return {name: imported_modules(name, path, set(files)) for name, path in files.items()}
 
 
-def layer_of(module: str) -> str | None:
-    if module in FACE:
-        return "face"
-    if module in BASE:
-        return "base"
-    parts = module.split(".")  # a subpackage's name; a top-level module not in FACE or BASE has none
-    if parts[1:2] == ["plan"] and len(parts) > 2 and parts[2] not in PLAN_FORMAT:
-        return "techniques"
-    return parts[1] if parts[1] in ALLOWED and parts[1] not in ("face", "base") else None
+def base_modules(graph: dict[str, set[str]]) -> set[str]:
+    """The largest set of top-level modules (not the package's __init__) that import only each
+    other: the base, which every folder may use because it reaches back into none."""
+    base = _top_level(graph)
+    while True:
+        leaving = {m for m in base if not graph[m] <= base}
+        if not leaving:
+            return base
+        base -= leaving
 
 
-def unit_of(module: str) -> str:
-    """The node of the package graph: a layer, but each face or base module by itself."""
+def _top_level(graph: dict[str, set[str]]) -> set[str]:
+    """Modules that are files directly in tightfit/ (a subpackage's __init__ is its folder's)."""
+    packages = {m.split(".")[1] for m in graph if m.count(".") >= 2}
+    return {m for m in graph if m.count(".") == 1 and m.split(".")[1] not in packages}
+
+
+def layering(graph: dict[str, set[str]]) -> Callable[[str], str | None]:
+    """module -> its layer: its folder, or for a top-level module the face or the base."""
+    base, top = base_modules(graph), _top_level(graph)
+
+    def layer_of(module: str) -> str | None:
+        if module in base:
+            return "base"
+        if module == PACKAGE or module in top:
+            return "face"
+        folder = module.split(".")[1]
+        return folder if folder in ALLOWED else None
+
+    return layer_of
+
+
+def unit_of(module: str, layer_of: Callable[[str], str | None]) -> str:
+    """The node of the folder graph: a folder, but each face or base module by itself."""
     layer = layer_of(module)
     return module if layer in ("face", "base", None) else layer
 
@@ -138,13 +158,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    layer_of = layering(graph)
     out: dict[str, set[str]] = {}
     for m, targets in graph.items():
-        out.setdefault(unit_of(m), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(m))
+        unit = unit_of(m, layer_of)
+        out.setdefault(unit, set()).update(unit_of(t, layer_of) for t in targets if unit_of(t, layer_of) != unit)
     return out
 
 
 def against_direction(graph: dict[str, set[str]]) -> list[str]:
+    layer_of = layering(graph)
     return [f"{m} ({layer_of(m)}) imports {t} ({layer_of(t)})" for m, targets in sorted(graph.items())
             for t in sorted(targets) if layer_of(t) != layer_of(m) and layer_of(t) not in ALLOWED.get(layer_of(m), set())]
 
@@ -155,14 +178,22 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_every_module_has_a_layer(graph):
+    layer_of = layering(graph)
     assert [m for m in graph if layer_of(m) is None] == []
+
+
+def test_the_base_is_what_the_layers_below_use(graph):
+    """The base found by the rule holds the modules every layer needs (errors at least), and no
+    module of a folder is in it."""
+    base = base_modules(graph)
+    assert f"{PACKAGE}.errors" in base and all(m.count(".") == 1 for m in base)
 
 
 def test_no_cycle_between_modules(graph):
     assert cycles(graph) == []
 
 
-def test_no_cycle_between_packages(graph):
+def test_no_cycle_between_folders(graph):
     assert cycles(package_graph(graph)) == []
 
 
@@ -170,14 +201,16 @@ def test_no_edge_against_the_direction(graph):
     assert against_direction(graph) == []
 
 
-def test_readme_shows_the_rule_table():
-    text = (ROOT / "README.md").read_text()
+def test_the_table_itself_has_no_cycle():
+    assert cycles({k: set(v) for k, v in ALLOWED.items()}) == []
+
+
+def test_design_doc_shows_the_rule_table():
+    text = (ROOT / "docs" / "design.md").read_text()
     block = re.search(r"<!-- import-rules -->\n(.*?)<!-- /import-rules -->", text, re.S)
-    assert block, "README's Layout section lost its import-rules block"
+    assert block, "docs/design.md's Layout section lost its import-rules block"
     rows = [line.split() for line in block.group(1).splitlines()[1:] if line.strip()]
     assert {row[0]: set(row[1:]) - {"-"} for row in rows} == ALLOWED
-    listed = re.search(r"<!-- plan-format -->(.*?)<!-- /plan-format -->", text, re.S)
-    assert listed and set(re.findall(r"plan/(\w+)\.py", listed.group(1))) == PLAN_FORMAT
 
 
 def write_package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -198,16 +231,20 @@ def test_the_walk_finds_imports_in_functions_relative_and_submodules(tmp_path):
         "plan/__init__.py": "",
         "plan/check.py": "def g():\n    from tightfit.plan.overlay import x\n",
         "plan/overlay.py": "from .check import g\n",
-        "plan/order.py": "",
+        "errors.py": "",
+        "atomic.py": "from tightfit.errors import E\n",
+        "cli.py": "from tightfit.atomic import x\nfrom tightfit.techniques import order\n",
+        "techniques/__init__.py": "",
+        "techniques/order.py": "from tightfit.plan.check import g\n",
         "runtime/__init__.py": "",
-        "runtime/executor.py": "from tightfit.plan.schema import Plan\nfrom tightfit.plan import order\n",
+        "runtime/executor.py": "from tightfit.plan.schema import Plan\nfrom tightfit.techniques import order\n",
     })
     g = import_graph(src)
     assert g["tightfit.graph.ir"] == {"tightfit.ops.conv"}
     assert g["tightfit.ops"] == {"tightfit.ops.conv"}
     assert g["tightfit.ops.conv"] == {"tightfit.graph.ir", "tightfit.ops"}
-    assert cycles(g) == [["tightfit.graph.ir", "tightfit.ops", "tightfit.ops.conv"],
-                         ["tightfit.plan.check", "tightfit.plan.overlay"]]
+    assert sorted(cycles(g)) == [["tightfit.graph.ir", "tightfit.ops", "tightfit.ops.conv"],
+                                 ["tightfit.plan.check", "tightfit.plan.overlay"]]
     assert cycles(package_graph(g)) == [["graph", "ops"]]
     assert against_direction(g) == ["tightfit.graph.ir (graph) imports tightfit.ops.conv (ops)",
-                                    "tightfit.runtime.executor (runtime) imports tightfit.plan.order (techniques)"]
+                                    "tightfit.runtime.executor (runtime) imports tightfit.techniques.order (techniques)"]

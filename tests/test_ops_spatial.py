@@ -367,8 +367,9 @@ def test_unet_through_pytorch_plans_match():
     ref = run_reference(g, x)[g.outputs[0]]
     with torch.no_grad():
         assert compare(ref, module(x)).ok
-    from tightfit.plan.parts import plan_parts, phases_for_rows
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.parts.planner import plan_parts, phases_for_rows
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.tiling import parse_tiling, plan_tiling
 
     model = PlannedModel(g, "unet")

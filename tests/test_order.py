@@ -1,4 +1,4 @@
-"""Tests for tightfit.plan.order (memory-aware topological ordering)."""
+"""Tests for tightfit.techniques.reuse.order (memory-aware topological ordering)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tightfit.plan.order import (
+from tightfit.techniques.reuse.order import (
     OrderModel,
     greedy_order,
     identity_order,

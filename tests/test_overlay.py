@@ -13,8 +13,8 @@ import tightfit
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import block_positions
-from tightfit.plan.parts import plan_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.parts.planner import PartsOptions, plan_parts
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import PlanError
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import run_reference
@@ -51,7 +51,7 @@ def _guest(plan) -> schema.Buffer:
 
 def test_overlay_takes_dead_rows_and_computes_the_reference(stage):
     g, model = stage
-    with_overlay, without = plan_parts(model, PHASES), plan_parts(model, PHASES, overlay=False)
+    with_overlay, without = plan_parts(model, PHASES), plan_parts(model, PHASES, options=PartsOptions(overlay=False))
     guest = _guest(with_overlay)
     host = with_overlay.buffers[guest.overlay[0]]
     assert guest.shape[1:] == (8, 8, 8) and host.shape[1:] == (8, 16, 16)  # the pool's output in the first conv's
@@ -139,11 +139,11 @@ def doubling():
 
 def test_overlay_across_channel_counts_computes_the_reference(doubling):
     g, model = doubling
-    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD)
+    plan = plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(held=HELD))
     guest = _guest(plan)
     host = plan.buffers[guest.overlay[0]]
     assert (guest.shape[1], host.shape[1]) == (8, 4)  # the second pool's output in the first pool's
-    assert check_plan(plan, [g]).peak_bytes < check_plan(plan_parts(model, DOUBLING_PHASES, 32, held=HELD, overlay=False),
+    assert check_plan(plan, [g]).peak_bytes < check_plan(plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(held=HELD, overlay=False)),
                                                          [g]).peak_bytes
     x = torch.randn(g.shape(g.inputs[0]))
     out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
@@ -152,7 +152,7 @@ def test_overlay_across_channel_counts_computes_the_reference(doubling):
 
 def test_checker_tags_overlays_across_channel_counts_by_their_common_cell(doubling):
     g, model = doubling
-    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD)
+    plan = plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(held=HELD))
     guest = _guest(plan)
     host = plan.buffers[guest.overlay[0]]
     # Half a guest position (4 channels, the common cell) later than the host's last rows: its
@@ -166,8 +166,8 @@ def test_checker_tags_overlays_across_channel_counts_by_their_common_cell(doubli
 
 def test_a_held_tensor_is_whole_and_complete_before_it_is_read(doubling):
     g, model = doubling
-    plan = plan_parts(model, DOUBLING_PHASES, 32, held=HELD, overlay=False)
-    streamed = plan_parts(model, DOUBLING_PHASES, 32, overlay=False)
+    plan = plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(held=HELD, overlay=False))
+    streamed = plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(overlay=False))
     tensor = g.layers[HELD[0]].output
     steps = plan.steps()
     writes = [i for i, s in enumerate(steps) if s.out.tensor == tensor]

@@ -14,8 +14,9 @@ from tightfit.analysis.csdf import max_phases
 from tightfit.ops import get_op
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
-from tightfit.plan.parts import phases_for_rows, plan_parts
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.parts.planner import PartsOptions, phases_for_rows, plan_parts
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import run_reference
 from tightfit.verify import compare
@@ -66,7 +67,7 @@ def test_max_phases_run_and_shrink_the_arena(name):
 def test_rows_per_phase(rows):
     g = tightfit.load("mobilenet_v1_025")
     phases, source = phases_for_rows(g, rows)
-    p = plan_parts(PlannedModel(g, "m"), phases, source, slack_rows=rows % 2)
+    p = plan_parts(PlannedModel(g, "m"), phases, source, options=PartsOptions(slack_rows=rows % 2))
     check_plan(p, [g])
     x = torch.randn(g.shape(g.inputs[0]))
     assert compare(_run(p, g, x), run_reference(g, x)[g.outputs[0]]).ok
@@ -119,7 +120,7 @@ def test_aligned_rows_hold_one_band_plus_halo():
     halo where equal parts hold two bands."""
     from tightfit.analysis.csdf import split_rows
     from tightfit.graph.ir import spatial
-    from tightfit.plan.parts import aligned_rows
+    from tightfit.techniques.parts.planner import aligned_rows
 
     g = tightfit.load("mobilenet_v1_025")
     phases = {l: 8 for l, p in max_phases(g).items() if p >= 8}
@@ -128,7 +129,7 @@ def test_aligned_rows_hold_one_band_plus_halo():
     for lid, r in rows.items():
         assert len(r) == 8 and sum(r) == spatial(g.shape(g.layers[lid].output))[0] and min(r) >= 1
     model = PlannedModel(g, "m")
-    aligned = plan_parts(model, phases, 8, align=True)
+    aligned = plan_parts(model, phases, 8, options=PartsOptions(align=True))
     equal = plan_parts(model, phases, 8)
     first = g.layers[0].output  # 3x3 stride-2 conv, 112 rows in 8 bands of 14
     rows_held = [p.buffers[next(s.out.buffer for s in p.steps() if s.out.tensor == first)].shape[2]

@@ -15,9 +15,10 @@ from tightfit.ops import get_op
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.offsets import lower_bound
-from tightfit.plan.parts import plan_parts
+from tightfit.techniques.parts.planner import PartsOptions, plan_parts
+from tightfit.techniques.parts import phase_search
 from tightfit.techniques.parts.phase_search import _peak_tensors, plan_point, search_parts
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,7 +62,7 @@ def brute():
     points = []
     for phases, source in every_setting(g):
         # A setting's plan is the better of aligned rows and equal parts (as the search takes it).
-        plans = [plan_parts(model, phases, source, "greedy_by_size", align=a) for a in (True, False)]
+        plans = [plan_parts(model, phases, source, "greedy_by_size", options=PartsOptions(align=a)) for a in (True, False)]
         p = min(plans, key=lambda p: peak(p, g))
         points.append((peak(p, g), seconds(p)))
     return g, model, seconds, points
@@ -76,25 +77,27 @@ QS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
 @pytest.mark.parametrize("limit, within", [(None, 1.0), (0, 1.10)])
-def test_fastest_within_budget_against_brute_force(brute, limit, within):
+def test_fastest_within_budget_against_brute_force(brute, limit, within, monkeypatch):
     """Exhaustive on a graph this small (the default): the optimum. The heuristic stages alone
     (no exhaustive pass): within 10% of the optimum time on this graph."""
     g, model, seconds, points = brute
-    kwargs = {} if limit is None else {"exhaustive_limit": limit}
+    if limit is not None:
+        monkeypatch.setattr(phase_search, "EXHAUSTIVE_LIMIT", limit)
     for budget in quantiles([m for m, _ in points], QS):
         best = min(t for m, t in points if m <= budget)
-        found = search_parts(model, seconds, budget, **kwargs)
+        found = search_parts(model, seconds, budget)
         assert found.fits and found.chosen.memory_bytes <= budget
         assert best <= found.chosen.seconds[0] + 1e-12 and found.chosen.seconds[0] <= within * best + 1e-12, budget
 
 
 @pytest.mark.parametrize("limit, within", [(None, 1.0), (0, 1.10)])
-def test_smallest_within_time_against_brute_force(brute, limit, within):
+def test_smallest_within_time_against_brute_force(brute, limit, within, monkeypatch):
     g, model, seconds, points = brute
-    kwargs = {} if limit is None else {"exhaustive_limit": limit}
+    if limit is not None:
+        monkeypatch.setattr(phase_search, "EXHAUSTIVE_LIMIT", limit)
     for max_seconds in quantiles([t for _, t in points], QS):
         best = min(m for m, t in points if t <= max_seconds)
-        found = search_parts(model, seconds, None, max_seconds, **kwargs)
+        found = search_parts(model, seconds, None, max_seconds)
         assert found.fits and found.chosen.seconds[0] <= max_seconds
         assert best <= found.chosen.memory_bytes <= within * best, max_seconds
 
@@ -155,7 +158,7 @@ def test_peak_tensors_name_the_arena_peak_and_the_largest_scratch(yolo):
     largest scratch is a conv band's zero-padded border rows; the edge Pad (layer 11) copies
     straight into its output and holds none."""
     g, model = yolo
-    plan = plan_parts(model, {lid: 16 for lid in range(8)}, 16, "greedy_by_size", align=True)
+    plan = plan_parts(model, {lid: 16 for lid in range(8)}, 16, "greedy_by_size", options=PartsOptions(align=True))
     life = lifetimes(plan, [g])
     arena, scratch = _peak_tensors(g, plan)
     steps = plan.steps()
@@ -189,7 +192,7 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     streamed."""
     from test_overlay import _Doubling
 
-    from tightfit.plan.parts import draft_parts
+    from tightfit.techniques.parts.planner import draft_parts
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.reference import run_reference
     from tightfit.verify import compare
@@ -199,7 +202,7 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     chosen = search_parts(model, step_cost([g]), None).chosen
     setting = chosen.config
     assert setting.held
-    streamed = draft_parts(model, setting.phases_dict(), setting.source_phases, align=setting.align)
+    streamed = draft_parts(model, setting.phases_dict(), setting.source_phases, options=PartsOptions(align=setting.align))
     plan = plan_point(model, chosen)
     assert check_plan(plan, [g]).peak_bytes == chosen.memory_bytes < peak(streamed, g)
     x = torch.randn(g.shape(g.inputs[0]))

@@ -11,9 +11,9 @@ from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
-from tightfit.plan.parts import plan_parts
+from tightfit.techniques.parts.planner import PartsOptions, plan_parts
 from tightfit.techniques.parts.phase_search import splittable_layers
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import run_reference
@@ -35,7 +35,7 @@ def test_zoo_model_by_parts(name, tmp_path):
     # Aligned rows (as the search plans) on most models; equal parts on every third, so both
     # ways of cutting rows run on every kind of layer.
     align = zoo.names().index(name) % 3 != 0
-    p = plan_parts(PlannedModel(g, name), phases, 4, align=align)
+    p = plan_parts(PlannedModel(g, name), phases, 4, options=PartsOptions(align=align))
     rep = check_plan(p, [g])
     x = torch.randn(g.shape(g.inputs[0]))
     outs = ArenaExecutor(p, [g], fill_nan=True).run(x)[0]

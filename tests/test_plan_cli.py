@@ -20,7 +20,7 @@ from tightfit.cli import main
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.place import planner_names
-from tightfit.plan.reuse import ORDERS
+from tightfit.techniques.reuse.planner import ORDERS
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import random_input, run_reference
 

@@ -28,10 +28,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.graph.ir import Graph
 from tightfit.frontend.onnx_import import import_model
-from tightfit.plan import reuse, schema
+from tightfit.plan import schema
+from tightfit.techniques.reuse import planner as reuse
 from tightfit.plan.check import check_plan
 from tightfit.plan.place import planner_names
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.reference import random_input, run_reference
 

@@ -7,8 +7,8 @@ import pytest
 
 import tightfit.fit as F
 from tightfit.analysis.predict import Predictor, Profile
-from tightfit.plan.deadline import Deadline
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.deadline import Deadline
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.interface import Config, Point, Problem, pareto
 from tightfit.techniques.registry import TECHNIQUES, fit_sources, technique
 
@@ -69,8 +69,8 @@ def test_vbs_stops_at_its_deadline_with_the_best_found():
     problem = DP(model, main_path(g), profile_seconds(model, cost, 3))
     least = smallest_feasible_budget(model, None, None, problem=problem)
     budget = (least + run_memory(plan_schedule(model, fbs_steps(problem, 3)))) // 2
-    free = search_vbs(model, None, budget, cost, problem=problem)
-    past = search_vbs(model, None, budget, cost, problem=problem, deadline=Deadline(0.0))
+    free = search_vbs(model, budget, cost, problem=problem)
+    past = search_vbs(model, budget, cost, problem=problem, deadline=Deadline(0.0))
     assert not free.timed_out and past.timed_out and past.lookup == ()
     assert past.fits and run_memory(past.plan) <= budget  # the uniform schedules still answer
 

@@ -12,11 +12,13 @@ from tightfit.cli import main
 from tightfit.errors import BudgetError
 from tightfit.frontend import zoo
 from tightfit.graph.ir import spatial
-from tightfit.plan import schema, windows
+from tightfit.plan import schema
+from tightfit.techniques import windows
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import lifetimes
-from tightfit.plan.reuse import PlannedModel, plan_reuse
-from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, candidate_cuts, cut_points, default_grids, executed_macs,
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
+from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, TilingOptions, candidate_cuts, cut_points, default_grids, executed_macs,
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
@@ -117,7 +119,7 @@ def test_search_prediction_equals_plan(name):
     g = GRAPHS.setdefault(name, tightfit.load(name))
     model = PlannedModel(g, name)
     budget = plan_reuse(model).arena_bytes // 4
-    found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(4), front_points=3)
+    found = search_tiling(model, _fake_seconds, budget, options=TilingOptions(max_groups=2, grids=default_grids(4), front_points=3))
     assert found.fits and found.chosen.memory_bytes <= budget and found.chosen.config.groups
     assert [p.memory_bytes for p in found.front] == sorted(p.memory_bytes for p in found.front)
     p = plan_tiling(model, found.chosen.config.groups)
@@ -141,8 +143,7 @@ def test_measured_peak_agrees(name, tiling, tmp_path):
 
 def test_search_below_every_configuration():
     g = GRAPHS.setdefault("mobilenet_v1_025", tightfit.load("mobilenet_v1_025"))
-    found = search_tiling(PlannedModel(g, "mobilenet_v1_025"), _fake_seconds, 1000, max_groups=2,
-                          grids=default_grids(3), front_points=0)
+    found = search_tiling(PlannedModel(g, "mobilenet_v1_025"), _fake_seconds, 1000, options=TilingOptions(max_groups=2, grids=default_grids(3), front_points=0))
     assert not found.fits and found.chosen.memory_bytes == found.smallest_bytes > 1000
 
 
@@ -242,11 +243,9 @@ def test_fine_space_below_the_coarse_space():
     name = "minakova5"
     g = GRAPHS.setdefault(name, tightfit.load(name))
     model = PlannedModel(g, name)
-    coarse = search_tiling(model, _fake_seconds, None, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
-                           front_points=0)
+    coarse = search_tiling(model, _fake_seconds, None, options=TilingOptions(max_groups=2, grids=default_grids(3), overlaps=("reuse",), front_points=0))
     budget = coarse.smallest_bytes - 1
-    found = search_tiling(model, _fake_seconds, budget, max_groups=2, grids=default_grids(3), overlaps=("reuse",),
-                          front_points=0, parts=False)
+    found = search_tiling(model, _fake_seconds, budget, options=TilingOptions(max_groups=2, grids=default_grids(3), overlaps=("reuse",), front_points=0, parts=False))
     assert found.fits and found.chosen.memory_bytes <= budget
     p = plan_tiling(model, found.chosen.config.groups)
     rep = check_plan(p, [g])
@@ -267,9 +266,9 @@ def test_parts_configuration_below_the_tile_space(monkeypatch):
     g = GRAPHS.setdefault(name, tightfit.load(name))
     model = PlannedModel(g, name)
     options = dict(max_groups=2, grids=default_grids(3), front_points=0)
-    budget = search_tiling(model, _fake_seconds, 1, **options).smallest_bytes
-    assert not search_tiling(model, _fake_seconds, budget, parts=False, **options).fits
-    found = search_tiling(model, _fake_seconds, budget, **options)
+    budget = search_tiling(model, _fake_seconds, 1, options=TilingOptions(**options)).smallest_bytes
+    assert not search_tiling(model, _fake_seconds, budget, options=TilingOptions(parts=False, **options)).fits
+    found = search_tiling(model, _fake_seconds, budget, options=TilingOptions(**options))
     assert found.fits and found.chosen.config.parts is not None and not found.chosen.config.groups
     assert found.chosen.memory_bytes <= budget and found.chosen.config.spec.startswith("parts ")
     p = plan_point(model, found.chosen)

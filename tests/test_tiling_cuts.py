@@ -8,8 +8,8 @@ import pytest
 import torch.nn as nn
 
 import tightfit
-from tightfit.plan.reuse import PlannedModel
-from tightfit.techniques.tiling import candidate_cuts, search_tiling, tileable
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.tiling import TilingOptions, candidate_cuts, search_tiling, tileable
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,7 +31,7 @@ def test_a_cut_follows_a_layer_that_cannot_be_tiled_and_the_coarse_space_fits():
     assert 1 in candidate_cuts(g)
     model = PlannedModel(g, "nhwc")
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
-    whole = search_tiling(model, seconds, None, overlaps=("recompute",), front_points=0, parts=False).chosen
+    whole = search_tiling(model, seconds, None, options=TilingOptions(overlaps=("recompute",), front_points=0, parts=False)).chosen
     # Recomputed overlap only, no parts: the fine space (reused overlap) cannot answer, the coarse must.
-    found = search_tiling(model, seconds, whole.memory_bytes // 2, overlaps=("recompute",), front_points=0, parts=False)
+    found = search_tiling(model, seconds, whole.memory_bytes // 2, options=TilingOptions(overlaps=("recompute",), front_points=0, parts=False))
     assert found.fits and found.chosen.config.groups and found.chosen.config.groups[0].first == 1

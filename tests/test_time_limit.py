@@ -8,11 +8,11 @@ import pytest
 import tightfit
 import tightfit.fit as F
 from tightfit.cli import main
-from tightfit.plan.deadline import Deadline
+from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import Constraints, FitProblem, search
 from tightfit.techniques.parts.phase_search import search_parts
-from tightfit.plan.reuse import PlannedModel
-from tightfit.techniques.tiling import search_tiling
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.tiling import TilingOptions, search_tiling
 from test_parts_search import step_cost
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -45,8 +45,8 @@ def test_tiling_search_stops_at_its_deadline_and_still_answers():
     g = tightfit.load("minakova5")
     model = PlannedModel(g, "minakova5")
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
-    full = search_tiling(model, seconds, 1, front_points=0, parts=False)
-    cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline.after(3, Ticks()))
+    full = search_tiling(model, seconds, 1, options=TilingOptions(front_points=0, parts=False))
+    cut = search_tiling(model, seconds, 1, options=TilingOptions(front_points=0, parts=False), deadline=Deadline.after(3, Ticks()))
     assert cut.timed_out and cut.evaluated < full.evaluated
     assert cut.smallest_bytes >= full.smallest_bytes and cut.chosen.memory_bytes == cut.smallest_bytes
 
@@ -63,7 +63,7 @@ def test_tiling_search_past_its_deadline_predicts_no_group_it_had_not_predicted(
         return 1e-4 * len(steps)
 
     # (20 clock reads: the deadline passes with 19 group options planned, 69 in the whole space)
-    cut = search_tiling(model, seconds, 1, front_points=4, parts=False, deadline=Deadline.after(20, Ticks()))
+    cut = search_tiling(model, seconds, 1, options=TilingOptions(front_points=4, parts=False), deadline=Deadline.after(20, Ticks()))
     assert cut.timed_out and cut.evaluated > 0 and cut.front
     assert len({id(p) for p in timed_plans}) == 1  # the layer-by-layer draft only
 
@@ -119,5 +119,5 @@ def test_tiling_search_past_its_deadline_from_the_start_answers_layer_by_layer(n
     g = tightfit.load(name)
     model = PlannedModel(g, name)
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
-    cut = search_tiling(model, seconds, 1, front_points=0, parts=False, deadline=Deadline(0.0))
+    cut = search_tiling(model, seconds, 1, options=TilingOptions(front_points=0, parts=False), deadline=Deadline(0.0))
     assert cut.timed_out and cut.evaluated == 0 and cut.chosen.memory_bytes == cut.smallest_bytes

@@ -158,7 +158,7 @@ def test_vbs_plan_runs_the_planned_sub_batches(kernel_runs):
 
     import tightfit
     from tightfit.plan.check import check_plan
-    from tightfit.plan.reuse import PlannedModel
+    from tightfit.techniques.interface import PlannedModel
     from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
     from tightfit.techniques.vbs.graph_dp import plan_schedule
     from tightfit.runtime.executor import ArenaExecutor

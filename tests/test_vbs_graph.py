@@ -17,9 +17,9 @@ from torch import nn
 
 import tightfit
 from tightfit.plan.check import check_plan
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.vbs.linear_dp import INF
-from tightfit.techniques.vbs.graph_dp import (Problem, Special, fbs_steps, main_path, plan_schedule, profile_seconds,
+from tightfit.techniques.vbs.graph_dp import (Problem, Special, VbsSettings, fbs_steps, main_path, plan_schedule, profile_seconds,
                                      run_memory, search_vbs, smallest_feasible_budget, solve_problem, baseline)
 
 
@@ -203,7 +203,7 @@ def test_dp_agrees_with_every_schedule_scored_by_analyser_and_cost_model(seed, b
         solved = solve_problem(problem, memory, unit)
         assert solved.per_sample(memory) == pytest.approx(best)
         budget = memory * unit + scratch
-        found = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
+        found = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=unit, lookup=False), problem=problem)
         if best == INF:
             assert not found.fits or found.plan.knobs["source"] == "uniform"
             continue
@@ -226,7 +226,7 @@ def test_fbs_is_in_the_space_and_counted_exactly():
         steps = fbs_steps(problem, b)
         report = check_plan(plan_schedule(model, steps), [g])
         budget = report.peak_bytes + output + 2 * unit * len(g.layers) + problem.scratch_bytes()
-        found = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
+        found = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=unit, lookup=False), problem=problem)
         assert found.fits and found.seconds_per_sample <= sum(problem.seconds[l][c] for l, c in steps) / problem.request + 1e-12
 
 
@@ -238,14 +238,14 @@ def test_fbs_margin_keeps_fbs_unless_the_gain_exceeds_it():
         unit = 256
         for peak in sorted({p for _, p in Walk(problem, unit).schedules()}):
             budget = peak * unit + problem.scratch_bytes()
-            free = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False)
+            free = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=unit, lookup=False), problem=problem)
             fbs = baseline(problem, budget, "fbs")
             if not free.fits or fbs[0] is None:
                 continue
             gain = (fbs[2] - free.seconds_per_sample) / fbs[2]
             gains.append(gain)
             for margin in (gain / 2, gain * 2 + 1e-9):
-                kept = search_vbs(model, None, budget, cost, unit, problem=problem, lookup=False, fbs_margin=margin)
+                kept = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=unit, lookup=False, fbs_margin=margin), problem=problem)
                 if gain > margin:
                     assert kept.steps == free.steps
                 else:
@@ -277,7 +277,7 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp
     least = smallest_feasible_budget(model, None, None, problem=problem)
     full = run_memory(plan_schedule(model, fbs_steps(problem, 3)))
     budget = (least + full) // 2
-    found = search_vbs(model, None, budget, cost, problem=problem)
+    found = search_vbs(model, budget, cost, problem=problem)
     assert found.fits and len({b for _, b in found.steps}) > 1
     report = check_plan(found.plan, [g])
     assert report.peak_bytes <= budget
@@ -331,16 +331,16 @@ def test_latency_bound_and_lookup_table():
 
     g, model, cost, problem = _oracle_case(1, True)
     budget = 10**6
-    free = search_vbs(model, None, budget, cost, 256, problem=problem)
+    free = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=256), problem=problem)
     levels = free.plan.knobs["lookup"]
     assert [t for _, t, _ in levels] == sorted((t for _, t, _ in levels), reverse=True)
     assert levels[-1][2] == {str(k): v for k, v in per_layer_profile(free.steps).items()}
     one = sum(problem.seconds[l][1] for l, _ in fbs_steps(problem, 1)) / problem.request  # a sample, layer by layer
-    bounded = search_vbs(model, None, budget, cost, 256, latency=one * 1.01, problem=problem, lookup=False)
+    bounded = search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=256, latency=one * 1.01, lookup=False), problem=problem)
     assert bounded.fits and bounded.seconds_per_sample >= free.seconds_per_sample
     assert all(problem.seconds[l][b] <= one * 1.01 for l, b in bounded.steps)
     tiny = min(min(s[1:]) for s in problem.seconds.values()) / 2
-    assert not search_vbs(model, None, budget, cost, 256, latency=tiny, problem=problem, lookup=False).fits
+    assert not search_vbs(model, budget, cost, settings=VbsSettings(unit_bytes=256, latency=tiny, lookup=False), problem=problem).fits
 
 
 def test_time_rounds_runs_each_distinct_plan_in_a_worker():

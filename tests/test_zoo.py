@@ -1,9 +1,11 @@
 """Every zoo model imports, runs in the reference executor and matches an independent runtime.
 
 DESIGN.md invariant 1 for the foundation: the executor's pre-softmax logits and one tensor about
-halfway through the layers match the torch module (torch-sourced models) or onnxruntime on the
+halfway through the layers match the torch module (torchvision models) or onnxruntime on the
 same ONNX bytes, within max abs diff <= 1e-4 x max abs value of the reference; the logits' std
 must be > 1e-3 so that the random weights do not make the check trivial.
+
+The table models and the ONNX zoo's are built without PyTorch (test_tables_need_no_torch).
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import math
 import numpy as np
 import onnx
 import pytest
-import torch
 
 from tightfit.frontend import zoo
 from tightfit.frontend.onnx_import import import_model
@@ -95,14 +96,15 @@ def test_zoo_lists_every_required_model():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", [pytest.param(e.name, marks=[pytest.mark.requires_torch] if e.source == "torchvision" else [])
+                                  for e in zoo.entries()])
 def test_zoo_model_matches_reference(name):
     graph = zoo.load(name)
     assert zoo.load(name) is graph  # cached: tests and tools import each model many times
     x = random_input(graph, seed=0)
     logits, mid = probe_tensors(graph)
     ours = run_reference(graph, x, keep=[logits, mid])
-    torch_sourced = not name.startswith("onnxzoo-")
+    torch_sourced = name in zoo.TORCHVISION
 
     # A mid-network tensor (and for ONNX-only models the logits) against onnxruntime on the same
     # ONNX bytes. Tensor names in the graph are the ONNX model's: a fused layer's output is its
@@ -114,12 +116,13 @@ def test_zoo_model_matches_reference(name):
         assert r <= RTOL, f"{name}: {t} differs from onnxruntime by {r:.2e} x max abs"
 
     if torch_sourced:
-        with torch.no_grad():
-            expected = zoo.torch_module(name)(x)
+        from tightfit.frontend.torch_import import run_module
+
+        expected = run_module(zoo.torch_module(name), np.asarray(x))
         r = diff_ratio(ours[graph.outputs[0]], expected)
         assert r <= RTOL, f"{name}: output differs from the torch module by {r:.2e} x max abs"
 
-    std = float(ours[logits].double().std())
+    std = float(np.asarray(ours[logits], dtype=np.float64).std())
     assert std > 1e-3 and math.isfinite(std), f"{name}: logits std {std} (weights make the check trivial)"
 
 
@@ -249,9 +252,9 @@ def test_exported_bytes_are_cached_on_disk(tmp_path, monkeypatch):
         zoo._onnx_bytes.cache_clear()
 
         def no_export(*a, **k):
-            raise AssertionError("exported again despite the disk cache")
+            raise AssertionError("made again despite the disk cache")
 
-        monkeypatch.setattr("tightfit.frontend.torch_import.export_onnx", no_export)
+        monkeypatch.setattr("tightfit.frontend.zoo._make", no_export)
         assert zoo.onnx_model("minakova5") == data
         monkeypatch.setenv("TIGHTFIT_CACHE", "off")
         assert zoo._cache_path("minakova5", (1, 1, 32, 32)) is None

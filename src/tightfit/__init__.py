@@ -7,8 +7,10 @@ The API the CLI itself uses:
     outs = tightfit.run(g, x)                   # reference executor, layer by layer
 
 Names and submodules (tightfit.api, ...) load on first use, so that `import tightfit.cli`
-does not import torch: the CLI installs its signal handlers first, and an interrupt while torch
-loads (a second or more) is then a clean exit, not a traceback.
+loads no compiled library: the CLI installs its signal handlers first, and an interrupt while
+they load (a second or more) is then a clean exit, not a traceback. PyTorch is an optional
+extra (`pip install 'tightfit[torch]'`), imported only by tightfit.frontend.torch_import, for
+nn.Modules and the zoo's torchvision models.
 """
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
+    import torch
+
     from tightfit.runtime.cost import CostModel
 
 
@@ -69,7 +71,8 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
     `model` may be module:factory; an application file's CNNs may only with `allow_code`."""
     from tightfit.frontend.app import is_app_file, load_app
     from tightfit.plan.check import check_plan
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.interface import Config
     from tightfit.techniques.registry import TECHNIQUES, technique
 
@@ -123,7 +126,7 @@ def plan(model: str, method: str = "reuse", planner: str = "improve", order: str
 
 def _deadline(time_limit: float | None):
     """A new deadline `time_limit` seconds of search from now, per search pass (None: no limit)."""
-    from tightfit.plan.deadline import Deadline
+    from tightfit.techniques.deadline import Deadline
 
     return lambda: None if time_limit is None else Deadline.after(time_limit)
 
@@ -264,6 +267,8 @@ def write_plan(plan_, path: str | Path) -> None:
     from tightfit.plan import schema
 
     path = Path(path)
+    if path.is_dir():
+        raise atomic.OutputError(f"{path} is a folder; a plan is one JSON file: name one, e.g. {path / 'plan.json'}")
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
@@ -298,18 +303,91 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
 
 
 def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflags=None, runs: int = 1,
-                 sanitize: bool = False, seed: int = 0, timeout_s: float = 600):
+                 sanitize: bool = False, seed: int = 0, timeout_s: float = 600, keep_io: str | Path | None = None):
     """Build an exported plan, run it on the seeded inputs, compare with the reference executor
-    (tightfit.export.Check)."""
+    (tightfit.export.Check). With `keep_io`, a folder: the inputs and reference outputs are left
+    there as input.bin and reference.bin (float32, every CNN's in order), to rerun the program on."""
     from tightfit.export import check
 
     inputs, refs = reference_io(plan_, graphs, seed)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs, refs)
     return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize, timeout_s)
 
 
-def check_export_mcu(plan_, graphs, built, seed: int = 0):
+def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):
     """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
     from tightfit.export import check_mcu
 
     inputs, refs = reference_io(plan_, graphs[:1], seed)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs[:1], refs[:1])
     return check_mcu(built, inputs[0], refs[0])
+
+
+def _keep_io(folder: Path, inputs, refs) -> None:
+    import numpy as np
+
+    (folder / "input.bin").write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+    (folder / "reference.bin").write_bytes(b"".join(np.ascontiguousarray(r, dtype="<f4").tobytes() for r in refs))
+
+
+# --- the user's own data (`tightfit run --input/--output`) -------------------------------------------
+
+def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
+    raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
+    int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
+    import numpy as np
+
+    path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
+    shown = " + ".join("x".join(map(str, s)) for s in shapes)
+    if not path.is_file():
+        raise OptionError(f"--input {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
+    if path.suffix == ".npy":
+        if len(shapes) > 1:
+            raise OptionError(f"--input {path}: the plan has {len(shapes)} CNNs; give their inputs as one raw float32 file")
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
+        if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
+            raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
+        return [torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0]))]
+    data = path.read_bytes()
+    total = sum(sizes)
+    if len(data) not in (4 * total, total):
+        raise OptionError(f"--input {path}: expected {4 * total} bytes (float32, {shown}) or {total} (int8), got {len(data)}")
+    flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
+    at, out = 0, []
+    for shape, size in zip(shapes, sizes):
+        out.append(torch.from_numpy(flat[at: at + size].reshape(shape).copy()))
+        at += size
+    return out
+
+
+def write_outputs(path: str | Path, outputs: Sequence[tuple[str, "torch.Tensor"]]) -> str:
+    """The outputs (name, tensor) into a file, whole or not at all: .npy (one output), .npz (every
+    output by name), else raw float32, every output one after another (as the exported program
+    writes them). Returns what was written, for the report."""
+    import io
+
+    import numpy as np
+
+    from tightfit import atomic
+
+    path = Path(path)
+    if path.is_dir():
+        raise OptionError(f"--output {path} is a folder: name a file (.npy, .npz or raw float32)")
+    arrays = [(name, t.detach().cpu().numpy().astype(np.float32)) for name, t in outputs]
+    buf = io.BytesIO()
+    if path.suffix == ".npy":
+        if len(arrays) != 1:
+            raise OptionError(f"--output {path}: the model has {len(arrays)} outputs; write them to .npz or a raw file")
+        np.save(buf, arrays[0][1])
+    elif path.suffix == ".npz":
+        np.savez(buf, **{name: a for name, a in arrays})
+    else:
+        buf.write(b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for _, a in arrays))
+    atomic.write_bytes(path, buf.getvalue())
+    return ", ".join(f"{name} {'x'.join(map(str, a.shape))}" for name, a in arrays)

@@ -133,3 +133,74 @@ def remove_temporaries() -> None:
     """Remove every temporary still live (an interrupted command, on its way out)."""
     for tmp in list(LIVE):
         _remove(tmp)
+
+
+# --- output folders ---------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2  # linux/fs.h: renameat2 swaps two names in one step
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap folders `a` and `b` in one atomic step (Linux renameat2); False where the platform or
+    file system has no such call (the caller then renames twice)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not supported here
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def check_output_folder(out: Path | str, force: bool = False, option: str = "--out") -> Path:
+    """`out` as a folder a command may write: refused (OutputError, one line) when it is the root,
+    the current folder or one above it, a file or a link, or a folder that holds something and
+    `force` is not given. Called before the work starts (no search wasted) and again at the end."""
+    out = Path(out)
+    where = Path(os.path.abspath(out))
+    here = Path.cwd()
+    if where == Path(where.anchor) or where == here or where in here.parents:
+        what = "the root folder" if where == Path(where.anchor) else "the current folder or one above it"
+        raise OutputError(f"{option} {out} is {what}, which a command never replaces: name a new folder, e.g. {option} ./exported")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        kind = "a symbolic link" if out.is_symlink() else "a file"
+        raise OutputError(f"{option} {out} is {kind}; it is not replaced by a folder: remove it, or name a new folder")
+    if out.is_dir() and not force and any(out.iterdir()):
+        raise OutputError(f"{option} {out} exists and is not empty: give --force to replace it whole, or name a new folder")
+    return out
+
+
+@contextmanager
+def output_folder(out: Path | str, force: bool = False, option: str = "--out") -> Iterator[Path]:
+    """A fresh folder beside `out` to fill; when the block ends normally it takes `out`'s place in
+    one step (an existing folder there is swapped out and removed), when it raises or a signal
+    unwinds it, it is removed and `out` is as it was. See `check_output_folder` for what is refused."""
+    out = check_output_folder(out, force, option)
+    with temporary_dir(out) as tmp:
+        yield tmp
+        check_output_folder(out, force, option)  # the folder may have changed while we worked
+        try:
+            _put_in_place(tmp, out)
+        except OSError as e:
+            raise output_error(out, e) from None
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(tmp, out)  # fails rather than replace a non-empty folder made in the meantime
+        LIVE.discard(tmp)
+    elif not _exchange(tmp, out):  # the old folder is now at `tmp`: removed with it
+        old = track(out.with_name(f".{out.name}.old.{secrets.token_hex(4)}"))
+        os.rename(out, old)
+        os.rename(tmp, out)
+        LIVE.discard(tmp)
+        discard(old)

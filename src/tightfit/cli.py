@@ -23,6 +23,49 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line (OptionError: exit 2, no usage block), and a value that
+    starts with '-' and a digit (`--budget -5kB`, `--seed -1`) is read as a value, to be judged by
+    the option itself, not taken for an unknown option."""
+
+    def error(self, message: str):
+        import re
+
+        hint = f" (see `{self.prog} --help`)" if "unrecognized arguments" in message or "required" in message else ""
+        dash = re.match(r"argument (--[\w-]+): expected one argument", message)
+        if dash:
+            hint = f" (a value that starts with '-' is written {dash.group(1)}=VALUE, e.g. {dash.group(1)}=-O2)"
+        raise OptionError(message + hint)
+
+    def _parse_optional(self, arg_string):
+        if arg_string[:1] == "-" and (arg_string[1:2].isdigit() or arg_string[1:2] == "."):
+            return None
+        return super()._parse_optional(arg_string)
+
+
+def _number(kind: type, what: str, low: float | None = None, high: float | None = None, low_open: bool = False):
+    """An argparse type: a finite number of `kind` within [low, high] (low excluded with low_open)."""
+    import math
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if low is not None and (value <= low if low_open else value < low) or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {what}")
+        return value
+
+    return parse
+
+
+COUNT = _number(int, "a whole number of at least 1", 1)
+SECONDS = _number(float, "a number of seconds above 0", 0, low_open=True)
+SEED = _number(int, f"a whole number from 0 to {2**32 - 1}", 0, 2**32 - 1)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (see `tightfit zoo`), path to .onnx, or package.module:factory")
     p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs)")
@@ -35,7 +78,10 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tightfit", description="Make CNN inference fit a memory budget.")
+    from tightfit import __version__
+
+    parser = Parser(prog="tightfit", description="Make CNN inference fit a memory budget.")
+    parser.add_argument("--version", action="version", version=f"tightfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("zoo", help="list the built-in models")
@@ -45,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16, int8")
     p.add_argument("--workspace", default="torch", help="scratch model: torch (our kernels, default), darknet (MAFAT eq. 2.1), none")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
@@ -54,20 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--method", default="reuse", help="a technique: " + ", ".join(f"{t.name} ({t.summary})" for t in TECHNIQUES.values())
                    + "; or naive (every tensor its own buffer); default reuse")
-    p.add_argument("--rows", type=int, help="with --method parts: output rows per phase of every splittable layer")
+    p.add_argument("--rows", type=COUNT, help="with --method parts: output rows per phase of every splittable layer")
     p.add_argument("--phases", default="", help="with --method parts: phases per layer, ID=P,NAME=P,... or max")
     p.add_argument("--hold", default="", help="with --method parts: layers (ID or NAME,...) whose outputs are held whole, "
                    "computed before their readers start (cuts the stream of windows in two)")
     p.add_argument("--budget", help="with --method parts, tiling or vbs: the fastest plan (cost model) whose run memory fits, e.g. 2MB")
     p.add_argument("--tiling", help="with --method tiling: groups FIRST-LAST:NxM[:reuse|:recompute],... (layer ids), e.g. 0-7:5x5,8-15:2x2")
     p.add_argument("--unit", help="with --method vbs: memory granularity of the dynamic program (default 100kB; the paper's 2MB)")
-    p.add_argument("--latency", type=float, help="with --method vbs: seconds that the samples of any pivot step may take at most")
+    p.add_argument("--latency", type=SECONDS, help="with --method vbs: seconds that the samples of any pivot step may take at most")
     p.add_argument("--reprofile", action="store_true", help="measure the cost model's step times again")
     _search_args(p)
     p.add_argument("--planner", default="improve", help="offset planner: improve (default), greedy_by_size, greedy_by_conflicts, naive")
     p.add_argument("--order", default="imported", help="layer order: imported (default) or memory")
     p.add_argument("--layout", default="nhwc", choices=("nhwc", "nchw"), help="storage layout of 4-D buffers")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--out", help="write the plan here (JSON)")
     p.add_argument("--layout-map", action="store_true", help="print the arena layout")
     p.add_argument("--json", action="store_true")
@@ -76,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--phases", default="", help="phases per layer: ID=P,NAME=P,... or 'max' (one row per phase everywhere)")
     p.add_argument("--source-rows", default="", help="rows the input source delivers per phase, e.g. 24,8")
-    p.add_argument("--source-phases", type=int, help="the input arrives in this many equal row bands")
-    p.add_argument("--itemsize", type=int, default=1, help="bytes per token (default 1, as the paper's examples)")
+    p.add_argument("--source-phases", type=COUNT, help="the input arrives in this many equal row bands")
+    p.add_argument("--itemsize", type=COUNT, default=1, help="bytes per token (default 1, as the paper's examples)")
     p.add_argument("--format", default="dot", choices=("dot", "sdf3", "summary"))
 
     p = sub.add_parser("run", help="run a model (reference executor) or a plan.json (arena executor)")
@@ -86,8 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", action="store_true", help="measure peak memory in a fresh process")
     p.add_argument("--enforce", action="store_true", help="run a plan under RLIMIT_DATA = loaded baseline + limit")
     p.add_argument("--limit", help="with --enforce: the limit above the loaded baseline (default: analysed peak + margin)")
+    p.add_argument("--input", help="run on this input, not a seeded random one: .npy, or raw NCHW float32 or int8 "
+                   "(every CNN's input one after another, as the exported program reads it)")
+    p.add_argument("--output", help="write the outputs here: .npy (one output), .npz (by name) or raw float32 "
+                   "(every output one after another, as the exported program writes them)")
     p.add_argument("--json", action="store_true")
 
+    _fit_parser(sub)
+    _export_parser(sub)
+    return parser
+
+
+def _fit_parser(sub) -> None:
     p = sub.add_parser("fit", help="search every technique for the plan that fits a budget; run, verify, measure, report")
     _model_args(p)
     p.add_argument("--budget", help="memory budget, e.g. 2MB (run memory; with --with-params also the parameters); "
@@ -97,20 +153,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("speed", "memory"), default="speed",
                    help="with --min-fps: the fastest plan that fits (speed, the default) or the smallest whose measured "
                         "fps meet the minimum (memory); without it, the fastest")
-    p.add_argument("--seed", type=int, default=0, help="search seed (the same seed gives the same front)")
+    p.add_argument("--seed", type=SEED, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
-    p.add_argument("--batch", type=int, default=1, help="samples per request (every CNN)")
+    p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
+    p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
+    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
+                   help="with --export: a microcontroller; the budget is then what --ram leaves after the stack and the "
+                        "program's data, and --export is a firmware project built for --ram and --flash")
+    p.add_argument("--ram", help="with a cortex-m --target: the RAM of the device, e.g. 512KiB")
+    p.add_argument("--flash", help="with a cortex-m --target: the flash of the device (weights and code), e.g. 2MiB")
     _search_args(p)
     p.add_argument("--json", action="store_true")
 
+
+def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="compile a plan.json into a self-contained C99 library and test program")
     p.add_argument("plan", help="a plan made by `tightfit plan --out` or `tightfit fit --out`")
     _allow_code_arg(p)
-    p.add_argument("--out", required=True, help="folder to write (replaced whole; nothing partial is left)")
+    p.add_argument("--out", required=True, help="folder to write, whole or not at all; an existing non-empty folder only with --force")
+    p.add_argument("--force", action="store_true", help="replace an existing non-empty --out folder (whole, in one step)")
     p.add_argument("--name", help="C identifier prefix of the library (default: the model's name)")
     p.add_argument("--weights", default="auto", choices=("auto", "c", "file"),
                    help="weights as const C arrays (c), as weights.bin read once (file), or c up to 16 MB (auto)")
@@ -118,18 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build with cc, run on the reference executor's seeded input, compare, measure the whole process")
     p.add_argument("--cc", help="C compiler for --check (default $CC or cc)")
     p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
-    p.add_argument("--runs", type=int, default=5, help="with --check: runs timed (the median is printed)")
+    p.add_argument("--runs", type=COUNT, default=5, help="with --check: runs timed (the median is printed)")
     p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
+    p.add_argument("--keep-io", action="store_true",
+                   help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
     p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="host (default) or a microcontroller, linked with arm-none-eabi-gcc and run under qemu with --check")
-    p.add_argument("--ram", help="with a cortex-m target: the RAM the program may use, e.g. 512KiB")
-    p.add_argument("--flash", help="with a cortex-m target: the flash, e.g. 2MiB")
+                   help="host (default), or a microcontroller: --out is then a firmware project (library, startup code, "
+                        "linker script, test main, semihosting shim, Makefile with run-qemu), built with arm-none-eabi-gcc "
+                        "and with --check run under qemu")
+    p.add_argument("--ram", help="with a cortex-m target: the device's RAM, e.g. 512KiB: it holds the stack (8 KiB), "
+                   "the program's data and the arena")
+    p.add_argument("--flash", help="with a cortex-m target: the device's flash, e.g. 2MiB: it holds the code and the weights")
     p.add_argument("--json", action="store_true")
-    return parser
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--time-limit", type=float, default=60.0,
+    p.add_argument("--time-limit", type=SECONDS, default=60.0,
                    help="seconds of search (default 60; profiling new step shapes not counted): then the best found")
     p.add_argument("--progress", action="store_true",
                    help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")
@@ -150,16 +219,20 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-_LOADING_LIBRARIES = False  # True while torch is imported: nothing started yet, nothing to clean up
+_LOADING_LIBRARIES = False  # True while the libraries load: nothing started yet, nothing to clean up
 
 
 def _load_libraries() -> None:
-    """torch, imported while an interrupt simply ends the process: an exception raised into its
-    import can come out as another (its C code turned ours into a TypeError, a traceback)."""
+    """The compiled libraries every command needs (numpy, onnx, and the op registry with what
+    its kernels load), imported while an interrupt simply ends the process: an exception raised
+    into a C extension's import can come out as another (a TypeError, a traceback)."""
     global _LOADING_LIBRARIES
     _LOADING_LIBRARIES = True
     try:
-        import torch  # noqa: F401
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+
+        import tightfit.ops  # noqa: F401
     finally:
         _LOADING_LIBRARIES = False
 
@@ -191,7 +264,7 @@ def _stopped(signum: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from tightfit import children
 
-    # Handlers first: building the parser imports torch (the techniques' options), a second or more.
+    # Handlers first: building the parser imports the op registry (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
         _load_libraries()
@@ -347,8 +420,8 @@ def _parts_arena_line(spec: str, graph, phases: dict, source_rows, item: int) ->
     per element as the summary above."""
     from tightfit.graph.ir import DTYPE_BYTES
     from tightfit.plan.check import check_plan
-    from tightfit.plan.parts import plan_parts
-    from tightfit.plan.reuse import PlannedModel
+    from tightfit.techniques.parts.planner import plan_parts
+    from tightfit.techniques.interface import PlannedModel
 
     dtype = next((d for d, n in DTYPE_BYTES.items() if n == item), None)
     if dtype is None:
@@ -375,9 +448,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # onnxruntime (--verify) holds the model's weights and activations a second time.
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if args.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if args.verify else ""))
-    x = random_input(graph)
+    x = tightfit.api.read_inputs(args.input, [graph.shape(graph.inputs[0])])[0] if args.input else random_input(graph)
     result = tightfit.run(graph, x)
     report = run_report(graph, result)
+    if args.output:
+        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, list(result.outputs.items()))}
     if args.verify:
         from tightfit.verify import verify_with_onnxruntime
 
@@ -419,10 +494,14 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         report["enforced_run_bytes"] = m.run_bytes
     elif args.limit:
         raise OptionError("--limit goes with --enforce")
-    xs = tightfit.api.plan_inputs(graphs, plan_)
+    shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
+    xs = tightfit.api.read_inputs(args.input, shapes) if args.input else tightfit.api.plan_inputs(graphs, plan_)
     outs, seconds = tightfit.api.execute(plan_, graphs, xs)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
+    if args.output:
+        named = [(k if len(outs) == 1 else f"cnn{m}_{k}", v) for m, o in enumerate(outs) for k, v in o.items()]
+        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, named)}
     if args.verify:
         from tightfit.runtime.reference import run_reference
         from tightfit.verify import compare
@@ -444,85 +523,224 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     return 1 if args.verify and not report["verify"]["ok"] else 0
 
 
-def cmd_fit(args: argparse.Namespace) -> int:
-    from tightfit import fit as F
+def _fit_options(args: argparse.Namespace) -> int | None:
+    """The run-memory budget: --budget, or with a cortex-m target what --ram leaves after the
+    stack and the program's other data (its first guess: RAM_RESERVE)."""
+    from tightfit import atomic
     from tightfit.units import parse_size
 
-    budget = parse_size(args.budget) if args.budget is not None else None
+    for option, folder in (("--out", args.out), ("--export", args.export)):
+        if folder:  # refused now, not after minutes of search
+            atomic.check_output_folder(folder, args.force, option)
+    if args.out and args.export and os.path.abspath(args.out) == os.path.abspath(args.export):
+        raise OptionError("--out and --export name the same folder: give each its own")
+    if args.target == "host":
+        if args.ram or args.flash:
+            raise OptionError("--ram and --flash go with a cortex-m --target")
+        return parse_size(args.budget) if args.budget is not None else None
+    from tightfit.export import mcu
+
+    if not (args.ram and args.flash and args.export):
+        raise OptionError(f"--target {args.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
+    if args.budget is not None or args.with_params or args.min_fps:
+        raise OptionError(f"with --target {args.target} the budget is what --ram leaves (the weights live in --flash): "
+                          "leave out --budget, --with-params and --min-fps")
+    left = parse_size(args.ram) - mcu.DEFAULT_STACK_BYTES - RAM_RESERVE
+    if left <= 0:
+        raise OptionError(f"--ram {args.ram} leaves nothing for the arena after the {mcu.DEFAULT_STACK_BYTES} B stack")
+    return left
+
+
+RAM_RESERVE = 256  # bytes of RAM first set aside for the test program's own .data/.bss (measured: ~112)
+FIT_TRIES = 3      # a RAM overflow at link time lowers the arena budget by as much and fits again
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from tightfit import fit as F
+
+    budget = _fit_options(args)
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
                          allow_code=args.allow_code)
-    try:
-        outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                        thorough=args.thorough,
-                        objective=args.objective, time_limit=args.time_limit, say=_say(args))
-    except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
-        print(f"tightfit: internal error: {e}", file=sys.stderr)
-        return 1
-    from tightfit.report import fit_report, fit_text, write_fit_outputs
+    if args.target != "host":
+        from tightfit.units import human, parse_size
 
-    report = fit_report(outcome)
+        weights = F.param_bytes(app)
+        if weights >= parse_size(args.flash):  # known now: no search for a program that cannot fit
+            raise OptionError(f"the weights alone ({weights} B, {human(weights)}) do not fit --flash {args.flash}")
+    for attempt in range(FIT_TRIES):
+        try:
+            outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
+                            thorough=args.thorough, objective=args.objective, time_limit=args.time_limit, say=_say(args))
+        except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
+            print(f"tightfit: internal error: {e}", file=sys.stderr)
+            return 1
+        from tightfit.export.errors import DoesNotFitError
+        from tightfit.report import fit_report, fit_text, write_fit_outputs
+
+        report = fit_report(outcome)
+        if args.target != "host":
+            report["target_budget"] = (f"budget: what --ram {args.ram} leaves after the {mcu_stack()} B stack and the "
+                                       f"program's own data: {budget} B")
+        try:
+            if args.export:
+                report["exported"] = _fit_export(args, outcome)
+            break
+        except DoesNotFitError as e:
+            if not e.ram_overflow or e.flash_overflow or attempt == FIT_TRIES - 1:
+                raise
+            # The program's data took more than set aside: a plan smaller by as much as it overflowed.
+            budget = min(budget, outcome.memory_bytes) - -(-e.ram_overflow // 64) * 64
+            _say(args)(f"fit: the program's own data took {e.ram_overflow} B more RAM; fitting again to {budget} B")
     if args.out:
-        write_fit_outputs(outcome, args.out, report)
+        write_fit_outputs(outcome, args.out, report, args.force)
         report["written"] = args.out
-    if args.export:
-        from tightfit.export import export
-
-        sources = export(outcome.plan, outcome.app.graphs, args.export)
-        report["exported"] = {"folder": args.export, "name": sources.name, "steps": sources.steps}
-    print(json.dumps(report, indent=1) if args.json else fit_text(report))
+    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join([fit_text(report), *_exported_lines(report)]))
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    import shlex
+def _fit_export(args: argparse.Namespace, outcome) -> dict:
+    """The chosen plan exported into --export: the host C program, or with a cortex-m target the
+    firmware project, built (whole or not at all)."""
+    from dataclasses import asdict
 
-    import tightfit
-    from tightfit.export import export
+    from tightfit import atomic
+    from tightfit.export import default_name, generate
+    from tightfit.export.build import write_files
 
+    weights = "c" if args.target != "host" else "auto"
+    sources = generate(outcome.plan, outcome.app.graphs, default_name(outcome.plan), weights)
+    with atomic.output_folder(args.export, args.force, "--export") as stage:
+        if args.target == "host":
+            write_files(sources, stage)
+            return {"folder": args.export, "name": sources.name, "steps": sources.steps}
+        from tightfit.export import mcu
+        from tightfit.units import parse_size
+
+        project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
+        built = mcu.build_project(stage, project)
+        return {"folder": args.export, "name": sources.name, "steps": sources.steps, "target": args.target,
+                "memory": built.memory_report(), "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
+
+
+def mcu_stack() -> int:
+    from tightfit.export import mcu
+
+    return mcu.DEFAULT_STACK_BYTES
+
+
+def _exported_lines(report: dict) -> list[str]:
+    e = report.get("exported")
+    if not e:
+        return []
+    if "target" not in e:
+        return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
+    return [f"  {report['target_budget']}",
+            f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
+            f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
+
+
+def _export_options(args: argparse.Namespace) -> None:
     if args.target == "host" and (args.ram or args.flash):
         raise OptionError("--ram and --flash go with a cortex-m target")
     if args.target != "host" and not (args.ram and args.flash):
         raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
+    if args.target != "host" and args.weights == "file":
+        raise OptionError(f"--target {args.target} keeps the weights in flash: --weights file goes with the host target")
     if args.runs < 1:
         raise OptionError("--runs must be at least 1")
+    if args.keep_io and not args.check:
+        raise OptionError("--keep-io goes with --check (it keeps the checked input and reference output)")
+    if args.target != "host" and (args.sanitize or args.cc or args.cflags):
+        raise OptionError("--sanitize, --cc and --cflags go with the host target")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import tightfit
+    from tightfit import atomic
+
+    _export_options(args)
+    atomic.check_output_folder(args.out, args.force)  # before the plan is loaded: no work wasted
     plan_, graphs = tightfit.api.load_plan(args.plan, allow_code=args.allow_code)
+    # Everything, --check's build and run included, happens in a staged folder that takes
+    # --out's place only at the end: a failure or a signal leaves --out as it was.
+    with atomic.output_folder(args.out, args.force) as stage:
+        report, lines, ok = export_into(args, plan_, graphs, stage)
+    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
+    return 0 if ok else 1
+
+
+def export_into(args: argparse.Namespace, plan_, graphs, stage: Path) -> tuple[dict, list[str], bool]:
+    """Export (and with --check build, run and compare) into `stage`, which becomes --out."""
+    from tightfit.export import default_name, generate
+    from tightfit.export.build import write_files
+
     weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
-    sources = export(plan_, graphs, args.out, args.name, weights)
+    sources = generate(plan_, graphs, args.name or default_name(plan_), weights)
+    if args.target != "host":
+        return _export_mcu(args, plan_, graphs, sources, stage)
+    write_files(sources, stage)
     report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
                     "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
                     "weights_file": sources.weights_in_file}
     lines = [f"exported {sources.steps} steps to {args.out}/ ({sources.name}.c, {sources.name}.h, tf_kernels.c, main.c, Makefile"
              + (", weights.bin" if sources.weights_in_file else "") + ")",
-             f"build: make -C {args.out}   run: {args.out}/{sources.name} input.bin output.bin [runs]"]
-    ok = True
-    if args.target != "host":
-        from dataclasses import asdict
+             f"build: make -C {args.out}   run: {args.out}/{sources.name} INPUT.bin OUTPUT.bin [RUNS]"
+             f"   (make -C {args.out} debug: the same program under -fsanitize=address,undefined)"]
+    if not args.check:
+        return report, lines, True
+    return _check_host(args, plan_, graphs, sources, stage, report, lines)
 
-        from tightfit.export import mcu
-        from tightfit.units import parse_size
 
-        built = mcu.build_mcu(Path(args.out), sources.name, args.target, parse_size(args.ram), parse_size(args.flash),
-                              Path(args.out) / f"{sources.name}-{args.target}.elf")
-        report["mcu"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}
-        lines.append(built.memory_report())
-        if args.check:
-            got = tightfit.api.check_export_mcu(plan_, graphs, built)
-            report["mcu_check"] = asdict(got)
-            lines.append(got.summary())
-            ok = got.ok
-    elif args.check:
-        flags = shlex.split(args.cflags) if args.cflags else None
-        result = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, args.runs)
-        report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
-        lines += result.lines()
-        ok = result.ok
-        if args.sanitize:
-            clean = tightfit.api.check_export(plan_, graphs, sources, args.out, args.cc, flags, 1, sanitize=True)
-            report["sanitized"] = {"ok": clean.ok}
-            lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
-            ok = ok and clean.ok
-    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
-    return 0 if ok else 1
+def _check_host(args, plan_, graphs, sources, stage: Path, report: dict, lines: list[str]) -> tuple[dict, list[str], bool]:
+    import shlex
+
+    import tightfit
+
+    flags = shlex.split(args.cflags) if args.cflags else None
+    result = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, args.runs,
+                                       keep_io=stage if args.keep_io else None)
+    report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
+    lines += result.lines()
+    if args.keep_io:
+        lines.append(f"kept: {args.out}/input.bin (the checked input) and {args.out}/reference.bin (the reference output), "
+                     f"float32 NCHW: {args.out}/{sources.name} {args.out}/input.bin out.bin, then compare out.bin with reference.bin")
+    ok = result.ok
+    if args.sanitize:
+        clean = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, 1, sanitize=True)
+        report["sanitized"] = {"ok": clean.ok}
+        lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
+        ok = ok and clean.ok
+    return report, lines, ok
+
+
+def _export_mcu(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:
+    from dataclasses import asdict
+
+    import tightfit
+    from tightfit.export import mcu
+    from tightfit.units import parse_size
+
+    project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
+    built = mcu.build_project(stage, project)
+    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
+                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
+                    "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
+    report["mcu"]["elf"] = str(Path(args.out) / built.elf.name)
+    lines = [f"exported {sources.steps} steps to {args.out}/ as a {args.target} firmware project: the library "
+             f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
+             f"build: make -C {args.out}   run under qemu: make -C {args.out} run-qemu "
+             f"(reads {args.out}/input.bin, writes {args.out}/output.bin: float32 NCHW)",
+             built.memory_report()]
+    if not args.check:
+        return report, lines, True
+    if built.qemu_problem:
+        report["mcu_check"] = {"ran": False, "why": built.qemu_problem}
+        lines.append(f"--check not run: {built.qemu_problem}")
+        return report, lines, True
+    got = tightfit.api.check_export_mcu(plan_, graphs, built, keep_io=stage if args.keep_io else None)
+    report["mcu_check"] = asdict(got)
+    lines.append(got.summary())
+    return report, lines, got.ok
 
 
 COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit,

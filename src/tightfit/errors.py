@@ -37,3 +37,8 @@ class BudgetError(TightfitError):
     def __init__(self, message: str, smallest=None):
         super().__init__(message)
         self.smallest = smallest
+
+
+class TorchMissingError(TightfitError):
+    """What the user asked for needs PyTorch (an nn.Module, a torchvision model, the corpus),
+    and the install has none: names the extra that adds it."""

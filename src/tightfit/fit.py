@@ -9,21 +9,20 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
+from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.errors import OptionError
 from tightfit.plan.check import CheckReport, check_plan
-from tightfit.plan.deadline import Deadline
+from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, search, select
 from tightfit.techniques.interface import Technique
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import Measurement
 from tightfit.units import human
@@ -60,6 +59,9 @@ class FitOutcome:
     measured: dict[str, Any] = field(default_factory=dict)
     threads: int = 1  # torch threads the plans were timed and run with
     choice: "Choice | None" = None  # how the plan was chosen among those that fit
+    # Where search_seconds went: the search itself (what --time-limit bounds) and the profiling of
+    # new step shapes between its passes (not bounded), with the limit it ran under.
+    timing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def counted_params(self) -> int:
@@ -135,11 +137,19 @@ def fit(app: FitApp, budget_bytes: int | None, with_params: bool = False, min_fp
     return outcome
 
 
+def _kernel_threads():
+    """torch where the kernels that run plans loaded it (its intra-op threads are theirs), else
+    None: fit never imports torch itself, an ONNX model's plans need none."""
+    return sys.modules.get("torch")
+
+
 def run_threads(measure: bool) -> int:
-    """torch threads `fit` times and runs plans with: its own count, less the core the measuring
-    process takes."""
-    free = (os.cpu_count() or 1) - 1 if measure else torch.get_num_threads()
-    return max(1, min(torch.get_num_threads(), free))
+    """Threads `fit` times and runs plans with: the kernels' own count, less the core the
+    measuring process takes."""
+    torch = _kernel_threads()
+    own = torch.get_num_threads() if torch is not None else os.cpu_count() or 1
+    free = (os.cpu_count() or 1) - 1 if measure else own
+    return max(1, min(own, free))
 
 
 def _fit(app: FitApp, budget_bytes: int | None, with_params: bool, min_fps: str | None, seed: int, best_effort: bool, cost,
@@ -194,7 +204,10 @@ def _fit(app: FitApp, budget_bytes: int | None, with_params: bool, min_fps: str 
         plan, analysis = placed.get(point.genes) or _placed(problem, point)
         naive = sum(t.nbytes(plan.dtype, m.batch) for g, m in zip(graphs, plan.models) for t in g.original_tensors) + params
         outcome = FitOutcome(app, found, constraints, problem, plan, point, analysis, params, with_params, choice.met,
-                             naive, 0.0, search_seconds, choice=choice)
+                             naive, 0.0, search_seconds, choice=choice,
+                             timing={"search_seconds": profiling.search_seconds, "profiling_seconds": profiling.measure_seconds,
+                                     "finding_seconds": profiling.finding_seconds, "profiled_shapes": profiling.shapes,
+                                     "passes": profiling.passes, "time_limit": time_limit})
 
         def verified() -> None:
             outcome.max_abs_diff = verify(plan, graphs)
@@ -285,7 +298,11 @@ def unmet_fps_line(choice: Choice, constraints: Constraints, budget_bytes: int |
 
 @contextmanager
 def _threads(n: int):
-    """torch's intra-op threads set to `n` for a while."""
+    """The kernels' intra-op threads (torch's, where they use it) set to `n` for a while."""
+    torch = _kernel_threads()
+    if torch is None:
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -420,7 +437,7 @@ def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
     return fps
 
 
-def run_cnn(ex, m: int, x) -> dict:
+def run_cnn(ex, m: int, x) -> Mapping[str, Any]:
     """Run only CNN `m`'s partitions of an application plan on input `x` (a frame routed to one
     CNN); returns its outputs as views into the arena."""
     for p, part in zip(ex.plan.partitions, ex.frames[0]):

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tightfit.analysis.memory import ModelMemory
-from tightfit.errors import OptionError
 from tightfit.plan.lifetimes import buffer_tensors, lifetimes, live_at
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import PAGE_BYTES
@@ -81,7 +80,12 @@ def run_text(report: dict[str, Any]) -> str:
         m = report["measured"]
         lines.append(f"  measured peak above loaded baseline: {_measured(m)} (analysed layer-by-layer peak "
                      f"{human(report['analysed_layer_peak_bytes'])}); run {m['seconds'] * 1e3:.1f} ms")
-    return "\n".join(lines)
+    return "\n".join(lines + _written(report))
+
+
+def _written(report: dict[str, Any]) -> list[str]:
+    w = report.get("written")
+    return [f"  outputs written to {w['file']}: {w['outputs']}"] if isinstance(w, dict) else []
 
 
 def _measured(m: dict[str, Any]) -> str:
@@ -133,7 +137,7 @@ def plan_run_text(r: dict[str, Any]) -> str:
     if "measured" in r:
         m = r["measured"]
         lines.append(f"  measured peak above loaded baseline: {_measured(m)} (analysed {human(r['analysed_peak_bytes'])})")
-    return "\n".join(lines)
+    return "\n".join(lines + _written(r))
 
 
 def vbs_text(r: dict[str, Any], graph) -> str:
@@ -212,7 +216,7 @@ def fit_report(o: FitOutcome) -> dict[str, Any]:
         "cnns": list(o.app.names), "models": [m.spec for m in o.app.models], "budget_bytes": budget,
         "with_params": o.with_params, "param_bytes": o.param_bytes, "min_fps": list(o.constraints.min_fps),
         "fits": o.fits, "early_exit": o.search.early_exit, "evaluated": o.search.evaluated,
-        "search_seconds": o.search_seconds, "threads": o.threads,
+        "search_seconds": o.search_seconds, "search_timing": o.timing, "threads": o.threads,
         "chosen_by": o.choice.rule if o.choice else "", "timed_fps": list(o.choice.measured_fps) if o.choice else [],
         "chosen": {"techniques": list(o.point.labels), "memory_bytes": o.memory_bytes, "arena_bytes": o.analysis.arena_bytes,
                    "scratch_peak_bytes": o.analysis.scratch_peak, "lower_bound_bytes": o.analysis.lower_bound,
@@ -234,12 +238,12 @@ def fit_report(o: FitOutcome) -> dict[str, Any]:
 def fit_text(r: dict[str, Any]) -> str:
     c = r["chosen"]
     what = "with parameters" if r["with_params"] else "run memory (arena + kernel temporaries)"
-    verdict = "fits" if r["fits"] else "does NOT fit (best effort: the closest plan)"
     within = (f"in {_mb(r['budget_bytes'])}" if r["budget_bytes"] is not None
               else f"at min fps {', '.join(f'{f:g}' for f in r['min_fps'])}, the smallest")
-    lines = [f"fit {' + '.join(r['cnns'])} {within}, {what}: {verdict}"
+    lines = [f"fit {' + '.join(r['cnns'])} {within}, {what}: {_verdict(r)}"
              + (" - reuse alone fits (early exit)" if r["early_exit"] else ""),
-             f"  searched {r['evaluated']} plans in {r['search_seconds']:.1f} s",
+             f"  {_counted_line(r)}",
+             f"  {_search_line(r)}",
              f"  chosen: {'; '.join(c['techniques'])}",
              f"  chosen by {r['chosen_by']}",
              f"  memory: analysed {_mb(c['memory_bytes'])} (arena {human(c['arena_bytes'])}, lower bound "
@@ -247,8 +251,9 @@ def fit_text(r: dict[str, Any]) -> str:
     if "measured_memory_bytes" in c:
         # The peak is read in whole pages: a run memory of a few KiB may lie in pages already touched.
         small = c["arena_bytes"] + c["scratch_peak_bytes"] < 4 * PAGE_BYTES
-        lines.append(f"          measured {_mb(c['measured_memory_bytes'])} +/- {human(c['measured_uncertainty_bytes'])} "
-                     f"(fresh process, peak above the loaded model"
+        low, high = _measured_range(c)
+        lines.append(f"          measured {_mb(c['measured_memory_bytes'])}, between {_mb(low)} and {_mb(high)} "
+                     f"(+/- {human(c['measured_uncertainty_bytes'])}; fresh process, peak above the loaded model"
                      f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
     lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
                  f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
@@ -275,6 +280,41 @@ def fit_text(r: dict[str, Any]) -> str:
     for p in r["front"]:
         lines.append(f"    {p['memory_bytes'] / MB:9.3f} | {', '.join(f'{f:.1f}' for f in p['predicted_fps'])} | {'; '.join(p['techniques'])}")
     return "\n".join(lines)
+
+
+def _measured_range(c: dict[str, Any]) -> tuple[int, int]:
+    m, u = c["measured_memory_bytes"], c["measured_uncertainty_bytes"]
+    return max(m - u, 0), m + u
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """"fits" where the measurement confirms it too; "fits (analysed)" where its uncertainty is
+    larger than the margin under the budget, so only the analysis can say."""
+    if not r["fits"]:
+        return "does NOT fit (best effort: the closest plan)"
+    c = r["chosen"]
+    if r["budget_bytes"] is None or "measured_memory_bytes" not in c:
+        return "fits"
+    return "fits" if _measured_range(c)[1] <= r["budget_bytes"] else "fits (analysed: the measurement's uncertainty exceeds the margin)"
+
+
+def _counted_line(r: dict[str, Any]) -> str:
+    weights = f"{human(r['param_bytes'])}"
+    if r["with_params"]:
+        return f"budget covers the weights ({weights}) and the activations (arena + kernel temporaries)"
+    return f"budget covers activations (the weights, {weights}, are not counted; --with-params counts them)"
+
+
+def _search_line(r: dict[str, Any]) -> str:
+    t = r.get("search_timing") or {}
+    line = f"searched {r['evaluated']} plans in {r['search_seconds']:.1f} s"
+    if not t:
+        return line
+    limit = f" of the {t['time_limit']:g} s limit" if t.get("time_limit") else " (no limit)"
+    line += f": search {t['search_seconds']:.1f} s{limit}, profiling {t['profiled_shapes']} new step shapes {t['profiling_seconds']:.1f} s"
+    if t["passes"] > 1:
+        line += f", finding them {t['finding_seconds']:.1f} s ({t['passes'] - 1} more search passes)"
+    return line + " (profiling is not counted in the limit)"
 
 
 def fit_plot(o: FitOutcome, path: Path) -> None:
@@ -304,27 +344,20 @@ def fit_plot(o: FitOutcome, path: Path) -> None:
     plt.close(fig)
 
 
-def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any]) -> None:
-    """plan.json, report.json, report.txt and memory.png, written into a fresh folder first and
-    moved into `out` when complete (nothing partial on disk; other files in `out` are kept)."""
+def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any], force: bool = False) -> None:
+    """plan.json, report.json, report.txt and memory.png, written into a staged folder that takes
+    `out`'s place when complete (nothing partial on disk; an existing non-empty `out` is replaced,
+    whole, only with `force`; a file is never replaced)."""
     import json
-    import os
 
     from tightfit import atomic
     from tightfit.plan import schema
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise OptionError(f"--out {out} is a file, not a folder")
-    with atomic.temporary_dir(out) as tmp:  # OSError: one line (atomic.OutputError), nothing left
+    with atomic.output_folder(out, force) as tmp:  # OSError: one line (atomic.OutputError), nothing left
         from tightfit.api import portable
 
         (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
         (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
         (tmp / "report.txt").write_text(fit_text(r) + "\n")
         fit_plot(o, tmp / "memory.png")
-        if not out.exists():
-            os.replace(tmp, out)
-            return
-        for f in tmp.iterdir():  # each file whole: renamed over the old one
-            f.replace(out / f.name)

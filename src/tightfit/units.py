@@ -8,18 +8,19 @@ from tightfit.errors import OptionError
 
 _UNITS = {
     "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
 }
 MAX_SIZE = 2**60
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
     m = _PATTERN.match(str(text))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
-        raise OptionError(f"cannot read size {text!r}: write e.g. 16MB, 16MiB, 512KiB, 1.5GB or a byte count")
+        raise OptionError(f"cannot read size {text!r}: write e.g. 16MB, 16MiB, 512KiB, 1.5GB or a byte count "
+                          f"(units B, kB, MB, GB, TB, PB, EB: powers of 10; KiB, MiB, GiB, TiB, PiB, EiB: powers of 2)")
     value = float(m.group(1)) * _UNITS[unit]
     if value <= 0:
         raise OptionError(f"size {text!r} must be positive")

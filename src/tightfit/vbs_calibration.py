@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.vbs.graph_dp import (baseline, fbs_steps, make_problem, per_layer_profile, plan_schedule,
                                      predicted_seconds)

@@ -39,7 +39,7 @@ import operator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import gcd, prod
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 from xml.sax.saxutils import quoteattr
 
 from tightfit.errors import OptionError
@@ -278,9 +278,31 @@ def to_csdf(
     phase. `source_rows` is how every graph input is delivered: a phase count or a list of rows
     per phase (Ex2: [24, 8]); default one phase, the whole input. Tokens are elements x
     `itemsize`, for `batch` samples (default: the graph's own batch)."""
-    phases = dict(phases or {})
+    rows_of = _layer_rows(graph, phases)
+    sink_names = _names("out", graph.outputs)
+    actors, producer, out_rows, layer_regions = _actors(graph, rows_of, source_rows, batch, sink_names)
+    tensor_tokens: dict[str, int] = {}
+
+    def edge(t: str, dst: str, consumption: Sequence[int]) -> Channel:
+        shape = graph.shape(t)
+        row = _row_tokens(shape, itemsize, batch)
+        tensor_tokens[t] = row * _rows(shape)
+        src = producer[t]
+        return Channel(f"c_{src}_{dst}", src, dst, tuple(r * row for r in out_rows[src]),
+                       tuple(r * row for r in consumption), 0, t)
+
+    channels: list[Channel] = []
+    for layer in graph.layers:
+        channels.extend(_layer_channels(graph, layer, layer_regions[layer.id], itemsize, batch, edge, channels))
+    for t in graph.outputs:
+        channels.append(edge(t, sink_names[t], (_rows(graph.shape(t)),)))
+    return CSDFGraph(graph.name, tuple(actors), tuple(channels), tensor_tokens)
+
+
+def _layer_rows(graph: Graph, phases: Mapping[int | str, int | Sequence[int]] | None) -> dict[int, tuple[int, ...]]:
+    """Output rows per phase of each layer `phases` names (by id or name), checked."""
     rows_of: dict[int, tuple[int, ...]] = {}
-    for key, value in phases.items():
+    for key, value in dict(phases or {}).items():
         if not isinstance(key, str):
             try:
                 key = operator.index(key)  # numpy integers too
@@ -292,20 +314,23 @@ def to_csdf(
             raise OptionError(f"{what} is given phases twice (by id and by name)")
         h = _rows(graph.shape(layer.output))
         rows_of[layer.id] = _resolve_rows(value, h, what, needs_whole_input(graph, layer))
+    return rows_of
 
+
+def _actors(graph: Graph, rows_of: Mapping[int, tuple[int, ...]], source_rows: int | Sequence[int] | None,
+            batch: int | None, sink_names: Mapping[str, str]):
+    """The sources, one actor per layer and the sinks; which actor produces each tensor, each
+    actor's rows per phase, and each layer's output region per phase."""
     src_names = _names("in", graph.inputs)
-    sink_names = _names("out", graph.outputs)
     actors: list[Actor] = []
     producer: dict[str, str] = {}  # tensor -> producing actor
     out_rows: dict[str, tuple[int, ...]] = {}  # actor -> rows per phase
-
     for t in graph.inputs:
         h = _rows(graph.shape(t))
         rows = _resolve_rows(source_rows if source_rows is not None else 1, h, f"input {t!r}", False)
         name = src_names[t]
         actors.append(Actor(name, None, len(rows), rows, "source", t, "input", (1,) * len(rows)))
         producer[t], out_rows[name] = name, rows
-
     layer_regions: dict[int, list[Region]] = {}
     for layer in graph.layers:
         shape = graph.shape(layer.output)
@@ -324,47 +349,37 @@ def to_csdf(
         name = f"L{layer.id}"
         actors.append(Actor(name, layer.id, len(rows), rows, "layer", layer.name, layer.op, macs))
         producer[layer.output], out_rows[name] = name, rows
-
     for t in graph.outputs:
-        name = sink_names[t]
-        actors.append(Actor(name, None, 1, (_rows(graph.shape(t)),), "sink", t, "output", (1,)))
+        actors.append(Actor(sink_names[t], None, 1, (_rows(graph.shape(t)),), "sink", t, "output", (1,)))
+    return actors, producer, out_rows, layer_regions
 
-    tensor_tokens: dict[str, int] = {}
 
-    def edge(t: str, dst: str, consumption: Sequence[int]) -> Channel:
-        shape = graph.shape(t)
-        row = _row_tokens(shape, itemsize, batch)
-        tensor_tokens[t] = row * _rows(shape)
-        src = producer[t]
-        return Channel(f"c_{src}_{dst}", src, dst, tuple(r * row for r in out_rows[src]),
-                       tuple(r * row for r in consumption), 0, t)
-
-    channels: list[Channel] = []
-    for layer in graph.layers:
-        dst = f"L{layer.id}"
-        op = get_op(layer.op)
-        in_shapes = [_batched(graph.shape(t), batch) for t in layer.inputs]
-        wins = [op.input_windows(layer, reg, in_shapes) for reg in layer_regions[layer.id]]
-        loops: list[Channel] = []
-        for t in dict.fromkeys(layer.inputs):
-            slots = [i for i, name in enumerate(layer.inputs) if name == t]
-            spans = [(min(ws[i].region.h0 for i in slots), max(ws[i].region.h1 for i in slots)) for ws in wins]
-            consumed, carry = _consumption(spans, _rows(graph.shape(t)))
-            ch = edge(t, dst, consumed)
-            channels.append(ch)
-            if any(carry):
-                row = _row_tokens(graph.shape(t), itemsize, batch)
-                u = tuple(k * row for k in carry)
-                v = (0,) + u[:-1]
-                loops.append(Channel(f"c_{dst}_{dst}", dst, dst, u, v, 0, None, ch.name))
-        if len(loops) > 1:  # one self-loop per carried input: name them by their source actor
-            loops = [Channel(f"c_{dst}_{dst}_{_channel_by(channels, c.carries).src}", c.src, c.dst,
-                             c.production, c.consumption, 0, None, c.carries) for c in loops]
-        channels.extend(loops)
-    for t in graph.outputs:
-        channels.append(edge(t, sink_names[t], (_rows(graph.shape(t)),)))
-
-    return CSDFGraph(graph.name, tuple(actors), tuple(channels), tensor_tokens)
+def _layer_channels(graph: Graph, layer: Layer, regions: Sequence[Region], itemsize: int, batch: int | None,
+                    edge: Callable[[str, str, Sequence[int]], Channel], channels: Sequence[Channel]) -> list[Channel]:
+    """The channels into one layer's actor: one per distinct input tensor (what each phase
+    consumes), then a self-loop per input whose rows are carried from phase to phase."""
+    dst = f"L{layer.id}"
+    op = get_op(layer.op)
+    in_shapes = [_batched(graph.shape(t), batch) for t in layer.inputs]
+    wins = [op.input_windows(layer, reg, in_shapes) for reg in regions]
+    inputs: list[Channel] = []
+    loops: list[Channel] = []
+    for t in dict.fromkeys(layer.inputs):
+        slots = [i for i, name in enumerate(layer.inputs) if name == t]
+        spans = [(min(ws[i].region.h0 for i in slots), max(ws[i].region.h1 for i in slots)) for ws in wins]
+        consumed, carry = _consumption(spans, _rows(graph.shape(t)))
+        ch = edge(t, dst, consumed)
+        inputs.append(ch)
+        if any(carry):
+            row = _row_tokens(graph.shape(t), itemsize, batch)
+            u = tuple(k * row for k in carry)
+            v = (0,) + u[:-1]
+            loops.append(Channel(f"c_{dst}_{dst}", dst, dst, u, v, 0, None, ch.name))
+    if len(loops) > 1:  # one self-loop per carried input: name them by their source actor
+        known = [*channels, *inputs]
+        loops = [Channel(f"c_{dst}_{dst}_{_channel_by(known, c.carries).src}", c.src, c.dst,
+                         c.production, c.consumption, 0, None, c.carries) for c in loops]
+    return inputs + loops
 
 
 def _channel_by(channels: Iterable[Channel], name: str | None) -> Channel:

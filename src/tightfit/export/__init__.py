@@ -22,14 +22,15 @@ PROCESS_SLACK = 2 * 2**20
 
 
 def export(plan: Plan, graphs: Sequence[Graph], out: str | Path, name: str | None = None,
-           weights: str = "auto") -> Sources:
-    """Write the C library and test program of `plan` into folder `out` (whole, or nothing)."""
-    sources = generate(plan, graphs, name or _default_name(plan), weights)
-    write_dir(sources, Path(out))
+           weights: str = "auto", force: bool = False) -> Sources:
+    """Write the C library and test program of `plan` into folder `out` (whole, or nothing; an
+    existing non-empty `out` is replaced only with `force`)."""
+    sources = generate(plan, graphs, name or default_name(plan), weights)
+    write_dir(sources, Path(out), force)
     return sources
 
 
-def _default_name(plan: Plan) -> str:
+def default_name(plan: Plan) -> str:
     spec = plan.models[0].spec if len(plan.models) == 1 else "app"
     return c_name(Path(spec).stem if spec.endswith(".onnx") else spec.split(":")[-1])
 

@@ -28,23 +28,19 @@ DEFAULT_CFLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
 
 
-def write_dir(sources: Sources, out: Path) -> Path:
+def write_files(sources: Sources, folder: Path) -> None:
+    """The exported files into `folder`, a folder being staged (see atomic.output_folder)."""
+    for name, data in sources.files.items():
+        (Path(folder) / name).write_bytes(data)
+
+
+def write_dir(sources: Sources, out: Path, force: bool = False) -> Path:
     """The files into `out`, whole or not at all: written in a temporary folder beside it, then
-    renamed over it."""
+    put in its place in one step. An existing non-empty `out` is replaced only with `force`; a
+    file is never replaced (atomic.OutputError, one line)."""
     out = Path(out)
-    try:
-        with atomic.temporary_dir(out) as tmp:  # removed on the way out, unless renamed to `out`
-            for name, data in sources.files.items():
-                (tmp / name).write_bytes(data)
-            if out.exists():
-                old = atomic.track(out.with_name(f".{out.name}.old.{os.getpid()}"))
-                os.replace(out, old)
-                os.replace(tmp, out)
-                atomic.discard(old)
-            else:
-                os.replace(tmp, out)
-    except atomic.OutputError as e:
-        raise ExportError(str(e)) from None
+    with atomic.output_folder(out, force) as tmp:
+        write_files(sources, tmp)
     return out
 
 
@@ -61,7 +57,7 @@ class Built:
     binary: Path
     text: int      # code (`size`'s text includes the read-only data: the const weights in c mode)
     data: int
-    bss: int       # the arena is in bss (main.c's static array)
+    bss: int       # static data of the program and libc (the arena is allocated at start, main.c)
     stack_bound: int  # sum of every function's static frame: no recursion, so no chain is deeper
 
 

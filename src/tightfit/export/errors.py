@@ -14,3 +14,7 @@ class ToolchainMissingError(ExportError):
 
 class DoesNotFitError(ExportError):
     """The built program is larger than the device's RAM or flash; says by how much and why."""
+
+    def __init__(self, message: str, ram_overflow: int = 0, flash_overflow: int = 0):
+        super().__init__(message)
+        self.ram_overflow, self.flash_overflow = ram_overflow, flash_overflow

@@ -17,10 +17,12 @@ Input sizes are those a user runs: classification at 224 (inception_v3 at 299), 
 the recogniser at 32x320.
 
 Exports: TorchScript-based `torch.onnx.export(dynamo=False)` (the dynamo exporter of torch 2.14
-needs onnxscript and writes a different graph; the TorchScript one is what most published ONNX
-files came from), with its default constant folding, at opset 17 with a static shape and at
-opset 11 with a dynamic batch dimension (`dynamic_axes`, as people export for serving). Files
-are cached under the zoo cache (`cache_dir()/corpus`)."""
+writes a different graph; the TorchScript one is what most published ONNX files came from),
+with its default constant folding, at opset 17 with a static shape and at opset 11 with a
+dynamic batch dimension (`dynamic_axes`, as people export for serving). Files are cached under
+the zoo cache (`cache_dir()/corpus`).
+
+Needs the torch extra: importing this module without PyTorch is a TorchMissingError."""
 from __future__ import annotations
 
 import functools
@@ -31,11 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 from tightfit.cache import cache_dir
+from tightfit.frontend.torch_import import require_torch
+
+torch = require_torch("the corpus", torchvision=True)
+nn = torch.nn
+F = torch.nn.functional
 
 OPSETS = (17, 11)
 
@@ -252,19 +255,18 @@ class CRNNTrunk(nn.Module):
 # --- the corpus ----------------------------------------------------------------------------------
 
 def _tv(name: str, **kw) -> Callable[[], nn.Module]:
-    def make() -> nn.Module:
-        import torchvision
+    from tightfit.frontend.torch_import import torchvision_factory
 
-        return getattr(torchvision.models, name)(weights=None, **kw)
-
-    return make
+    return torchvision_factory(name, **kw)
 
 
 def _seg(name: str, **kw) -> Callable[[], nn.Module]:
-    def make() -> nn.Module:
-        from torchvision.models import segmentation
+    from tightfit.frontend.torch_import import torchvision_factory
 
-        return _OutOnly(getattr(segmentation, name)(weights=None, weights_backbone=None, **kw))
+    make_model = torchvision_factory(name, "segmentation", weights_backbone=None, **kw)
+
+    def make() -> nn.Module:
+        return _OutOnly(make_model())
 
     return make
 
@@ -328,7 +330,8 @@ def entry(name: str) -> CorpusEntry:
 
 def module(name: str) -> nn.Module:
     """The corpus model with its seeded random weights, in eval mode."""
-    from tightfit.frontend.zoo import SEED, randomize_module
+    from tightfit.frontend.torch_import import randomize_module
+    from tightfit.frontend.zoo import SEED
 
     make, shape, _, _ = _MAKERS[entry(name).name]
     torch.manual_seed(SEED)  # layers randomize_module leaves alone (ConvTranspose, LayerNorm, ...) draw from here
@@ -385,14 +388,13 @@ def onnx_path(name: str, opset: int = 17) -> Path:
 def _code_version() -> str:
     """Exported bytes depend on the libraries, the seed and the sources that draw the weights."""
     import onnx
-    import torchvision
 
-    from tightfit.frontend import zoo
+    from tightfit.frontend import torch_import, zoo
 
     h = hashlib.sha256()
-    for part in (torch.__version__, torchvision.__version__, onnx.__version__, str(zoo.SEED)):
+    for part in (*torch_import.versions(), onnx.__version__, str(zoo.SEED)):
         h.update(part.encode() + b"\0")
-    for mod_file in (__file__, zoo.__file__):
+    for mod_file in (__file__, torch_import.__file__, zoo.__file__):
         h.update(Path(mod_file).read_bytes())
     return h.hexdigest()[:12]
 

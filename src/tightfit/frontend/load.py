@@ -2,65 +2,42 @@
 or an nn.Module; the one place that knows these spellings."""
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from tightfit.errors import ModelLoadError, OptionError
 from tightfit.graph.ir import Graph
+
+if TYPE_CHECKING:
+    import torch
 
 
 def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None,
          nchw_shape: bool = False) -> Graph:
     """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape).
     `input_shape` is in the model input's own layout (NHWC for a file that takes NHWC), or the
-    graph's NCHW shape with `nchw_shape`."""
-    from tightfit.frontend import zoo
-    from tightfit.frontend.onnx_import import load_onnx
-    from tightfit.frontend.torch_import import from_module
+    graph's NCHW shape with `nchw_shape`. Only the PyTorch spellings need torch (the extra)."""
+    from tightfit.frontend import torch_import, zoo
 
     if isinstance(model, Graph):
         return model
-    if isinstance(model, torch.nn.Module):
+    if torch_import.is_module(model):
         if input_shape is None:
             raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
-        return from_module(model, input_shape, type(model).__name__)
+        return torch_import.from_module(model, input_shape, type(model).__name__)
     spec = str(model)
     if spec in zoo.names():
         return zoo.load(spec, input_shape)
     if spec.endswith(".onnx") or Path(spec).exists():
+        from tightfit.frontend.onnx_import import load_onnx
+
         return load_onnx(spec, input_shape, nchw_shape=nchw_shape)
     if ":" in spec:
-        return _load_factory(spec, input_shape)
+        module = torch_import.load_factory(spec)
+        if input_shape is None:
+            raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
+        return torch_import.from_module(module, input_shape, spec.partition(":")[2])
     raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
-
-
-def _load_factory(spec: str, input_shape: Sequence[int] | None) -> Graph:
-    from tightfit.frontend.torch_import import from_module
-
-    mod_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ModelLoadError(f"cannot import {spec!r}: {e}") from None
-    except Exception as e:  # the module's own code failed as it was imported: the user's code, not ours
-        raise ModelLoadError(f"importing {mod_name!r} for {spec!r} raised {_first_line(e)}") from None
-    try:
-        module = factory()
-    except Exception as e:  # the user's factory failed
-        raise ModelLoadError(f"factory {spec!r} raised {_first_line(e)}") from None
-    if not isinstance(module, torch.nn.Module):
-        raise ModelLoadError(f"{spec!r} returned {type(module).__name__}, not a torch.nn.Module")
-    if input_shape is None:
-        raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
-    return from_module(module, input_shape, attr)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, where: str = "the plan") -> Graph:

@@ -8,11 +8,12 @@ patterns); freeze into a validated Graph.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -83,6 +84,9 @@ def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
         raise ModelLoadError(f"external data could not be read: {e}") from None
 
 
+MIN_OPSET, MAX_OPSET = 1, 21  # older forms are read (opset 4's Reshape attribute: tests/test_zoo.py; opset 6: tests/test_pytorch_converted.py)
+
+
 def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name: str,
                  fuse_batchnorm: bool = True, nchw_shape: bool = False) -> Graph:
     """`fuse_batchnorm=False` keeps every batch norm a layer of its own (with its ONNX node's
@@ -92,6 +96,9 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     except Exception:
         opset = 13
+    if not MIN_OPSET <= opset <= MAX_OPSET:  # the range the importer's ops are written and tested for
+        raise ModelLoadError(f"{name}: ONNX opset {opset} is not supported: tightfit imports opsets {MIN_OPSET}-{MAX_OPSET} "
+                             f"(convert it with onnx.version_converter.convert_version(model, 17), or export again at opset 17)")
     check_wiring(model)
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
@@ -113,6 +120,10 @@ class _Proto:
     params: list[np.ndarray] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     onnx_type: str = ""
+
+
+# (a group of elementwise layers in order, the tensor x they read) -> the activation kind, or None
+Recogniser = Callable[[list[_Proto], str], "tuple | None"]
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -402,7 +413,7 @@ class _Builder:
         for t in outputs:
             if t not in self.shapes:
                 raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
-        protos = fuse(self.protos, set(outputs), self.shapes, fuse_batchnorm)
+        protos = fuse(self.protos, set(outputs), self.shapes, fuse_batchnorm, self._recognise)
         layers, params = [], {}
         for i, p in enumerate(protos):
             layers.append(_freeze(p, i, params))
@@ -416,6 +427,19 @@ class _Builder:
             original_param_count=self.original_params, input_forms=self.input_forms,
         )
         return validate(graph)
+
+    def _recognise(self, group: list[_Proto], x: str) -> tuple | None:
+        """The activation a group of elementwise layers computes from x (frontend.functions), run
+        on the group's own nodes; None where a label names more than one node."""
+        from tightfit.frontend.functions import recognise
+
+        by_label: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.nodes:
+            by_label.setdefault(node.name or node.output[0], []).append(node)
+        found = [by_label.get(label, []) for p in group for label in p.nodes]
+        if any(len(nodes) != 1 for nodes in found):
+            return None
+        return recognise([nodes[0] for nodes in found], x, self.resolve, self.consts, self.opset)
 
     def _output_names(self) -> list[str]:
         """The model's outputs by their own names: a layer whose result reaches an output
@@ -600,14 +624,17 @@ def _sole_consumer(protos: list[_Proto], tensor: str, keep: set[str]) -> _Proto 
 
 
 def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None,
-         fuse_batchnorm: bool = True) -> list[_Proto]:
+         fuse_batchnorm: bool = True, recognise: Recogniser | None = None) -> list[_Proto]:
     """Apply the fusions in order; `keep` are tensors that must stay visible (graph outputs);
-    `shapes` are the imported tensors' shapes (the passes that need them skip without)."""
+    `shapes` are the imported tensors' shapes (the passes that need them skip without);
+    `recognise` names the activation a group of elementwise layers computes (without it, such
+    groups stay as they are)."""
     shapes = shapes or {}
     protos = _fuse_channel_shuffle(protos, keep, shapes)
     protos = _fuse_depth_space(protos, keep, shapes)
-    steps = ((_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
-             else (_fuse_silu, _fuse_functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
+    functions = functools.partial(_fuse_functions, recognise=recognise or (lambda group, x: None))
+    steps = ((_fuse_silu, functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
+             else (_fuse_silu, functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
@@ -648,14 +675,12 @@ def _pointwise(p: _Proto) -> bool:
     return p.op in POINTWISE_OPS and bool(p.inputs) and all(np.asarray(a).size == 1 for a in p.params)
 
 
-def _fuse_functions(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+def _fuse_functions(protos: list[_Proto], keep: set[str], recognise: Recogniser) -> list[_Proto]:
     """Elementwise layers that together compute a known activation of one tensor x (GELU as
     x * 0.5 * (1 + erf(x / sqrt 2)) or its tanh form, hard-swish as x * relu6(x + 3) / 6, Mish as
     x * tanh(softplus(x)), SiLU, ...) become that activation, which then fuses into the layer
     producing x. Recognised by value, whatever the exporter's node order or constants: the
     layers run on sample points and must give the activation's values."""
-    from tightfit.frontend.functions import recognise
-
     position = {id(p): i for i, p in enumerate(protos)}
     root: dict[str, str] = {}
     members: dict[str, list[_Proto]] = {}
@@ -678,7 +703,7 @@ def _fuse_functions(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
         inside = {id(m) for m in group}
         if any(m.output in keep or any(id(r) not in inside for r in readers.get(m.output, ())) for m in group if m is not p):
             continue
-        kind = recognise(group, root[p.output], lambda m: _freeze(m, 0, {}))
+        kind = recognise(group, root[p.output])
         if kind is None:
             continue
         p.op, p.inputs, p.attrs, p.params = "activation", [root[p.output]], {"act": (kind,)}, []

@@ -158,7 +158,7 @@ def _check_ids(plan: Plan) -> None:
 def _check_scratch(plan: Plan, graphs: Sequence[Graph]) -> None:
     """Each step's `scratch` is what its op's kernels allocate (`workspace_bytes` of the torch
     model, the output view dense or not, channels-last or not: the planners' choices), an input
-    step's what its row-band source holds (techniques/tiling/draft.py), a copy's nothing: a tampered figure
+    step's what its row-band source holds (techniques/tiling/planner.py), a copy's nothing: a tampered figure
     would misstate the analysed memory and the limit `run --enforce` derives from it."""
     from tightfit.graph.ir import DTYPE_BYTES
 

@@ -402,6 +402,40 @@ def greedy_by_conflicts(
     return tuple(_place(prob, _by_conflicts_order(prob), BEST_FIT))
 
 
+def shared_buffers(
+    reqs: Sequence[BufferReq],
+    extra_conflicts: Iterable[Sequence[int]] = (),
+    alignment: int = DEFAULT_ALIGNMENT,
+) -> Offsets:
+    """Shared-buffer reuse, Minakova's thesis Ch. 6, Algorithm 8 (Sec. 6.5.1).
+
+    Buffers are visited in the order given (the thesis visits edges partition by partition); each
+    joins the existing shared buffer none of whose members conflicts with it and that grows least
+    (the first of equal growth, as the strict ``cost < cost_min`` of line 31), else opens a new one.
+    Shared buffers are stacked in the order they were opened; each is as large as its largest member.
+    The thesis's application (Table 6.1 -> Table 6.2) is reproduced in tests/test_alg8.py.
+    """
+    prob = _problem(reqs, extra_conflicts, alignment)
+    members: list[list[int]] = []
+    sizes: list[int] = []
+    home = [0] * prob.n
+    for i in range(prob.n):
+        reusable = [k for k, group in enumerate(members) if not prob.adj_sets[i].intersection(group)]
+        if not reusable:
+            members.append([i])
+            sizes.append(prob.size[i])
+            home[i] = len(members) - 1
+            continue
+        best = min(reusable, key=lambda k: max(prob.size[i] - sizes[k], 0))
+        members[best].append(i)
+        sizes[best] = max(sizes[best], prob.size[i])
+        home[i] = best
+    bases = [0] * len(sizes)
+    for k in range(1, len(sizes)):
+        bases[k] = bases[k - 1] + sizes[k - 1]
+    return tuple(bases[home[i]] if prob.size[i] else 0 for i in range(prob.n))
+
+
 # --------------------------------------------------------------------------- improver
 
 
@@ -642,6 +676,7 @@ PLANNERS: dict[str, Planner] = {
     "greedy_by_size": greedy_by_size,
     "greedy_by_conflicts": greedy_by_conflicts,
     "improve": improve,
+    "shared_buffers": shared_buffers,
 }
 
 

@@ -16,7 +16,7 @@ The two splits are independent and compose per step:
   covers samples [n0, n1) and, today, all rows. Each tensor's samples live in *groups*
   (maximal sample ranges no step straddles), one buffer per group with its own lifetime; an
   access's `at[0]` is n0 minus the group's first sample. Nothing is shifted along N.
-- along H (processing by parts, plan/parts.py): a step covers rows [h0, h1) of all the
+- along H (processing by parts, techniques/parts/planner.py): a step covers rows [h0, h1) of all the
   batch's samples; a tensor lives in one window buffer of `rows` rows whose `at[1]` is h0
   minus the window's base, moved to the top by copy steps when full (mode "shift").
 To combine them (b samples by row bands): run each sample group's row-band steps in the parts

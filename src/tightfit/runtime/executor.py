@@ -206,7 +206,7 @@ class RowSource:
 
 def _rows_per_band(s: Step, graph: Graph, itemsize: int = 4) -> int:
     """Rows an input step asks a RowSource for at a time: as many whole-width rows as its
-    scratch holds (a band and its concatenation, see techniques/tiling/draft.py), all of them without scratch."""
+    scratch holds (a band and its concatenation, see techniques/tiling/planner.py), all of them without scratch."""
     if not s.scratch:
         return s.out.region.h
     n, c, _, w = (s.out.region.n,) + tuple(graph.shape(s.out.tensor)[1:])

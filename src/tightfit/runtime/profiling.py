@@ -46,7 +46,7 @@ def profiled_search(cost: Any, search: Callable[[Any, Any], T], deadline: Callab
                     say: Callable[[str], None] = lambda line: None, what: str = "search") -> tuple[T, Profiling]:
     """`search(predictor, deadline())` over `cost`'s profile, frozen, until it needs no step shape
     the profile lacks (each pass with a new deadline: `deadline()`, the caller's, e.g. a
-    plan.deadline.Deadline `--time-limit` seconds from now). `cost` a runtime CostModel; any other
+    techniques.deadline.Deadline `--time-limit` seconds from now). `cost` a runtime CostModel; any other
     object (a stand-in with `plan_seconds`) is passed to the search as it is, once."""
     if not hasattr(cost, "frozen"):
         t0 = time.monotonic()

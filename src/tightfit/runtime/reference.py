@@ -14,7 +14,8 @@ def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, n
     """Run the graph on one input (an array, or {input name: array}); return its outputs (in the
     model's order) and any tensors named in `keep`, as arrays of their own."""
     from tightfit.export.step_args import Context
-    from tightfit.plan.reuse import PlannedModel, plan_reuse
+    from tightfit.techniques.interface import PlannedModel
+    from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.runtime.executor import ArenaExecutor, view_array
 
     x = inputs[graph.inputs[0]] if isinstance(inputs, Mapping) else inputs

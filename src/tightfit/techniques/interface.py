@@ -1,5 +1,6 @@
-"""The one interface of the techniques: what a draft is given (Config), what a search is given
-(Problem) and answers (Front of Points), the one Pareto filter and the one run memory.
+"""The one interface of the techniques: the model every technique takes (PlannedModel), what a
+draft is given (Config), what a search is given (Problem) and answers (Front of Points), the one
+Pareto filter and the one run memory.
 
 Searches are pure: a Problem carries a prediction (`predict`, analysis/predict.Predictor over a
 frozen profile, or any object with its `plan_seconds(plan, graphs)` and
@@ -7,17 +8,18 @@ frozen profile, or any object with its `plan_seconds(plan, graphs)` and
 measures, forks or writes."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 from tightfit.errors import OptionError
+from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph
-from tightfit.plan.deadline import Deadline
 from tightfit.plan.lifetimes import Lifetimes, lifetimes
 from tightfit.plan.offsets import lower_bound
-from tightfit.plan.reuse import PlannedModel
-from tightfit.plan.schema import Plan
+from tightfit.plan.schema import ModelRef, Plan
+from tightfit.techniques.deadline import Deadline
 
 # The offset planner of plans drafted inside a search (fast; the chosen plan is placed by the
 # caller's planner, "improve" by default).
@@ -26,6 +28,22 @@ SEARCH_PLANNER = "greedy_by_size"
 
 def _silent(line: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """A model as planners take it: its graph, how to load it again, and the request size."""
+
+    graph: Graph
+    spec: str
+    batch: int = 1
+
+    def ref(self) -> ModelRef:
+        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), self.graph_fingerprint, self.batch)
+
+    @functools.cached_property
+    def graph_fingerprint(self) -> str:  # hashing a large graph takes milliseconds; searches draft hundreds of plans
+        return fingerprint(self.graph)
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,29 @@
  * INPUT.bin holds every CNN's input, float32 NCHW, one after another; OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
- * from a file). With -p the input is read whole first (timings then count no file reads). Prints the median seconds of a run and the process's peak resident set (VmHWM). */
+ * from a file: by default weights.bin beside the program). With -p the input is read whole first
+ * (timings then count no file reads). Prints the median seconds of a run and the process's peak
+ * resident set (VmHWM).
+ * Every mistake is one line on stderr and a non-zero status: 2 for what was given (a missing,
+ * short, long or unreadable file, a bad run count), 3 when a run fails, 4 when memory cannot be had
+ * (with what the program needs beside the address-space and data limits set, where the platform
+ * has getrlimit). The arena is allocated here, not static: a limit too low for it is then said in
+ * a line, where a static arena too large for the limit kills the process as it loads. */
 #define _POSIX_C_SOURCE 200112L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/resource.h>
+#define TF_HAS_RLIMIT 1
+#endif
 
 #include "model.h"
 
-static float arena[MODEL_ARENA_BYTES / 4 + 1] TF_ALIGNED;
+#define MAX_RUNS 1000000L
 
 typedef struct { FILE *f; long base; const long *shape; } file_source;
 
@@ -51,40 +64,172 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int main(int argc, char **argv) {
-    const int preload = argc > 1 && strcmp(argv[1], "-p") == 0;
-    if (preload) {
-        argv[1] = argv[0];
-        argv++;
-        argc--;
+/* Every CNN's input, float32, one after another: the bytes INPUT.bin must hold. */
+static long input_bytes(void) {
+    long bytes = 0;
+    for (int m = 0; m < MODEL_CNNS; m++) {
+        const long *s = model_input_shape(m);
+        bytes += s[0] * s[1] * s[2] * s[3] * (long)sizeof(float);
     }
-    if (argc < 3) {
+    return bytes;
+}
+
+/* 0 when `path` is a regular file of exactly `want` bytes; else says why in one line. */
+static int check_file(const char *what, const char *path, long want) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "cannot read %s %s: %s\n", what, path, strerror(errno));
+        return 2;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "%s %s is not a file%s\n", what, path, S_ISDIR(st.st_mode) ? " (a folder)" : "");
+        return 2;
+    }
+    if ((long)st.st_size != want) {
+        fprintf(stderr, "%s %s: expected %ld bytes (float32), got %ld\n", what, path, want, (long)st.st_size);
+        return 2;
+    }
+    return 0;
+}
+
+/* The run count: a whole number from 1 to MAX_RUNS, or 0 (said in one line). */
+static long parse_runs(const char *text) {
+    char *end = NULL;
+    errno = 0;
+    const long runs = strtol(text, &end, 10);
+    if (errno || end == text || *end || runs < 1 || runs > MAX_RUNS) {
+        fprintf(stderr, "bad run count '%s': give a whole number from 1 to %ld\n", text, MAX_RUNS);
+        return 0;
+    }
+    return runs;
+}
+
+#ifdef TF_HAS_RLIMIT
+static void say_limit(int resource, const char *name, const char *shell) {
+    struct rlimit r;
+    if (getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+        fprintf(stderr, "; %s (%s) is %llu bytes", name, shell, (unsigned long long)r.rlim_cur);
+}
+
+/* 0 when a limit set on the process is below `need` bytes (it cannot run); 1 otherwise. */
+static int limit_allows(int resource, size_t need) {
+    struct rlimit r;
+    return getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY || (size_t)r.rlim_cur >= need;
+}
+#endif
+
+/* What the process must be able to map besides its code, libc and stack; one line on failure. */
+static int memory_allows(size_t data_need, size_t image_bytes) {
+#ifdef TF_HAS_RLIMIT
+    if (limit_allows(RLIMIT_DATA, data_need) && limit_allows(RLIMIT_AS, data_need + image_bytes)) return 1;
+#else
+    (void)data_need;
+    (void)image_bytes;
+    return 1;
+#endif
+#ifdef TF_HAS_RLIMIT
+    fprintf(stderr, "not enough memory allowed: this program needs %zu bytes of data (arena %lu",
+            data_need, (unsigned long)MODEL_ARENA_BYTES);
+#ifdef MODEL_WEIGHTS_FILE
+    fprintf(stderr, " + weights %lu", (unsigned long)MODEL_WEIGHT_BYTES);
+#endif
+    fprintf(stderr, " + the rest) and %zu of address space besides its code, libc and stack", data_need + image_bytes);
+    say_limit(RLIMIT_DATA, "RLIMIT_DATA", "ulimit -d");
+    say_limit(RLIMIT_AS, "RLIMIT_AS", "ulimit -v");
+    fputc('\n', stderr);
+    return 0;
+#endif
+}
+
+static void *allocate(const char *what, size_t bytes) {
+    void *block = NULL;
+    if (posix_memalign(&block, 64, bytes + 4)) {
+        fprintf(stderr, "cannot allocate %s (%zu bytes)", what, bytes);
+#ifdef TF_HAS_RLIMIT
+        say_limit(RLIMIT_DATA, "RLIMIT_DATA", "ulimit -d");
+        say_limit(RLIMIT_AS, "RLIMIT_AS", "ulimit -v");
+#endif
+        fputc('\n', stderr);
+        return NULL;
+    }
+    return block;
+}
+
+typedef struct {
+    const char *input, *output, *weights;
+    long runs;
+    int preload;
+} options;
+
+static int parse(int argc, char **argv, options *o, char *weights_path, size_t path_size) {
+    o->preload = argc > 1 && strcmp(argv[1], "-p") == 0;
+    const int first = o->preload ? 2 : 1;
+    if (argc - first < 2 || argc - first > 4) {
         fprintf(stderr, "usage: %s [-p] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]\n", argv[0]);
         return 2;
     }
-    const long runs = argc > 3 ? atol(argv[3]) : 1;
-    FILE *in = fopen(argv[1], "rb");
-    if (!in || runs < 1) {
-        fprintf(stderr, "cannot read %s\n", argv[1]);
-        return 2;
-    }
+    o->input = argv[first];
+    o->output = argv[first + 1];
+    o->runs = argc - first > 2 ? parse_runs(argv[first + 2]) : 1;
+    if (o->runs < 1) return 2;
+    /* The weights: the 4th argument, else weights.bin in the program's own folder. */
+    const char *slash = strrchr(argv[0], '/');
+    const int dir = slash ? (int)(slash - argv[0]) + 1 : 0;
+    snprintf(weights_path, path_size, "%.*sweights.bin", dir, argv[0]);
+    o->weights = argc - first > 3 ? argv[first + 3] : weights_path;
+    return 0;
+}
+
 #ifdef MODEL_WEIGHTS_FILE
-    const char *wpath = argc > 4 ? argv[4] : "weights.bin";
-    FILE *wf = fopen(wpath, "rb");
-    void *block = NULL;
-    if (posix_memalign(&block, 64, MODEL_WEIGHT_BYTES + 4)) block = NULL;
-    float *weights = block;
-    if (!wf || !weights || fread(weights, 1, MODEL_WEIGHT_BYTES, wf) != MODEL_WEIGHT_BYTES) {
-        fprintf(stderr, "cannot read the weights from %s\n", wpath);
+/* The weights from their file into `weights` (MODEL_WEIGHT_BYTES); one line on failure. */
+static int read_weights(const char *path, void *weights) {
+    int status = check_file("weights", path, (long)MODEL_WEIGHT_BYTES);
+    if (status) return status;
+    FILE *f = fopen(path, "rb");
+    if (!f || fread(weights, 1, MODEL_WEIGHT_BYTES, f) != MODEL_WEIGHT_BYTES) {
+        fprintf(stderr, "cannot read the weights from %s\n", path);
+        status = 2;
+    }
+    if (f) fclose(f);
+    return status;
+}
+#endif
+
+static int write_outputs(const char *path, const void *arena, long runs) {
+    FILE *out = fopen(path, "wb");
+    if (!out) {
+        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
         return 2;
     }
-    fclose(wf);
+    float chunk[1024];
+    int failed = 0;
+    for (int m = 0; m < MODEL_CNNS && !failed; m++)
+    for (int k = 0; k < model_outputs(m) && !failed; k++)
+    for (long i = 0, total = model_output_elems(m, k); i < total && !failed; i += 1024) {
+        const long count = total - i < 1024 ? total - i : 1024;
+        model_read(arena, m, k, runs - 1, i, count, chunk);
+        failed = fwrite(chunk, sizeof(float), (size_t)count, out) != (size_t)count;
+    }
+    if (fclose(out) || failed) {
+        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+        return 2;
+    }
+    return 0;
+}
+
+#ifdef MODEL_WEIGHTS_FILE
 #define WEIGHTS weights,
+#define WEIGHT_FILE_BYTES ((size_t)MODEL_WEIGHT_BYTES)
+#define IMAGE_WEIGHTS ((size_t)0)
 #else
 #define WEIGHTS
+#define WEIGHT_FILE_BYTES ((size_t)0)
+#define IMAGE_WEIGHTS ((size_t)MODEL_WEIGHT_BYTES) /* const data in the program's image */
 #endif
+
+/* Every run, timed into seconds[]; 0, or 3 with the failing CNN said. */
+static int run_all(void *arena, const float *weights, FILE *in, const float *whole, long runs, double *seconds) {
     file_source src[MODEL_CNNS];
-    float *whole = NULL;
     long base = 0;
     for (int m = 0; m < MODEL_CNNS; m++) {
         const long *shape = model_input_shape(m);
@@ -93,50 +238,63 @@ int main(int argc, char **argv) {
         src[m].shape = shape;
         base += shape[0] * shape[1] * shape[2] * shape[3] * (long)sizeof(float);
     }
-    if (preload) {
-        whole = malloc((size_t)base + 4);
-        if (!whole || fread(whole, 1, (size_t)base, in) != (size_t)base) {
-            fprintf(stderr, "cannot read %s\n", argv[1]);
-            return 2;
-        }
-    }
-    double *seconds = malloc((size_t)runs * sizeof(double));
-    if (!seconds) return 3;
+    (void)weights;
     for (long r = 0; r < runs; r++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int m = 0; m < MODEL_CNNS; m++) {
-            const int status = preload ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float))
-                                       : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m]);
+            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float))
+                                     : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m]);
             if (status) {
-                fprintf(stderr, "CNN %d stopped with status %d\n", m, status);
+                fprintf(stderr, "CNN %d stopped with status %d (%s)\n", m, status,
+                        whole ? "a kernel failed" : "reading its input rows failed, or a kernel");
                 return 3;
             }
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         seconds[r] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     }
-    fclose(in);
-    FILE *out = fopen(argv[2], "wb");
-    if (!out) {
-        fprintf(stderr, "cannot write %s\n", argv[2]);
-        return 2;
-    }
-    float chunk[1024];
-    for (int m = 0; m < MODEL_CNNS; m++)
-    for (int k = 0; k < model_outputs(m); k++)
-    for (long i = 0, total = model_output_elems(m, k); i < total; i += 1024) {
-        const long count = total - i < 1024 ? total - i : 1024;
-        model_read(arena, m, k, runs - 1, i, count, chunk);
-        if (fwrite(chunk, sizeof(float), (size_t)count, out) != (size_t)count) return 2;
-    }
-    if (fclose(out)) return 2;
-    qsort(seconds, (size_t)runs, sizeof(double), cmp);
-    printf("runs %ld median_seconds %.9f peak_rss_kib %ld\n", runs, seconds[runs / 2], peak_rss_kib());
-    free(seconds);
-    free(whole);
-#ifdef MODEL_WEIGHTS_FILE
-    free(block); /* else LeakSanitizer fails a -fsanitize=address run of the program */
-#endif
     return 0;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    char weights_path[4096];
+    int status = parse(argc, argv, &o, weights_path, sizeof weights_path);
+    if (status) return status;
+    const long in_bytes = input_bytes();
+    status = check_file("input", o.input, in_bytes);
+    if (status) return status;
+    const size_t need = (size_t)MODEL_ARENA_BYTES + WEIGHT_FILE_BYTES + (o.preload ? (size_t)in_bytes : 0)
+                        + (size_t)o.runs * sizeof(double);
+    if (!memory_allows(need, IMAGE_WEIGHTS)) return 4;
+    void *arena = NULL, *weights = NULL;
+    float *whole = NULL;
+    double *seconds = NULL;
+    FILE *in = NULL;
+    status = 4;
+    if (!(arena = allocate("the arena", MODEL_ARENA_BYTES))) goto done;
+#ifdef MODEL_WEIGHTS_FILE
+    if (!(weights = allocate("the weights", MODEL_WEIGHT_BYTES))) goto done;
+    if ((status = read_weights(o.weights, weights)) != 0) goto done;
+    status = 4;
+#endif
+    if (!(seconds = allocate("the timings", (size_t)o.runs * sizeof(double)))) goto done;
+    if (o.preload && !(whole = allocate("the input", (size_t)in_bytes))) goto done;
+    status = 2;
+    if (!(in = fopen(o.input, "rb")) || (whole && fread(whole, 1, (size_t)in_bytes, in) != (size_t)in_bytes)) {
+        fprintf(stderr, "cannot read input %s: %s\n", o.input, strerror(errno));
+        goto done;
+    }
+    if ((status = run_all(arena, weights, in, whole, o.runs, seconds)) != 0) goto done;
+    if ((status = write_outputs(o.output, arena, o.runs)) != 0) goto done;
+    qsort(seconds, (size_t)o.runs, sizeof(double), cmp);
+    printf("runs %ld median_seconds %.9f peak_rss_kib %ld\n", o.runs, seconds[o.runs / 2], peak_rss_kib());
+done:
+    if (in) fclose(in);
+    free(whole);
+    free(seconds);
+    free(weights);
+    free(arena);
+    return status;
 }

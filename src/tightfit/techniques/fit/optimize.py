@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from tightfit.errors import TightfitError
-from tightfit.plan.deadline import Deadline, expired
+from tightfit.techniques.deadline import Deadline, expired
 from tightfit.techniques.fit.problem import FitProblem, _OutOfWork, _silent
 from tightfit.techniques.fit.space import FitPoint
 from tightfit.techniques.interface import Technique
@@ -99,58 +99,71 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
         sources = fit_sources()
     problem.add_candidates(sources, source_budget,
                            problem.build_layer_seeds if seeded else lambda: None)
-    size = problem.size
     if problem.exact_size <= exhaustive_limit:  # (the time-guided candidates add at most a few times as many)
-        total = size
-        problem.on_evaluate = lambda n: report(n, total)
-        for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
-            if expired(deadline):
-                say(f"fit: time is up during the enumeration of {total} plans")
-                break
-            (problem.evaluate_exact if problem.exact_genes(genes) else problem.evaluate)(genes)
-        say(f"fit: enumerated: {_best(problem)}")
+        total = _enumerate(problem, report, deadline, say)
     else:
-        total = pop_size * (generations + 1)
-        problem.on_evaluate = lambda n: report(min(n, total), total)
-        seeds = problem.seeds()
-        for genes in seeds + problem.smallest_of_each(seeds):
-            problem.evaluate(genes)
-        # The memory side: the seeds and combinations no time chose, and a descent on memory alone.
-        exact = problem.seeds(exact=True)
-        for genes in exact + problem.smallest_of_each(exact):
-            problem.evaluate_exact(genes)
-        say(f"fit: seeds: {_best(problem)}")
-        quick = any(s.quick for s in problem.spaces)
-        before = problem.planned_steps
-        if not quick:
-            _descend_memory(problem, deadline=deadline)
-            say(f"fit: memory side: {_best(problem)}")
-        # The work bound counts the seeds' and the genetic search's plans, not the descent's.
-        max_steps += problem.planned_steps - before
-        problem.max_steps = max_steps
-        evaluate_report = problem.on_evaluate
-
-        def on_evaluate(n: int) -> None:
-            evaluate_report(n)
-            if n % pop_size == 0:
-                say(f"fit: genetic search: {_best(problem)}")
-
-        problem.on_evaluate = on_evaluate
-        try:
-            if problem.planned_steps > max_steps or quick:
-                # The seeds took the work (any new plan would stop it), or a CNN is searched quickly.
-                raise _OutOfWork
-            _nsga2(problem, seed, pop_size, generations)
-            _polish(problem)
-        except _OutOfWork:
-            if expired(deadline):
-                say("fit: time is up: the genetic search stops")
-        problem.max_steps = math.inf
+        total = _evolve(problem, seed, pop_size, generations, max_steps, report, deadline, say)
     report(total, total)
     front = problem.front()
     say(f"fit: search done: {_best(problem)}")
     chosen, fits = select(front, constraints)
     return FitSearch(chosen, front, len(problem.points), fits, False, reuse)
+
+
+def _enumerate(problem: FitProblem, report: Callable[[int, int], None], deadline: Deadline | None,
+               say: Callable[[str], None]) -> int:
+    """Every genome of a small space, until the deadline; the number of plans there were."""
+    total = problem.size
+    problem.on_evaluate = lambda n: report(n, total)
+    for genes in itertools.product(*(range(u + 1) for u in problem.upper)):
+        if expired(deadline):
+            say(f"fit: time is up during the enumeration of {total} plans")
+            break
+        (problem.evaluate_exact if problem.exact_genes(genes) else problem.evaluate)(genes)
+    say(f"fit: enumerated: {_best(problem)}")
+    return total
+
+
+def _evolve(problem: FitProblem, seed: int, pop_size: int, generations: int, max_steps: int,
+            report: Callable[[int, int], None], deadline: Deadline | None, say: Callable[[str], None]) -> int:
+    """The seeds, the memory side (seeds no time chose, a descent on memory alone), then the
+    genetic search and its polish within `max_steps` planned steps; the plans it may evaluate."""
+    total = pop_size * (generations + 1)
+    problem.on_evaluate = lambda n: report(min(n, total), total)
+    seeds = problem.seeds()
+    for genes in seeds + problem.smallest_of_each(seeds):
+        problem.evaluate(genes)
+    exact = problem.seeds(exact=True)
+    for genes in exact + problem.smallest_of_each(exact):
+        problem.evaluate_exact(genes)
+    say(f"fit: seeds: {_best(problem)}")
+    quick = any(s.quick for s in problem.spaces)
+    before = problem.planned_steps
+    if not quick:
+        _descend_memory(problem, deadline=deadline)
+        say(f"fit: memory side: {_best(problem)}")
+    # The work bound counts the seeds' and the genetic search's plans, not the descent's.
+    max_steps += problem.planned_steps - before
+    problem.max_steps = max_steps
+    evaluate_report = problem.on_evaluate
+
+    def on_evaluate(n: int) -> None:
+        evaluate_report(n)
+        if n % pop_size == 0:
+            say(f"fit: genetic search: {_best(problem)}")
+
+    problem.on_evaluate = on_evaluate
+    try:
+        if problem.planned_steps > max_steps or quick:
+            # The seeds took the work (any new plan would stop it), or a CNN is searched quickly.
+            raise _OutOfWork
+        _nsga2(problem, seed, pop_size, generations)
+        _polish(problem)
+    except _OutOfWork:
+        if expired(deadline):
+            say("fit: time is up: the genetic search stops")
+    problem.max_steps = math.inf
+    return total
 
 
 def _best(problem: FitProblem) -> str:

@@ -7,7 +7,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from tightfit.graph.ir import Graph
-from tightfit.plan.deadline import Deadline, expired, share
+from tightfit.techniques.deadline import Deadline, expired, share
 from tightfit.plan.schema import Plan
 from tightfit.techniques.fit.space import MAX_GROUPS, Candidate, CNNSpace, FitApp, FitPoint, cnn_spaces, merge
 from tightfit.techniques.interface import Config, Problem, Technique, pareto, run_memory

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.reuse import PlannedModel, _fifo_copies
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import _fifo_copies
 from tightfit.plan.schema import Buffer, Partition, Plan, Step
 from tightfit.techniques.interface import SEARCH_PLANNER, Point, run_memory
 
@@ -131,14 +132,14 @@ class CNNSpace:
         return self._memory[key]
 
     def _one_partition(self, key: tuple) -> Plan:
-        from tightfit.plan.parts import draft_parts
-        from tightfit.plan.reuse import plan_reuse
+        from tightfit.techniques.parts.planner import PartsOptions, draft_parts
+        from tightfit.techniques.reuse.planner import plan_reuse
 
         if key[0] == "candidate":
             return self.candidates[key[1] - 1].build()
         if key[0] == "whole":
             return plan_reuse(self.model, SEARCH_PLANNER, key[1], self.layout, self.dtype)
-        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, align=key[3])
+        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, PartsOptions(align=key[3]))
 
 
 def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:

@@ -1,11 +1,11 @@
-"""Processing by parts (Minakova & Stefanov; plan/parts.py): layers compute their output in
+"""Processing by parts (Minakova & Stefanov; planner.py): layers compute their output in
 phases of a few rows, in the firing order of the model's cyclo-static dataflow graph, tensors
 held in windows; the parts search (phase_search.py) picks the phases per layer."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique
 
@@ -15,7 +15,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     input's bands), or "rows" per phase everywhere, or neither (one row per phase everywhere, the
     paper's setting); "align", "held" (layers whose outputs stay whole). Placed by
     `config.planner` (None: unplaced, as a search drafts)."""
-    from tightfit.plan.parts import draft_parts, phases_for_rows, plan_parts
+    from tightfit.techniques.parts.planner import PartsOptions, draft_parts, phases_for_rows, plan_parts
 
     g = model.graph
     phases, source = config.get("phases"), config.get("source")
@@ -25,10 +25,10 @@ def draft(model: PlannedModel, config: Config) -> Plan:
         from tightfit.analysis.csdf import max_phases
 
         phases, source = max_phases(g), g.shape(g.inputs[0])[2]
-    options = dict(align=config.get("align", False), held=config.get("held", ()))
+    options = PartsOptions(align=config.get("align", False), held=config.get("held", ()))
     if config.planner is None:
-        return draft_parts(model, phases, source, config.layout, config.dtype, **options)
-    return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, **options)
+        return draft_parts(model, phases, source, config.layout, config.dtype, options)
+    return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, options)
 
 
 def config_of(setting, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:

@@ -38,7 +38,7 @@ refinement depend on the budget, reach cheaper splits it passes by.
 Work is bounded: every plan is memoised by its phases and held tensors; an evaluation drafts
 both row alignments and, for the better, one held tensor (networks of at most AUTO_HOLD_LAYERS
 splittable layers); stage 1 plans O(log(layers)) prefixes per P; a greedy round plans at most
-SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most `max_rounds` rounds, and rounds that save
+SINGLE_MOVES + 3 + HOLD_MOVES candidates, for at most MAX_ROUNDS rounds, and rounds that save
 nothing stop after PLATEAU_ROUNDS; a coarsening sweep plans at most 3 + 2 x (heights) + 2 x
 (split layers, if at most COARSEN_SINGLES) + (held layers) candidates, and each sweep but the
 last lowers the predicted time; a time limit adds at most TIGHTEN_ROUNDS budget searches.
@@ -52,9 +52,9 @@ from typing import Callable, Iterable, Mapping
 
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.deadline import Deadline, TimeUp, check
+from tightfit.techniques.deadline import Deadline, TimeUp, check
 from tightfit.plan.lifetimes import Lifetimes, buffer_tensors, lifetimes, live_at
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Point, pareto, run_memory
 
@@ -64,6 +64,7 @@ SINGLE_MOVES = 4  # single-tensor candidates per round (the largest tensors at t
 HOLD_MOVES = 2  # hold-whole candidates per round (the smallest streamed tensors at the peaks)
 PLATEAU_ROUNDS = 6  # rounds in a row that may shrink buffers without lowering the peak
 EXHAUSTIVE_LIMIT = 512  # graphs with at most this many settings are searched exhaustively
+MAX_ROUNDS = 30  # greedy rounds at most per refinement
 TIGHTEN_ROUNDS = 6  # with a time limit: rounds of asking the budget stages for a smaller point
 TIGHTEN_STEP = 0.025  # after a round finds nothing within the limit, ask this much lower
 TIME_RESOLUTION = 0.01  # predicted times closer than this are ties, broken by fewer steps
@@ -81,8 +82,8 @@ class PartsSetting:
 
     phases: Phases
     source_phases: int
-    align: bool  # rows per phase aligned to the producers (plan_parts(align=...)), else equal parts
-    held: tuple[int, ...] = ()  # layers whose outputs are held whole (plan_parts(held=...))
+    align: bool  # rows per phase aligned to the producers (PartsOptions.align), else equal parts
+    held: tuple[int, ...] = ()  # layers whose outputs are held whole (PartsOptions.held)
 
     def phases_dict(self) -> dict[int, int]:
         return dict(self.phases)
@@ -104,10 +105,10 @@ def label(setting: PartsSetting) -> str:
 def plan_point(model: PlannedModel, point: Point, planner: str = "improve", layout: str = "nhwc",
                dtype: str = "fp32") -> Plan:
     """The placed plan of a point the search evaluated."""
-    from tightfit.plan.parts import plan_parts
+    from tightfit.techniques.parts.planner import PartsOptions, plan_parts
 
     c: PartsSetting = point.config
-    return plan_parts(model, c.phases_dict(), c.source_phases, planner, layout, dtype, align=c.align, held=c.held)
+    return plan_parts(model, c.phases_dict(), c.source_phases, planner, layout, dtype, PartsOptions(c.align, c.held))
 
 
 @dataclass(frozen=True)
@@ -142,19 +143,19 @@ def _buffers(p: Point) -> int:
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
                  max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                 max_rounds: int = 30, exhaustive_limit: int = EXHAUSTIVE_LIMIT, deadline: Deadline | None = None,
-                 progress: Callable[[str], None] = lambda line: None) -> PartsSearch:
+                 deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> PartsSearch:
     """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
     found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
     the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
-    `exhaustive_limit` settings (phase counts 1, 2, 4, ... per layer and source) is searched
+    EXHAUSTIVE_LIMIT settings (phase counts 1, 2, 4, ... per layer and source) is searched
     exhaustively, so the answer is the optimum of that space. Past `deadline` (checked before each
     new point) it stops and answers from the points found so far; `progress` gets a line per stage."""
     g = model.graph
     evaluate = _Evaluations(model, seconds, layout, dtype, deadline)
     base = evaluate({}, 1)
     settings = ladder_settings(g)
-    exhaustive = settings.count <= exhaustive_limit
+    exhaustive = settings.count <= EXHAUSTIVE_LIMIT  # (read at each call: tests lower it)
+    max_rounds = MAX_ROUNDS
     floor = None
     if budget_bytes is not None:
         fits = lambda p: p.memory_bytes <= budget_bytes  # noqa: E731
@@ -207,9 +208,9 @@ class _Evaluations:
         return self._plan(c.phases_dict(), c.source_phases, c.align, c.held)
 
     def _plan(self, phases: Mapping[int, int], source: int, align: bool, held: tuple[int, ...]) -> Plan:
-        from tightfit.plan.parts import draft_parts
+        from tightfit.techniques.parts.planner import PartsOptions, draft_parts
 
-        return draft_parts(self.model, dict(phases), source, self.layout, self.dtype, align=align, held=held)
+        return draft_parts(self.model, dict(phases), source, self.layout, self.dtype, PartsOptions(align, held))
 
     def _draft(self, phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
         plan = self._plan(dict(phases), source, align, held)

@@ -1,8 +1,9 @@
-"""Buffer reuse, layer by layer (plan/reuse.py): every tensor whole, buffers placed in one arena
+"""Buffer reuse, layer by layer (planner.py): every tensor whole, buffers placed in one arena
 by an offset planner; with config.order "memory", the layer order with the smallest peak."""
 from __future__ import annotations
 
-from tightfit.plan.reuse import PlannedModel, plan_reuse
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import SEARCH_PLANNER, Config, Front, Point, Problem, Technique, run_memory
 

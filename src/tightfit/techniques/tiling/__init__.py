@@ -1,7 +1,7 @@
 """Fused tiling (Farley & Gerstlauer's MAFAT, DeepThings' fused tile partitioning, generalised):
 a group of consecutive layers runs tile by tile over an N x M grid of its output, so the
 group's intermediates hold one tile instead of the whole tensor. groups.py: where groups may go
-and how they are written; draft.py: the planner (pure: graph and groups in, Plan out);
+and how they are written; planner.py: the planner (pure: graph and groups in, Plan out);
 config_search.py: the configuration search.
 
 A group is a run of layers [first, last] with one input tensor and one output tensor (branches
@@ -31,7 +31,7 @@ full-width band of the tile buffer, so kernels still write dense views. Column o
 recomputed (a reused column strip would make the computed part a strided view).
 
 Below its space of tilings (a budget no coarse grid fits), the search also considers the whole
-network by parts (plan/parts.py, found by the parts search): the limit the fine tilings approach,
+network by parts (techniques/parts/planner.py, found by the parts search): the limit the fine tilings approach,
 row bands of the full width, but each layer with its own band height and a stream cut where a
 tensor is held whole, which tiles of one grid per group cannot express. Such a configuration
 has no groups; its `parts` says how it runs.
@@ -40,17 +40,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, _distinct, technique
-from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
+from tightfit.techniques.tiling.planner import clear_edge, draft_tiling, executed_macs, plan_tiling, tile_regions
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, check_groups, cut_points, downsampling_cuts,
                                                format_tiling, group_problem, groupable_runs, parse_tiling, tileable)
-from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingSearch, TilingSetting, candidate_cuts, cost_seconds,
+from tightfit.techniques.tiling.config_search import (GRID_LIMIT, TilingOptions, TilingSearch, TilingSetting, candidate_cuts,
+                                                      cost_seconds,
                                                       default_grids, fine_groups, plan_point, search_tiling, smallest_key,
                                                       step_memory, tiling_point)
 
-__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingSearch", "TilingSetting", "candidate_cuts",
+__all__ = ["GRID_LIMIT", "OVERLAPS", "TileGroup", "TilingError", "TilingOptions", "TilingSearch", "TilingSetting", "candidate_cuts",
            "check_groups", "clear_edge", "cost_seconds", "cut_points", "default_grids", "downsampling_cuts", "draft",
            "draft_tiling", "executed_macs", "fine_groups", "format_tiling", "group_problem", "groupable_runs",
            "parse_tiling", "plan_point", "plan_tiling", "search", "search_tiling", "smallest_key", "step_memory",
@@ -93,8 +94,9 @@ def search(problem: Problem) -> Front | None:
         options.update(max_groups=2, timed_per_segment=1, front_points=0, parts=False)
         if problem.quick:
             options.update(grids=default_grids(QUICK_GRID_LIMIT), cuts=candidate_cuts(g, QUICK_CUTS))
-    found = config_search.search_tiling(problem.model, cost_seconds(problem.predict, g), problem.budget_bytes, layout=c.layout,
-                          dtype=c.dtype, deadline=problem.deadline, progress=problem.progress, **options)
+    found = config_search.search_tiling(problem.model, cost_seconds(problem.predict, g), problem.budget_bytes,
+                                        options=TilingOptions(**options), layout=c.layout, dtype=c.dtype,
+                                        deadline=problem.deadline, progress=problem.progress)
     smallest = min(found.points or (found.chosen,), key=smallest_key)
 
     def point(p: Point, exact: bool = False) -> Point:

@@ -8,10 +8,10 @@ from functools import partial
 from typing import Callable, Sequence
 
 from tightfit.graph.ir import Graph, spatial
-from tightfit.plan.deadline import Deadline, TimeUp, check, expired
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.deadline import Deadline, TimeUp, check, expired
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan, Step
-from tightfit.techniques.tiling.draft import clear_edge, draft_tiling, plan_tiling
+from tightfit.techniques.tiling.planner import clear_edge, draft_tiling, plan_tiling
 from tightfit.techniques.interface import Config, Point, Problem, pareto, technique
 from tightfit.techniques.tiling.groups import (OVERLAPS, TileGroup, TilingError, cut_points, downsampling_cuts,
                                                format_tiling, groupable_runs, tileable)
@@ -277,37 +277,52 @@ class _Space:
         return [self.plain[seg]] + [o for kept in self.options.get(seg, ()) for o in kept]
 
 
-def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None, max_groups: int = 3,
-                  grids: Sequence[tuple[int, int]] | None = None, overlaps: Sequence[str] = OVERLAPS,
-                  cuts: Sequence[int] | None = None, layout: str = "nhwc", dtype: str = "fp32",
-                  timed_per_segment: int = 2, front_points: int = 12, extra_budgets: Sequence[int] = (),
-                  parts: bool = True, deadline: Deadline | None = None,
-                  progress: Callable[[str], None] = lambda line: None) -> TilingSearch:
+@dataclass(frozen=True)
+class TilingOptions:
+    """What the tiling search explores and answers: at most `max_groups` groups, the `grids`
+    (None: default_grids()), the `overlaps`, the `cuts` (None: candidate_cuts), the options timed
+    per segment (`timed_per_segment`), a front over a ladder of `front_points` budgets plus the
+    fastest within each of `extra_budgets`, and with `parts` the parts search's front where a
+    budget is below the coarse space."""
+
+    max_groups: int = 3
+    grids: Sequence[tuple[int, int]] | None = None
+    overlaps: Sequence[str] = OVERLAPS
+    cuts: Sequence[int] | None = None
+    timed_per_segment: int = 2
+    front_points: int = 12
+    extra_budgets: Sequence[int] = ()
+    parts: bool = True
+
+
+def search_tiling(model: PlannedModel, seconds: StepSeconds, budget_bytes: int | None = None,
+                  options: TilingOptions = TilingOptions(), layout: str = "nhwc", dtype: str = "fp32",
+                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> TilingSearch:
     """With `budget_bytes`: the fastest configuration found whose predicted run memory fits
     (`fits` False: `chosen` is the smallest reachable). Without: the fastest overall. The
-    front is assembled over a ladder of `front_points` budgets from the smallest reachable peak
-    to the layer-by-layer peak, plus the fastest within each of `extra_budgets` (so one search
-    answers several budgets: the fastest front point within each). A budget below the space of
-    `cuts` and `grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
+    front is assembled over a ladder of `options.front_points` budgets from the smallest reachable
+    peak to the layer-by-layer peak, plus the fastest within each of `options.extra_budgets` (so
+    one search answers several budgets: the fastest front point within each). A budget below the
+    space of `options.cuts` and `options.grids` opens the fine space (see above). `seconds(plan, steps)` predicts the time
     of some of a plan's steps (`cost_seconds(predictor, graph)`, a Predictor over a frozen
-    profile). With `parts`, a budget below the coarse space also gets the parts search's front
+    profile). With `options.parts`, a budget below the coarse space also gets the parts search's front
     there (the whole network by parts).
     Past `deadline` (checked before each group option is planned) no more options are planned
     and the configurations are assembled from those planned so far; `progress` gets a line per
     stage."""
-    g = model.graph
-    setup = _setup(model, seconds, grids, overlaps, max_groups, timed_per_segment, layout, dtype, deadline, progress)
-    space = _Space(tuple(sorted(set(cuts) | {0, setup.layers})) if cuts is not None else candidate_cuts(g))
+    g, o = model.graph, options
+    setup = _setup(model, seconds, o.grids, o.overlaps, o.max_groups, o.timed_per_segment, layout, dtype, deadline, progress)
+    space = _Space(tuple(sorted(set(o.cuts) | {0, setup.layers})) if o.cuts is not None else candidate_cuts(g))
     _plan_until_deadline(setup, space, lambda a, b: True, partial(_coarse_groups, setup))
     smallest = _smallest(setup, space, _scratch_caps(space))
-    asked = [x for x in (budget_bytes, *extra_budgets) if x is not None]
+    asked = [x for x in (budget_bytes, *o.extra_budgets) if x is not None]
     below = bool(asked) and min(asked) < smallest.memory_bytes  # a budget below the coarse space
     # Parts configurations compete only where the tiles' coarse space cannot go.
     by_parts = ([p for p in _parts_points(model, seconds, min(asked), layout, dtype, deadline, progress)
-                 if p.memory_bytes < smallest.memory_bytes] if parts and below and not expired(deadline) else [])
-    if below and "reuse" in overlaps:
+                 if p.memory_bytes < smallest.memory_bytes] if o.parts and below and not expired(deadline) else [])
+    if below and "reuse" in o.overlaps:
         smallest = _plan_fine_space(setup, space, min(asked), smallest)
-    return _answer(setup, space, smallest, by_parts, budget_bytes, extra_budgets, front_points)
+    return _answer(setup, space, smallest, by_parts, budget_bytes, o.extra_budgets, o.front_points)
 
 
 def _setup(model: PlannedModel, seconds: StepSeconds, grids: Sequence[tuple[int, int]] | None, overlaps: Sequence[str],

@@ -5,7 +5,7 @@ linear network; graph_dp.py: over a branched graph's main path, and the plans of
 from __future__ import annotations
 
 from tightfit.errors import TightfitError
-from tightfit.plan.reuse import PlannedModel
+from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import Config, Front, Point, Problem, Technique, run_memory
 
@@ -30,7 +30,7 @@ def search(problem: Problem) -> Front | None:
     `problem.settings`: "unit_bytes", "latency", "batch_factors" (calibration by whole runs, done
     by the command layer), "margin", "fbs_margin". Offers nothing for a request of one sample in
     fit (`brief`), without a budget, or on a graph the DP's main path does not cover."""
-    from tightfit.techniques.vbs.graph_dp import DEFAULT_UNIT_BYTES, make_problem, search_vbs
+    from tightfit.techniques.vbs.graph_dp import DEFAULT_UNIT_BYTES, VbsSettings, make_problem, search_vbs
 
     if problem.budget_bytes is None or (problem.brief and problem.model.batch == 1):
         return None
@@ -39,10 +39,10 @@ def search(problem: Problem) -> Front | None:
     c, s = problem.config, problem.settings
     try:
         dp = make_problem(problem.model, problem.predict, c.layout, batch_factors=s.get("batch_factors"))
-        found = search_vbs(problem.model, None, problem.budget_bytes, problem.predict,
-                           s.get("unit_bytes") or DEFAULT_UNIT_BYTES, s.get("latency"), c.planner or "improve",
-                           c.layout, dp, margin=s.get("margin", 0.0), fbs_margin=s.get("fbs_margin", 0.0),
-                           deadline=problem.deadline)
+        settings = VbsSettings(s.get("unit_bytes") or DEFAULT_UNIT_BYTES, s.get("latency"), margin=s.get("margin", 0.0),
+                               fbs_margin=s.get("fbs_margin", 0.0))
+        found = search_vbs(problem.model, problem.budget_bytes, problem.predict, settings, c.planner or "improve",
+                           c.layout, dp, problem.deadline)
     except TightfitError:  # a graph the DP's main path does not cover (a branch inside a branch)
         if problem.brief:
             return None

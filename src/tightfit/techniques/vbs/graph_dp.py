@@ -27,8 +27,9 @@ from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan.deadline import Deadline, expired
-from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
+from tightfit.techniques.deadline import Deadline, expired
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.techniques.interface import run_memory
 from tightfit.techniques.vbs.linear_dp import INF, LinearProfile, PivotStep, layer_base, plans_schedule, solve_plans
@@ -469,13 +470,25 @@ def smoothed(seconds: dict[int, list[float]]) -> dict[int, list[float]]:
     return out
 
 
-def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost, unit_bytes: int = DEFAULT_UNIT_BYTES,
-               latency: float | None = None, planner: str = "improve", layout: str = "nhwc",
-               problem: Problem | None = None, lookup: bool = True, margin: float = 0.0,
-               fbs_margin: float = 0.0, deadline: Deadline | None = None) -> VbsResult:
-    """The fastest variable-batch plan for `request` samples (default model.batch) whose
-    analysed run memory (arena + largest scratch) fits `budget_bytes`, by the DP at
-    `unit_bytes` granularity. The DP gets the budget less the largest scratch; the placed plan
+@dataclass(frozen=True)
+class VbsSettings:
+    """The DP's settings: memory granularity `unit_bytes`, the `latency` bound of every pivot's
+    samples (None: none), whether to build the `lookup` table of profiles per memory level, and
+    the `margin` and `fbs_margin` a schedule must win by (see search_vbs)."""
+
+    unit_bytes: int = DEFAULT_UNIT_BYTES
+    latency: float | None = None
+    lookup: bool = True
+    margin: float = 0.0
+    fbs_margin: float = 0.0
+
+
+def search_vbs(model: PlannedModel, budget_bytes: int, cost, settings: VbsSettings = VbsSettings(),
+               planner: str = "improve", layout: str = "nhwc", problem: Problem | None = None,
+               deadline: Deadline | None = None) -> VbsResult:
+    """The fastest variable-batch plan for the request (model.batch samples) whose analysed run
+    memory (arena + largest scratch) fits `budget_bytes`, by the DP at `settings.unit_bytes`
+    granularity. The DP gets the budget less the largest scratch; the placed plan
     is checked against the budget, and in the rare case the offset planner leaves a gap that
     breaks it, the DP is asked again with one unit less.
 
@@ -493,15 +506,14 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
     Past `deadline` (checked between plans: the DP's one solve is not cut) no more memory
     levels, lookup rows or uniform batches are planned, and the best plan found so far is
     returned (`timed_out`)."""
-    if request is not None and request != model.batch:
-        model = replace(model, batch=request)
+    unit_bytes, latency, margin = settings.unit_bytes, settings.latency, settings.margin
     problem = problem or make_problem(model, cost, layout)
     scratch = problem.scratch_bytes()
     memory = max((budget_bytes - scratch) // unit_bytes, 0)
     t0 = _time.perf_counter()
     solved = solve_problem(problem, memory, unit_bytes, latency)
     solve_seconds = _time.perf_counter() - t0
-    table = _lookup(problem, solved, memory) if lookup and not expired(deadline) else ()
+    table = _lookup(problem, solved, memory) if settings.lookup and not expired(deadline) else ()
     knobs = {"budget": budget_bytes, "unit_bytes": unit_bytes, "cost_profile": cost.id if cost is not None else "",
              "request": problem.request, "lookup": [list(x) for x in table]}
     if latency is not None:
@@ -523,9 +535,9 @@ def search_vbs(model: PlannedModel, request: int | None, budget_bytes: int, cost
                                None if found is None else deadline)
     if uniform is not None:
         found = uniform + (0,)
-    if found is not None and fbs_margin > 0 and latency is None:  # FBS knows no latency bound
+    if found is not None and settings.fbs_margin > 0 and latency is None:  # FBS knows no latency bound
         fbs_plan, fbs_steps_, fbs_seconds, fbs_batch = baseline(problem, budget_bytes, "fbs", planner, layout)
-        if fbs_plan is not None and predicted_seconds(problem, found[1]) > fbs_seconds * (1 - fbs_margin):
+        if fbs_plan is not None and predicted_seconds(problem, found[1]) > fbs_seconds * (1 - settings.fbs_margin):
             plan = plan_schedule(problem.model, fbs_steps_, planner, layout, problem.dtype,
                                  dict(knobs, source="uniform", batch=fbs_batch, predicted_seconds_per_sample=fbs_seconds))
             found = (plan, fbs_steps_, 0)

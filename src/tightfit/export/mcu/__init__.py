@@ -1,5 +1,7 @@
-"""Microcontroller target of `tightfit export`: link an exported C library for a Cortex-M
-with a named RAM and flash size, and run it under qemu's MPS2 board with semihosting.
+"""Microcontroller target of `tightfit export`: an exported C library as a firmware project for a
+Cortex-M with the user's RAM and flash sizes (library, startup code, linker script, test `main`,
+semihosting shim, a Makefile for arm-none-eabi-gcc with a `run-qemu` target), built, and run under
+qemu's MPS2 board with semihosting where a memory map of that board holds the sizes.
 
 The exported directory holds `tf_kernels.c` and `<name>.c/.h` (the model; the header
 defines `<NAME>_ARENA_BYTES`, `<NAME>_INPUT_ELEMS`, `<NAME>_OUTPUT_ELEMS`). To them this
@@ -22,7 +24,6 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from string import Template
 
@@ -37,9 +38,12 @@ SIZE = "arm-none-eabi-size"
 NM = "arm-none-eabi-nm"
 QEMU = "qemu-system-arm"
 
+TEMPLATES = Path(__file__).parent  # the startup, shim, test main and linker script templates
+
 DEFAULT_STACK_BYTES = 8192
 DEFAULT_HEAP_BYTES = 0  # the library and the test program never allocate
 _KEPT_SOURCES = ("startup_cortex_m.S", "tf_semihost.c", "tf_semihost.h")
+_HOST_ONLY = ("main.c", "Makefile", "weights.bin")  # the host test program: not part of a firmware project
 _ARENA_SYMBOL = "tf_arena"
 _IO_SYMBOL = "tf_io"
 _STACK_REPORT = re.compile(r"tightfit-mcu: stack used (\d+) of (\d+) bytes")
@@ -57,23 +61,62 @@ class McuTarget:
     board_flash_bytes: int
     ram_origin: int
     board_ram_bytes: int
+    psram_origin: int
+    psram_bytes: int
 
 
 # Memory maps of qemu's hw/arm/mps2.c, as in Arm's AN386 and AN500 application notes:
 # ZBT SSRAM1 (4 MiB at 0x0) is the code memory the core boots from, ZBT SSRAM2&3
-# (4 MiB at 0x20000000) the data memory. qemu treats both as RAM; we use the first as flash.
+# (4 MiB at 0x20000000) the data memory, and 16 MiB of PSRAM (at 0x60000000 on AN500, at
+# 0x21000000 on AN386). qemu treats all as RAM; the code memory (or the PSRAM) stands for flash.
 _MPS2_CODE = (0x00000000, 4 * 2**20)
 _MPS2_SRAM = (0x20000000, 4 * 2**20)
 TARGETS: dict[str, McuTarget] = {
     "cortex-m7": McuTarget(
         "cortex-m7", ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard"), "mps2-an500",
-        *_MPS2_CODE, *_MPS2_SRAM,
+        *_MPS2_CODE, *_MPS2_SRAM, 0x60000000, 16 * 2**20,
     ),
     "cortex-m4": McuTarget(
         "cortex-m4", ("-mcpu=cortex-m4", "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard"), "mps2-an386",
-        *_MPS2_CODE, *_MPS2_SRAM,
+        *_MPS2_CODE, *_MPS2_SRAM, 0x21000000, 16 * 2**20,
     ),
 }
+# ARMv7-M's default memory map: code 0x00000000-0x1FFFFFFF, SRAM 0x20000000-0x3FFFFFFF.
+REGION_LIMIT = 512 * 2**20
+BOOT_BYTES = 1024  # the vector table alone at the boot address, when flash lies elsewhere
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where flash and RAM lie: in a memory map of the qemu board when one holds both sizes
+    (`why_not` None), else in the architecture's default map (the program builds, qemu cannot
+    run it: `why_not` says why)."""
+
+    flash_origin: int
+    ram_origin: int
+    boot: bool  # the core boots from address 0, flash lies elsewhere: the vectors alone at 0
+    why_not: str | None = None
+
+    def where(self, core: McuTarget) -> str:
+        if self.why_not:
+            return f"ARMv7-M's default map (qemu's {core.qemu_machine} cannot hold these sizes)"
+        return f"a memory map of qemu's {core.qemu_machine}" + (" (the vector table at 0x00000000)" if self.boot else "")
+
+
+def choose_layout(core: McuTarget, ram_bytes: int, flash_bytes: int) -> Layout:
+    """A memory map of the board that holds the user's sizes: flash in the code memory, or in the
+    PSRAM when larger; RAM in the SRAM, or in the PSRAM when larger and the flash is not there."""
+    flash_in_psram = flash_bytes > core.board_flash_bytes
+    flash = core.flash_origin if not flash_in_psram else core.psram_origin if flash_bytes <= core.psram_bytes else None
+    ram = (core.ram_origin if ram_bytes <= core.board_ram_bytes
+           else core.psram_origin if ram_bytes <= core.psram_bytes and not flash_in_psram else None)
+    if flash is not None and ram is not None:
+        return Layout(flash, ram, flash_in_psram)
+    why = (f"qemu's {core.qemu_machine} has {_size_text(core.board_flash_bytes)} of code memory, "
+           f"{_size_text(core.board_ram_bytes)} of SRAM and {_size_text(core.psram_bytes)} of PSRAM: "
+           f"it cannot hold --flash {_size_text(flash_bytes)} and --ram {_size_text(ram_bytes)} apart; "
+           f"run the program on the device")
+    return Layout(core.flash_origin, core.ram_origin, False, why)
 
 _COMMON_CFLAGS = (
     "-mthumb", "-std=c99", "-O2", "-Wall", "-Wextra", "-fno-common",
@@ -117,6 +160,7 @@ class McuBuild:
     io_buffer: int
     ram_used: int  # from RAM's start to the end of its last section, padding included
     flash_used: int
+    qemu_problem: str | None = None  # why qemu cannot run it (no memory map of its board holds the sizes)
 
     def memory_report(self) -> str:
         other_ram = self.ram_used - self.arena - self.io_buffer - self.stack - self.heap
@@ -170,24 +214,75 @@ def mcu_target(name: str) -> McuTarget:
 def write_mcu_sources(
     dest: Path, name: str, target: str, ram_bytes: int, flash_bytes: int,
     stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES, library_dir: str = ".",
+    makefile: str | None = None,
 ) -> Path:
-    """Writes mcu_main.c, the startup, the semihosting calls, the linker script and
-    `Makefile.<target>` into dest, a folder being built (the export writes a temporary folder
-    and renames it); returns the linker script. library_dir: the exported library, relative
-    to dest. In dest, `make -f Makefile.<target>` builds `<name>_<target>.elf`, and `... run`
-    runs it on qemu (input.bin -> output.bin)."""
+    """Writes mcu_main.c, the startup, the semihosting calls, the linker script and a Makefile
+    (`makefile`, default `Makefile.<target>`) into dest; returns the linker script. library_dir:
+    the exported library, relative to dest. In dest, `make -f MAKEFILE` builds
+    `<name>_<target>.elf`, and `make -f MAKEFILE run-qemu` runs it on qemu (input.bin -> output.bin)."""
     core = mcu_target(target)
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
     interface = read_interface(dest / library_dir / f"{name}.h", name)
-    templates = resources.files("tightfit.export") / "mcu"
     for file_name in _KEPT_SOURCES:
-        (dest / file_name).write_text((templates / file_name).read_text())
-    main = Template((templates / ("mcu_main_rows.c.in" if interface.streams else "mcu_main.c.in")).read_text())
+        (dest / file_name).write_text((TEMPLATES / file_name).read_text())
+    main = Template((TEMPLATES / ("mcu_main_rows.c.in" if interface.streams else "mcu_main.c.in")).read_text())
     (dest / "mcu_main.c").write_text(main.substitute(name=name, NAME=name.upper()))
     script = dest / f"{name}_{target}.ld"
     script.write_text(_linker_script(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes))
-    (dest / f"Makefile.{target}").write_text(_makefile(core, name, Path(library_dir), Path(script.name)))
+    makefile = makefile or f"Makefile.{target}"
+    layout = choose_layout(core, ram_bytes, flash_bytes)
+    (dest / makefile).write_text(_makefile(core, name, Path(library_dir), Path(script.name), makefile, layout.why_not))
     return script
+
+
+@dataclass(frozen=True)
+class Project:
+    """A firmware project written into a folder: the library, the support files around it."""
+
+    name: str
+    target: str
+    ram_bytes: int
+    flash_bytes: int
+    stack_bytes: int
+    heap_bytes: int
+    support: tuple[str, ...]  # the files besides the library: startup, shim, test main, linker script, Makefile
+
+
+def write_project(folder: Path, sources, target: str, ram_bytes: int, flash_bytes: int,
+                  stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES) -> Project:
+    """The exported library (`sources`, from codegen.generate, its host test program left out)
+    and everything a firmware build needs around it into `folder` (a folder being staged)."""
+    if sources.weights_in_file:
+        raise ExportError(f"{target}: the weights were exported to a file; a microcontroller keeps them in flash "
+                          "(export with --weights c or auto)")
+    folder = Path(folder)
+    for file_name, data in sources.files.items():
+        if file_name not in _HOST_ONLY:
+            (folder / file_name).write_bytes(data)
+    script = write_mcu_sources(folder, sources.name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes,
+                               makefile="Makefile")
+    support = (*_KEPT_SOURCES, "mcu_main.c", script.name, "Makefile")
+    return Project(sources.name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes, support)
+
+
+def build_project(folder: Path, project: Project) -> McuBuild:
+    """Build the project in `folder` with the very command its Makefile runs (relative paths, in
+    the folder); DoesNotFitError when RAM or flash overflows, saying what took the memory."""
+    core = mcu_target(project.target)
+    problem = _toolchain_problem(with_qemu=False)
+    if problem:
+        raise ToolchainMissingError(f"{project.target}: cannot build: {problem}")
+    folder, here = Path(folder), Path(".")
+    interface = read_interface(folder / f"{project.name}.h", project.name)
+    elf = Path(f"{project.name}_{project.target}.elf")
+    script = Path(f"{project.name}_{project.target}.ld")
+    result = _run(mcu_compile_command(core, _program_sources(here, here, project.name), [here], script, elf), cwd=folder)
+    if result.returncode != 0:
+        _raise_build_failure(core, result.stderr, _program_sources(folder, folder, project.name), [folder], folder, interface,
+                             project.stack_bytes, project.heap_bytes, project.ram_bytes, project.flash_bytes)
+    built = folder / elf
+    return _build_record(core, built, project.name, project.ram_bytes, project.flash_bytes, interface,
+                         _section_sizes(built), _symbol_sizes(built))
 
 
 def _program_sources(library_dir: Path, build_dir: Path, name: str) -> list[Path]:
@@ -197,45 +292,56 @@ def _program_sources(library_dir: Path, build_dir: Path, name: str) -> list[Path
     ]
 
 
-def _makefile(core: McuTarget, name: str, library_dir: Path, script: Path) -> str:
+def _makefile(core: McuTarget, name: str, library_dir: Path, script: Path, makefile: str, qemu_problem: str | None) -> str:
     here = Path(".")
     elf = Path(f"{name}_{core.name}.elf")
     sources = _program_sources(library_dir, here, name)
     headers = [library_dir / f"{name}.h", library_dir / "tf_kernels.h", here / "tf_semihost.h"]
     build = shlex.join(mcu_compile_command(core, sources, [library_dir, here], script, elf))
-    run = shlex.join(qemu_command(core, elf))
+    run = shlex.join(qemu_command(core, elf)) if not qemu_problem else f"@echo {shlex.quote('cannot run under qemu: ' + qemu_problem)}; exit 1"
     prerequisites = " ".join(str(p) for p in [*sources, *headers, script])
+    make = "make" if makefile == "Makefile" else f"make -f {makefile}"
     return (
-        f"# tightfit: {name} for {core.name}, run on qemu's {core.qemu_machine} with semihosting. Generated.\n"
-        f"# make -f Makefile.{core.name}      builds {elf}\n"
-        f"# make -f Makefile.{core.name} run  reads input.bin, writes output.bin (float32, NCHW)\n\n"
+        f"# tightfit: {name} for {core.name}, a firmware project. Generated.\n"
+        f"# {make}            builds {elf} (and its .map) with {CC}\n"
+        f"# {make} run-qemu   runs it on qemu's {core.qemu_machine} with semihosting: reads input.bin, writes\n"
+        f"#                   output.bin (float32, NCHW){' -- not here: ' + qemu_problem if qemu_problem else ''}\n"
+        f"# {make} clean\n"
+        f"# The library is {name}.c, {name}.h, tf_kernels.c and tf_kernels.h: what firmware links.\n"
+        f"# Around it, the test program: startup_cortex_m.S, {script}, mcu_main.c, tf_semihost.c/.h;\n"
+        f"# on a real board, use its own startup code and linker script (or set the ORIGINs in {script}).\n\n"
         f"{elf}: {prerequisites}\n\t{build}\n\n"
-        f"run: {elf}\n\t{run}\n\n"
-        f".PHONY: run\n"
+        f"run-qemu: {elf}\n\t{run}\n\n"
+        f"run: run-qemu\n\n"
+        f"clean:\n\trm -f {elf} {elf.with_suffix('.map')} output.bin\n\n"
+        f".PHONY: run-qemu run clean\n"
     )
 
 
-def _linker_script(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int) -> str:
-    template = Template((resources.files("tightfit.export") / "mcu" / "link.ld.in").read_text())
+def _linker_script(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int,
+                   layout: Layout | None = None) -> str:
+    layout = layout or choose_layout(core, ram_bytes, flash_bytes)
+    template = Template((TEMPLATES / "link.ld.in").read_text())
+    boot = layout.boot
     return template.substitute(
-        target=core.name, board=core.qemu_machine,
-        flash_origin=f"0x{core.flash_origin:08X}", flash_bytes=flash_bytes,
-        board_flash_bytes=core.board_flash_bytes,
-        ram_origin=f"0x{core.ram_origin:08X}", ram_bytes=ram_bytes, board_ram_bytes=core.board_ram_bytes,
+        target=core.name, where=layout.where(core),
+        flash_origin=f"0x{layout.flash_origin:08X}", flash_bytes=flash_bytes,
+        flash_length=flash_bytes - (BOOT_BYTES if boot else 0),
+        ram_origin=f"0x{layout.ram_origin:08X}", ram_bytes=ram_bytes,
+        boot_memory=f"\n    BOOT (rx)  : ORIGIN = 0x{core.flash_origin:08X}, LENGTH = {BOOT_BYTES}" if boot else "",
+        vectors_section="\n    .vectors : { KEEP(*(.vectors)) } > BOOT\n" if boot else "",
+        vectors_in_text="" if boot else "\n        KEEP(*(.vectors))",
         stack_bytes=stack_bytes, heap_bytes=heap_bytes,
     )
 
 
 def _check_sizes(core: McuTarget, ram_bytes: int, flash_bytes: int, stack_bytes: int, heap_bytes: int) -> None:
-    for option, size, board_size, memory in (
-        ("--ram", ram_bytes, core.board_ram_bytes, f"SRAM at 0x{core.ram_origin:08X}"),
-        ("--flash", flash_bytes, core.board_flash_bytes, f"code memory at 0x{core.flash_origin:08X}"),
-    ):
-        if size <= 0 or size > board_size:
-            raise ExportError(
-                f"{core.name}: {option} {_size_text(size)} is not within the {core.qemu_machine} board's "
-                f"{_size_text(board_size)} of {memory}"
-            )
+    for option, size, region in (("--ram", ram_bytes, "SRAM"), ("--flash", flash_bytes, "code")):
+        if size <= 0 or size > REGION_LIMIT:
+            raise ExportError(f"{core.name}: {option} {_size_text(size)} is not within the {_size_text(REGION_LIMIT)} "
+                              f"{region} region of the ARMv7-M memory map")
+    if flash_bytes <= BOOT_BYTES:
+        raise ExportError(f"{core.name}: --flash {_size_text(flash_bytes)} cannot hold a program")
     if stack_bytes < 256 or stack_bytes % 8:
         raise ExportError(f"{core.name}: the stack must be a multiple of 8 bytes, at least 256; got {stack_bytes}")
     if heap_bytes < 0 or heap_bytes % 8:
@@ -354,22 +460,27 @@ def _symbol_sizes(elf: Path) -> dict[str, int]:
 def _build_record(
     core: McuTarget, elf: Path, name: str, ram_bytes: int, flash_bytes: int,
     interface: LibraryInterface, sections: dict[str, tuple[int, int]], symbols: dict[str, int],
+    layout: Layout | None = None,
 ) -> McuBuild:
+    layout = layout or choose_layout(core, ram_bytes, flash_bytes)
+
     def size(section: str) -> int:
         return sections.get(section, (0, 0))[0]
 
     def end(names: tuple[str, ...], origin: int) -> int:
         return max((sum(sections[n]) for n in names if n in sections), default=origin)
 
-    flash_end = end((".text", ".ARM.extab", ".ARM.exidx", ".rodata"), core.flash_origin)
-    ram_end = end((".stack", ".data", ".bss", ".heap"), core.ram_origin)
+    flash_end = end((".text", ".ARM.extab", ".ARM.exidx", ".rodata"), layout.flash_origin)
+    ram_end = end((".stack", ".data", ".bss", ".heap"), layout.ram_origin)
+    boot = BOOT_BYTES if layout.boot else 0  # the vector table's region at the boot address
     return McuBuild(
         elf=elf, name=name, target=core.name, ram_bytes=ram_bytes, flash_bytes=flash_bytes,
         input_elems=interface.input_elems, output_elems=interface.output_elems, input_streamed=interface.streams,
-        text=size(".text") + size(".ARM.extab") + size(".ARM.exidx"), rodata=size(".rodata"),
+        text=size(".vectors") + size(".text") + size(".ARM.extab") + size(".ARM.exidx"), rodata=size(".rodata"),
         data=size(".data"), bss=size(".bss"), stack=size(".stack"), heap=size(".heap"),
         arena=symbols.get(_ARENA_SYMBOL, 0), io_buffer=symbols.get(_IO_SYMBOL, 0),
-        ram_used=ram_end - core.ram_origin, flash_used=flash_end - core.flash_origin + size(".data"),
+        ram_used=ram_end - layout.ram_origin, flash_used=flash_end - layout.flash_origin + size(".data") + boot,
+        qemu_problem=layout.why_not,
     )
 
 
@@ -388,7 +499,7 @@ def _raise_build_failure(
         explained.append(_ram_overflow(unbounded, overflows["RAM"], ram_bytes))
     if "FLASH" in overflows:
         explained.append(_flash_overflow(unbounded, overflows["FLASH"], flash_bytes))
-    raise DoesNotFitError(f"{core.name}: " + "; ".join(explained))
+    raise DoesNotFitError(f"{core.name}: " + "; ".join(explained), overflows.get("RAM", 0), overflows.get("FLASH", 0))
 
 
 def _unbounded_build(
@@ -398,15 +509,19 @@ def _unbounded_build(
     """The same program linked with memories far larger than any board's, only to measure
     what took the space (the failed link leaves no ELF to measure)."""
     ram, flash = 2**30, 2**28  # flash ends below the SRAM's 0x20000000, so the regions stay apart
-    wide = McuTarget(core.name, core.cpu_flags, core.qemu_machine, core.flash_origin, flash, core.ram_origin, ram)
+    wide = Layout(core.flash_origin, core.ram_origin, False)
     script = build_dir / "measure.ld"
-    script.write_text(_linker_script(wide, ram, flash, stack, heap))
+    script.write_text(_linker_script(core, ram, flash, stack, heap, wide))
     elf = build_dir / "measure.elf"
-    result = _run(mcu_compile_command(wide, program, include_dirs, script, elf))
-    if result.returncode != 0:
-        said = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
-        raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {said[-1] if said else 'no message'}")
-    return _build_record(wide, elf, "", ram, flash, interface, _section_sizes(elf), _symbol_sizes(elf))
+    try:
+        result = _run(mcu_compile_command(core, program, include_dirs, script, elf))
+        if result.returncode != 0:
+            said = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+            raise ExportError(f"{core.name}: the program does not fit, and measuring it failed: {said[-1] if said else 'no message'}")
+        return _build_record(core, elf, "", ram, flash, interface, _section_sizes(elf), _symbol_sizes(elf), wide)
+    finally:  # only a measurement: nothing of it stays in the project
+        for f in (script, elf, elf.with_suffix(".map")):
+            f.unlink(missing_ok=True)
 
 
 def _ram_overflow(unbounded: McuBuild, overflow: int, ram_bytes: int) -> str:
@@ -441,6 +556,8 @@ def run_qemu(build: McuBuild, input: np.ndarray, timeout_s: float = 60.0) -> np.
 
 def run_qemu_measured(build: McuBuild, input: np.ndarray, timeout_s: float = 60.0) -> McuRun:
     core = mcu_target(build.target)
+    if build.qemu_problem:
+        raise ExportError(f"{build.target}: cannot run under qemu: {build.qemu_problem}")
     problem = toolchain_available()
     if problem:
         raise ToolchainMissingError(f"{build.target}: cannot run: {problem}")

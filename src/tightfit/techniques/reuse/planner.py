@@ -4,41 +4,23 @@ layer writes over an input that dies there), placed in one arena by an offset pl
 Pure functions: graph(s) and options in, Plan out."""
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Sequence
 
-from tightfit.graph.fingerprint import fingerprint
 from tightfit.graph.ir import Graph, itemsize, last_reads, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan import windows as memo
-from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, Step
+from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
+from tightfit.techniques import windows as memo
+from tightfit.techniques.interface import PlannedModel
 
 ORDERS = ("imported", "memory")
-
-
-@dataclass(frozen=True)
-class PlannedModel:
-    """A model as planners take it: its graph, how to load it again, and the request size."""
-
-    graph: Graph
-    spec: str
-    batch: int = 1
-
-    def ref(self) -> ModelRef:
-        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), self.graph_fingerprint, self.batch)
-
-    @functools.cached_property
-    def graph_fingerprint(self) -> str:  # hashing a large graph takes milliseconds; searches draft hundreds of plans
-        return fingerprint(self.graph)
 
 
 def layer_order(graph: Graph, order: str) -> tuple[int, ...]:
     if order == "imported":
         return tuple(range(len(graph.layers)))
     if order == "memory":
-        from tightfit.plan.order import memory_order
+        from tightfit.techniques.reuse.order import memory_order
 
         return tuple(memory_order(order_model(graph)))
     from tightfit.errors import OptionError
@@ -49,7 +31,7 @@ def layer_order(graph: Graph, order: str) -> tuple[int, ...]:
 def order_model(graph: Graph, dtype: str = "fp32"):
     """The graph as the order search sees it: layers, their inputs, output and scratch bytes."""
     from tightfit.analysis.memory import layer_workspace
-    from tightfit.plan.order import OrderModel
+    from tightfit.techniques.reuse.order import OrderModel
 
     producer = {l.output: l.id for l in graph.layers}
     deps = tuple(tuple(dict.fromkeys(producer[t] for t in l.inputs if t in producer)) for l in graph.layers)

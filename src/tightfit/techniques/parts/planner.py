@@ -15,10 +15,11 @@ from typing import Collection, Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
-from tightfit.plan import windows as memo
+from tightfit.techniques import windows as memo
 from tightfit.ops.base import Region
 from tightfit.plan.overlay import overlay_buffers
-from tightfit.plan.reuse import PlannedModel, dense_nhwc, layout_for
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import dense_nhwc, layout_for
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 
 
@@ -84,35 +85,44 @@ def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) 
     return lows
 
 
-def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
-               planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0,
-               align: bool = False, overlay: bool = True, held: Collection[int | str] = ()) -> Plan:
-    """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf).
+@dataclass(frozen=True)
+class PartsOptions:
+    """How a parts plan is shaped besides its phases. `align`: phase counts (layer ids as keys)
+    become rows per phase that end where the producers' phases make rows computable
+    (`aligned_rows`) instead of equal parts. `held`: layers (ids or names) whose outputs are kept
+    whole and complete before their readers start (analysis.csdf.firing_order). `overlay`: a
+    whole tensor written while another is read top to bottom may take its dead rows
+    (plan/overlay.py). `slack_rows`: window rows traded for fewer compactions."""
 
-    With `align`, phase counts (layer ids as keys) become rows per phase that end where the
-    producers' phases make rows computable (`aligned_rows`) instead of equal parts."""
+    align: bool = False
+    held: Collection[int | str] = ()
+    overlay: bool = True
+    slack_rows: int = 0
+
+
+def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
+               planner: str = "improve", layout: str = "nhwc", dtype: str = "fp32",
+               options: PartsOptions = PartsOptions()) -> Plan:
+    """A plan running `model` by parts with the given phases per layer (see analysis.csdf.to_csdf),
+    shaped by `options`, its buffers placed by `planner`."""
     from tightfit.plan.place import place
 
-    draft = draft_parts(model, phases, source_rows, layout, dtype, slack_rows, align, overlay, held)
+    draft = draft_parts(model, phases, source_rows, layout, dtype, options)
     return place(replace(draft, knobs=dict(draft.knobs, planner=planner)), [model.graph], planner)
 
 
 def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
-                layout: str = "nhwc", dtype: str = "fp32", slack_rows: int = 0, align: bool = False,
-                overlay: bool = True, held: Collection[int | str] = ()) -> Plan:
-    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets).
-    With `overlay`, a whole tensor written while another is read top to bottom may take its dead
-    rows (plan/overlay.py). The outputs of the layers in `held` are kept whole and complete
-    before their readers start (analysis.csdf.firing_order)."""
+                layout: str = "nhwc", dtype: str = "fp32", options: PartsOptions = PartsOptions()) -> Plan:
+    """plan_parts's plan before its buffers are placed (lifetimes and step times need no offsets)."""
     g, batch = model.graph, model.batch
-    held = sorted({g.layer(l).id for l in held})  # ids or names; an unknown one is an OptionError
-    if align:
+    held = sorted({g.layer(l).id for l in options.held})  # ids or names; an unknown one is an OptionError
+    if options.align:
         phases, source_rows = aligned_rows(g, phases, source_rows or 1)
     csdf = to_csdf(g, phases, source_rows)
     firings = _firings(csdf, held)
     needs = _needs(g, batch, firings)
     lows = _low_water(g, firings, needs)
-    caps = _capacities(g, firings, needs, lows, slack_rows)
+    caps = _capacities(g, firings, needs, lows, options.slack_rows)
     windows: dict[str, _Window] = {}
     buffers: list[Buffer] = []
     for t, cap in caps.items():
@@ -136,13 +146,13 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
         else:
             steps.append(_compute(g, f.layer, out, windows, batch, dtype, layout))
         win.produced = f.rows[1]
-    knobs = {"method": "parts", "layout": layout, "slack_rows": slack_rows,
+    knobs = {"method": "parts", "layout": layout, "slack_rows": options.slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase), "held": held}
     plan = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
-    return overlay_buffers(plan, [g]) if overlay else plan
+    return overlay_buffers(plan, [g]) if options.overlay else plan
 
 
 def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:

@@ -9,8 +9,9 @@ from tightfit.analysis.csdf import split_rows
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
-from tightfit.plan import windows as memo
-from tightfit.plan.reuse import PlannedModel, assign_buffers, layout_for, whole_steps
+from tightfit.techniques import windows as memo
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import assign_buffers, layout_for, whole_steps
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.techniques.tiling.groups import TileGroup, TilingError, check_groups, format_tiling
 
