@@ -233,6 +233,25 @@ def test_six_d_reshape_transpose_reshape(name, tmp_path):
     check_model(model, tmp_path, plans=PLANS if op else PLANS[:1])
 
 
+HIGH_RANK = {  # (split per sample, perm) of 8 x 6 x 4 data, reshaped back to (2, 12, 8)
+    "rank5_moves_all": ((2, 4, 6, 4), (0, 4, 2, 3, 1)),
+    "rank6_reverse": ((2, 2, 2, 6, 4), (0, 5, 4, 3, 2, 1)),
+    "rank6_interleave": ((2, 2, 2, 3, 8), (0, 2, 5, 1, 4, 3)),
+    "rank6_merges": ((2, 2, 3, 2, 8), (0, 3, 4, 5, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HIGH_RANK))
+def test_transposes_above_rank_four_run_on_the_kernels(name, tmp_path):
+    """The kernels' views hold 4 dims: a 5-D or 6-D transpose runs as 4-D block moves and equals
+    onnxruntime under a reuse plan and a by-parts plan (tiling refuses whole-sample layers)."""
+    split, perm = HIGH_RANK[name]
+    nodes = [helper.make_node("Reshape", ["a", "s6"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=list(perm)),
+             helper.make_node("Reshape", ["t", "s4"], ["b"])]
+    inits = {"s6": np.array((1,) + split, I64), "s4": np.array((1, 2, 12, 8), I64)}
+    check_model(sandwich(nodes, inits, x_shape=(1, 3, 6, 4)), tmp_path, plans=PLANS[:2])
+
+
 @pytest.mark.parametrize("module", [torch.nn.PixelShuffle(2), torch.nn.PixelUnshuffle(2)], ids=["shuffle", "unshuffle"])
 def test_pytorch_pixel_shuffle_and_unshuffle(module):
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), module, torch.nn.ReLU()).eval()

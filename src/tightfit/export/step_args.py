@@ -140,8 +140,11 @@ def _aligned_empty(count: int, dtype: type) -> np.ndarray:
 
 
 def _dims4(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """A shape as the kernels' (N, C, H, W): lower ranks padded with 1s; higher ranks (a 6-D reshape
+    between layers, only ever held contiguous) fold their trailing dims into W, which keeps the
+    elements' logical order, all that a reshape's copy reads (a transpose is split in _transpose)."""
     if len(shape) > 4:
-        raise ExportError(f"tensors of rank {len(shape)} are not run by the kernels (at most 4)")
+        return (shape[0], shape[1], shape[2], math.prod(shape[3:]))
     return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
 
 
@@ -439,7 +442,42 @@ def _reshape(b, layer, xs, y):
 
 
 def _transpose(b, layer, xs, y):
-    return "copy", "tf_copy_args", [xs[0].permuted(layer.attrs["perm"], y.dims), y]
+    perm = tuple(layer.attrs["perm"])
+    if len(perm) <= 4:
+        return "copy", "tf_copy_args", [xs[0].permuted(perm, y.dims), y]
+    return _transpose_moves(b, layer, xs[0], y, perm)
+
+
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
+def _transpose_moves(b, layer, x: View, y: View, perm: tuple[int, ...]):
+    """A transpose of rank above 4 (views hold 4 dims) as block moves: dims that stay adjacent in
+    both tensors merge; the smallest of those left beyond 4 are walked here, one 4-D move each."""
+    shape = (b.region.n,) + tuple(b.g.shape(layer.inputs[0])[1:])
+    xst, out = _contiguous_strides(shape), [shape[p] for p in perm]
+    yst = _contiguous_strides(out)
+    dims = [(out[k], xst[perm[k]], yst[k]) for k in range(len(perm)) if out[k] > 1]
+    merged: list[tuple[int, int, int]] = []
+    for size, xs_, ys_ in dims:
+        if merged and merged[-1][1] == xs_ * size and merged[-1][2] == ys_ * size:
+            merged[-1] = (merged[-1][0] * size, xs_, ys_)
+        else:
+            merged.append((size, xs_, ys_))
+    walked = sorted(range(len(merged)), key=lambda k: merged[k][0])[: max(0, len(merged) - 4)]
+    kept = [merged[k] for k in range(len(merged)) if k not in walked] + [(1, 0, 0)] * (4 - len(merged) + len(walked))
+    src, dst = [], []
+    for idx in np.ndindex(*[merged[k][0] for k in walked]):
+        dx = sum(i * merged[k][1] for i, k in zip(idx, walked))
+        dy = sum(i * merged[k][2] for i, k in zip(idx, walked))
+        src.append(View(x.off + dx, tuple(d[0] for d in kept), tuple(d[1] for d in kept)))  # type: ignore[arg-type]
+        dst.append(View(y.off + dy, tuple(d[0] for d in kept), tuple(d[2] for d in kept)))  # type: ignore[arg-type]
+    act = tuple(layer.attrs.get("act", ()))
+    return "moves", "tf_moves_args", [y, len(src), Array("tf_view", tuple(src)), Array("tf_view", tuple(dst)), Acts(act)]
 
 
 def _shuffle(b, layer, xs, y):

@@ -37,7 +37,10 @@ def buffer_view(arena: np.ndarray, b: Buffer, copy: int = 0) -> np.ndarray:
 
 
 def view_array(arena: np.ndarray, v: View, shape: Sequence[int]) -> np.ndarray:
-    """View `v` of the arena as an array of logical `shape` (rank at most 4)."""
+    """View `v` of the arena as an array of logical `shape` (above rank 4: v folds the trailing dims
+    of a contiguous tensor, step_args._dims4)."""
+    if len(shape) > 4:
+        return view_array(arena, v, _dims4(shape)).reshape(tuple(shape))
     strides = tuple(s * arena.itemsize for s in v.strides[: len(shape)])
     return np.lib.stride_tricks.as_strided(arena[v.off :], shape=tuple(shape), strides=strides)
 
