@@ -259,7 +259,7 @@ def test_pytorch_pixel_shuffle_and_unshuffle(module):
     assert {l.op for l in g.layers} & {"depth_to_space", "space_to_depth"}
     x = random_input(g)
     with torch.no_grad():
-        assert compare(run_reference(g, x)[g.outputs[0]], net(x)).ok
+        assert compare(run_reference(g, x)[g.outputs[0]], net(torch.from_numpy(x))).ok
 
 
 # --- Resize / Upsample ---------------------------------------------------------------------------
@@ -385,7 +385,7 @@ def test_unet_through_pytorch_plans_match():
     x = random_input(g)
     ref = run_reference(g, x)[g.outputs[0]]
     with torch.no_grad():
-        assert compare(ref, module(x)).ok
+        assert compare(ref, module(torch.from_numpy(x))).ok
     from tightfit.techniques.parts.planner import plan_parts, phases_for_rows
     from tightfit.techniques.interface import PlannedModel
     from tightfit.techniques.reuse.planner import plan_reuse
@@ -416,7 +416,7 @@ def test_shufflenet_shuffle_and_chunk_import():
     ops = [l.op for l in g.layers]
     assert "channel_shuffle" in ops and ops.count("slice") == 2
     x = random_input(g)
-    assert compare(run_reference(g, x)[g.outputs[0]], Unit()(x)).ok
+    assert compare(run_reference(g, x)[g.outputs[0]], Unit()(torch.from_numpy(x))).ok
 
 
 # --- C export -----------------------------------------------------------------------------------
@@ -479,4 +479,4 @@ def test_torchvision_shufflenet_v2_imports_and_matches():
     assert {"slice", "channel_shuffle"} <= {l.op for l in g.layers}
     x = random_input(g)
     with torch.no_grad():
-        assert compare(run_reference(g, x)[g.outputs[0]], module(x)).ok
+        assert compare(run_reference(g, x)[g.outputs[0]], module(torch.from_numpy(x))).ok
