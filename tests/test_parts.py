@@ -7,7 +7,6 @@ import numpy as np
 import json
 
 import pytest
-import torch
 
 import tightfit
 from tightfit.analysis.csdf import max_phases
@@ -30,6 +29,10 @@ EXAMPLES = {
 }
 
 
+def _randn(shape) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(tuple(shape), dtype=np.float32)
+
+
 def _run(plan, g, x):
     return ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
 
@@ -40,7 +43,7 @@ def test_minakova_examples_run_by_parts(example):
     phases, source = EXAMPLES[example]
     p = plan_parts(PlannedModel(g, "minakova5"), phases, source)
     check_plan(p, [g])
-    x = torch.randn(1, 1, 32, 32)
+    x = _randn((1, 1, 32, 32))
     assert compare(_run(p, g, x), run_reference(g, x)[g.outputs[0]]).ok
 
 
@@ -59,7 +62,7 @@ def test_max_phases_run_and_shrink_the_arena(name):
     rep = check_plan(p, [g])
     whole = check_plan(plan_reuse(PlannedModel(g, name)), [g])
     assert rep.arena_bytes < whole.arena_bytes
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = _randn(g.shape(g.inputs[0]))
     assert compare(_run(p, g, x), run_reference(g, x)[g.outputs[0]]).ok
 
 
@@ -69,7 +72,7 @@ def test_rows_per_phase(rows):
     phases, source = phases_for_rows(g, rows)
     p = plan_parts(PlannedModel(g, "m"), phases, source, options=PartsOptions(slack_rows=rows % 2))
     check_plan(p, [g])
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = _randn(g.shape(g.inputs[0]))
     assert compare(_run(p, g, x), run_reference(g, x)[g.outputs[0]]).ok
 
 
@@ -135,7 +138,7 @@ def test_aligned_rows_hold_one_band_plus_halo():
     rows_held = [p.buffers[next(s.out.buffer for s in p.steps() if s.out.tensor == first)].shape[2]
                  for p in (aligned, equal)]
     assert rows_held[0] <= 14 + 2 < 2 * 14 <= rows_held[1]
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = _randn(g.shape(g.inputs[0]))
     assert compare(_run(aligned, g, x), run_reference(g, x)[g.outputs[0]]).ok
 
 
@@ -182,28 +185,3 @@ def test_border_band_needs_no_band_sized_temporary():
         assert [(c.out_rows, c.copy) for c in calls] == expected
         padded_copy = shapes[0][1] * (rows + 2) * (win.region.w + 2) * 4  # its input rows and one zero row
         assert op.workspace_bytes(layer, band, shapes, out_shape, 4) == (padded_copy if calls[0].copy else 0)
-
-
-def test_small_pointwise_bands_run_as_one_matrix_product():
-    """A one-row band of mobilenet_v2's first 1x1 expansion is a (pixels x C) GEMM into the
-    output's memory, equal to the convolution; a whole large layer stays oneDNN's."""
-    from tightfit.ops import conv
-    from tightfit.ops.base import Region
-
-    g = tightfit.load("mobilenet_v2")
-    layer = next(l for l in g.layers if l.op == "conv" and l.attrs["kernel"] == (1, 1) and l.attrs["groups"] == 1
-                 and g.shape(l.output)[1] > g.shape(l.inputs[0])[1])
-    op = get_op(layer.op)
-    (_, cin, h, w), (_, cout, _, _) = g.shape(layer.inputs[0]), g.shape(layer.output)
-    params = op.prepare_params(layer, [g.params[p] for p in layer.params])
-    x = torch.randn(1, h, w, cin).permute(0, 3, 1, 2)
-    y = torch.full((1, h, w, cout), float("nan")).permute(0, 3, 1, 2)
-    for rows, gemm in ((1, True), (h, False)):
-        band = Region(0, 1, 0, rows, 0, w)
-        windows = op.input_windows(layer, band, [(1, cin, h, w)])
-        xv, yv = x[:, :, :rows], y[:, :, :rows]
-        assert conv._pointwise_gemm(xv, yv, [0, 0], layer.attrs) == gemm
-        op.compute(layer, [xv], windows, yv, band, params)
-        expected = torch.nn.functional.conv2d(xv, params[0], params[1])
-        conv.apply_activations(expected, layer.attrs["act"])
-        assert np.allclose(yv, expected, rtol=1e-4, atol=1e-5)
