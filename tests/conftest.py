@@ -53,25 +53,33 @@ def one_torch_thread():
 
 @pytest.fixture
 def kernel_runs(monkeypatch):
-    """`record(graph)` makes every op of the graph log (layer id, samples) each time the executor
-    runs one of its steps, into the list it returns (patched where the executor binds kernels)."""
-    from tightfit.ops import get_op
+    """`record(graph)` makes the executor log (layer id, samples) for every compute step of the
+    graph each time it runs one: the samples are the output view's N in the step's kernel
+    arguments (what the C kernel is told to compute), logged as tf_run runs its partition."""
+    from tightfit.runtime import executor
 
     def record(graph) -> list[tuple[int, int]]:
         ran: list[tuple[int, int]] = []
-        for op_name in {l.op for l in graph.layers}:
-            op = type(get_op(op_name))
+        bound: dict[int, list[tuple[int, int]]] = {}
+        bind, run_partition = executor.ArenaExecutor._bind, executor.ArenaExecutor.run_partition
 
-            def counting_bind(self, layer, inputs, windows, out, out_region, params, _bind=op.bind):
-                kernel = _bind(self, layer, inputs, windows, out, out_region, params)
+        def counting_bind(self, p, ctx):
+            part = bind(self, p, ctx)
+            logged = []
+            for s in p.steps:
+                if s.kind == "compute" and self.graphs[s.model] is graph:
+                    args, y = executor.step_args(ctx, s), ctx.view(s.model, s.out)
+                    assert y in args.fields, f"step of layer {s.layer}: its output view is not in its arguments"
+                    logged.append((s.layer, y.dims[0]))
+            bound[id(part)] = logged
+            return part
 
-                def run() -> None:
-                    ran.append((layer.id, out.shape[0]))
-                    kernel()
+        def counting_run(self, part, x):
+            run_partition(self, part, x)
+            ran.extend(bound.get(id(part), ()))
 
-                return run
-
-            monkeypatch.setattr(op, "bind", counting_bind)
+        monkeypatch.setattr(executor.ArenaExecutor, "_bind", counting_bind)
+        monkeypatch.setattr(executor.ArenaExecutor, "run_partition", counting_run)
         return ran
 
     return record
