@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import tightfit
 from tightfit.cli import main
@@ -18,7 +17,7 @@ from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import run_reference
+from tightfit.runtime.reference import random_input, run_reference
 from tightfit.verify import compare
 
 MiB = 2**20
@@ -30,7 +29,7 @@ def test_arena_outputs_equal_reference(name, layout):
     g = tightfit.load(name)
     p = plan_reuse(PlannedModel(g, name), layout=layout)
     ex = ArenaExecutor(p, [g], fill_nan=True)
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     out = ex.run(x)[0][g.outputs[0]]
     assert compare(out, run_reference(g, x)[g.outputs[0]]).ok
     assert np.shares_memory(out, ex.arena)
@@ -68,7 +67,7 @@ def test_pipelined_partitions_stream():
     check_plan(p, [g])
     assert any(b.copies == 2 for b in p.buffers)  # the tensor passed between stages is double-buffered
     ex = ArenaExecutor(p, [g], fill_nan=True)
-    frames = [torch.randn(g.shape(g.inputs[0])) for _ in range(6)]
+    frames = [random_input(g, seed=f) for f in range(6)]
     got: dict[int, np.ndarray] = {}
     count = ex.run_stream(frames, lambda f, outs: got.__setitem__(f, outs[0][g.outputs[0]].copy()))
     assert count == 6 and sorted(got) == list(range(6))
@@ -85,7 +84,7 @@ def test_several_models_one_arena():
     # Models run one after another and share the arena; the first model's output (64 B once
     # aligned) is kept to the end for the caller.
     assert single <= rep.arena_bytes <= single + 64
-    xs = [torch.randn(g.shape(g.inputs[0])) for g in graphs]
+    xs = [random_input(g) for g in graphs]
     outs = ArenaExecutor(p, graphs, fill_nan=True).run(xs)
     for g, x, o in zip(graphs, xs, outs):
         assert compare(o[g.outputs[0]], run_reference(g, x)[g.outputs[0]]).ok

@@ -17,7 +17,7 @@ from tightfit.techniques.parts.planner import PartsOptions, plan_parts
 from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import PlanError
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import run_reference
+from tightfit.runtime.reference import random_input, run_reference
 from tightfit.verify import compare
 
 
@@ -57,7 +57,7 @@ def test_overlay_takes_dead_rows_and_computes_the_reference(stage):
     assert guest.shape[1:] == (8, 8, 8) and host.shape[1:] == (8, 16, 16)  # the pool's output in the first conv's
     assert block_positions(with_overlay.buffers)[guest.id] == (host.id, guest.overlay[1])
     assert check_plan(with_overlay, [g]).peak_bytes < check_plan(without, [g]).peak_bytes
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     out = ArenaExecutor(with_overlay, [g], fill_nan=True).run(x)[0][g.outputs[0]]
     assert compare(out, run_reference(g, x)[g.outputs[0]]).ok
 
@@ -145,7 +145,7 @@ def test_overlay_across_channel_counts_computes_the_reference(doubling):
     assert (guest.shape[1], host.shape[1]) == (8, 4)  # the second pool's output in the first pool's
     assert check_plan(plan, [g]).peak_bytes < check_plan(plan_parts(model, DOUBLING_PHASES, 32, options=PartsOptions(held=HELD, overlay=False)),
                                                          [g]).peak_bytes
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
     assert compare(out, run_reference(g, x)[g.outputs[0]]).ok
 
@@ -177,6 +177,6 @@ def test_a_held_tensor_is_whole_and_complete_before_it_is_read(doubling):
     assert streamed.buffers[next(s.out.buffer for s in streamed.steps() if s.out.tensor == tensor)].kind == "window"
     assert plan.knobs["held"] == list(HELD)
     check_plan(plan, [g])
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     out = ArenaExecutor(plan, [g], fill_nan=True).run(x)[0][g.outputs[0]]
     assert compare(out, run_reference(g, x)[g.outputs[0]]).ok

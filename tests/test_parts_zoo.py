@@ -4,7 +4,6 @@ with the analysed one (as for buffer reuse: within 10% + 1 MiB)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tightfit
 from tightfit.frontend import zoo
@@ -16,7 +15,7 @@ from tightfit.techniques.parts.phase_search import splittable_layers
 from tightfit.techniques.interface import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import run_reference
+from tightfit.runtime.reference import random_input, run_reference
 from tightfit.verify import compare
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -37,7 +36,7 @@ def test_zoo_model_by_parts(name, tmp_path):
     align = zoo.names().index(name) % 3 != 0
     p = plan_parts(PlannedModel(g, name), phases, 4, options=PartsOptions(align=align))
     rep = check_plan(p, [g])
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     outs = ArenaExecutor(p, [g], fill_nan=True).run(x)[0]
     ref = run_reference(g, x)
     for t in g.outputs:

@@ -5,7 +5,6 @@ plan's and the measured peak; bad tilings and budgets are one clear error."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tightfit
 from tightfit.cli import main
@@ -22,7 +21,7 @@ from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, Tili
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import run_reference
+from tightfit.runtime.reference import random_input, run_reference
 from tightfit.verify import compare
 from tightfit.techniques.interface import run_memory
 from tightfit.units import human
@@ -72,7 +71,7 @@ def test_zoo_model_tiled(name):
     one = plan_tiling(model, [TileGroup(a, b, (1, 1))])
     lbl = plan_reuse(model)
     assert one.steps() == lbl.steps() and one.buffers == lbl.buffers and one.arena_bytes == lbl.arena_bytes
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     ref = run_reference(g, x)
     coarse = TileGroup(a, b, (min(2, _out_hw(g, b)[0]), min(3, _out_hw(g, b)[1])), "reuse")
     fine = TileGroup(s0, s1, finest(g, s1), "recompute")
@@ -90,7 +89,7 @@ def test_two_groups_with_reuse_and_branches():
     cuts = [p for p in cut_points(g) if 0 < p < len(g.layers)]
     groups = [TileGroup(0, cuts[2] - 1, (3, 4), "reuse"), TileGroup(cuts[2], cuts[5] - 1, (4, 4))]
     p = plan_tiling(PlannedModel(g, "resnet18"), groups)
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, p, x, run_reference(g, x))
 
 
@@ -193,7 +192,7 @@ def test_reuse_computes_every_row_once(name):
     group = TileGroup(a, b, (_out_hw(g, b)[0], 1), "reuse")
     p = plan_tiling(model, [group])
     assert executed_macs(p, [g]) == executed_macs(plan_reuse(model), [g])
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, p, x, run_reference(g, x))
 
 
@@ -222,7 +221,7 @@ def test_narrow_border_columns_and_streamed_bands():
     assert all(s.scratch % row_band == 0 and (2 * s.scratch <= p.buffers[s.out.buffer].nbytes or s.scratch == row_band)
                for s in inputs)
     assert any(s.out.region.h > s.scratch // row_band for s in inputs)  # some tiles take several bands
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, p, x, run_reference(g, x))
     source = RowSource.seeded(g.shape(g.inputs[0]))
     outs = ArenaExecutor(p, [g], fill_nan=True).run(source)[0]
@@ -250,7 +249,7 @@ def test_fine_space_below_the_coarse_space():
     p = plan_tiling(model, found.chosen.config.groups)
     rep = check_plan(p, [g])
     assert found.chosen.memory_bytes == rep.lower_bound + rep.scratch_peak
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, p, x, run_reference(g, x))
 
 
@@ -274,7 +273,7 @@ def test_parts_configuration_below_the_tile_space(monkeypatch):
     p = plan_point(model, found.chosen)
     rep = check_plan(p, [g])
     assert found.chosen.memory_bytes == rep.lower_bound + rep.scratch_peak
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, p, x, run_reference(g, x))
 
 
@@ -295,7 +294,7 @@ def test_overlay_group_shares_its_input_rows():
         return max(v for s, v in zip(plan.steps(), live) if s.layer >= 12)
 
     assert check_plan(over, [g]) and group_peak(over) < group_peak(plain) - host.nbytes * 3 // 4
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, over, x, run_reference(g, x))
 
 
@@ -307,7 +306,7 @@ def test_overlay_group_across_channel_counts():
     guest = next(b for b in over.buffers if b.overlay is not None)
     assert (guest.shape[1], over.buffers[guest.overlay[0]].shape[1]) == (256, 128)
     check_plan(over, [g])
-    x = torch.randn(g.shape(g.inputs[0]))
+    x = random_input(g)
     _run_equal(g, over, x, run_reference(g, x))
 
 

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from tightfit.errors import TightfitError
 from tightfit.export.step_args import Acts, Args, Array, Code, Struct, View
 from tightfit.ops import abi
@@ -68,47 +70,83 @@ class Tensor(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long)]
 
 
-def _pack(ctype: str, value: object, keep: list) -> object:
-    """`value` (a step_args value) as an instance of the ctypes type of `ctype`; arrays it points
-    to are appended to `keep` (they must live as long as the struct)."""
-    cls = STRUCTS[ctype]
-    fields = abi.STRUCTS[ctype][0]
-    values = value.values() if isinstance(value, View) else value.fields if isinstance(value, Struct) else value
-    if len(values) != len(fields):  # type: ignore[arg-type]
-        raise ValueError(f"{ctype}: {len(values)} values for {len(fields)} fields")  # type: ignore[arg-type]
-    return cls(*(_field(t, v, keep) for (_, t), v in zip(fields, values)))  # type: ignore[union-attr]
+DTYPES = {name: np.dtype(cls) for name, cls in STRUCTS.items()}  # the same layouts as numpy records
 
 
-def _field(t: object, v: object, keep: list) -> object:
-    if isinstance(v, Code):
-        return v.value
-    if isinstance(v, Acts):
-        if not v.chain:
-            return None
-        acts = STRUCTS["tf_acts"](*[(ctypes.c_int * abi.MAX_ACTS)(*f) if i == 0 else (ctypes.c_float * abi.MAX_ACTS)(*f)
-                                    for i, f in enumerate(v.fields())])
-        keep.append(acts)
-        return ctypes.addressof(acts)
-    if isinstance(v, Array):
-        items = (STRUCTS[v.ctype] * max(len(v.items), 1))(*[_pack(v.ctype, i, keep) for i in v.items])
-        keep.append(items)
-        return ctypes.addressof(items)
-    if isinstance(t, str) and t in STRUCTS:
-        return _pack(t, v, keep)
-    return float(v) if t == "float" else int(v)  # type: ignore[call-overload]
+def _pointee(t: object) -> str | None:
+    """The struct a pointer field points to ("const tf_view *" -> "tf_view"); None if not a pointer."""
+    if not (isinstance(t, str) and t.endswith("*")):
+        return None
+    name = t[:-1].replace("const", "").strip()
+    return name if name in STRUCTS else "void"
 
 
 class StepTable:
-    """Steps bound to their argument structs: a tf_step array that tf_run walks."""
+    """Steps bound to their argument structs: a tf_step array that tf_run walks. Binding builds one
+    numpy record array per struct type (not one ctypes object per step: a finely split plan has
+    thousands of steps); pointers are first stored as 1-based row numbers into their pointee's
+    array (0: NULL) and then relocated to addresses once every array exists."""
 
     def __init__(self, steps: Sequence[Args]):
-        self.keep: list = []
-        args = [_pack(a.ctype, a.fields, self.keep) for a in steps]
-        self.keep += args
-        table = STRUCTS["tf_step"] * max(len(steps), 1)
-        self.table = table(*[(abi.STEP[a.kind], ctypes.addressof(s)) for a, s in zip(steps, args)])
+        self._rows: dict[str, list] = {}
+        self._acts: dict[tuple, int] = {}
+        refs = [(abi.STEP[a.kind], a.ctype, self._add(a.ctype, a.fields)) for a in steps]
+        self._rows.setdefault("tf_step", [])
+        self._rows["tf_step"] = [(kind, 0) for kind, _, _ in refs]
+        self.arrays = {name: np.array(rows, DTYPES[name]) if rows else np.zeros(1, DTYPES[name])
+                       for name, rows in self._rows.items()}
+        for name, arr in self.arrays.items():
+            self._relocate(name, arr)
+        if refs:
+            table = self.arrays["tf_step"]
+            bases = {name: arr.ctypes.data for name, arr in self.arrays.items()}
+            table["args"] = [bases[ctype] + row * DTYPES[ctype].itemsize for _, ctype, row in refs]
         self.count = len(steps)
-        self.address = ctypes.addressof(self.table)
+        self.address = self.arrays["tf_step"].ctypes.data
+
+    def _add(self, ctype: str, value: object) -> int:
+        """Append `value` as a row of `ctype`'s array; its row number."""
+        rows = self._rows.setdefault(ctype, [])
+        rows.append(self._record(ctype, value))
+        return len(rows) - 1
+
+    def _record(self, ctype: str, value: object) -> tuple:
+        fields = abi.STRUCTS[ctype][0]
+        values = value.values() if isinstance(value, View) else value.fields if isinstance(value, Struct) else value
+        if len(values) != len(fields):  # type: ignore[arg-type]
+            raise ValueError(f"{ctype}: {len(values)} values for {len(fields)} fields")  # type: ignore[arg-type]
+        return tuple(self._field(t, v) for (_, t), v in zip(fields, values))  # type: ignore[union-attr]
+
+    def _field(self, t: object, v: object) -> object:
+        kind = type(v)
+        if kind is int or kind is float:  # most fields: checked first, binding is per field
+            return v
+        if kind is View:
+            return (v.off, *v.dims, *v.strides)  # type: ignore[attr-defined]
+        if isinstance(v, Code):
+            return v.value
+        if isinstance(v, Acts):  # chains are few: one row per distinct chain
+            if not v.chain:
+                return 0
+            if v.chain not in self._acts:
+                self._acts[v.chain] = self._add("tf_acts", v.fields()) + 1
+            return self._acts[v.chain]
+        if isinstance(v, Array):
+            rows = [self._add(v.ctype, item) for item in v.items]
+            return rows[0] + 1 if rows else 0
+        if isinstance(t, str) and t in STRUCTS:
+            return self._record(t, v)
+        return v
+
+    def _relocate(self, name: str, arr: np.ndarray) -> None:
+        """Row numbers in `name`'s pointer fields to addresses (nested structs hold no pointers)."""
+        for field, t in abi.STRUCTS[name][0]:
+            target = _pointee(t)
+            if target is None or target == "void":
+                continue
+            rows = arr[field].astype(np.int64)
+            base = self.arrays[target].ctypes.data if target in self.arrays else 0
+            arr[field] = np.where(rows == 0, 0, base + (rows - 1) * DTYPES[target].itemsize).astype(np.uint64)
 
 
 @functools.lru_cache(maxsize=1)
