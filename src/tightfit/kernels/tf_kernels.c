@@ -197,14 +197,16 @@ static void conv_grouped(float *arena, const float *wts, const tf_conv_args *a) 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 
-/* A convolution as the vector kernels take it: pointers and element strides of channels-last views
- * (channels unit-stride), the window (dilation 1) and the clamp. */
+/* A convolution as the vector kernels take it: pointers and element strides of the views, the window
+ * (dilation 1) and the clamp. Depthwise needs channels-last views (channels unit-stride); dense
+ * takes any channel strides xs_c, ys_c (channels-first: the plane size), compiled apart for 1. */
 typedef struct {
     const float *x; float *y; const float *w; const float *b;
     long n, c, ih, iw, oh, ow, cin;          /* c: output channels, cin: input channels */
     long xs_n, xs_h, xs_w, ys_n, ys_h, ys_w;
     long kh, kw, sh, sw, pt, pl;             /* kernel, stride, top and left zero padding */
     float lo, hi;
+    long xs_c, ys_c;
 } vconv;
 
 /* m <= 16 floats; a constant 16 is one vector load or store. */
@@ -306,8 +308,15 @@ static void v_depthwise(const vconv *a) {
  * padded to the panels. r <= TF_PIXELS output pixels with the same taps (xp: each one's input pixel
  * at tap (0, 0), which may lie in the padding; yp: its output) times one or two panels are
  * accumulated in registers, one broadcast input value and two weight vectors per tap and channel. */
-static inline __attribute__((always_inline)) void dense_block(
-        const vconv *a, const float **xp, float **yp, int r, int two, int pointwise, long j, const taps *t) {
+static inline __attribute__((always_inline)) void store_c(float *p, v16 v, long m, long sc) {
+    if (sc == 1) { store(p, v, m); return; }
+    float lane[16];
+    memcpy(lane, &v, 64);
+    for (long k = 0; k < m; k++) p[k * sc] = lane[k];
+}
+
+static inline __attribute__((always_inline)) void dense_block(const vconv *a, const float **xp, float **yp, int r,
+        int two, int pointwise, long j, const taps *t, long xc, long yc) {
     const long cin = a->cin, rows = a->kh * a->kw * cin;
     const float *w0 = a->w + j * rows * 16, *w1 = w0 + rows * 16;
     v16 acc0[TF_PIXELS], acc1[TF_PIXELS];
@@ -321,7 +330,7 @@ static inline __attribute__((always_inline)) void dense_block(
             memcpy(&u0, w0 + (row + k) * 16, 64);
             if (two) memcpy(&u1, w1 + (row + k) * 16, 64);
             for (int i = 0; i < r; i++) {
-                const float xv = xp[i][off + k];
+                const float xv = xp[i][off + k * xc];
                 acc0[i] += xv * u0;
                 if (two) acc1[i] += xv * u1;
             }
@@ -330,27 +339,40 @@ static inline __attribute__((always_inline)) void dense_block(
     const v16 lo = splat(a->lo), hi = splat(a->hi);
     const long left = a->c - j * 16, m0 = left < 16 ? left : 16, m1 = left - 16 < 16 ? left - 16 : 16;
     for (int i = 0; i < r; i++) {
-        store(yp[i] + j * 16, clamp16(acc0[i], lo, hi), m0);
-        if (two) store(yp[i] + j * 16 + 16, clamp16(acc1[i], lo, hi), m1);
+        store_c(yp[i] + j * 16 * yc, clamp16(acc0[i], lo, hi), m0, yc);
+        if (two) store_c(yp[i] + (j * 16 + 16) * yc, clamp16(acc1[i], lo, hi), m1, yc);
     }
 }
 
-#define TF_BLOCK(n) \
-    case (n * 2) * 2: dense_block(a, xp, yp, n, 0, 0, j, t); break; \
-    case (n * 2 + 1) * 2: dense_block(a, xp, yp, n, 1, 0, j, t); break; \
-    case (n * 2) * 2 + 1: dense_block(a, xp, yp, n, 0, 1, j, t); break; \
-    case (n * 2 + 1) * 2 + 1: dense_block(a, xp, yp, n, 1, 1, j, t); break;
+#define TF_BLOCK(n, xc, yc) \
+    case (n * 2) * 2: dense_block(a, xp, yp, n, 0, 0, j, t, xc, yc); break; \
+    case (n * 2 + 1) * 2: dense_block(a, xp, yp, n, 1, 0, j, t, xc, yc); break; \
+    case (n * 2) * 2 + 1: dense_block(a, xp, yp, n, 0, 1, j, t, xc, yc); break; \
+    case (n * 2 + 1) * 2 + 1: dense_block(a, xp, yp, n, 1, 1, j, t, xc, yc); break;
 
+#if TF_PIXELS >= 6
+#define TF_BLOCKS(xc, yc) TF_BLOCK(1, xc, yc) TF_BLOCK(2, xc, yc) TF_BLOCK(3, xc, yc) \
+    TF_BLOCK(4, xc, yc) TF_BLOCK(5, xc, yc) TF_BLOCK(6, xc, yc)
+#else
+#define TF_BLOCKS(xc, yc) TF_BLOCK(1, xc, yc) TF_BLOCK(2, xc, yc) TF_BLOCK(3, xc, yc)
+#endif
+
+/* Channels-last views take the blocks compiled for unit channel strides; any other the strided ones. */
 static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
     const int pointwise = a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1;
+    const int unit = a->xs_c == 1 && a->ys_c == 1;
     for (long j = j0; j < j1; j += 2) {
         const int two = j + 1 < j1;
-        switch ((r * 2 + two) * 2 + pointwise) { /* each block shape compiled apart: constant loop bounds */
-        TF_BLOCK(1) TF_BLOCK(2) TF_BLOCK(3)
-#if TF_PIXELS >= 6
-        TF_BLOCK(4) TF_BLOCK(5) TF_BLOCK(6)
-#endif
-        default: break;
+        if (unit) {
+            switch ((r * 2 + two) * 2 + pointwise) { /* each block shape compiled apart: constant loop bounds */
+            TF_BLOCKS(1, 1)
+            default: break;
+            }
+        } else {
+            switch ((r * 2 + two) * 2 + pointwise) {
+            TF_BLOCKS(a->xs_c, a->ys_c)
+            default: break;
+            }
         }
     }
 }
@@ -391,13 +413,16 @@ static int unit_channels(const tf_view *x, const tf_view *y) {
     return (x->sc == 1 || x->c == 1) && (y->sc == 1 || y->c == 1);
 }
 
-/* Dense and depthwise convolutions of dilation 1 on channels-last views; 0 where another applies. */
+/* Dense convolutions of dilation 1 on any views, depthwise ones on channels-last views; 0 where
+ * another kernel applies. */
 static int v_conv(float *arena, const float *wts, const tf_conv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
-    if (!unit_channels(x, y) || a->dh != 1 || a->dw != 1 || a->kind == TF_CONV_GROUPED) return 0;
+    if (a->dh != 1 || a->dw != 1 || a->kind == TF_CONV_GROUPED) return 0;
+    if (a->kind == TF_CONV_DEPTHWISE && !unit_channels(x, y)) return 0;
     if (!y->n || !y->h || !y->w || !y->c) return 1;
     vconv c = {arena + x->off, arena + y->off, wts + a->w, wts + a->b, y->n, y->c, x->h, x->w, y->h, y->w, x->c,
-               x->sn, x->sh, x->sw, y->sn, y->sh, y->sw, a->kh, a->kw, a->sh, a->sw, a->pt, a->pl, a->lo, a->hi};
+               x->sn, x->sh, x->sw, y->sn, y->sh, y->sw, a->kh, a->kw, a->sh, a->sw, a->pt, a->pl, a->lo, a->hi,
+               x->c == 1 ? 1 : x->sc, y->c == 1 ? 1 : y->sc};
     if (a->kind == TF_CONV_DENSE) v_dense(&c); else v_depthwise(&c);
     return 1;
 }
