@@ -251,6 +251,29 @@ def _conv_weights(b: "Bind", layer: Layer, w: np.ndarray, bias: np.ndarray, kind
     return w_off, b.weights.add((b.model, layer.id, "b"), lambda: bias)
 
 
+# A grouped convolution in at most this many groups, or with fewer channels per group than
+# GROUP_CHANNELS_MIN, runs on the dense vector kernel over its block-diagonal weight: `groups` times
+# the multiply-adds, yet 2-20x faster than the scalar grouped kernel (bench: 64 -> 128 in 4 groups,
+# 3x3 on 28x28; onnxzoo-shufflenet's 24 -> 112 in 4 groups).
+GROUPS_BLOCK_DIAGONAL = 8
+GROUP_CHANNELS_MIN = 16
+
+
+def block_diagonal(groups: int, cin_g: int, cout: int) -> bool:
+    """Whether a grouped convolution (not a depthwise one) runs as dense over its block-diagonal weight."""
+    return groups > 1 and cin_g > 1 and (groups <= GROUPS_BLOCK_DIAGONAL or min(cin_g, cout // groups) < GROUP_CHANNELS_MIN)
+
+
+def _block_diagonal_weight(w: np.ndarray, groups: int) -> np.ndarray:
+    """The (C_out, C_in, kh, kw) dense weight whose diagonal blocks are the groups' weights."""
+    cout, cin_g, kh, kw = w.shape
+    cog = cout // groups
+    full = np.zeros((cout, cin_g * groups, kh, kw), np.float32)
+    for g in range(groups):
+        full[g * cog : (g + 1) * cog, g * cin_g : (g + 1) * cin_g] = w[g * cog : (g + 1) * cog]
+    return full
+
+
 def _conv(b, layer, xs, y):
     a = layer.attrs
     win = _win(b, layer)[0]
@@ -260,8 +283,10 @@ def _conv(b, layer, xs, y):
     # The kernel reads the weight for the views' channels: they must agree (import checks it).
     _expect(cin_g * groups == b.g.shape(layer.inputs[0])[1] and cout == b.g.shape(layer.output)[1] and (kh, kw) == tuple(a["kernel"]),
             layer, f"weight {w.shape} for {b.g.shape(layer.inputs[0])[1]} -> {b.g.shape(layer.output)[1]} channels")
-    kind = ("dense" if groups == 1 and tuple(a["dilation"]) == (1, 1) else
+    kind = ("dense" if (groups == 1 or block_diagonal(groups, cin_g, cout)) and tuple(a["dilation"]) == (1, 1) else
             "depthwise" if groups == cout == cin_g * groups and cin_g == 1 else "grouped")
+    if kind == "dense" and groups > 1 and (b.model, layer.id, "w") not in b.weights.at:
+        w = _block_diagonal_weight(w, groups)  # made once per layer: the pool then holds its panels
     bias = b.g.params[layer.params[1]] if len(layer.params) > 1 else np.zeros(cout, np.float32)
     w_off, b_off = _conv_weights(b, layer, w, bias, kind)
     clamp = clamp_bounds(a["act"])
