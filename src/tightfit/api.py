@@ -334,7 +334,7 @@ def _keep_io(folder: Path, inputs, refs) -> None:
 
 # --- the user's own data (`tightfit run --input/--output`) -------------------------------------------
 
-def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.ndarray]":
     """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
     raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
     int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
@@ -353,7 +353,7 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch
             raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
         if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
             raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
-        return [torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0]))]
+        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0])]
     data = path.read_bytes()
     total = sum(sizes)
     if len(data) not in (4 * total, total):
@@ -361,12 +361,12 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch
     flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
     at, out = 0, []
     for shape, size in zip(shapes, sizes):
-        out.append(torch.from_numpy(flat[at: at + size].reshape(shape).copy()))
+        out.append(flat[at: at + size].reshape(shape).copy())
         at += size
     return out
 
 
-def write_outputs(path: str | Path, outputs: Sequence[tuple[str, "torch.Tensor"]]) -> str:
+def write_outputs(path: str | Path, outputs: "Sequence[tuple[str, np.ndarray]]") -> str:
     """The outputs (name, tensor) into a file, whole or not at all: .npy (one output), .npz (every
     output by name), else raw float32, every output one after another (as the exported program
     writes them). Returns what was written, for the report."""
@@ -379,7 +379,7 @@ def write_outputs(path: str | Path, outputs: Sequence[tuple[str, "torch.Tensor"]
     path = Path(path)
     if path.is_dir():
         raise OptionError(f"--output {path} is a folder: name a file (.npy, .npz or raw float32)")
-    arrays = [(name, t.detach().cpu().numpy().astype(np.float32)) for name, t in outputs]
+    arrays = [(name, np.asarray(t, dtype=np.float32)) for name, t in outputs]
     buf = io.BytesIO()
     if path.suffix == ".npy":
         if len(arrays) != 1:
