@@ -8,6 +8,7 @@
  * written with the compiler's generic vectors of 16 floats (one zmm, two ymm or four q registers):
  * dense and depthwise convolutions register-blocked, pooling, batch norm and residual sums with their
  * clamp fused. -DTF_SIMD=0 forces the portable path (a microcontroller build has no vectors). */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -478,14 +479,15 @@ static int v_pool(float *arena, const tf_pool_args *a) {
     float lo, hi;
     if (!unit_channels(x, y) || a->dh != 1 || a->dw != 1 || !one_clamp(a->act, &lo, &hi)) return 0;
     const int avg = a->kind == TF_POOL_AVG;
-    const v16 vlo = splat(lo), vhi = splat(hi), none = splat(-INFINITY);
+    const v16 vlo = splat(lo), vhi = splat(hi), none = splat(-FLT_MAX);
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
         const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, 1, 1);
         const float *base = arena + x->off + n * x->sn + t.iy * x->sh + t.ix * x->sw;
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
-        const v16 div = splat(avg ? pool_divisor(a, oy, ox) : 1.0f);
+        const float d = avg ? pool_divisor(a, oy, ox) : 1.0f;
+        const v16 div = splat(d > 0.0f ? d : 1.0f); /* a window wholly in the padding: its sum, 0 */
         for (long k0 = 0; k0 < y->c; k0 += 16) {
             const long m = y->c - k0 < 16 ? y->c - k0 : 16;
             v16 acc = avg ? splat(0.0f) : none;
@@ -519,7 +521,8 @@ static void pool(float *arena, const tf_pool_args *a) {
     for (long ox = 0; ox < y->w; ox++) {
         const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
-        for (long c = 0; c < y->c; c++) out[c * y->sc] = avg ? 0.0f : -INFINITY;
+        /* A max starts at the lowest float, as onnxruntime's does: a window wholly in the padding gives it. */
+        for (long c = 0; c < y->c; c++) out[c * y->sc] = avg ? 0.0f : -FLT_MAX;
         for (long ky = t.ky0; ky < t.ky1; ky++)
         for (long kx = t.kx0; kx < t.kx1; kx++) {
             const float *in = arena + x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw;
@@ -531,7 +534,8 @@ static void pool(float *arena, const tf_pool_args *a) {
         }
         if (avg) {
             const float div = pool_divisor(a, oy, ox);
-            for (long c = 0; c < y->c; c++) out[c * y->sc] /= div;
+            if (div > 0.0f) /* else a window wholly in the padding: its sum, 0, as onnxruntime gives */
+                for (long c = 0; c < y->c; c++) out[c * y->sc] /= div;
         }
         acts_pixel(out, y->c, y->sc, a->act);
     }
