@@ -64,7 +64,6 @@ PENDING_PARAMETERS = {
     "techniques": _xfail("techniques/fit/optimize.py search (12): fit.py passes its options through **search_options "
                          "(issue 41 point 2's options object takes them)"),
     "export": _xfail("export/__init__.py check (9), export/mcu write_mcu_sources (9): the export's face, issue 41 point 2"),
-    "ops": _xfail("ops/native.py conv_call (9): the torch-side binding, gone once the executor runs on src/tightfit/kernels/"),
 }
 
 
