@@ -139,10 +139,16 @@ def _aligned_empty(count: int, dtype: type) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype)[:count]
 
 
+# Reshape / transpose chains (pixel shuffle spelled in 6-D) reach rank 6; numpy's views stop at 64.
+MAX_RANK = 6
+
+
 def _dims4(shape: Sequence[int]) -> tuple[int, int, int, int]:
     """A shape as the kernels' (N, C, H, W): lower ranks padded with 1s; higher ranks (a 6-D reshape
     between layers, only ever held contiguous) fold their trailing dims into W, which keeps the
     elements' logical order, all that a reshape's copy reads (a transpose is split in _transpose)."""
+    if len(shape) > MAX_RANK:
+        raise ExportError(f"tensors of rank {len(shape)} are not run by the kernels (at most {MAX_RANK})")
     if len(shape) > 4:
         return (shape[0], shape[1], shape[2], math.prod(shape[3:]))
     return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
