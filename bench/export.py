@@ -59,7 +59,7 @@ from tightfit.export.build import DEFAULT_CFLAGS, build, run  # noqa: E402
 from tightfit.plan.schema import dumps  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import Measurement  # noqa: E402
-from tightfit.runtime.reference import load_params, run_reference  # noqa: E402
+from tightfit.runtime.reference import run_reference  # noqa: E402
 from tightfit.units import human, parse_size  # noqa: E402
 from tightfit.verify import onnx_bytes_for  # noqa: E402
 from benchlib import header, load_average, load_mark, loaded, verdict  # noqa: E402
@@ -300,7 +300,7 @@ def part1(args, work: Path) -> None:
             print(f"  emx-onnx-cgen {row.model}: {emxs[row.model].error or 'built'}", flush=True)
     sessions = {m: ort_session(p.read_bytes()) for m, p in onnx_paths.items()}
     ort_peaks = {m: ort_peak(p, inputs[m]) for m, p in onnx_paths.items()}
-    executors = {id(r): ArenaExecutor(r.plan, r.graphs, [load_params(g) for g in r.graphs]) for r in rows if not r.error}
+    executors = {id(r): ArenaExecutor(r.plan, r.graphs) for r in rows if not r.error}
     xs = {id(r): tightfit.api.plan_inputs(r.graphs, r.plan) for r in rows}
     peak_load = load_average()  # the highest 1-minute load sampled while timing (marks the fps [loaded])
     for rnd in range(args.rounds):

@@ -53,7 +53,6 @@ from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import load_params
 
 MB = 1e6
 SAFETY = 0.85  # section 2 aims at this share of the allowed throughput decrease
@@ -103,8 +102,7 @@ def interleaved_times(plans, g, runs: int, stream: bool = False) -> list[list[fl
     With `stream`, each timed run follows an untimed run of the same plan, as in a stream of frames
     (else the plan before it has evicted this plan's weights and arena from the cache)."""
     x = torch.randn(g.shape(g.inputs[0]))
-    params = load_params(g)  # one copy of the weights, as one deployed model has
-    exes = [ArenaExecutor(p, [g], [params]) for p in plans]
+    exes = [ArenaExecutor(p, [g]) for p in plans]
     for ex in exes:
         ex.run(x)
     times: list[list[float]] = [[] for _ in plans]

@@ -35,7 +35,7 @@ from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor, set_input
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import load_params, run_reference
+from tightfit.runtime.reference import random_input, run_reference
 
 MB = 1e6
 MiB = 2**20
@@ -126,21 +126,20 @@ def speed_table(names: list[str], runs: int = 15) -> None:
     print(f"{'model':<14} {'arena':>7} {'reference':>9} {'eager':>7} {'ORT':>7} {'arena/eager':>11}  target")
     for name in names:
         g = tightfit.load(name)
-        x = torch.randn(g.shape(g.inputs[0]))
+        x = random_input(g)
         p = plan_reuse(PlannedModel(g, name))
         ex = ArenaExecutor(p, [g])
-        params = load_params(g)
         module = zoo.torch_module(name)
         opts = ort.SessionOptions()
         sess = ort.InferenceSession(zoo.onnx_model(name), opts, providers=["CPUExecutionProvider"])
-        feed = {sess.get_inputs()[0].name: x.numpy()}
+        feed = {sess.get_inputs()[0].name: x}
         with torch.no_grad():
             t = {"arena": _median_seconds(lambda: ex.run(x), runs),
-                 "reference": _median_seconds(lambda: run_reference(g, x, params=params), runs),
-                 "eager": _median_seconds(lambda: module(x), runs),
+                 "reference": _median_seconds(lambda: run_reference(g, x), runs),
+                 "eager": _median_seconds(lambda: module(torch.from_numpy(x)), runs),
                  "ort": _median_seconds(lambda: sess.run(None, feed), runs)}
-            out, ref = ex.run(x)[g.outputs[0]], run_reference(g, x, params=params)[g.outputs[0]]
-            same = torch.allclose(out, ref, atol=1e-4 * float(ref.abs().max()))
+            out, ref = ex.run(x)[0][g.outputs[0]], run_reference(g, x)[g.outputs[0]]
+            same = bool(np.allclose(out, ref, atol=1e-4 * float(np.abs(ref).max())))
         said = verdict([(t["eager"] / t["arena"] >= 0.95, "arena slower than 0.95 x eager"), (same, "outputs differ from the reference")])
         print(f"{name:<14} {1 / t['arena']:>7.1f} {1 / t['reference']:>9.1f} {1 / t['eager']:>7.1f} {1 / t['ort']:>7.1f} "
               f"{t['eager'] / t['arena']:>11.2f}  {said}{loaded()}")

@@ -54,7 +54,6 @@ from tightfit.techniques.tiling import (TileGroup, TilingSetting, cost_seconds, 
 from tightfit.runtime.cost import CostModel  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import measure_subprocess  # noqa: E402
-from tightfit.runtime.reference import load_params  # noqa: E402
 
 MiB = 2**20
 BUDGETS_MIB = (256, 192, 128, 96, 80, 64, 48, 32, 16)
@@ -78,10 +77,9 @@ def latencies(plans: dict, g, runs: int) -> dict:
     """Median seconds per plan: one warm-up, then `runs` runs split over two rounds."""
     x = torch.randn(g.shape(g.inputs[0]))
     times: dict = {k: [] for k in plans}
-    params = load_params(g)
     for per_round in ((runs + 1) // 2, runs // 2):
         for key, p in plans.items():
-            ex = ArenaExecutor(p, [g], [params])
+            ex = ArenaExecutor(p, [g])
             ex.run(x)
             for _ in range(per_round):
                 t0 = time.perf_counter()
