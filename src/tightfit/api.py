@@ -338,6 +338,8 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch
     int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
     import numpy as np
 
+    from tightfit.runtime.reference import input_tensor
+
     path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
     shown = " + ".join("x".join(map(str, s)) for s in shapes)
     if not path.is_file():
@@ -351,7 +353,7 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch
             raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
         if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
             raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
-        return [torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0]))]
+        return [input_tensor(arr.reshape(shapes[0]))]
     data = path.read_bytes()
     total = sum(sizes)
     if len(data) not in (4 * total, total):
@@ -359,7 +361,7 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> list[torch
     flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
     at, out = 0, []
     for shape, size in zip(shapes, sizes):
-        out.append(torch.from_numpy(flat[at: at + size].reshape(shape).copy()))
+        out.append(input_tensor(flat[at: at + size].reshape(shape)))
         at += size
     return out
 

@@ -40,6 +40,11 @@ def run_reference(
     return {k: live[k] for k in keep if k in live}
 
 
+def input_tensor(values: np.ndarray) -> torch.Tensor:
+    """An input for the executors from an array of values (their tensor type), as float32."""
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
 def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> torch.Tensor:
     shape = graph.shape(graph.inputs[0])
     if batch is not None:
