@@ -340,6 +340,7 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.n
     int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
     import numpy as np
 
+
     path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
     shown = " + ".join("x".join(map(str, s)) for s in shapes)
     if not path.is_file():
