@@ -338,9 +338,6 @@ def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.n
     """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
     raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
     int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
-    import numpy as np
-
-
     path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
     shown = " + ".join("x".join(map(str, s)) for s in shapes)
     if not path.is_file():
