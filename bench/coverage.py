@@ -46,7 +46,8 @@ from tightfit.graph.ir import Graph  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
-from tightfit.runtime.reference import random_input, run_reference  # noqa: E402
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input  # noqa: E402
 from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
 
 SEARCH_SECONDS = 60.0  # the parts search's limit and fit's --time-limit (a stopped search answers with its best so far)

@@ -59,7 +59,7 @@ from tightfit.export.build import DEFAULT_CFLAGS, build, run  # noqa: E402
 from tightfit.plan.schema import dumps  # noqa: E402
 from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
 from tightfit.runtime.measure import Measurement  # noqa: E402
-from tightfit.runtime.reference import run_reference  # noqa: E402
+from tightfit.reference import run_reference  # noqa: E402
 from tightfit.units import human, parse_size  # noqa: E402
 from tightfit.verify import onnx_bytes_for  # noqa: E402
 from benchlib import header, load_average, load_mark, loaded, verdict  # noqa: E402

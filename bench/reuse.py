@@ -35,7 +35,8 @@ from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor, set_input
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 MB = 1e6
 MiB = 2**20

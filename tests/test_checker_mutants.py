@@ -39,7 +39,8 @@ from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.plan.schema import Access, Buffer, ModelRef, Partition, Plan, PlanError, Step
 from tightfit.runtime.executor import ArenaExecutor, buffer_view
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 OVERLAP = ("overlap",)
 # A read that finds its cells gone, or a step that writes over the cells it reads (caught earlier).

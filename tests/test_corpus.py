@@ -25,7 +25,8 @@ from tightfit.plan.check import check_plan
 from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import verify_with_onnxruntime
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

@@ -196,7 +196,7 @@ def test_other_work_on_the_host_evicts_by_the_seconds_in_between():
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_arena_spans_are_the_executors_views(layout):
     """The reuse walk's address range of every access is where the executor's view lies."""
-    from tightfit.export.step_args import Context
+    from tightfit.kernels.step_args import Context
 
     g = tightfit.load("mobilenet_v1_025")
     p = plan_parts(PlannedModel(g, "m"), *phases_for_rows(g, 5), layout=layout)

@@ -10,14 +10,15 @@ import pytest
 
 import tightfit
 from tightfit.cli import main
-from tightfit.export.step_args import Array, Context, Struct, View, step_args
+from tightfit.kernels.step_args import Array, Context, Struct, View, step_args
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
 
 MiB = 2**20

@@ -140,7 +140,8 @@ int main(int argc, char **argv) {
 
 
 def test_two_arenas_run_independently(tmp_path):
-    from tightfit.runtime.reference import random_input, run_reference
+    from tightfit.reference import run_reference
+    from tightfit.runtime.reference import random_input
 
     plan, graphs = tightfit.api.plan("minakova5", method="parts", rows=2)
     export(plan, graphs, tmp_path / "out", name="m")

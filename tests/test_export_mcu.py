@@ -292,7 +292,7 @@ def test_a_folder_without_the_library_is_refused(tmp_path):
 def test_minakova5_links_within_512k_ram_and_matches_the_reference_on_cortex_m7(tmp_path, kw):
     import tightfit
     from tightfit.api import plan_inputs
-    from tightfit.runtime.reference import run_reference
+    from tightfit.reference import run_reference
     from tightfit.verify import compare
 
     plan, graphs = tightfit.api.plan("minakova5", **kw)

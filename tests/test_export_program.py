@@ -7,7 +7,7 @@ import numpy as np
 import tightfit
 from tightfit.export import export
 from tightfit.export.build import build, run
-from tightfit.runtime.reference import run_reference
+from tightfit.reference import run_reference
 
 
 def test_weights_file_program_is_clean_under_the_sanitizers(tmp_path):

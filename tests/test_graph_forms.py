@@ -19,7 +19,8 @@ from tightfit.cli import main
 from tightfit.frontend.onnx_import import import_model, load_onnx
 from tightfit.frontend.torch_import import export_onnx
 from tightfit.plan.check import check_plan
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare, model_input, onnxruntime_outputs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tightfit.export.step_args import BINDERS, Code
+from tightfit.kernels.step_args import BINDERS, Code
 from tightfit.ops import abi, op_names
 
 HEADER = Path(abi.__file__).parents[1] / "kernels" / "tf_kernels.h"

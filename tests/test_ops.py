@@ -4,7 +4,7 @@ For each op there is a hypothesis strategy that builds a one-layer case the way 
 would: a small ONNX model (the op's node, plus any nodes its fused attributes stand for: a crop
 Pad in front of a conv, the activation chain behind a host) and the op's own `from_onnx` turning
 that node into layer attributes. Every case runs on the kernel library (kernels/tf_kernels.c, the
-build the executor loads), bound by export/step_args.py exactly as plans and the exported program
+build the executor loads), bound by kernels/step_args.py exactly as plans and the exported program
 bind their steps.
 
 Properties per op:
@@ -33,12 +33,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from tightfit.export.step_args import BINDERS, Bind, Pool, access_view, layer_args
+from tightfit.kernels.step_args import BINDERS, Bind, Pool, access_view, layer_args
 from tightfit.graph.ir import Graph, Layer, Tensor, spatial
-from tightfit.ops import WORKSPACE_MODELS, abi, get_op, op_names, run_layer
+from tightfit.ops import WORKSPACE_MODELS, abi, get_op, op_names
+from tightfit.runtime.reference import run_layer
 from tightfit.ops.base import InputWindow, OnnxNode, Region
 from tightfit.plan.schema import Access, Buffer
-from tightfit.runtime import library
+from tightfit.kernels import library
 
 SETTINGS = dict(
     derandomize=True, deadline=None, database=None,
@@ -974,7 +975,7 @@ def test_every_op_has_a_case_and_a_kernel():
     assert not missing, f"ops without a property-test case: {missing}"
     assert not set(CASES) - set(op_names()), "cases for ops that are not registered"
     no_kernel = sorted(set(op_names()) - set(BINDERS))
-    assert not no_kernel, f"ops without a C kernel (a binder in export/step_args.py): {no_kernel}"
+    assert not no_kernel, f"ops without a C kernel (a binder in kernels/step_args.py): {no_kernel}"
     no_cost = sorted(n for n in op_names() if not callable(getattr(get_op(n), "macs", None)))
     assert not no_cost, f"ops without a cost: {no_cost}"
     kinds = set(abi.ACT_NAMES)

@@ -26,7 +26,7 @@ from tightfit.frontend.onnx_import import import_model
 from tightfit.ops import get_op
 from tightfit.plan.check import check_plan
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import run_reference
+from tightfit.reference import run_reference
 from tightfit.verify import compare
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

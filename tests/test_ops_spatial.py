@@ -23,7 +23,8 @@ import tightfit
 from tightfit.errors import UnsupportedOpsError
 from tightfit.plan.check import check_plan
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
 
 ort.set_default_logger_severity(3)

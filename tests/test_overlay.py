@@ -17,7 +17,8 @@ from tightfit.techniques.parts.planner import PartsOptions, plan_parts
 from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import PlanError
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
 
 

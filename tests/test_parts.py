@@ -17,7 +17,7 @@ from tightfit.techniques.parts.planner import PartsOptions, phases_for_rows, pla
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import run_reference
+from tightfit.reference import run_reference
 from tightfit.verify import compare
 
 # Minakova & Stefanov Table II phase settings on the Fig. 1 CNN (layer 0 = n2, layer 1 = n3).
@@ -149,8 +149,8 @@ def test_shift_within_a_buffer_without_a_temporary(shift, dim):
     destination overlapping) in the order that reads every place before it is overwritten."""
     import numpy as np
 
-    from tightfit.export.step_args import Args, View
-    from tightfit.runtime import library
+    from tightfit.kernels.step_args import Args, View
+    from tightfit.kernels import library
 
     buf = np.arange(12 * 3 * 12 * 12, dtype=np.float32).reshape(12, 3, 12, 12)
     src0, size = (shift, 7) if shift > 0 else (0, 7)

@@ -193,7 +193,8 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
 
     from tightfit.techniques.parts.planner import draft_parts
     from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import random_input, run_reference
+    from tightfit.reference import run_reference
+    from tightfit.runtime.reference import random_input
     from tightfit.verify import compare
 
     g = tightfit.load(_Doubling(), (1, 1, 32, 32))

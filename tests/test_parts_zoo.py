@@ -15,7 +15,8 @@ from tightfit.techniques.parts.phase_search import splittable_layers
 from tightfit.techniques.interface import PlannedModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

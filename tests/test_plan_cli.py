@@ -22,7 +22,8 @@ from tightfit.plan.lifetimes import lifetimes
 from tightfit.plan.place import planner_names
 from tightfit.techniques.reuse.planner import ORDERS
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

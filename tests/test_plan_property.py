@@ -34,7 +34,8 @@ from tightfit.plan.place import planner_names
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 TOL = 1e-4
 LAYOUTS = ("nhwc", "nchw")

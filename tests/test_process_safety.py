@@ -75,7 +75,7 @@ def test_allow_code_lets_a_file_name_a_factory(m5_plan, tmp_path):
 
 
 def test_kernel_library_only_from_a_private_folder(tmp_path):
-    from tightfit.runtime.library import UnsafeLibraryError, _check_private
+    from tightfit.kernels.library import UnsafeLibraryError, _check_private
 
     folder = tmp_path / "native"
     folder.mkdir(mode=0o700)

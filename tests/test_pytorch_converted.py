@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, TightfitError, UnsupportedOpsError
 from tightfit.frontend.onnx_import import load_onnx
-from tightfit.runtime.reference import run_reference
+from tightfit.reference import run_reference
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "pytorch-converted"
 CASES = sorted(p.name for p in DATA.iterdir() if (p / "model.onnx").is_file()) if DATA.is_dir() else []

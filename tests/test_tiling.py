@@ -21,7 +21,8 @@ from tightfit.techniques.tiling import (GRID_LIMIT, TileGroup, TilingError, Tili
                                   groupable_runs, parse_tiling, plan_point, plan_tiling, search_tiling)
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
 from tightfit.techniques.interface import run_memory
 from tightfit.units import human

@@ -12,7 +12,7 @@ import pytest
 
 import tightfit
 from tightfit.cli import main
-from tightfit.runtime.reference import run_reference
+from tightfit.reference import run_reference
 
 
 @pytest.fixture(scope="module")

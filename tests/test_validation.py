@@ -195,7 +195,7 @@ def test_kernel_calls_refuse_weights_their_views_do_not_fit():
     bound (the kernel would read past the weight), naming the layer; the right weight binds."""
     import numpy as np
 
-    from tightfit.export.errors import ExportError
+    from tightfit.errors import KernelError
     from tightfit.graph.ir import Layer
     from tightfit.runtime.reference import run_layer
 
@@ -203,7 +203,7 @@ def test_kernel_calls_refuse_weights_their_views_do_not_fit():
              "out_channels": 4, "act": ()}
     layer = Layer(0, "conv0", "conv", ("x",), "y", attrs, ("w", "b"))
     x, y = np.zeros((1, 8, 6, 6), np.float32), np.zeros((1, 4, 4, 4), np.float32)
-    with pytest.raises(ExportError, match="conv0.*do not agree"):  # a weight for 2 input channels
+    with pytest.raises(KernelError, match="conv0.*do not agree"):  # a weight for 2 input channels
         run_layer(layer, [x], [np.zeros((4, 2, 3, 3), np.float32), np.zeros(4, np.float32)], y)
     run_layer(layer, [x], [np.ones((4, 8, 3, 3), np.float32), np.ones(4, np.float32)], y)
     assert (y == 1.0).all()

@@ -160,7 +160,7 @@ def test_vbs_plan_runs_the_planned_sub_batches(kernel_runs):
     from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
     from tightfit.techniques.vbs.graph_dp import plan_schedule
     from tightfit.runtime.executor import ArenaExecutor
-    from tightfit.runtime.reference import run_reference
+    from tightfit.reference import run_reference
     from tightfit.verify import compare
 
     g = tightfit.load("mobilenet_v1_025")

@@ -268,7 +268,7 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp
     from tightfit.plan import schema
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.measure import measure_subprocess
-    from tightfit.runtime.reference import run_reference
+    from tightfit.reference import run_reference
     from tightfit.verify import compare
 
     g = _squeezenet()

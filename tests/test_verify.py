@@ -9,7 +9,8 @@ import torch
 
 import tightfit
 from tightfit import verify
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 
 SPEC, SHAPE = "mobilenet_v1_025", (1, 3, 32, 32)  # one the evaluator runs (minakova5's negative pads it cannot)

@@ -17,7 +17,8 @@ import pytest
 
 from tightfit.frontend import zoo
 from tightfit.frontend.onnx_import import import_model
-from tightfit.runtime.reference import random_input, run_reference
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
 
 RTOL = 1e-4
 

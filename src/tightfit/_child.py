@@ -28,7 +28,8 @@ class Job:
 
 def _reference_job(job: dict) -> Job:
     import tightfit
-    from tightfit.runtime.reference import random_input, run_reference
+    from tightfit.reference import run_reference
+    from tightfit.runtime.reference import random_input
 
     graph = tightfit.load(job["model"], job.get("input_shape"))
     x = random_input(graph, job.get("batch"))

@@ -33,7 +33,8 @@ class RunResult:
 
 def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = ()) -> RunResult:
     """Run the reference executor once on `x` (a seeded random input if None)."""
-    from tightfit.runtime.reference import random_input, run_reference
+    from tightfit.reference import run_reference
+    from tightfit.runtime.reference import random_input
 
     x = random_input(graph) if x is None else x
     t0 = time.perf_counter()
@@ -295,7 +296,7 @@ def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan:
 def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     """The seeded inputs of a plan's CNNs and the reference executor's outputs on them (every
     output of every CNN, in order), as float32 arrays."""
-    from tightfit.runtime.reference import run_reference
+    from tightfit.reference import run_reference
 
     inputs = plan_inputs(graphs, plan_, seed)
     refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]

@@ -503,7 +503,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         named = [(k if len(outs) == 1 else f"cnn{m}_{k}", v) for m, o in enumerate(outs) for k, v in o.items()]
         report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, named)}
     if args.verify:
-        from tightfit.runtime.reference import run_reference
+        from tightfit.reference import run_reference
         from tightfit.verify import compare
 
         worst = None

@@ -42,3 +42,8 @@ class BudgetError(TightfitError):
 class TorchMissingError(TightfitError):
     """What the user asked for needs PyTorch (an nn.Module, a torchvision model, the corpus),
     and the install has none: names the extra that adds it."""
+
+
+class KernelError(TightfitError):
+    """A step the kernel library cannot run (an op, activation, rank or dtype it has no kernel
+    for, or a layer whose shapes and weights do not agree); the message names the layer."""

@@ -369,7 +369,7 @@ def verify(plan: Plan, graphs) -> float:
     """Run the plan (arena filled with NaN first) and compare every output with the reference
     executor; returns the largest difference relative to each output's largest value."""
     import tightfit
-    from tightfit.runtime.reference import run_reference
+    from tightfit.reference import run_reference
     from tightfit.verify import compare
 
     checked(plan, graphs)

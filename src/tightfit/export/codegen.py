@@ -1,5 +1,5 @@
 """A plan as C99: the same steps the arena executor runs, each a call of a kernel of the library
-(kernels/tf_kernels.c, copied as it is; the values of each call from export/step_args.py) on views of the caller's arena given by buffer offset and strides, weights as
+(kernels/tf_kernels.c, copied as it is; the values of each call from kernels/step_args.py) on views of the caller's arena given by buffer offset and strides, weights as
 const data. Pure: a plan and its graphs in, file contents out; the same plan gives the same bytes.
 
 The arena holds everything a run touches besides the stack: the C kernels need no temporaries
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.export.errors import ExportError
-from tightfit.export.step_args import (BINDERS, Acts, Array, Code, Context, Struct, View, _dims4, access_view,  # noqa: F401
+from tightfit.kernels.step_args import (BINDERS, Acts, Array, Code, Context, Struct, View, _dims4, access_view,  # noqa: F401
                                        buffer_strides, step_args)
 from tightfit.graph.ir import Graph
 from tightfit.plan.lifetimes import output_accesses

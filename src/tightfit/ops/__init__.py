@@ -5,7 +5,6 @@ is complete once `tightfit.ops` is imported.
 """
 from __future__ import annotations
 
-from tightfit.graph.ir import Layer
 from tightfit.ops.base import InputWindow, Op, Region, WORKSPACE_MODELS
 from tightfit.ops.registry import get_op, onnx_op_for, onnx_types, op_names, register
 
@@ -14,13 +13,5 @@ from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, 
 from tightfit.ops import conv_transpose, rearrange  # noqa: F401
 
 
-def run_layer(layer: Layer, inputs, params, out) -> None:
-    """A layer's whole output into `out` from whole inputs, on the kernel library (ops compute
-    nothing themselves: see runtime/reference.run_layer)."""
-    from tightfit.runtime.reference import run_layer as run
-
-    run(layer, inputs, params, out)
-
-
 __all__ = ["InputWindow", "Op", "Region", "WORKSPACE_MODELS", "get_op", "op_names", "register",
-           "onnx_op_for", "onnx_types", "run_layer"]
+           "onnx_op_for", "onnx_types"]

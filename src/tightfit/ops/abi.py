@@ -1,7 +1,7 @@
 """The one table of the kernel library's interface: its codes (activation kinds, elementwise
 functions, step kinds, ...) and its argument structs. The C declarations in kernels/tf_kernels.h
 (between the GENERATED markers) are written from it by `c_declarations`, and the executor's ctypes
-structures (runtime/library.py) are made from it, so the two sides cannot drift;
+structures (kernels/library.py) are made from it, so the two sides cannot drift;
 tests/test_kernel_abi.py fails when the header's text is not what this table gives.
 
 A struct is a list of (field, type): "tf_int" (int32_t: offsets, sizes, strides), "int", "float",

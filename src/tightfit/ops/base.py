@@ -1,7 +1,7 @@
 """The op interface: everything tightfit knows about one layer type lives in one Op.
 
 An op describes a layer type: shapes, the input windows an output region needs, accounting, and
-(export/step_args.py) how a step binds to its kernel in the C library, which computes any
+(kernels/step_args.py) how a step binds to its kernel in the C library, which computes any
 (N, H, W) region of its output into a view it is given. An op never computes; it never knows who
 split the work.
 """

@@ -3,7 +3,7 @@
 
 A step of such an op is a list of Moves, each copying a strided (C, H, W) block of one input
 window into a strided block of the output view (batch whole). The kernel library's moves step
-takes them as pairs of tf_views (export/step_args.py); `apply_moves` applies them to numpy arrays
+takes them as pairs of tf_views (kernels/step_args.py); `apply_moves` applies them to numpy arrays
 where the importer checks what a pattern of nodes moves where (ops/rearrange.py).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 kernels, kept in a profile. The prediction from them is analysis/predict.py.
 
 Every step of a plan has a key (analysis/predict.step_key). A key is timed once, by binding the
-step exactly as the executor does (export/step_args.py, runtime/library.py) to views of the same
+step exactly as the executor does (kernels/step_args.py, kernels/library.py) to views of the same
 shapes in an arena of its own and running it through the library's `tf_run`, as the executor does:
 the median of several runs, each after the caches are stirred ("stirred": the step's code and
 data are in the last-level cache only) and of several runs back to back ("hot"). Times are kept
@@ -33,10 +33,10 @@ from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_
 from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
 from tightfit.plan.schema import Plan, Step
-from tightfit.runtime import library as kernels
+from tightfit.kernels import library as kernels
 
 if TYPE_CHECKING:
-    from tightfit.export.step_args import Args
+    from tightfit.kernels.step_args import Args
 
 PROFILE_VERSION = 5
 SAMPLES = 7
@@ -81,7 +81,7 @@ def profile_id() -> str:
 def _kernel_code() -> str:
     """A digest of the code a step runs (the kernels, their flags, the ops, how steps bind and run):
     changed kernels, new profile."""
-    import tightfit.export.step_args as step_args
+    import tightfit.kernels.step_args as step_args
     import tightfit.ops as ops
     import tightfit.runtime.executor as executor
 
@@ -312,7 +312,7 @@ class _Alone:
 
 def _bind_alone(plan: Plan, graphs: Sequence[Graph], step: Step) -> _Alone:
     """The step with the buffers it touches placed one after another in an arena of their own."""
-    from tightfit.export.step_args import Context, _dims4, step_args
+    from tightfit.kernels.step_args import Context, _dims4, step_args
 
     at, buffers = 0, list(plan.buffers)
     for a in dict.fromkeys(x.buffer for x in (step.out,) + step.inputs):
@@ -345,7 +345,7 @@ def _cold_byte_seconds() -> float:
     use); a stir of twice that costs the band 50% more again (memory pages and their table
     entries evicted too), which put plans by one-row bands through resnet18's, resnet50's and the
     inceptions' large layers 11-17% slow, their weights fetched again every few steps."""
-    from tightfit.export.step_args import Acts, Args, Code, View
+    from tightfit.kernels.step_args import Acts, Args, Code, View
 
     c = 512
     # Output row 3 of a 7x7 map (input rows 2-4 whole width, padding left and right), channels last.
@@ -471,7 +471,7 @@ def _nothing() -> None:
 
 def _native_call_overhead() -> float:
     """A call of tf_run from Python on no steps."""
-    from tightfit.export.step_args import Args
+    from tightfit.kernels.step_args import Args
 
     run = _Alone(Args("copy", "tf_copy_args", ()), 1, np.zeros(1, np.float32), np.zeros(1, np.int32), None).runs(0)
     return _median_seconds(lambda: [run() for _ in range(1000)], 21) / 1000

@@ -1,6 +1,6 @@
 """The arena executor: runs any plan on the kernel library (kernels/tf_kernels.c, loaded by
-runtime/library.py). One preallocated arena (a numpy buffer); every step is bound once to the
-argument struct the exported program would hold for it (export/step_args.py), and a partition's
+kernels/library.py). One preallocated arena (a numpy buffer); every step is bound once to the
+argument struct the exported program would hold for it (kernels/step_args.py), and a partition's
 run is one call of `tf_run` over its table: no Python between steps.
 
 It knows no planner: it reads steps and buffers. Pipelined partitions (plan.concurrent) run in
@@ -16,12 +16,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from tightfit.export.step_args import Context, View, _aligned_empty, _dims4, step_args
+from tightfit.kernels.step_args import Context, View, _aligned_empty, _dims4, step_args
 from tightfit.graph.ir import Graph
 from tightfit.ops.base import Region
 from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Buffer, Plan, Step
-from tightfit.runtime.library import INPUT_FN, StepTable, Tensor, library, tensor_input
+from tightfit.kernels.library import INPUT_FN, StepTable, Tensor, library, tensor_input
 
 DTYPES = {"fp32": np.float32}
 

@@ -1,42 +1,10 @@
-"""The reference run: a graph layer by layer on the kernel library, channels-last (channels-first
-views take the kernels' portable paths: resnet18 5 s a run there against 0.2 s). Outputs of plans are compared with it; the independent checks of
-the kernels themselves are onnxruntime and onnx's reference evaluator (tests/op_cases.py, verify.py)."""
+"""One layer on the kernel library from whole arrays (the op-case tests' entry), and the random
+inputs runs are made with. The whole-graph reference run is tightfit/reference.py."""
 from __future__ import annotations
-
-from typing import Iterable, Mapping
 
 import numpy as np
 
 from tightfit.graph.ir import Graph
-
-
-def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, np.ndarray]:
-    """Run the graph on one input (an array, or {input name: array}); return its outputs (in the
-    model's order) and any tensors named in `keep`, as arrays of their own."""
-    from tightfit.export.step_args import Context
-    from tightfit.techniques.interface import PlannedModel
-    from tightfit.techniques.reuse.planner import plan_reuse
-    from tightfit.runtime.executor import ArenaExecutor, view_array
-
-    x = inputs[graph.inputs[0]] if isinstance(inputs, Mapping) else inputs
-    x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
-    wanted = dict.fromkeys(list(graph.outputs) + list(keep))
-    # Tensors asked for besides the outputs each keep a buffer of their own (the naive plan);
-    # else buffers are reused after their last reader, as a layer-by-layer run frees tensors.
-    planner = "naive" if len(wanted) > len(graph.outputs) else "improve"
-    plan = plan_reuse(PlannedModel(graph, graph.name or "reference", int(x.shape[0])), planner=planner, layout="nhwc")
-    ex = ArenaExecutor(plan, [graph])
-    outs = ex.run(x)[0]
-    ctx = Context(plan, [graph], 0)
-    written = {s.out.tensor: s.out for s in plan.steps()}
-    result = {}
-    for t in wanted:
-        if t in outs:
-            result[t] = outs[t].copy()
-        elif t in written:
-            shape = (x.shape[0],) + tuple(graph.shape(t)[1:])
-            result[t] = view_array(ex.arena, ctx.view(0, written[t]), shape).copy()
-    return result
 
 
 def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> np.ndarray:
@@ -52,11 +20,11 @@ def run_layer(layer, inputs, params, out) -> None:
     kernel library: inputs and output laid out NCHW in an arena of their own."""
     from dataclasses import replace
 
-    from tightfit.export.step_args import Bind, Pool, View, _dims4, layer_args
+    from tightfit.kernels.step_args import Bind, Pool, View, _dims4, layer_args
     from tightfit.graph.ir import Tensor
     from tightfit.ops import get_op
     from tightfit.ops.base import Region
-    from tightfit.runtime import library as kernels
+    from tightfit.kernels import library as kernels
 
     y = np.asarray(out)
     arrays = {t: np.asarray(x, dtype=np.float32) for t, x in zip(layer.inputs, inputs)}
@@ -84,7 +52,7 @@ def run_layer(layer, inputs, params, out) -> None:
 
 def _window(v, r):
     """The part of a whole tensor's view `v` that region `r` (an input window) covers."""
-    from tightfit.export.step_args import View
+    from tightfit.kernels.step_args import View
 
     sn, _, sh, sw = v.strides
     return View(v.off + r.n0 * sn + r.h0 * sh + r.w0 * sw, (r.n, v.dims[1], r.h, r.w), v.strides)

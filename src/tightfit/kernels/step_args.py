@@ -1,6 +1,6 @@
 """A plan's step as the argument values of its kernel in the C library (kernels/tf_kernels.h): the
 one place that turns a step into a kernel call. The C generator (codegen.py) writes these values as
-initializers of static structs; the executor (runtime/library.py) packs the same values into ctypes
+initializers of static structs; the executor (kernels/library.py) packs the same values into ctypes
 structures of the same layout (both made from ops/abi.py's table). Pure: a step, its plan and graph
 in; values, plus the constants they point to appended to the context's pools, out."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tightfit.export.errors import ExportError
+from tightfit.errors import KernelError
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import abi, get_op
 from tightfit.ops.base import Region
@@ -60,10 +60,10 @@ class Acts:
 
     def __post_init__(self) -> None:
         if len(self.chain) > abi.MAX_ACTS:
-            raise ExportError(f"an activation chain of {len(self.chain)} (at most {abi.MAX_ACTS} run in the kernels)")
+            raise KernelError(f"an activation chain of {len(self.chain)} (at most {abi.MAX_ACTS} run in the kernels)")
         for kind, *_ in self.chain:
             if kind not in abi.ACTS:
-                raise ExportError(f"activation {kind!r} has no C kernel")
+                raise KernelError(f"activation {kind!r} has no C kernel")
 
     def fields(self) -> tuple[list[int], list[float], list[float]]:
         kinds, a, b = [0] * abi.MAX_ACTS, [0.0] * abi.MAX_ACTS, [0.0] * abi.MAX_ACTS
@@ -148,7 +148,7 @@ def _dims4(shape: Sequence[int]) -> tuple[int, int, int, int]:
     between layers, only ever held contiguous) fold their trailing dims into W, which keeps the
     elements' logical order, all that a reshape's copy reads (a transpose is split in _transpose)."""
     if len(shape) > MAX_RANK:
-        raise ExportError(f"tensors of rank {len(shape)} are not run by the kernels (at most {MAX_RANK})")
+        raise KernelError(f"tensors of rank {len(shape)} are not run by the kernels (at most {MAX_RANK})")
     if len(shape) > 4:
         return (shape[0], shape[1], shape[2], math.prod(shape[3:]))
     return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
@@ -165,7 +165,7 @@ def buffer_strides(b: Buffer) -> tuple[int, int, int, int]:
 def access_view(b: Buffer, a: Access, copy: int, shape: Sequence[int]) -> View:
     """Access `a` of buffer `b` (frame copy `copy`) as a view; `shape` is the tensor's logical shape."""
     if b.itemsize != 4:
-        raise ExportError(f"buffer {b.id} holds {b.itemsize}-byte items; the kernels run fp32 plans")
+        raise KernelError(f"buffer {b.id} holds {b.itemsize}-byte items; the kernels run fp32 plans")
     base = b.offsets[copy % b.copies] // 4
     strides = buffer_strides(b)
     r = a.region
@@ -207,7 +207,7 @@ def step_args(ctx: Context, s: Step) -> Args:
 def layer_args(b: Bind, layer: Layer, xs: Sequence[View], y: View, comment: str = "") -> Args:
     """The kernel call computing region `b.region` of `layer` into view `y` from input views `xs`."""
     if layer.op not in BINDERS:
-        raise ExportError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
+        raise KernelError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
     kind, ctype, fields = BINDERS[layer.op](b, layer, list(xs), y)
     return Args(kind, ctype, tuple(fields), comment)
 
@@ -232,7 +232,7 @@ def _win(b: Bind, layer: Layer):
 
 def _expect(condition: bool, layer: Layer, what: str) -> None:
     if not condition:
-        raise ExportError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
+        raise KernelError(f"layer {layer.id} ({layer.name}): {what} do not agree (an inconsistent graph)")
 
 
 def _conv_weights(b: "Bind", layer: Layer, w: np.ndarray, bias: np.ndarray, kind: str) -> tuple[int, int]:
@@ -353,7 +353,7 @@ def _eltwise(b, layer, xs, y):
         operands.append(Struct("tf_operand", (1, View(0, (0, 0, 0, 0), (0, 0, 0, 0)), off, c, h, w,
                                               r.h0 if h > 1 else 0, r.w0 if w > 1 else 0)))
     if len(operands) > abi.MAX_OPERANDS:
-        raise ExportError(f"layer {layer.id}: {len(operands)} operands (at most {abi.MAX_OPERANDS} run in the kernels)")
+        raise KernelError(f"layer {layer.id}: {len(operands)} operands (at most {abi.MAX_OPERANDS} run in the kernels)")
     if "order" in layer.attrs:  # data input i >= 0, constant -1 - j: the node's own operand order
         operands = [operands[i] if i >= 0 else operands[len(xs) - 1 - i] for i in layer.attrs["order"]]
     fn = abi.ELT_FNS[layer.attrs.get("fn", layer.op)]

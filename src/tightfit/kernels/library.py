@@ -1,7 +1,7 @@
 """The kernel library (kernels/tf_kernels.c) as the Python process runs it: built with the system's
 C compiler on first use into the cache directory (private folders only), loaded with ctypes, and
 steps bound to its argument structs once. The ctypes structures are made from ops/abi.py's table,
-as the C header's declarations are, and filled from export/step_args.py's values, as the exported
+as the C header's declarations are, and filled from kernels/step_args.py's values, as the exported
 program's tables are: the same kernels on the same views."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.errors import TightfitError
-from tightfit.export.step_args import Acts, Args, Array, Code, Struct, View
+from tightfit.kernels.step_args import Acts, Args, Array, Code, Struct, View
 from tightfit.ops import abi
 
 KERNELS = Path(__file__).parents[1] / "kernels"
