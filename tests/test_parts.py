@@ -10,7 +10,6 @@ import pytest
 
 import tightfit
 from tightfit.analysis.csdf import max_phases
-from tightfit.ops import get_op
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
 from tightfit.techniques.parts.planner import PartsOptions, phases_for_rows, plan_parts
@@ -164,24 +163,3 @@ def test_shift_within_a_buffer_without_a_temporary(shift, dim):
     library.library().tf_run(buf.ctypes.data, buf.ctypes.data, buf.ctypes.data, table.address, 1, None, None)
     assert np.array_equal(buf.take(range(dst0, dst0 + size), axis=dim), expected)
 
-
-def test_border_band_needs_no_band_sized_temporary():
-    """Top bands of a padded 3x3 conv. Of 8 rows: the row reading the padding comes from one
-    call with symmetric padding, whose one wrong row the middle call (run last) overwrites: no
-    copy at all. Of 1 row (no middle call to overwrite a wrong row): a padded copy of its 2
-    input rows."""
-    from tightfit.ops.base import Region
-    from tightfit.ops.conv import kernel_calls
-
-    g = tightfit.load("resnet18")
-    layer = next(l for l in g.layers if l.op == "conv" and l.attrs["kernel"] == (3, 3) and l.attrs["stride"] == (1, 1))
-    op = get_op(layer.op)
-    shapes = [g.shape(layer.inputs[0])]
-    out_shape = g.shape(layer.output)
-    for rows, expected in ((8, [((0, 2), False), ((1, 8), False)]), (1, [((0, 1), True)])):
-        band = Region(0, 1, 0, rows, 0, out_shape[3])
-        win = op.input_windows(layer, band, shapes)[0]
-        calls = kernel_calls(win, band, layer.attrs["kernel"], layer.attrs["stride"], layer.attrs["dilation"])
-        assert [(c.out_rows, c.copy) for c in calls] == expected
-        padded_copy = shapes[0][1] * (rows + 2) * (win.region.w + 2) * 4  # its input rows and one zero row
-        assert op.workspace_bytes(layer, band, shapes, out_shape, 4) == (padded_copy if calls[0].copy else 0)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tightfit.runtime.cost import CostModel
 
 
-def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: int = 1) -> ModelMemory:
+def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "none", batch: int = 1) -> ModelMemory:
     return account(graph, dtype, workspace, batch)
 
 

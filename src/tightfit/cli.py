@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="per-layer memory accounting of a model")
     _model_args(p)
     p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16, int8")
-    p.add_argument("--workspace", default="torch", help="scratch model: torch (our kernels, default), darknet (MAFAT eq. 2.1), none")
+    p.add_argument("--workspace", default="none", help="scratch model: none (our C kernels need no scratch, default), darknet (MAFAT eq. 2.1's im2col)")
     p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--json", action="store_true")
 

@@ -49,7 +49,7 @@ class ModelMemory:
     layer_peak_bytes: int
 
 
-def layer_workspace(graph: Graph, layer_id: int, dtype: str = "fp32", workspace: str = "torch", batch: int = 1) -> int:
+def layer_workspace(graph: Graph, layer_id: int, dtype: str = "fp32", workspace: str = "none", batch: int = 1) -> int:
     layer = graph.layers[layer_id]
     in_shapes = [_batched(graph.shape(t), batch) for t in layer.inputs]
     out_shape = _batched(graph.shape(layer.output), batch)
@@ -60,7 +60,7 @@ def _batched(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
     return (batch,) + tuple(shape[1:])
 
 
-def account(graph: Graph, dtype: str = "fp32", workspace: str = "torch", batch: int = 1) -> ModelMemory:
+def account(graph: Graph, dtype: str = "fp32", workspace: str = "none", batch: int = 1) -> ModelMemory:
     if workspace not in WORKSPACE_MODELS:
         raise OptionError(f"unknown workspace model {workspace!r}; choose from {', '.join(WORKSPACE_MODELS)}")
     size = itemsize(dtype)

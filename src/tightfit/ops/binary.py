@@ -117,18 +117,6 @@ class Eltwise(_Elementwise):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * max(1, len(layer.attrs["order"]) - 1)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        """A temporary of the output when the output may lie over a data operand the fold
-        reads after the first (the planner puts outputs over any input of their shape); PRelu's
-        select takes two."""
-        if model != "torch":
-            return 0
-        a = layer.attrs
-        late = any(i >= 0 and k > 0 and tuple(in_shapes[i][1:]) == tuple(out_shape[1:]) for k, i in enumerate(a["order"]))
-        temps = (1 if late and a["fn"] not in COMMUTATIVE else 0) + (2 if a["fn"] == "prelu" else 0)
-        return temps * out.numel(out_shape) * itemsize
-
 
 def _operand_names(node: OnnxNode, fn: str) -> list[str]:
     """The node's operands in order; Clip's missing bounds as empty names (no bound)."""

@@ -126,19 +126,6 @@ class ConvTranspose(Op):
         (h0, h1, _), (w0, w1, _) = self._spans(layer, out, in_shapes)
         return (InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1)),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        """torch: the window's whole transposed convolution before it is placed, and oneDNN's
-        reorder of the weight for the call (as large as the weight, as for a convolution)."""
-        if model != "torch":
-            return 0
-        a = layer.attrs
-        (h0, h1, _), (w0, w1, _) = self._spans(layer, out, in_shapes)
-        rows = (h1 - h0 - 1) * a["stride"][0] + (a["kernel"][0] - 1) * a["dilation"][0] + 1
-        cols = (w1 - w0 - 1) * a["stride"][1] + (a["kernel"][1] - 1) * a["dilation"][1] + 1
-        weight = in_shapes[0][1] * (a["out_channels"] // a["groups"]) * a["kernel"][0] * a["kernel"][1]
-        return (out.n * a["out_channels"] * rows * cols + weight) * itemsize
-
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         """Every input of the window times every kernel tap and the output channels of its group."""
         a = layer.attrs

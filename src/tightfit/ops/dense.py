@@ -61,9 +61,6 @@ class Gemm(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.n * int(np.prod(in_shapes[0][1:])) * out_shape[1]
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        return out.numel(out_shape) * itemsize if model == "torch" else 0
-
 
 @register
 class Softmax(Op):
@@ -93,6 +90,3 @@ class Softmax(Op):
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        return out.numel(out_shape) * itemsize if model == "torch" else 0

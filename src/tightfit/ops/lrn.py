@@ -28,10 +28,3 @@ class LRN(Op):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * layer.attrs["size"]
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        # The squared input, its copy padded over channels, and the running sum / divisor.
-        if model != "torch":
-            return 0
-        c, size = out_shape[1], layer.attrs["size"]
-        return out.n * out.h * out.w * (2 * c + c + size - 1) * itemsize

@@ -46,13 +46,6 @@ def apply_moves(inputs: Sequence[np.ndarray], out: np.ndarray, moves: Sequence[M
             take(out, m.y)[...] = take(inputs[m.src], m.x)
 
 
-def flipped_bytes(moves: Sequence[Move], batch: int, itemsize: int) -> int:
-    """The scratch model's temporary for a block read with a negative step (workspace "torch":
-    torch views had no negative strides; the kernel library walks them in place)."""
-    return max((batch * m.y[0][1] * m.y[1][1] * m.y[2][1] * itemsize
-                for m in moves if any(step < 0 for _, _, step in m.x)), default=0)
-
-
 def phase_span(o0: int, o1: int, phase: int, block: int) -> tuple[int, int]:
     """Of outputs [o0, o1), those with o % block == phase: (first one's offset from o0, count)."""
     first = o0 + (phase - o0) % block

@@ -50,11 +50,6 @@ class _Normalization(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return 4 * out.numel(out_shape)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        """torch's layer_norm / instance_norm: a copy of the input and its result."""
-        return 2 * out.numel(out_shape) * itemsize if model == "torch" else 0
-
 
 @register
 class ChannelNorm(_Normalization):
@@ -130,7 +125,3 @@ class ChannelReduce(Op):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * in_shapes[0][1]
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        return out.numel(out_shape) * itemsize if model == "torch" else 0

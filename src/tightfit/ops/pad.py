@@ -81,11 +81,6 @@ class Pad(Op):
         w0, w1, pl, pr = window_1d(out.w0, out.w1, 1, l, 1, w)
         return (InputWindow(Region(out.n0, out.n1, h0, h1, w0, w1), (pt, pb, pl, pr)),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        if model != "torch" or layer.attrs["mode"] != "reflect":
-            return 0
-        return Region.whole(out_shape).with_samples(out.n0, out.n1).numel(out_shape) * itemsize
-
 
 def _clamp(i: int, size: int) -> int:
     return min(max(i, 0), size - 1)

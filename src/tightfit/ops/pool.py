@@ -6,7 +6,7 @@ from __future__ import annotations
 from tightfit.graph.ir import Layer
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, sliding_windows
-from tightfit.ops.conv import check_window, clamp_bounds, conv_out_size, resolve_pads
+from tightfit.ops.conv import check_window, conv_out_size, resolve_pads
 
 
 class _WindowPool(Op):
@@ -56,16 +56,6 @@ class _WindowPool(Op):
         a = layer.attrs
         return (sliding_windows(out, in_shapes[0], a["kernel"], a["stride"], a["pads"], a["dilation"]),)
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        if model != "torch" or (channels_last and itemsize == 4 and _native_applies(layer.attrs)):
-            return 0
-        win = self.input_windows(layer, out, in_shapes)[0]
-        padded = 0
-        if any(win.pad):
-            pt, pb, pl, pr = win.pad
-            padded = win.region.n * in_shapes[0][1] * (win.region.h + pt + pb) * (win.region.w + pl + pr)
-        return (padded + out.numel(out_shape)) * itemsize
-
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         kh, kw = layer.attrs["kernel"]
         return out.numel(out_shape) * kh * kw
@@ -75,9 +65,6 @@ class _WindowPool(Op):
 class MaxPool(_WindowPool):
     name = "maxpool"
     onnx_types = ("MaxPool",)
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        return 0
 
 
 def _is_identity(attrs: dict) -> bool:
@@ -90,17 +77,6 @@ def _is_identity(attrs: dict) -> bool:
 class AveragePool(_WindowPool):
     name = "avgpool"
     onnx_types = ("AveragePool",)
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        if _is_identity(layer.attrs):
-            return 0
-        return super().workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out, channels_last)
-
-
-def _native_applies(a: dict) -> bool:
-    """Whether our pooling kernel takes a step of this layer (views permitting: channels
-    unit-stride): no dilation, an activation that is a clamp."""
-    return tuple(a.get("dilation", (1, 1))) == (1, 1) and clamp_bounds(a["act"]) is not None
 
 
 @register
@@ -145,6 +121,3 @@ class GlobalPool(Op):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         _, c, h, w = in_shapes[0]
         return out.n * c * h * w
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        return out.numel(out_shape) * itemsize if model == "torch" else 0

@@ -10,7 +10,7 @@ import numpy as np
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
-from tightfit.ops.moves import Move, apply_moves, flipped_bytes, phase_span
+from tightfit.ops.moves import Move, apply_moves, phase_span
 from tightfit.ops.registry import register
 
 
@@ -97,12 +97,6 @@ class Slice(Op):
         # the step is negative.
         x = ((bc, a["size"][0], sc), (bh + out.h0 * sh - r.h0, out.h, sh), (bw + out.w0 * sw - r.w0, out.w, sw))
         return [Move(0, x, ((0, a["size"][0], 1), (0, out.h, 1), (0, out.w, 1)))]
-
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True,
-                        channels_last: bool = False) -> int:
-        if model != "torch":
-            return 0
-        return flipped_bytes(self.moves(layer, out, self.input_windows(layer, out, in_shapes)), out.n, itemsize)
 
 
 def _rank4(node: OnnxNode) -> Shape:

@@ -178,17 +178,6 @@ class Resize(Op):
         taps = {"nearest": 1, "linear": 2, "cubic": 4}[layer.attrs.get("mode", "nearest")]
         return out.numel(out_shape) * taps
 
-    def workspace_bytes(self, layer, out, in_shapes, out_shape, itemsize, model="torch", dense_out: bool = True, channels_last: bool = False) -> int:
-        """torch: the gathered rows and columns; interpolating, the pass along rows (over the
-        window's columns) with one gathered tap, then it with one gathered tap of the output."""
-        if model != "torch":
-            return 0
-        if layer.attrs.get("mode", "nearest") == "nearest":
-            return 2 * out.numel(out_shape) * itemsize
-        win = self.input_windows(layer, out, in_shapes)[0].region
-        along_rows = out.n * out_shape[1] * out.h * win.w
-        return max(2 * along_rows, along_rows + out.numel(out_shape)) * itemsize
-
 
 def _scale_and_size(node: OnnxNode, in_shape: Shape, scales, sizes) -> tuple[tuple[float, float], tuple[int, int]]:
     # Opset 18: `axes` says which dims scales/sizes give; the others keep scale 1.

@@ -171,7 +171,7 @@ def _check_scratch(plan: Plan, graphs: Sequence[Graph]) -> None:
             out_shape = (batch,) + g.shape(layer.output)[1:]
             op, allowed = get_op(layer.op), set()
             for channels_last, dense in ((True, True), (True, False), (False, True), (False, False)):
-                allowed.add(op.workspace_bytes(layer, s.out.region, in_shapes, out_shape, size, "torch", dense, channels_last))
+                allowed.add(op.workspace_bytes(layer, s.out.region, in_shapes, out_shape, size, "none", dense, channels_last))
                 if s.scratch in allowed:
                     break
         elif s.kind == "input":

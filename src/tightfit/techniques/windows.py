@@ -49,5 +49,5 @@ def workspace_bytes(graph: Graph, layer: Layer, region: Region, in_shapes: Seque
     key = ("scratch", layer.id, region, tuple(in_shapes), out_shape, itemsize, dense_out, channels_last)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = get_op(layer.op).workspace_bytes(layer, region, in_shapes, out_shape, itemsize, "torch", dense_out, channels_last)
+        found = memo[key] = get_op(layer.op).workspace_bytes(layer, region, in_shapes, out_shape, itemsize, "none", dense_out, channels_last)
     return found

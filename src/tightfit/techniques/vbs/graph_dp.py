@@ -303,7 +303,7 @@ def _compute(g: Graph, request: int, lid: int, n0: int, n1: int, place: dict, la
     ins = tuple(Access(t, place[t][0], w.region, (w.region.n0 - place[t][1], w.region.h0, w.region.w0))
                 for t, w in zip(layer.inputs, wins))
     ob, obase = place[layer.output]
-    scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "torch", dense_nhwc(out_shape, layout), layout == "nhwc")
+    scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "none", dense_nhwc(out_shape, layout), layout == "nhwc")
     return Step("compute", 0, lid, Access(layer.output, ob, region, (n0 - obase, 0, 0)), ins, scratch)
 
 
