@@ -260,15 +260,19 @@ def test_signals_at_random_moments(command, m5_plan, tmp_path):
         _whole_or_absent(out)
 
 
+@pytest.mark.requires_torch
 def test_sigint_while_torch_loads_is_a_quiet_130(tmp_path):
-    """SIGINT as `import torch` runs (its libraries are being mapped): the CLI's handler is in
-    place already (`import tightfit.cli` imports no torch), so: status 130, no traceback, no output."""
+    """SIGINT as `import torch` runs (its libraries are being mapped, for a user's nn.Module
+    factory): the CLI's handler is in place already (`import tightfit.cli` imports no torch), so:
+    status 130, no traceback, no output."""
+    (tmp_path / "user_net.py").write_text("import torch.nn as nn\n\ndef make():\n    return nn.Sequential(nn.Conv2d(3, 4, 3))\n")
     env = _env(new_mark(), tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     loaded = subprocess.run([sys.executable, "-c", "import sys, tightfit.cli; print('torch' in sys.modules)"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert loaded.stdout.strip() == "False", loaded.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "tightfit.cli", "inspect", "minakova5"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tightfit.cli", "inspect", "user_net:make", "--input-shape", "1x3x8x8"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 60
     while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text() and time.monotonic() < end:
         time.sleep(0.002)
