@@ -161,9 +161,9 @@ class Resize(Op):
         a = layer.attrs
         if a.get("mode", "nearest") == "nearest":
             return [[i] for i in self._indices(layer, axis, o0, o1)], [[1.0]] * (o1 - o0)
-        if tuple(a["scale"]) == (1.0, 1.0) and tuple(a["out_hw"]) == tuple(a["in_hw"]):
-            # Unscaled on both axes: the identity, as onnxruntime and onnx's reference give it, though
-            # tf_half_pixel_for_nn's formula would shift by half a place.
+        if a["scale"][axis] == 1 and a["out_hw"][axis] == a["in_hw"][axis]:
+            # An unscaled axis is the identity, as onnxruntime has it in linear and cubic modes,
+            # though tf_half_pixel_for_nn's formula would shift it by half a place.
             n = 2 if a["mode"] == "linear" else 4
             return [[o] * n for o in range(o0, o1)], [[1.0] + [0.0] * (n - 1) for _ in range(o0, o1)]
         both = [interpolation_taps(o, a["scale"][axis], a["in_hw"][axis], a["out_hw"][axis], a) for o in range(o0, o1)]
