@@ -39,7 +39,7 @@ def _single_output(node: OnnxNode) -> None:
 
 class _Normalization(Op):
     """A per-channel affine normalization: same shape out, no weights of its own besides scale and
-    bias, 4 multiply-adds per element, and torch's temporaries (a copy of the input and its result)."""
+    bias, 4 multiply-adds per element."""
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])

@@ -166,8 +166,8 @@ class Measurement:
     """`job` (see tightfit/_child.py) started in a fresh interpreter; the caller may work meanwhile
     (the peak is the measuring process's own), then wait for `result()` or `cancel()` it. With `job`
     None the process starts now and loads the `preload` models (zoo spec, input shape) while the
-    caller works; `send` gives it the job. `threads`: its torch threads unless OMP_NUM_THREADS
-    says (default: one per core)."""
+    caller works; `send` gives it the job. `threads`: OMP_NUM_THREADS for the libraries it loads
+    (onnxruntime's, a user's torch) unless the environment says (default: one per core)."""
 
     def __init__(self, job: dict[str, Any] | None, preload: Sequence[tuple[str, Sequence[int]]] = (),
                  threads: int | None = None):
