@@ -151,26 +151,22 @@ def yolo():
     return g, PlannedModel(g, "tiny-yolov2")
 
 
-def test_peak_tensors_name_the_arena_peak_and_the_largest_scratch(yolo):
-    """The run's peak is the arena plus the largest step scratch, wherever each occurs: in
-    tiny-yolov2 split 16 ways up to layer 7, the arena peaks in the early layers' windows and the
-    largest scratch is a conv band's zero-padded border rows; the edge Pad (layer 11) copies
-    straight into its output and holds none."""
+def test_peak_tensors_name_the_arena_peak(yolo):
+    """The run's peak is the arena plus the largest step scratch; our kernels need no scratch, so
+    in tiny-yolov2 split 16 ways up to layer 7 the peak is the arena's, set by the early layers'
+    windows, largest first, which hold at least the lower bound."""
     g, model = yolo
     plan = plan_parts(model, {lid: 16 for lid in range(8)}, 16, "greedy_by_size", options=PartsOptions(align=True))
     life = lifetimes(plan, [g])
     arena, scratch = _peak_tensors(g, plan)
-    steps = plan.steps()
-    largest = steps[life.step_scratch.index(max(life.step_scratch))]
-    assert g.layers[largest.layer].op == "conv" and scratch == (g.layers[largest.layer].output, max(life.step_scratch))
-    assert all(life.step_scratch[i] == 0 for i, s in enumerate(steps) if s.kind == "compute" and s.layer == 11)
-    assert [b for _, b in arena] == sorted((b for _, b in arena), reverse=True)
+    assert max(life.step_scratch) == 0 and scratch is None
+    assert arena and [b for _, b in arena] == sorted((b for _, b in arena), reverse=True)
     assert sum(b for _, b in arena) >= lower_bound(life.reqs)
 
 
 def test_coarsening_unsplits_layers_the_budget_does_not_need(yolo):
     """tiny-yolov2 within 1.5 MB: every early layer must be split (their tensors are MBs), but
-    the 13x13 and 26x26 layers after them fit whole. The first stages split
+    the 13x13 layers after them fit whole. The first stages split
     them all; coarsening takes each split layer back to one phase when that still fits and is
     faster, not only halves its phases (a halved count can fit worse than one phase)."""
     g, model = yolo
@@ -179,7 +175,7 @@ def test_coarsening_unsplits_layers_the_budget_does_not_need(yolo):
     assert found.fits
     phases = found.chosen.config.phases_dict()
     assert all(phases.get(lid, 1) > 1 for lid in (0, 1, 2, 3)), phases
-    assert all(phases.get(lid, 1) == 1 for lid in range(8, 14)), phases
+    assert all(phases.get(lid, 1) == 1 for lid in range(10, 16)), phases
     plan = plan_point(model, found.chosen)
     assert check_plan(plan, [g]).peak_bytes <= budget
 
