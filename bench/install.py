@@ -9,7 +9,10 @@ installed as the README installs it, without the torch extra (`pip install -e RE
   3. that torch is not in it;
   4. the peak resident memory of `tightfit fit minakova5 --budget 5kB` run from it, with an
      empty cache (a fresh machine: the zoo model built, the steps profiled), as /usr/bin/time -v
-     reports it: the largest process of the command's tree (target <= 250 MB).
+     reports it: the largest process of the command's tree (target <= 250 MB);
+  5. the peak of `tightfit run PLAN` on mobilenet_v2's reuse plan (its ONNX file written by this
+     interpreter, which needs torch for it; planned in the venv) beside the peak of a Python
+     process of the same venv that runs the same file once in onnxruntime (target <= 1.5x).
 
 pip's download cache is this machine's: a first download from the registry adds network time.
 With --also PYTHON the same fit is measured with another interpreter in the same run (e.g. the
@@ -34,6 +37,11 @@ from benchlib import header, loaded, verdict
 REPO = Path(__file__).resolve().parents[1]
 MAIN_JOB = ["fit", "minakova5", "--budget", "5kB"]
 TARGET_SECONDS, TARGET_MB, TARGET_PEAK_MB = 60.0, 600.0, 250.0
+TARGET_RUN_RATIO = 1.5  # tightfit run's peak over onnxruntime's, the same model
+ORT_RUN = ("import sys, numpy as np, onnxruntime as ort\n"
+           "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+           "i = s.get_inputs()[0]\n"
+           "s.run(None, {i.name: np.random.default_rng(0).standard_normal(i.shape, dtype=np.float32)})\n")
 
 
 def _env(cache: Path) -> dict[str, str]:
@@ -105,7 +113,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="tightfit-install-"))
     venv = Path(args.keep) if args.keep else work / "venv"
     try:
-        rows = measure(venv, args.extras, work, args.also)
+        rows = measure(venv, args.extras, work, args.also and str(Path(args.also).absolute()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{'figure':<58} {'measured':>9} {'target':>10}  verdict")
@@ -139,7 +147,32 @@ def measure(venv: Path, extras: str, work: Path, also: str | None) -> list[tuple
         shown = "-" if peak is None or failed else f"{peak:.0f} MB"
         checks = [(not failed, f"did not run: {failed}"), (peak is not None and peak <= TARGET_PEAK_MB, "over the target")]
         rows.append((f"{figure}, {wall:.0f} s", shown, f"<= {TARGET_PEAK_MB:.0f} MB", verdict(checks), loaded()))
-    return rows
+    return rows + run_beside_onnxruntime(venv, env, work)
+
+
+def run_beside_onnxruntime(venv: Path, env: dict[str, str], work: Path) -> list[tuple[str, str, str, str, str]]:
+    """Rows: the peaks of `tightfit run PLAN` (mobilenet_v2's reuse plan) and of onnxruntime
+    running the same file, both from the venv, and their ratio."""
+    try:
+        from tightfit.frontend import zoo
+
+        model = work / "mobilenet_v2.onnx"
+        model.write_bytes(zoo.onnx_model("mobilenet_v2"))
+    except Exception as e:  # noqa: BLE001 - the row says why (this interpreter has no torch)
+        return [("tightfit run PLAN, mobilenet_v2", "-", f"<= {TARGET_RUN_RATIO}x ort", f"not measured: {e}".splitlines()[0], "")]
+    plan = work / "mv2-plan.json"
+    planned = subprocess.run([str(venv / "bin" / "tightfit"), "plan", str(model), "--out", str(plan)],
+                             env=env, cwd=work, capture_output=True, text=True)
+    if planned.returncode != 0:
+        return [("tightfit plan, mobilenet_v2", "-", "", f"did not run: {_last_line(planned.stderr)}", "")]
+    ours, ours_wall, ours_failed = peak_of([str(venv / "bin" / "tightfit"), "run", str(plan)], env, work)
+    ort, ort_wall, ort_failed = peak_of([str(venv / "bin" / "python"), "-c", ORT_RUN, str(model)], env, work)
+    ratio = ours / ort if ours and ort and not (ours_failed or ort_failed) else None
+    checks = [(not ours_failed, f"tightfit run failed: {ours_failed}"), (not ort_failed, f"onnxruntime failed: {ort_failed}"),
+              (ratio is not None and ratio <= TARGET_RUN_RATIO, "over the target")]
+    return [(f"tightfit run PLAN (mobilenet_v2 reuse), peak RSS, {ours_wall:.0f} s", "-" if ours is None else f"{ours:.0f} MB", "", "", ""),
+            (f"onnxruntime, the same file, one run, peak RSS, {ort_wall:.0f} s", "-" if ort is None else f"{ort:.0f} MB", "", "", ""),
+            ("  ratio", "-" if ratio is None else f"{ratio:.2f}x", f"<= {TARGET_RUN_RATIO}x", verdict(checks), loaded())]
 
 
 if __name__ == "__main__":
