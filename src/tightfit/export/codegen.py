@@ -134,22 +134,7 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
         c.weights, c.indices = ctxs[0].weights, ctxs[0].indices
-    body: list[str] = []
-    tables: list[str] = []
-    for p in plan.partitions:
-        g = graphs[p.model]
-        lays = f"layers {p.layers[0]}-{p.layers[-1]}" if p.layers else "no layers"
-        for c, ctx in enumerate(ctxs):
-            label = f"p{p.id}" + (f"_f{c}" if copies > 1 else "")
-            body.append(f"\n/* partition {p.id}: model {p.model} ({g.name}), {lays}"
-                        + (f", frame copy {c}" if copies > 1 else "") + f", {len(p.steps)} steps */")
-            rows = []
-            for i, s in enumerate(p.steps):
-                e = emit_step(ctx, s)
-                body.append(f"/* step {i}: {e.comment.replace('*/', '* /')} */\n"
-                            f"static const {e.ctype} {label}_s{i} = {e.init};")
-                rows.append(f"    {{{e.kind}, &{label}_s{i}}}")
-            tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
+    body, tables = _step_tables(plan, graphs, ctxs)
     weights_arr = ctxs[0].weights.array()
     _check_index_range(plan.arena_bytes // 4, weights_arr.size, ctxs[0].indices.array().size)
     in_file = weights == "file" or (weights == "auto" and weights_arr.size > C_WEIGHTS_LIMIT)
@@ -169,6 +154,36 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
 
 
 INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
+
+
+def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str]]:
+    """Each partition's step table (one {kind, args} row a step) and the argument structs they
+    point to, each distinct struct once: the bands of a layer by parts or tiles that read and
+    write the same window places (shifted windows, tiles of a reused strip) share one, so the
+    program's constants grow with the layers and the window places, not with every step
+    (mobilenet_v2 by parts in 224 bands: 2,351 steps, 464 structs)."""
+    body: list[str] = []
+    tables: list[str] = []
+    shared: dict[tuple[str, str], str] = {}
+    copies = len(ctxs)
+    for p in plan.partitions:
+        g = graphs[p.model]
+        lays = f"layers {p.layers[0]}-{p.layers[-1]}" if p.layers else "no layers"
+        for c, ctx in enumerate(ctxs):
+            label = f"p{p.id}" + (f"_f{c}" if copies > 1 else "")
+            body.append(f"\n/* partition {p.id}: model {p.model} ({g.name}), {lays}"
+                        + (f", frame copy {c}" if copies > 1 else "") + f", {len(p.steps)} steps */")
+            rows = []
+            for i, s in enumerate(p.steps):
+                e = emit_step(ctx, s)
+                name = shared.get((e.ctype, e.init))
+                if name is None:
+                    name = shared[(e.ctype, e.init)] = f"{label}_s{i}"
+                    body.append(f"/* step {i}: {e.comment.replace('*/', '* /')} */\n"
+                                f"static const {e.ctype} {name} = {e.init};")
+                rows.append(f"    {{{e.kind}, &{name}}}")
+            tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
+    return body, tables
 
 
 def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) -> None:
