@@ -12,14 +12,18 @@ import numpy as np
 from tightfit import pipeline, stages
 from tightfit.analysis.memory import ModelMemory, account
 from tightfit.export import BuildOptions
-from tightfit.files import load_plan, portable, read_inputs, write_outputs, write_plan  # noqa: F401 (the API's)
-from tightfit.frontend.load import load, load_ref  # noqa: F401 (the API's)
+from tightfit.files import load_plan, portable, read_inputs, write_outputs, write_plan
+from tightfit.frontend.load import load, load_ref
 from tightfit.graph.ir import Graph
 from tightfit.options import FitOptions, PlanOptions
 from tightfit.plan.schema import Plan
-from tightfit.stages import (FitOutcome, RunResult, check_export_mcu, execute, load_fit_app, plan_for_budget,  # noqa: F401
-                             plan_inputs, reference_io)
+from tightfit.stages import (FitOutcome, RunResult, check_export_mcu, execute, load_fit_app, plan_for_budget, plan_inputs,
+                             reference_io)
 from tightfit.techniques.fit import FitApp, SearchOptions
+
+__all__ = ["FitOutcome", "RunResult", "check_export", "check_export_mcu", "execute", "fit", "inspect", "load", "load_fit_app",
+           "load_plan", "load_ref", "plan", "plan_for_budget", "plan_inputs", "portable", "read_inputs", "reference_io", "run",
+           "write_outputs", "write_plan"]
 
 _FIT_OPTIONS = {f.name for f in fields(FitOptions)}
 

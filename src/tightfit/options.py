@@ -126,7 +126,7 @@ class FitOptions:
     target: str = "host"
     ram: str | None = None
     flash: str | None = None
-    cost: Any = field(default=None, compare=False)
+    cost: CostModel | None = field(default=None, compare=False)
     measure: bool = True
     timer: Callable[[Any, Sequence], Sequence[float]] | None = field(default=None, compare=False)
     sources: Mapping[str, Technique] | None = field(default=None, compare=False)

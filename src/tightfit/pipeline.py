@@ -14,7 +14,6 @@ from typing import Any
 
 from tightfit import atomic
 from tightfit.analysis import csdf as C
-from tightfit.analysis.csdf import max_phases
 from tightfit.analysis.memory import account
 from tightfit.errors import OptionError, VerificationFailed
 from tightfit.export import BuildOptions, default_name, generate, mcu
@@ -29,8 +28,8 @@ from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOpti
 from tightfit.plan.check import check_plan
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
-from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, layout_map, plan_report,
-                             mcu_export_lines, plan_run_text, plan_text, run_report, run_text, vbs_text)
+from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, layout_map,
+                             mcu_export_lines, plan_report, plan_run_text, plan_text, run_report, run_text, vbs_text)
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.enforce import MARGIN, require_available
 from tightfit.runtime.measure import measure_subprocess
@@ -91,7 +90,7 @@ def parse_phases(text: str) -> dict | str:
 
 
 def _phases_of(phases, graph: Graph) -> dict | None:
-    return max_phases(graph) if phases == "max" else phases
+    return C.max_phases(graph) if phases == "max" else phases
 
 
 def csdf(o: CsdfOptions) -> Result:
