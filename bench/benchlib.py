@@ -94,7 +94,7 @@ def verdict(checks: Sequence[tuple[bool, str]]) -> str:
 
 def verified(plan, g) -> tuple[bool, str]:
     """(outputs equal the reference executor's, why not): a verdict's condition."""
-    from tightfit.fit import VerificationFailed, verify
+    from tightfit.stages import VerificationFailed, verify
 
     try:
         verify(plan, [g])

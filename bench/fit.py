@@ -43,7 +43,8 @@ import torch
 
 import tightfit
 from benchlib import add_write_docs, docs_section, header, loaded, verdict
-from tightfit import fit as F
+from tightfit import api
+from tightfit import stages as F
 from tightfit.analysis.csdf import max_phases
 from tightfit.techniques import windows
 from tightfit.techniques.fit import FitApp
@@ -110,7 +111,7 @@ def ours(app: FitApp, constraint_mb: float | None, cost, naive_plan, seed: int =
     budget = int(constraint_mb * MB) if constraint_mb is not None else 1
     t0 = time.perf_counter()
     try:
-        o = F.fit(app, budget, with_params=True, seed=seed, best_effort=True, cost=cost, thorough=True)
+        o = api.fit(app, budget, with_params=True, seed=seed, best_effort=True, cost=cost, thorough=True)
     except F.VerificationFailed as e:
         return {"failed": str(e), "seconds": time.perf_counter() - t0}
     seconds = time.perf_counter() - t0
@@ -198,13 +199,13 @@ def densenet_timing(cost, runs: int = 3) -> None:
     """`fit densenet121` with a budget of half its reuse-only run memory, default settings, in
     this process (one thread, the bench's cost profile, warm after the first run)."""
     budget = densenet_budget()
-    app = F.load_fit_app("densenet121")
+    app = api.load_fit_app("densenet121")
     times, searches = [], []
     for _ in range(runs):
         windows.clear()  # each run plans from scratch (only the cost profile is warm)
         t0 = time.perf_counter()
         try:
-            o = F.fit(app, budget, cost=cost)
+            o = api.fit(app, budget, cost=cost)
             searches.append(o.search_seconds)
             result = f"fits: {o.memory_bytes / MB:.2f} MB, {'; '.join(o.point.labels)}, {o.search.evaluated} plans"
         except F.FitError as e:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
-from tightfit import fit as F
+from tightfit import api
+from tightfit.reference import run_reference
+from tightfit.report import fit_report, fit_text
 from tightfit.runtime.executor import ArenaExecutor
-from tightfit.runtime.reference import run_reference
+from tightfit.stages import run_cnn
 from tightfit.units import parse_size
 from tightfit.verify import compare
 
@@ -36,8 +38,8 @@ def frames(shape, n: int, seed: int = 0):
         yield x
 
 
-def complexity(x: torch.Tensor) -> float:
-    return float((x[..., 1:, :] - x[..., :-1, :]).abs().mean())
+def complexity(x) -> float:
+    return float(abs(x[..., 1:, :] - x[..., :-1, :]).mean())
 
 
 def main() -> int:
@@ -47,16 +49,17 @@ def main() -> int:
     ap.add_argument("--min-fps", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    app = F.load_fit_app(str(HERE / "adaptive.yaml"))
-    outcome = F.fit(app, parse_size(args.budget), min_fps=args.min_fps, progress=F.progress_bar(sys.stderr))
-    print(F.report_text(F.report(outcome)).split("  why it fits")[0])
+    app = api.load_fit_app(str(HERE / "adaptive.yaml"))
+    outcome = api.fit(app, parse_size(args.budget), min_fps=args.min_fps, say=lambda line: print(line, file=sys.stderr))
+    print(fit_text(fit_report(outcome)).split("  why it fits")[0])
     ex = ArenaExecutor(outcome.plan, app.graphs)
     shape = app.graphs[0].shape(app.graphs[0].inputs[0])
     spent, routed, checked = [0.0, 0.0], [0, 0], set()
     for x in frames(shape, args.frames):
+        x = x.numpy()
         m = 0 if complexity(x) > 0.5 else 1
         t0 = time.perf_counter()
-        outs = F.run_cnn(ex, m, x)
+        outs = run_cnn(ex, m, x)
         spent[m] += time.perf_counter() - t0
         routed[m] += 1
         if m not in checked:

@@ -37,16 +37,16 @@ CONSTANTS = {"loop": 1e-6, "native_call": 2e-6, "cold_byte": 1e-10, "partition":
 
 def figures(case: tuple) -> dict:
     """The front, the search's pick (Alg. 9) and fit's pick (timed by the prediction) of a case."""
-    import tightfit.fit as F
+    from tightfit import api
     from tightfit.techniques.fit import FitProblem
 
     name, model, shape, fraction = case
-    app = F.load_fit_app(model, shape)
+    app = api.load_fit_app(model, shape)
     cost = synthetic_profile()
     problem = FitProblem(app, cost.plan_seconds)
     budget = int(problem.evaluate(problem.reuse_genes()).memory_bytes * fraction)
     predicted = lambda plan, graphs: [1.0 / cost.plan_seconds(plan, graphs)]  # noqa: E731
-    o = F.fit(app, budget, cost=cost, measure=False, seed=SEED, generations=GENERATIONS, timer=predicted)
+    o = api.fit(app, budget, cost=cost, measure=False, seed=SEED, generations=GENERATIONS, timer=predicted)
     point = lambda p: {"genes": list(p.genes), "memory_bytes": p.memory_bytes,  # noqa: E731
                        "seconds": list(p.seconds), "labels": list(p.labels)}
     return {"budget": budget, "front": [point(p) for p in o.search.front], "search_pick": point(o.search.chosen),

@@ -113,11 +113,10 @@ def test_bad_dtype_and_workspace(capsys):
 def test_internal_error_is_not_exit_2(tmp_path):
     """An internal bug keeps its traceback and exits 1, never the user-error status."""
     code = (
-        "import sys, tightfit.api as api\n"
+        "import sys, tightfit.pipeline as pipeline\n"
         "def boom(*a, **k): raise RuntimeError('internal')\n"
-        "api.account = boom\n"
-        "import tightfit, tightfit.cli as cli\n"
-        "tightfit.inspect = boom\n"
+        "pipeline.account = boom\n"
+        "import tightfit.cli as cli\n"
         "sys.exit(cli.main(['inspect', 'minakova5']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -56,15 +56,9 @@ def _xfail(why: str):
     return pytest.mark.xfail(reason=why, strict=True)
 
 
-# Offenders left to issue 41's point 2 (one options object per command, a staged pipeline), each
-# named in its reason.
+# Offenders owned by work in progress, each named in its reason (none today).
 PENDING_LINES: dict = {}
-PENDING_PARAMETERS = {
-    "face": _xfail("api.py plan (18), api.py check_export (11), fit.py fit (16): the command layer, issue 41 point 2"),
-    "techniques": _xfail("techniques/fit/optimize.py search (12): fit.py passes its options through **search_options "
-                         "(issue 41 point 2's options object takes them)"),
-    "export": _xfail("export/__init__.py check (9), export/mcu write_mcu_sources (9): the export's face, issue 41 point 2"),
-}
+PENDING_PARAMETERS: dict = {}
 
 
 @pytest.mark.parametrize("folder", [pytest.param(f, marks=PENDING_LINES.get(f, ())) for f in ["face", *FOLDERS]])

@@ -171,7 +171,7 @@ def test_the_same_library_links_to_the_same_bytes(tmp_path):
 def test_the_written_makefile_builds_the_same_program_and_runs_it(tmp_path):
     library = write_fake_library(tmp_path / "lib")
     built = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / "fake.elf")
-    mcu.write_mcu_sources(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB)
+    mcu.write_mcu_sources(library, "fake", mcu.Device("cortex-m7", 64 * KIB, 256 * KIB))
     subprocess.run(["make", "-s", "-f", "Makefile.cortex-m7"], cwd=library, check=True, capture_output=True)
     assert (library / "fake_cortex-m7.elf").read_bytes() == built.elf.read_bytes()
     x = some_input()
@@ -321,10 +321,10 @@ def test_a_minakova5_plan_larger_than_the_ram_fails_at_link_time(tmp_path):
 def test_mobilenet_v1_025_fitted_to_128k_runs_on_cortex_m7(tmp_path):
     """Issue 21's microcontroller case at a RAM that layer-by-layer reuse (216 KiB) exceeds: fit
     finds a smaller plan, which links within 128 KiB and 2 MiB and matches the reference."""
-    from tightfit import fit as F
+    from tightfit import api
 
-    app = F.load_fit_app("mobilenet_v1_025", (1, 3, 96, 96))
-    outcome = F.fit(app, 100 * KIB)
+    app = api.load_fit_app("mobilenet_v1_025", (1, 3, 96, 96))
+    outcome = api.fit(app, 100 * KIB)
     sources = export(outcome.plan, app.graphs, tmp_path / "out")
     built = mcu.build_mcu(tmp_path / "out", sources.name, "cortex-m7", 128 * KIB, 2 * 2**20, tmp_path / "m.elf")
     assert built.arena == outcome.plan.arena_bytes <= 100 * KIB

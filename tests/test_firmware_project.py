@@ -117,9 +117,9 @@ def test_fit_for_a_cortex_m7_fits_the_arena_to_what_the_ram_leaves(tmp_path, cap
 def test_fit_fits_again_when_the_programs_data_overflows_the_ram(tmp_path, capsys, monkeypatch):
     """The first guess of the program's own RAM is made too small on purpose: the link overflows,
     and fit chooses a plan smaller by as much."""
-    import tightfit.cli as cli
+    import tightfit.pipeline as pipeline
 
-    monkeypatch.setattr(cli, "RAM_RESERVE", -2048)
+    monkeypatch.setattr(pipeline, "RAM_RESERVE", -2048)
     ram = 8192 + 8192 + 64  # the stack, minakova5's layer-by-layer arena (8 KiB): no room for the program's data
     assert main(["fit", "minakova5", "--target", "cortex-m7", "--ram", str(ram), "--flash", "256KiB",
                  "--export", str(tmp_path / "fw"), "--time-limit", "5", "--progress"]) == 0

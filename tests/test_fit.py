@@ -1,5 +1,5 @@
 """`fit`: the search over every technique (tightfit.techniques.fit) and the command that runs, verifies
-and reports its choice (tightfit.fit). The search runs with a deterministic stand-in for the cost
+and reports its choice (tightfit.stages). The search runs with a deterministic stand-in for the cost
 model (steps and MACs), so fronts are exact and reproducible; the command runs with the real one."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-import tightfit.fit as F
+import tightfit.stages as F
+from tightfit import api
 from tightfit.cli import main
 from tightfit.plan.check import check_plan
 from tightfit.techniques.fit import Constraints, FitProblem, dominates, search
@@ -189,7 +190,7 @@ def test_pipelined_application_by_parts_runs_as_a_stream(tmp_path):
                     "  - {cnn: a, layers: 6-28}\npipelines: [[0, 1]]\n")
     app = F.load_fit_app(str(path))
     reuse = FitProblem(app, step_cost).evaluate(FitProblem(app, step_cost).reuse_genes())
-    o = F.fit(app, int(reuse.memory_bytes * 0.8), cost=StepCost(), measure=False, generations=1, max_steps=3000)
+    o = api.fit(app, int(reuse.memory_bytes * 0.8), cost=StepCost(), measure=False, generations=1, max_steps=3000)
     assert o.fits and o.memory_bytes <= reuse.memory_bytes * 0.8
     kinds = {b.kind for b in o.plan.buffers}
     assert "window" in kinds and any(b.copies == 2 and b.kind == "whole" for b in o.plan.buffers)

@@ -1,4 +1,4 @@
-"""How `fit` chooses among the plans that fit (tightfit.fit.choose): with a budget only, the fastest
+"""How `fit` chooses among the plans that fit (tightfit.stages.choose): with a budget only, the fastest
 measured of the plans predicted fastest; with a minimum fps and the memory objective, the smallest
 whose measured fps meets it (Alg. 9). Measured fps come from a stub timer, so nothing here depends
 on this machine's speed."""
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import tightfit.fit as F
+import tightfit.stages as F
+from tightfit import api
 from tightfit.techniques.fit import FitError, FitPoint, FitProblem
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -90,8 +91,8 @@ def test_fit_says_when_the_minimum_fps_is_not_met_as_measured():
     slow = lambda plan, graphs: [fast_enough / 10]  # noqa: E731
     options = dict(cost=StepCost(), measure=False, generations=1, timer=slow)
     with pytest.raises(FitError, match="as measured"):
-        F.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", **options)
-    o = F.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", best_effort=True, **options)
+        api.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", **options)
+    o = api.fit(app, budget, min_fps=f"{fast_enough:g}", objective="memory", best_effort=True, **options)
     assert not o.fits and o.memory_bytes <= budget and "none of the" in o.choice.rule
     from tightfit.report import fit_report, fit_text
 

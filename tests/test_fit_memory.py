@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import tightfit.fit as F
+import tightfit.stages as F
 from tightfit.api import plan_for_budget
 from tightfit.errors import BudgetError
 from tightfit.runtime.cost import CostModel

@@ -132,19 +132,18 @@ def test_plan_out_on_a_full_disk(tmp_path, capsys, monkeypatch):
 
 
 def test_fit_outputs_on_a_full_disk(tmp_path, monkeypatch):
-    from tightfit import fit as F
+    from tightfit import api, files
     from tightfit import report as R
 
-    app = F.load_fit_app("minakova5")
-    outcome = F.fit(app, 16_000, cost=StepCost(), measure=False, timer=lambda plan, graphs: [1000.0] * len(graphs))
+    app = api.load_fit_app("minakova5")
+    outcome = api.fit(app, 16_000, cost=StepCost(), measure=False, timer=lambda plan, graphs: [1000.0] * len(graphs))
 
-    def full(o, path):
-        Path(path).write_bytes(b"\x89PNG partial")
+    def full(o):  # the disk fills while the last file is written, the others written already
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(R, "fit_plot", full)
+    monkeypatch.setattr(files, "fit_plot", full)
     with pytest.raises(atomic.OutputError, match="No space left on device"):
-        R.write_fit_outputs(outcome, tmp_path / "out", R.fit_report(outcome))
+        files.write_fit_folder(outcome, tmp_path / "out", R.fit_report(outcome))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-import tightfit.fit as F
+import tightfit.stages as F
+from tightfit import api
 from tightfit.analysis.predict import Predictor, Profile
 from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.interface import PlannedModel
@@ -92,7 +93,7 @@ def test_min_fps_without_a_budget_is_the_smallest_plan_meeting_it_as_measured():
     of more steps is slower) meets the minimum, smallest first (Alg. 9)."""
     app = F.load_fit_app("minakova5")
     measured = lambda plan, graphs: [1000.0 / len(plan.steps())]  # noqa: E731
-    o = F.fit(app, None, min_fps="60", cost=Steps(), measure=False, generations=1, timer=measured)
+    o = api.fit(app, None, min_fps="60", cost=Steps(), measure=False, generations=1, timer=measured)
     assert o.fits and o.choice.measured_fps[0] >= 60 and o.choice.rule.startswith("memory")
     meeting = [p for p in o.search.front if 1000.0 / len(o.problem.plan(p.genes).steps()) >= 60]
     assert o.point.memory_bytes == min(p.memory_bytes for p in meeting)
@@ -101,4 +102,4 @@ def test_min_fps_without_a_budget_is_the_smallest_plan_meeting_it_as_measured():
 
     assert "at min fps 60, the smallest" in fit_text(fit_report(o))
     with pytest.raises(F.OptionError, match="--budget SIZE, --min-fps X, or both"):
-        F.fit(app, None, cost=Steps(), measure=False)
+        api.fit(app, None, cost=Steps(), measure=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tightfit
-import tightfit.fit as F
+import tightfit.stages as F
 from tightfit.cli import main
 from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import Constraints, FitProblem, search

@@ -7,7 +7,7 @@ job = {"kind": "plan", "plan": path, "allow_code": bool (its models by module:fa
 The model is loaded and its input made before the high-water mark is reset.
 
 A face module, not part of runtime/: it loads models and plans by name (the frontend and
-api.load_plan), which the runtime, below both, must not import."""
+files.load_plan), which the runtime, below both, must not import."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,14 @@ from typing import Callable
 
 import numpy as np
 
+from tightfit.files import load_plan
+from tightfit.frontend.load import load, load_ref
+from tightfit.reference import run_reference
+from tightfit.runtime.executor import ArenaExecutor, RowSource
+from tightfit.runtime.measure import measure_in_this_process, release_pages
+from tightfit.runtime.reference import random_input
+from tightfit.stages import plan_inputs
+
 
 @dataclass(frozen=True)
 class Job:
@@ -27,11 +35,7 @@ class Job:
 
 
 def _reference_job(job: dict) -> Job:
-    import tightfit
-    from tightfit.reference import run_reference
-    from tightfit.runtime.reference import random_input
-
-    graph = tightfit.load(job["model"], job.get("input_shape"))
+    graph = load(job["model"], job.get("input_shape"))
     x = random_input(graph, job.get("batch"))
 
     def run():
@@ -56,17 +60,13 @@ def _alloc_job(job: dict) -> Job:
 def _plan_job(job: dict) -> Job:
     """A plan run. The executor is built before the measured run, and its arena's pages are
     given back before the baseline is read (see runtime/measure.py)."""
-    import tightfit
-    from tightfit.runtime.executor import ArenaExecutor, RowSource
-    from tightfit.runtime.measure import release_pages
-
-    plan, graphs = tightfit.api.load_plan(job["plan"], PRELOADED, bool(job.get("allow_code")))
+    plan, graphs = load_plan(job["plan"], PRELOADED, bool(job.get("allow_code")))
     # A plan that holds only a window of its input gets it as row bands, so the whole input
     # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
     # caller's frame, outside the arena, as in any other run).
     windowed = {s.model for s in plan.steps() if s.kind == "input" and s.out.region.h < graphs[s.model].shape(graphs[s.model].inputs[0])[2]}
     xs = [RowSource.seeded((ref.batch,) + g.shape(g.inputs[0])[1:], i) if i in windowed else x
-          for i, (g, ref, x) in enumerate(zip(graphs, plan.models, tightfit.api.plan_inputs(graphs, plan)))]
+          for i, (g, ref, x) in enumerate(zip(graphs, plan.models, plan_inputs(graphs, plan)))]
     executor = ArenaExecutor(plan, graphs)
     return Job(lambda: executor.run(xs), lambda: release_pages(executor.arena), executor.arena.nbytes)
 
@@ -79,19 +79,15 @@ PRELOADED: dict[tuple[str, tuple[int, ...]], object] = {}  # (spec, input shape)
 
 
 def _preload(models: list) -> None:
-    import tightfit
-
     for spec, shape in models:
         try:
             # The caller names what it loaded already (its own command line or a file it vetted).
-            PRELOADED[(spec, tuple(shape))] = tightfit.api.load_ref(spec, shape, allow_code=True)
+            PRELOADED[(spec, tuple(shape))] = load_ref(spec, shape, allow_code=True)
         except Exception:  # the job loads it again, and reports what fails then
             pass
 
 
 def main() -> None:
-    from tightfit.runtime.measure import measure_in_this_process
-
     if sys.argv[1] == "--preload":
         _preload(json.loads(sys.argv[2]))
         line = sys.stdin.readline()

@@ -1,16 +1,27 @@
-"""The command line. A user error (TightfitError) is one line on stderr and exit status 2; any
-other exception is an internal bug and keeps its traceback (exit 1)."""
+"""The command line: it only parses. argparse -> the command's options object (tightfit.options)
+-> the command's pipeline (tightfit.pipeline) -> print its report (--json) or text. A user error
+(TightfitError) is one line on stderr and exit status 2; any other exception is an internal bug
+and keeps its traceback (exit 1).
+
+`import tightfit.cli` loads no compiled library: the signal handlers are installed first, then
+the libraries load (_load_libraries) and the pipeline is imported (main), so that an interrupt
+while they load is a clean exit, not a traceback. That, not a cycle, is why main imports it."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
+import shlex
 import signal
 import sys
-from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from tightfit.errors import OptionError, TightfitError
+from tightfit import __version__, atomic, children
+from tightfit.errors import OptionError, TightfitError, VerificationFailed
+from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions
+from tightfit.units import parse_size
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -29,8 +40,6 @@ class Parser(argparse.ArgumentParser):
     the option itself, not taken for an unknown option."""
 
     def error(self, message: str):
-        import re
-
         hint = f" (see `{self.prog} --help`)" if "unrecognized arguments" in message or "required" in message else ""
         dash = re.match(r"argument (--[\w-]+): expected one argument", message)
         if dash:
@@ -45,8 +54,6 @@ class Parser(argparse.ArgumentParser):
 
 def _number(kind: type, what: str, low: float | None = None, high: float | None = None, low_open: bool = False):
     """An argparse type: a finite number of `kind` within [low, high] (low excluded with low_open)."""
-    import math
-
     def parse(text: str):
         try:
             value = kind(text)
@@ -78,8 +85,6 @@ def _allow_code_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tightfit import __version__
-
     parser = Parser(prog="tightfit", description="Make CNN inference fit a memory budget.")
     parser.add_argument("--version", action="version", version=f"tightfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model or an application (YAML/JSON) into one arena")
     _model_args(p)
-    from tightfit.techniques.registry import TECHNIQUES
+    from tightfit.techniques.registry import TECHNIQUES  # the techniques' names: after the handlers (see main)
 
     p.add_argument("--method", default="reuse", help="a technique: " + ", ".join(f"{t.name} ({t.summary})" for t in TECHNIQUES.values())
                    + "; or naive (every tensor its own buffer); default reuse")
@@ -204,7 +209,7 @@ def _search_args(p: argparse.ArgumentParser) -> None:
                    help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")
 
 
-def _say(args: argparse.Namespace):
+def _say(args: argparse.Namespace) -> Callable[[str], None]:
     """Progress lines on stderr when asked or on a terminal (else errors stay one line)."""
     if not (args.progress or sys.stderr.isatty()):
         return lambda line: None
@@ -240,8 +245,6 @@ def _load_libraries() -> None:
 def _on_signal(signum: int, frame) -> None:
     """End every child first (they could outlive us or write on), then unwind; a second signal
     waits until the cleanup is done."""
-    from tightfit import children
-
     for s in children.HANDLED_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     if _LOADING_LIBRARIES:
@@ -253,8 +256,6 @@ def _on_signal(signum: int, frame) -> None:
 
 def _stopped(signum: int) -> int:
     """After an interruption: no child, no temporary left; the conventional status 128 + signal."""
-    from tightfit import atomic, children
-
     children.kill_all()
     atomic.remove_temporaries()
     print(f"tightfit: interrupted ({signal.Signals(signum).name}); nothing partial was left", file=sys.stderr)
@@ -262,14 +263,14 @@ def _stopped(signum: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tightfit import children
-
     # Handlers first: building the parser imports the op registry (the techniques' options), a second or more.
     before = {s: signal.signal(s, _on_signal) for s in children.HANDLED_SIGNALS}
     try:
         _load_libraries()
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        from tightfit import pipeline  # the compiled libraries' users: after the handlers
+
+        return _print(args, pipeline)
     except TightfitError as e:
         print(f"tightfit: error: {e}", file=sys.stderr)
         return 2
@@ -285,466 +286,70 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(s, handler)
 
 
-def cmd_zoo(args: argparse.Namespace) -> int:
-    from tightfit.frontend import zoo
-
-    entries = zoo.entries()
-    if args.json:
-        print(json.dumps([{"name": e.name, "input_shape": list(e.input_shape), "source": e.source, "about": e.about} for e in entries], indent=1))
-        return 0
-    width = max(len(e.name) for e in entries)
-    for e in entries:
-        print(f"{e.name:<{width}}  {'x'.join(map(str, e.input_shape)):<14}  {e.source:<11}  {e.about}")
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    import tightfit
-    from tightfit.report import inspect_json, inspect_table
-
-    graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
-    if args.batch < 1:
-        raise OptionError("--batch must be at least 1")
-    mem = tightfit.inspect(graph, args.dtype, args.workspace, args.batch)
-    print(json.dumps(inspect_json(mem), indent=1) if args.json else inspect_table(mem))
-    return 0
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    import time
-
-    import tightfit
-    from tightfit.plan.check import check_plan
-    from tightfit.report import plan_report, plan_text
-
-    if args.method != "parts" and (args.rows or args.phases):
-        raise OptionError("--rows and --phases go with --method parts")
-    if args.rows and args.phases:
-        raise OptionError("give --rows or --phases, not both")
-    phases = None
-    if args.phases:
-        phases = parse_phases(args.phases, tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None))
-    budget = cost = None
-    if args.budget is not None:
-        from tightfit.runtime.cost import CostModel
-        from tightfit.units import parse_size
-
-        budget, cost = parse_size(args.budget), CostModel.default(args.reprofile)
-    if args.method != "vbs" and (args.unit or args.latency is not None):
-        raise OptionError("--unit and --latency go with --method vbs")
-    unit = None
-    if args.unit:
-        from tightfit.units import parse_size
-
-        unit = parse_size(args.unit)
-    t0 = time.perf_counter()
-    p, graphs = tightfit.api.plan(args.model, args.method, args.planner, args.order, args.layout, args.batch,
-                                  _shape(args.input_shape) if args.input_shape else None, phases, args.rows,
-                                  budget, cost, args.tiling, unit, args.latency,
-                                  [int(h) if h.isdigit() else h for h in args.hold.split(",") if h],
-                                  time_limit=args.time_limit if budget is not None else None, say=_say(args),
-                                  allow_code=args.allow_code)
-    seconds = time.perf_counter() - t0
-    report = plan_report(p, graphs, check_plan(p, graphs), seconds)
-    if args.method == "vbs":
-        from tightfit.vbs_calibration import compare_methods
-
-        report["vbs"] = compare_methods(p, graphs[0], cost, args.planner, args.layout)
-    if args.out:
-        tightfit.api.write_plan(p, args.out)
-        report["written"] = args.out
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(plan_text(report))
-        if "vbs" in report:
-            from tightfit.report import vbs_text
-
-            print(vbs_text(report["vbs"], graphs[0]))
-        if args.layout_map:
-            from tightfit.plan.lifetimes import lifetimes
-            from tightfit.plan.offsets import format_layout
-
-            life = lifetimes(p, graphs)
-            print(format_layout(life.reqs, life.arena_offsets(p)))
-    return 0
-
-
-def parse_phases(text: str, graph) -> dict:
-    from tightfit.analysis.csdf import max_phases
-
-    if text.strip() == "max":
-        return max_phases(graph)
-    phases: dict = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        key, sep, value = item.rpartition("=")
-        if not sep or not value.isdigit() or int(value) < 1:
-            raise OptionError(f"cannot read --phases item {item!r}: write ID=P or NAME=P with P >= 1")
-        phases[int(key) if key.isdigit() else key] = int(value)
-    return phases
-
-
-def cmd_csdf(args: argparse.Namespace) -> int:
-    import tightfit
-    from tightfit.analysis import csdf as C
-
-    graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
-    if args.source_rows and args.source_phases:
-        raise OptionError("give --source-rows or --source-phases, not both")
+def _print(args: argparse.Namespace, pipeline) -> int:
+    """The command's options -> its pipeline -> its report (--json) or text on stdout."""
+    options, command = COMMANDS[args.command]
     try:
-        rows = [int(r) for r in args.source_rows.split(",")] if args.source_rows else args.source_phases
-    except ValueError:
-        raise OptionError(f"cannot read --source-rows {args.source_rows!r}: write rows per phase, e.g. 24,8") from None
-    if rows is not None and (min(rows) if isinstance(rows, list) else rows) < 1:
-        raise OptionError("--source-rows and --source-phases must be positive")
-    g = C.to_csdf(graph, parse_phases(args.phases, graph), rows, args.itemsize)
-    C.check_balance(g)
-    if args.format == "sdf3":
-        print(C.to_sdf3_xml(g))
-    elif args.format == "dot":
-        print(C.to_dot(g))
-    else:
-        order = C.firing_order(g)
-        sizes = C.buffer_sizes(g, order)
-        print(f"{graph.name}: {len(g.actors)} actors, {len(g.channels)} channels, {len(order)} firings; balance holds")
-        for name, size in sizes.items():
-            print(f"  {name:<40} {size:>12} B")
-        print(f"  {'total (no reuse)':<40} {sum(sizes.values()):>12} B")
-        print("  order: " + C.describe_order(g, order))
-        print(_parts_arena_line(args.model, graph, parse_phases(args.phases, graph), rows, args.itemsize))
-    return 0
+        result = getattr(pipeline, command)(options(args)) if options else getattr(pipeline, command)()
+    except VerificationFailed as e:  # an internal bug: reported in one line, nothing written
+        print(f"tightfit: internal error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.report, indent=1, default=str) if getattr(args, "json", False) else result.text)
+    return result.status
 
 
-def _parts_arena_line(spec: str, graph, phases: dict, source_rows, item: int) -> str:
-    """The arena of the parts plan of these phases, buffers shared by lifetime, at the same bytes
-    per element as the summary above."""
-    from tightfit.graph.ir import DTYPE_BYTES
-    from tightfit.plan.check import check_plan
-    from tightfit.techniques.parts.planner import plan_parts
-    from tightfit.techniques.interface import PlannedModel
-
-    dtype = next((d for d, n in DTYPE_BYTES.items() if n == item), None)
-    if dtype is None:
-        return f"  arena with reuse: not planned ({item}-byte elements; plans take {sorted(set(DTYPE_BYTES.values()))})"
-    plan_ = plan_parts(PlannedModel(graph, spec), phases, source_rows, dtype=dtype)
-    rep = check_plan(plan_, [graph])
-    return (f"  arena with reuse (the parts plan of these phases, 64-byte aligned offsets): {rep.arena_bytes} B; "
-            f"buffers without reuse {sum(b.nbytes for b in plan_.buffers)} B; lower bound {rep.lower_bound} B")
+def _input_shape(args: argparse.Namespace) -> tuple[int, ...] | None:
+    return _shape(args.input_shape) if args.input_shape else None
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    if args.model.endswith(".json"):
-        return cmd_run_plan(args)
-    if args.enforce:
-        raise OptionError("--enforce runs a plan: give a plan.json made by `tightfit plan`")
-    import tightfit
-    from tightfit.report import run_report
-    from tightfit.runtime.enforce import require_available
-    from tightfit.runtime.reference import random_input
-
-    shape = _shape(args.input_shape) if args.input_shape else None
-    graph = tightfit.load(args.model, shape)
-    need = tightfit.inspect(graph, batch=graph.shape(graph.inputs[0])[0])
-    # onnxruntime (--verify) holds the model's weights and activations a second time.
-    require_available((need.layer_peak_bytes + need.param_bytes) * (2 if args.verify else 1),
-                      "running the model layer by layer" + (" and in onnxruntime (--verify)" if args.verify else ""))
-    x = tightfit.api.read_inputs(args.input, [graph.shape(graph.inputs[0])])[0] if args.input else random_input(graph)
-    result = tightfit.run(graph, x)
-    report = run_report(graph, result)
-    if args.output:
-        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, list(result.outputs.items()))}
-    if args.verify:
-        from tightfit.verify import verify_with_onnxruntime
-
-        report["verify"] = verify_with_onnxruntime(args.model, shape, graph, x, result.outputs).as_dict()
-    if args.measure:
-        from tightfit.runtime.measure import measure_subprocess
-
-        m = measure_subprocess({"kind": "reference", "model": args.model, "input_shape": list(shape) if shape else None})
-        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
-                              "uncertainty_bytes": m.uncertainty_bytes}
-        report["analysed_layer_peak_bytes"] = need.layer_peak_bytes
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        from tightfit.report import run_text
-
-        print(run_text(report))
-    return 1 if args.verify and not report["verify"]["ok"] else 0
+def _size(text: str | None) -> int | None:
+    return parse_size(text) if text is not None else None
 
 
-def cmd_run_plan(args: argparse.Namespace) -> int:
-    import tightfit
-    from tightfit.plan.check import check_plan
-    from tightfit.report import plan_run_text
-
-    plan_, graphs = tightfit.api.load_plan(args.model, allow_code=args.allow_code)
-    analysis = check_plan(plan_, graphs)
-    report: dict = {"plan": args.model, "arena_bytes": analysis.arena_bytes, "scratch_peak_bytes": analysis.scratch_peak,
-                    "analysed_peak_bytes": analysis.peak_bytes, "lower_bound_bytes": analysis.lower_bound}
-    if args.enforce:
-        from tightfit.runtime.enforce import MARGIN
-        from tightfit.runtime.measure import measure_subprocess
-        from tightfit.units import parse_size
-
-        limit = parse_size(args.limit) if args.limit else analysis.peak_bytes + MARGIN
-        m = measure_subprocess({"kind": "plan", "plan": args.model, "enforce_bytes": limit,
-                                "allow_code": args.allow_code})
-        report["enforced_limit_bytes"] = limit
-        report["enforced_run_bytes"] = m.run_bytes
-    elif args.limit:
-        raise OptionError("--limit goes with --enforce")
-    shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
-    xs = tightfit.api.read_inputs(args.input, shapes) if args.input else tightfit.api.plan_inputs(graphs, plan_)
-    outs, seconds = tightfit.api.execute(plan_, graphs, xs)
-    report["seconds"] = seconds
-    report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
-    if args.output:
-        named = [(k if len(outs) == 1 else f"cnn{m}_{k}", v) for m, o in enumerate(outs) for k, v in o.items()]
-        report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, named)}
-    if args.verify:
-        from tightfit.reference import run_reference
-        from tightfit.verify import compare
-
-        worst = None
-        for g, x, o in zip(graphs, xs, outs):
-            ref = run_reference(g, x)
-            for k, v in o.items():
-                c = compare(v, ref[k])
-                worst = c if worst is None or (not c.ok) or (worst.ok and c.max_abs_diff > worst.max_abs_diff) else worst
-        report["verify"] = worst.as_dict() if worst else {"ok": True}
-    if args.measure:
-        from tightfit.runtime.measure import measure_subprocess
-
-        m = measure_subprocess({"kind": "plan", "plan": args.model, "allow_code": args.allow_code})
-        report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
-                              "uncertainty_bytes": m.uncertainty_bytes}
-    print(json.dumps(report, indent=1) if args.json else plan_run_text(report))
-    return 1 if args.verify and not report["verify"]["ok"] else 0
+def inspect_options(args: argparse.Namespace) -> InspectOptions:
+    return InspectOptions(args.model, _input_shape(args), args.dtype, args.workspace, args.batch)
 
 
-def _fit_options(args: argparse.Namespace) -> int | None:
-    """The run-memory budget: --budget, or with a cortex-m target what --ram leaves after the
-    stack and the program's other data (its first guess: RAM_RESERVE)."""
-    from tightfit import atomic
-    from tightfit.units import parse_size
-
-    for option, folder in (("--out", args.out), ("--export", args.export)):
-        if folder:  # refused now, not after minutes of search
-            atomic.check_output_folder(folder, args.force, option)
-    if args.out and args.export and os.path.abspath(args.out) == os.path.abspath(args.export):
-        raise OptionError("--out and --export name the same folder: give each its own")
-    if args.target == "host":
-        if args.ram or args.flash:
-            raise OptionError("--ram and --flash go with a cortex-m --target")
-        return parse_size(args.budget) if args.budget is not None else None
-    from tightfit.export import mcu
-
-    if not (args.ram and args.flash and args.export):
-        raise OptionError(f"--target {args.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
-    if args.budget is not None or args.with_params or args.min_fps:
-        raise OptionError(f"with --target {args.target} the budget is what --ram leaves (the weights live in --flash): "
-                          "leave out --budget, --with-params and --min-fps")
-    left = parse_size(args.ram) - mcu.DEFAULT_STACK_BYTES - RAM_RESERVE
-    if left <= 0:
-        raise OptionError(f"--ram {args.ram} leaves nothing for the arena after the {mcu.DEFAULT_STACK_BYTES} B stack")
-    return left
+def plan_options(args: argparse.Namespace) -> PlanOptions:
+    return PlanOptions(args.model, args.method, args.planner, args.order, args.layout, args.batch, _input_shape(args),
+                       phases=args.phases, rows=args.rows, budget=_size(args.budget), tiling=args.tiling,
+                       unit_bytes=parse_size(args.unit) if args.unit else None, latency=args.latency,
+                       held=tuple(int(h) if h.isdigit() else h for h in args.hold.split(",") if h),
+                       time_limit=args.time_limit if args.budget is not None else None, allow_code=args.allow_code,
+                       reprofile=args.reprofile, out=args.out, layout_map=args.layout_map, say=_say(args))
 
 
-RAM_RESERVE = 256  # bytes of RAM first set aside for the test program's own .data/.bss (measured: ~112)
-FIT_TRIES = 3      # a RAM overflow at link time lowers the arena budget by as much and fits again
+def csdf_options(args: argparse.Namespace) -> CsdfOptions:
+    return CsdfOptions(args.model, _input_shape(args), args.phases, args.source_rows, args.source_phases, args.itemsize,
+                       args.format)
 
 
-def cmd_fit(args: argparse.Namespace) -> int:
-    from tightfit import fit as F
-
-    budget = _fit_options(args)
-    app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
-                         allow_code=args.allow_code)
-    if args.target != "host":
-        from tightfit.units import human, parse_size
-
-        weights = F.param_bytes(app)
-        if weights >= parse_size(args.flash):  # known now: no search for a program that cannot fit
-            raise OptionError(f"the weights alone ({weights} B, {human(weights)}) do not fit --flash {args.flash}")
-    for attempt in range(FIT_TRIES):
-        try:
-            outcome = F.fit(app, budget, args.with_params, args.min_fps, args.seed, args.best_effort,
-                            thorough=args.thorough, objective=args.objective, time_limit=args.time_limit, say=_say(args))
-        except F.VerificationFailed as e:  # an internal bug: reported in one line, nothing written
-            print(f"tightfit: internal error: {e}", file=sys.stderr)
-            return 1
-        from tightfit.export.errors import DoesNotFitError
-        from tightfit.report import fit_report, fit_text, write_fit_outputs
-
-        report = fit_report(outcome)
-        if args.target != "host":
-            report["target_budget"] = (f"budget: what --ram {args.ram} leaves after the {mcu_stack()} B stack and the "
-                                       f"program's own data: {budget} B")
-        try:
-            if args.export:
-                report["exported"] = _fit_export(args, outcome)
-            break
-        except DoesNotFitError as e:
-            if not e.ram_overflow or e.flash_overflow or attempt == FIT_TRIES - 1:
-                raise
-            # The program's data took more than set aside: a plan smaller by as much as it overflowed.
-            budget = min(budget, outcome.memory_bytes) - -(-e.ram_overflow // 64) * 64
-            _say(args)(f"fit: the program's own data took {e.ram_overflow} B more RAM; fitting again to {budget} B")
-    if args.out:
-        write_fit_outputs(outcome, args.out, report, args.force)
-        report["written"] = args.out
-    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join([fit_text(report), *_exported_lines(report)]))
-    return 0
+def run_options(args: argparse.Namespace) -> RunOptions:
+    shape = None if args.model.endswith(".json") else _input_shape(args)  # a plan names its models' shapes
+    return RunOptions(args.model, shape, args.verify, args.measure, args.enforce, args.limit, args.input, args.output,
+                      args.allow_code)
 
 
-def _fit_export(args: argparse.Namespace, outcome) -> dict:
-    """The chosen plan exported into --export: the host C program, or with a cortex-m target the
-    firmware project, built (whole or not at all)."""
-    from dataclasses import asdict
-
-    from tightfit import atomic
-    from tightfit.export import default_name, generate
-    from tightfit.export.build import write_files
-
-    weights = "c" if args.target != "host" else "auto"
-    sources = generate(outcome.plan, outcome.app.graphs, default_name(outcome.plan), weights)
-    with atomic.output_folder(args.export, args.force, "--export") as stage:
-        if args.target == "host":
-            write_files(sources, stage)
-            return {"folder": args.export, "name": sources.name, "steps": sources.steps}
-        from tightfit.export import mcu
-        from tightfit.units import parse_size
-
-        project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
-        built = mcu.build_project(stage, project)
-        return {"folder": args.export, "name": sources.name, "steps": sources.steps, "target": args.target,
-                "memory": built.memory_report(), "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
+def fit_options(args: argparse.Namespace) -> FitOptions:
+    return FitOptions(args.model, _size(args.budget), args.with_params, args.min_fps, args.objective, args.seed,
+                      args.best_effort, args.thorough, args.time_limit, _input_shape(args), args.batch, args.allow_code,
+                      args.out, args.export, args.force, args.target, args.ram, args.flash, say=_say(args))
 
 
-def mcu_stack() -> int:
-    from tightfit.export import mcu
-
-    return mcu.DEFAULT_STACK_BYTES
-
-
-def _exported_lines(report: dict) -> list[str]:
-    e = report.get("exported")
-    if not e:
-        return []
-    if "target" not in e:
-        return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
-    return [f"  {report['target_budget']}",
-            f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
-            f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
+def export_options(args: argparse.Namespace) -> ExportOptions:
+    try:
+        cflags = tuple(shlex.split(args.cflags)) if args.cflags else None
+    except ValueError as e:
+        raise OptionError(f"cannot read --cflags {args.cflags!r}: {e}") from None
+    return ExportOptions(args.plan, args.out, args.force, args.name, args.weights, args.check, args.cc, cflags, args.runs,
+                         args.sanitize, args.keep_io, args.target, args.ram, args.flash, args.allow_code)
 
 
-def _export_options(args: argparse.Namespace) -> None:
-    if args.target == "host" and (args.ram or args.flash):
-        raise OptionError("--ram and --flash go with a cortex-m target")
-    if args.target != "host" and not (args.ram and args.flash):
-        raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
-    if args.target != "host" and args.weights == "file":
-        raise OptionError(f"--target {args.target} keeps the weights in flash: --weights file goes with the host target")
-    if args.runs < 1:
-        raise OptionError("--runs must be at least 1")
-    if args.keep_io and not args.check:
-        raise OptionError("--keep-io goes with --check (it keeps the checked input and reference output)")
-    if args.target != "host" and (args.sanitize or args.cc or args.cflags):
-        raise OptionError("--sanitize, --cc and --cflags go with the host target")
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    import tightfit
-    from tightfit import atomic
-
-    _export_options(args)
-    atomic.check_output_folder(args.out, args.force)  # before the plan is loaded: no work wasted
-    plan_, graphs = tightfit.api.load_plan(args.plan, allow_code=args.allow_code)
-    # Everything, --check's build and run included, happens in a staged folder that takes
-    # --out's place only at the end: a failure or a signal leaves --out as it was.
-    with atomic.output_folder(args.out, args.force) as stage:
-        report, lines, ok = export_into(args, plan_, graphs, stage)
-    print(json.dumps(report, indent=1, default=str) if args.json else "\n".join(lines))
-    return 0 if ok else 1
-
-
-def export_into(args: argparse.Namespace, plan_, graphs, stage: Path) -> tuple[dict, list[str], bool]:
-    """Export (and with --check build, run and compare) into `stage`, which becomes --out."""
-    from tightfit.export import default_name, generate
-    from tightfit.export.build import write_files
-
-    weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
-    sources = generate(plan_, graphs, args.name or default_name(plan_), weights)
-    if args.target != "host":
-        return _export_mcu(args, plan_, graphs, sources, stage)
-    write_files(sources, stage)
-    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
-                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
-                    "weights_file": sources.weights_in_file}
-    lines = [f"exported {sources.steps} steps to {args.out}/ ({sources.name}.c, {sources.name}.h, tf_kernels.c, main.c, Makefile"
-             + (", weights.bin" if sources.weights_in_file else "") + ")",
-             f"build: make -C {args.out}   run: {args.out}/{sources.name} INPUT.bin OUTPUT.bin [RUNS]"
-             f"   (make -C {args.out} debug: the same program under -fsanitize=address,undefined)"]
-    if not args.check:
-        return report, lines, True
-    return _check_host(args, plan_, graphs, sources, stage, report, lines)
-
-
-def _check_host(args, plan_, graphs, sources, stage: Path, report: dict, lines: list[str]) -> tuple[dict, list[str], bool]:
-    import shlex
-
-    import tightfit
-
-    flags = shlex.split(args.cflags) if args.cflags else None
-    result = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, args.runs,
-                                       keep_io=stage if args.keep_io else None)
-    report["check"] = {k: v for k, v in result.__dict__.items() if k != "built"} | {"budget_bytes": result.budget_bytes}
-    lines += result.lines()
-    if args.keep_io:
-        lines.append(f"kept: {args.out}/input.bin (the checked input) and {args.out}/reference.bin (the reference output), "
-                     f"float32 NCHW: {args.out}/{sources.name} {args.out}/input.bin out.bin, then compare out.bin with reference.bin")
-    ok = result.ok
-    if args.sanitize:
-        clean = tightfit.api.check_export(plan_, graphs, sources, stage, args.cc, flags, 1, sanitize=True)
-        report["sanitized"] = {"ok": clean.ok}
-        lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
-        ok = ok and clean.ok
-    return report, lines, ok
-
-
-def _export_mcu(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:
-    from dataclasses import asdict
-
-    import tightfit
-    from tightfit.export import mcu
-    from tightfit.units import parse_size
-
-    project = mcu.write_project(stage, sources, args.target, parse_size(args.ram), parse_size(args.flash))
-    built = mcu.build_project(stage, project)
-    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
-                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
-                    "mcu": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(built).items()}}
-    report["mcu"]["elf"] = str(Path(args.out) / built.elf.name)
-    lines = [f"exported {sources.steps} steps to {args.out}/ as a {args.target} firmware project: the library "
-             f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
-             f"build: make -C {args.out}   run under qemu: make -C {args.out} run-qemu "
-             f"(reads {args.out}/input.bin, writes {args.out}/output.bin: float32 NCHW)",
-             built.memory_report()]
-    if not args.check:
-        return report, lines, True
-    if built.qemu_problem:
-        report["mcu_check"] = {"ran": False, "why": built.qemu_problem}
-        lines.append(f"--check not run: {built.qemu_problem}")
-        return report, lines, True
-    got = tightfit.api.check_export_mcu(plan_, graphs, built, keep_io=stage if args.keep_io else None)
-    report["mcu_check"] = asdict(got)
-    lines.append(got.summary())
-    return report, lines, got.ok
-
-
-COMMANDS = {"zoo": cmd_zoo, "inspect": cmd_inspect, "plan": cmd_plan, "csdf": cmd_csdf, "run": cmd_run, "fit": cmd_fit,
-            "export": cmd_export}
+# command -> (its options from the parsed arguments, its pipeline in tightfit.pipeline)
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], object] | None, str]] = {
+    "zoo": (None, "zoo_list"), "inspect": (inspect_options, "inspect"), "plan": (plan_options, "plan"),
+    "csdf": (csdf_options, "csdf"), "run": (run_options, "run"), "fit": (fit_options, "fit"),
+    "export": (export_options, "export")}
 
 if __name__ == "__main__":
     sys.exit(main())

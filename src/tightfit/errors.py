@@ -47,3 +47,9 @@ class TorchMissingError(TightfitError):
 class KernelError(TightfitError):
     """A step the kernel library cannot run (an op, activation, rank or dtype it has no kernel
     for, or a layer whose shapes and weights do not agree); the message names the layer."""
+
+
+class VerificationFailed(Exception):
+    """A chosen plan failed the checker or gave other outputs than the reference: an internal
+    bug (never a user error, so not a TightfitError); nothing is reported or written."""
+

@@ -1,17 +1,18 @@
 """Tables and JSON the CLI prints. Units are stated in every header."""
 from __future__ import annotations
 
-from pathlib import Path
+import io
 from typing import TYPE_CHECKING, Any
 
 from tightfit.analysis.memory import ModelMemory
 from tightfit.plan.lifetimes import buffer_tensors, lifetimes, live_at
+from tightfit.plan.offsets import format_layout
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import PAGE_BYTES
 from tightfit.units import human, mib, round_half_up
 
 if TYPE_CHECKING:
-    from tightfit.fit import FitOutcome
+    from tightfit.stages import FitOutcome
 
 MB = 1e6
 
@@ -138,6 +139,12 @@ def plan_run_text(r: dict[str, Any]) -> str:
         m = r["measured"]
         lines.append(f"  measured peak above loaded baseline: {_measured(m)} (analysed {human(r['analysed_peak_bytes'])})")
     return "\n".join(lines + _written(r))
+
+
+def layout_map(plan: Plan, graphs) -> str:
+    """The arena layout: every buffer's bytes over the steps it lives."""
+    life = lifetimes(plan, graphs)
+    return format_layout(life.reqs, life.arena_offsets(plan))
 
 
 def vbs_text(r: dict[str, Any], graph) -> str:
@@ -317,7 +324,8 @@ def _search_line(r: dict[str, Any]) -> str:
     return line + " (profiling is not counted in the limit)"
 
 
-def fit_plot(o: FitOutcome, path: Path) -> None:
+def fit_plot(o: FitOutcome) -> bytes:
+    """The memory over the chosen plan's steps, against the budget and reuse alone: a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,24 +348,40 @@ def fit_plot(o: FitOutcome, path: Path) -> None:
     ax.set_title(f"{' + '.join(o.app.names)}: memory over the chosen plan's steps")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    return png.getvalue()
 
 
-def write_fit_outputs(o: FitOutcome, out: Path, r: dict[str, Any], force: bool = False) -> None:
-    """plan.json, report.json, report.txt and memory.png, written into a staged folder that takes
-    `out`'s place when complete (nothing partial on disk; an existing non-empty `out` is replaced,
-    whole, only with `force`; a file is never replaced)."""
-    import json
+# --- export -------------------------------------------------------------------------------------
 
-    from tightfit import atomic
-    from tightfit.plan import schema
+def export_lines(out: str, sources) -> list[str]:
+    """What `tightfit export` wrote into `out` and how to build and run it."""
+    return [f"exported {sources.steps} steps to {out}/ ({sources.name}.c, {sources.name}.h, tf_kernels.c, main.c, Makefile"
+            + (", weights.bin" if sources.weights_in_file else "") + ")",
+            f"build: make -C {out}   run: {out}/{sources.name} INPUT.bin OUTPUT.bin [RUNS]"
+            f"   (make -C {out} debug: the same program under -fsanitize=address,undefined)"]
 
-    out = Path(out)
-    with atomic.output_folder(out, force) as tmp:  # OSError: one line (atomic.OutputError), nothing left
-        from tightfit.api import portable
 
-        (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
-        (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
-        (tmp / "report.txt").write_text(fit_text(r) + "\n")
-        fit_plot(o, tmp / "memory.png")
+def mcu_export_lines(out: str, target: str, sources, project, built) -> list[str]:
+    """What `tightfit export --target cortex-m..` wrote into `out`, how to build and run it, and
+    where its memory went."""
+    return [f"exported {sources.steps} steps to {out}/ as a {target} firmware project: the library "
+            f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
+            f"build: make -C {out}   run under qemu: make -C {out} run-qemu "
+            f"(reads {out}/input.bin, writes {out}/output.bin: float32 NCHW)",
+            built.memory_report()]
+
+
+def exported_lines(report: dict[str, Any]) -> list[str]:
+    """fit's lines about the program it exported (--export), if it did."""
+    e = report.get("exported")
+    if not e:
+        return []
+    if "target" not in e:
+        return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
+    return [f"  {report['target_budget']}",
+            f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
+            f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
+

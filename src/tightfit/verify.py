@@ -1,12 +1,17 @@
 """Output checks against an independent runtime (onnxruntime on the same ONNX model)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from tightfit.errors import ModelLoadError
+from tightfit.frontend import zoo
 from tightfit.graph.ir import Graph
+from tightfit.ops import Region, get_op
 from tightfit.tolerance import RTOL, Comparison, compare, worst  # noqa: F401 (the checks' one definition, re-exported)
 
 # onnx's reference evaluator runs ~20 M MACs a second: above this a float64 second opinion would
@@ -16,17 +21,11 @@ FLOAT64_MACS_LIMIT = 2_000_000_000
 
 def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     """The ONNX model tightfit imported for `spec`, as onnxruntime should see it."""
-    from pathlib import Path
-
-    from tightfit.frontend import zoo
-
     if spec in zoo.names():
         return zoo.onnx_model(spec, tuple(input_shape) if input_shape is not None else None)
     if Path(spec).exists():
         return Path(spec).read_bytes()
-    import importlib
-
-    from tightfit.frontend.torch_import import export_onnx
+    from tightfit.frontend.torch_import import export_onnx  # an optional extra: torch loads only for module:factory
 
     mod, _, attr = spec.partition(":")
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()
@@ -64,8 +63,6 @@ def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
     except Exception as e:  # onnxruntime's own exception types: the model is one it rejects
-        from tightfit.errors import ModelLoadError
-
         reason = " ".join(str(e).split())[:300]
         raise ModelLoadError(f"onnxruntime, the reference of --verify, rejects this model: {reason}") from None
 
@@ -74,10 +71,6 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
     """Our outputs against onnxruntime's. Where they differ, onnx's reference evaluator (numpy,
     independent of both) runs the model in float64 and decides: onnxruntime sums in float32 as it
     goes, which over millions of values drifts (a GlobalAveragePool over 21 M values read 1% off)."""
-    from pathlib import Path
-
-    from tightfit.frontend import zoo
-
     model = spec if spec not in zoo.names() and spec.lower().endswith(".onnx") and Path(spec).is_file() else onnx_bytes_for(spec, input_shape)
     x_np = model_input(graph, x)
     ref = onnxruntime_outputs(model, x_np)
@@ -96,8 +89,6 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
 
 
 def graph_macs(graph: Graph) -> int:
-    from tightfit.ops import Region, get_op
-
     return sum(get_op(l.op).macs(l, Region.whole(graph.shape(l.output)), [graph.shape(t) for t in l.inputs],
                                  graph.shape(l.output)) for l in graph.layers)
 

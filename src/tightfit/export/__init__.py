@@ -1,6 +1,6 @@
 """C export: a plan as a self-contained C99 library and test program (codegen), built, run,
 compared with given reference outputs and measured (build), or linked for a microcontroller (mcu).
-It reads the plan format and knows no planner; the face (api.check_export) supplies the inputs and
+It reads the plan format and knows no planner; the face (stages.check_export) supplies the inputs and
 the reference executor's outputs."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tightfit.export.codegen import Sources, c_name, generate
 from tightfit.export.errors import ExportError
 from tightfit.graph.ir import Graph
 from tightfit.plan.schema import Plan
+from tightfit.tolerance import compare, worst
 
 # The whole process may hold this much besides weights and arena: libc, the program's code and
 # stack, stdio buffers (issue 21's acceptance margin).
@@ -68,17 +69,28 @@ class Check:
         ]
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """How `check` builds and runs an exported program: the compiler (default $CC or cc) and its
+    flags (default: build.DEFAULT_CFLAGS), the runs timed (the median is kept), whether with
+    -fsanitize=address,undefined, and the seconds a run may take."""
+
+    cc: str | None = None
+    cflags: Sequence[str] | None = None
+    runs: int = 1
+    sanitize: bool = False
+    timeout_s: float = 600
+
+
 def check(sources: Sources, directory: str | Path, inputs: Sequence[np.ndarray], references: Sequence[np.ndarray],
-          cc: str | None = None, cflags: Sequence[str] | None = None, runs: int = 1, sanitize: bool = False, timeout_s: float = 600) -> Check:
+          options: BuildOptions = BuildOptions()) -> Check:
     """Build the exported program, run it on `inputs` (every CNN's input, in order), compare its
     outputs with `references` (every output of every CNN, in order), and measure the whole process;
-    a run past `timeout_s` is an ExportError."""
-    from tightfit.tolerance import compare, worst
-
+    a run past `options.timeout_s` is an ExportError."""
     directory = Path(directory)
-    built = build(directory, sources.name, cc, cflags, sanitize)
+    built = build(directory, sources.name, options.cc, options.cflags, options.sanitize)
     weights = directory / "weights.bin" if sources.weights_in_file else None
-    ran = run(built.binary, inputs, [r.size for r in references], runs, weights, timeout_s)
+    ran = run(built.binary, inputs, [r.size for r in references], options.runs, weights, options.timeout_s)
     c = worst(compare(got.reshape(ref.shape), ref) for got, ref in zip(ran.outputs, references))
     code = built.text + built.data - (0 if sources.weights_in_file else sources.weight_bytes)
     return Check(sources.name, c.ok, c.max_abs_diff, c.tolerance, sources.arena_bytes, sources.weight_bytes,
@@ -104,7 +116,6 @@ def check_mcu(built, input: np.ndarray, reference: np.ndarray, timeout_s: float 
     """Run a program built by mcu.build_mcu under qemu on CNN 0's `input`; compare its first
     output with `reference`."""
     from tightfit.export.mcu import run_qemu_measured
-    from tightfit.tolerance import compare
 
     ran = run_qemu_measured(built, input, timeout_s)
     c = compare(ran.output.reshape(reference.shape), reference)

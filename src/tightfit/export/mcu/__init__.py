@@ -211,15 +211,25 @@ def mcu_target(name: str) -> McuTarget:
     return TARGETS[name]
 
 
-def write_mcu_sources(
-    dest: Path, name: str, target: str, ram_bytes: int, flash_bytes: int,
-    stack_bytes: int = DEFAULT_STACK_BYTES, heap_bytes: int = DEFAULT_HEAP_BYTES, library_dir: str = ".",
-    makefile: str | None = None,
-) -> Path:
+@dataclass(frozen=True)
+class Device:
+    """The microcontroller a program is linked for: its core (a TARGETS name), its RAM and flash,
+    and the stack and heap the program sets aside in RAM."""
+
+    target: str
+    ram_bytes: int
+    flash_bytes: int
+    stack_bytes: int = DEFAULT_STACK_BYTES
+    heap_bytes: int = DEFAULT_HEAP_BYTES
+
+
+def write_mcu_sources(dest: Path, name: str, device: Device, library_dir: str = ".", makefile: str | None = None) -> Path:
     """Writes mcu_main.c, the startup, the semihosting calls, the linker script and a Makefile
     (`makefile`, default `Makefile.<target>`) into dest; returns the linker script. library_dir:
     the exported library, relative to dest. In dest, `make -f MAKEFILE` builds
     `<name>_<target>.elf`, and `make -f MAKEFILE run-qemu` runs it on qemu (input.bin -> output.bin)."""
+    target, ram_bytes, flash_bytes = device.target, device.ram_bytes, device.flash_bytes
+    stack_bytes, heap_bytes = device.stack_bytes, device.heap_bytes
     core = mcu_target(target)
     _check_sizes(core, ram_bytes, flash_bytes, stack_bytes, heap_bytes)
     interface = read_interface(dest / library_dir / f"{name}.h", name)
@@ -259,7 +269,7 @@ def write_project(folder: Path, sources, target: str, ram_bytes: int, flash_byte
     for file_name, data in sources.files.items():
         if file_name not in _HOST_ONLY:
             (folder / file_name).write_bytes(data)
-    script = write_mcu_sources(folder, sources.name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes,
+    script = write_mcu_sources(folder, sources.name, Device(target, ram_bytes, flash_bytes, stack_bytes, heap_bytes),
                                makefile="Makefile")
     support = (*_KEPT_SOURCES, "mcu_main.c", script.name, "Makefile")
     return Project(sources.name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes, support)
@@ -374,9 +384,8 @@ def build_mcu(
     out_elf.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_elf.parent, prefix=f".{out_elf.name}.") as tmp:
         build_dir = Path(tmp)
-        script = write_mcu_sources(
-            build_dir, name, target, ram_bytes, flash_bytes, stack_bytes, heap_bytes, library_dir=str(export_dir.resolve()),
-        )
+        script = write_mcu_sources(build_dir, name, Device(target, ram_bytes, flash_bytes, stack_bytes, heap_bytes),
+                                   library_dir=str(export_dir.resolve()))
         program = _program_sources(export_dir, build_dir, name)
         elf = build_dir / out_elf.name
         result = _run([*mcu_compile_command(core, program, [export_dir, build_dir], script, elf)])

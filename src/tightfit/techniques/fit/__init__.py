@@ -41,9 +41,9 @@ problem.py (evaluation, memoised; the techniques' candidates), optimize.py (Alg.
 seeds, the memory side, NSGA-II, the local search, choosing).
 """
 from tightfit.techniques.fit.problem import FitProblem
-from tightfit.techniques.fit.optimize import Constraints, FitError, FitSearch, meeting, search, select
+from tightfit.techniques.fit.optimize import Constraints, FitError, FitSearch, SearchOptions, meeting, search, select
 from tightfit.techniques.fit.space import FitApp, FitPoint, merge, split_partitions
 from tightfit.techniques.interface import dominates, pareto, run_memory
 
-__all__ = ["Constraints", "FitApp", "FitError", "FitPoint", "FitProblem", "FitSearch", "dominates", "meeting", "merge",
+__all__ = ["Constraints", "FitApp", "FitError", "FitPoint", "FitProblem", "FitSearch", "SearchOptions", "dominates", "meeting", "merge",
            "pareto", "run_memory", "search", "select", "split_partitions"]

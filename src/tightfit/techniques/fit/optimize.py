@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from tightfit.errors import TightfitError
@@ -65,23 +65,40 @@ def select(front: Sequence[FitPoint], constraints: Constraints) -> tuple[FitPoin
     return (ok[0], True) if ok else (min(front, key=_smallest_first), False)
 
 
-def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_size: int = POP_SIZE,
-           generations: int = GENERATIONS, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
-           sources: Mapping[str, Technique] | None = None, source_budget: int | None = None,
-           max_steps: int = MAX_STEPS, progress: Callable[[int, int], None] | None = None,
-           deadline: Deadline | None = None, say: Callable[[str], None] = _silent) -> FitSearch:
+@dataclass(frozen=True)
+class SearchOptions:
+    """How `search` runs: its seed, the genetic search's population and generations and its work
+    bound (`max_steps` steps of the plans it builds), the size of a space enumerated instead
+    (`exhaustive_limit`), the techniques asked for candidates (`sources`, default the registry's
+    fit sources) with `source_budget` (run memory per CNN), and what it reports to: `progress`
+    (plans done, of how many), `say` (a line per phase), and its `deadline`."""
+
+    seed: int = 0
+    pop_size: int = POP_SIZE
+    generations: int = GENERATIONS
+    exhaustive_limit: int = EXHAUSTIVE_LIMIT
+    sources: Mapping[str, Technique] | None = None
+    source_budget: int | None = None
+    max_steps: int = MAX_STEPS
+    progress: Callable[[int, int], None] | None = None
+    deadline: Deadline | None = None
+    say: Callable[[str], None] = _silent
+
+
+def search(problem: FitProblem, constraints: Constraints, options: SearchOptions | None = None, **settings) -> FitSearch:
     """Alg. 9: reuse alone if it meets the constraints (early exit); else a multi-objective
     genetic search (NSGA-II) seeded with every other planner's plans and polished by a local
-    search around its front, or every genome when the
-    space has at most `exhaustive_limit` of them. `sources` (default: the registry's fit sources) are asked for
-    candidates with `source_budget` (run memory per CNN). The genetic search stops early once
+    search around its front, or every genome when the space has at most `exhaustive_limit` of
+    them. `options` (SearchOptions; `settings` replace its fields by name): `sources` are asked
+    for candidates with `source_budget` (run memory per CNN). The genetic search stops early once
     its plans reach `max_steps` steps in all (seeds are always evaluated), and does not run when
     a CNN is searched quickly (QUICK_LAYERS). Deterministic for a given seed. Past `deadline`
     (checked between plans: the sources, the memory side's rounds, the enumeration, the genetic
     search) the search goes on to the next phase and answers from the plans found so far
     (reuse and the seeds are always evaluated); `say` gets a line per phase (what, how far,
     best so far)."""
-
+    o = replace(options or SearchOptions(), **settings)
+    say, deadline, sources, progress = o.say, o.deadline, o.sources, o.progress
     report = progress or (lambda done, total: None)
     reuse = problem.evaluate_exact(problem.reuse_genes())
     say(f"fit: reuse only: {_best(problem)}")
@@ -92,17 +109,17 @@ def search(problem: FitProblem, constraints: Constraints, seed: int = 0, pop_siz
     problem.deadline, problem.say = deadline, say
     # A space too large to enumerate even without candidates is searched from the seeds: their
     # plans are built before the sources share the time left.
-    seeded = problem.size > exhaustive_limit
+    seeded = problem.size > o.exhaustive_limit
     if sources is None:
         from tightfit.techniques.registry import fit_sources
 
         sources = fit_sources()
-    problem.add_candidates(sources, source_budget,
+    problem.add_candidates(sources, o.source_budget,
                            problem.build_layer_seeds if seeded else lambda: None)
-    if problem.exact_size <= exhaustive_limit:  # (the time-guided candidates add at most a few times as many)
+    if problem.exact_size <= o.exhaustive_limit:  # (the time-guided candidates add at most a few times as many)
         total = _enumerate(problem, report, deadline, say)
     else:
-        total = _evolve(problem, seed, pop_size, generations, max_steps, report, deadline, say)
+        total = _evolve(problem, o.seed, o.pop_size, o.generations, o.max_steps, report, deadline, say)
     report(total, total)
     front = problem.front()
     say(f"fit: search done: {_best(problem)}")

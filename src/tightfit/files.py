@@ -1,0 +1,147 @@
+"""The load and write stages' files: plan files read (their models loaded and checked) and
+written, a run's inputs read and outputs written, and fit's folder (plan.json, report.json,
+report.txt, memory.png). Every file and folder is written whole or not at all (tightfit.atomic):
+an error or a signal leaves what was there."""
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tightfit import atomic
+from tightfit.errors import OptionError
+from tightfit.frontend import zoo
+from tightfit.frontend.load import load_ref
+from tightfit.graph.fingerprint import fingerprint
+from tightfit.graph.ir import Graph
+from tightfit.plan import schema
+from tightfit.plan.check import check_plan
+from tightfit.report import fit_plot, fit_text
+from tightfit.stages import FitOutcome
+
+
+def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Graph] | None = None,
+              allow_code: bool = False):
+    """Read a plan file, load the models it names (or take them from `loaded`, keyed by spec and
+    input shape), check fingerprints and the plan itself. A model named by module:factory is
+    loaded only with `allow_code` (a file carries data, not code)."""
+    p = Path(path)
+    plan_ = schema.read_plan(p)
+    graphs = []
+    for ref in plan_.models:
+        spec = _model_file(ref, p.parent)
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.input_shape, allow_code, f"plan {p}")
+        if fingerprint(g) != ref.fingerprint:
+            raise schema.PlanError(f"plan {p} was made for another model than {spec} (fingerprint {fingerprint(g)}, "
+                                   f"the plan's {ref.fingerprint}): was it changed? plan it again")
+        graphs.append(g)
+    check_plan(plan_, graphs)
+    return plan_, graphs
+
+
+def _model_file(ref, folder: Path) -> str:
+    """Where a plan's model is: a zoo name or module:factory as written; a file relative to the
+    plan's folder, else as written (relative to the working folder), else where it was when the
+    plan was written. A missing file is one line naming every place looked at."""
+    if ref.spec in zoo.names() or not _looks_like_file(ref.spec):
+        return ref.spec
+    candidates = [folder / ref.spec, Path(ref.spec)] + ([Path(ref.location)] if ref.location else [])
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise schema.PlanError(f"model file of the plan not found: looked at {', '.join(dict.fromkeys(map(str, candidates)))}")
+
+
+def _looks_like_file(spec: str) -> bool:
+    return spec.lower().endswith(".onnx") or Path(spec).is_file() or ("/" in spec and ":" not in spec)
+
+
+def portable(plan_, folder: str | Path):
+    """The plan with each model file named relative to `folder` (where the plan file goes) and by
+    its absolute path, so the plan folder can be run from anywhere and moved (see load_plan)."""
+    folder = Path(folder).resolve()
+    models = []
+    for ref in plan_.models:
+        if ref.spec in zoo.names() or not Path(ref.spec).is_file():
+            models.append(ref)
+            continue
+        target = Path(ref.spec).resolve()
+        models.append(replace(ref, spec=Path(os.path.relpath(target, folder)).as_posix(), location=str(target)))
+    return replace(plan_, models=tuple(models))
+
+
+def write_plan(plan_, path: str | Path) -> None:
+    """Write a plan file (its model paths made portable), to a temporary name renamed into place
+    (OSError: atomic.OutputError, one line)."""
+    path = Path(path)
+    if path.is_dir():
+        raise atomic.OutputError(f"{path} is a folder; a plan is one JSON file: name one, e.g. {path / 'plan.json'}")
+    atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
+
+
+def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.ndarray]":
+    """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
+    raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
+    int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
+    path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
+    shown = " + ".join("x".join(map(str, s)) for s in shapes)
+    if not path.is_file():
+        raise OptionError(f"--input {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
+    if path.suffix == ".npy":
+        if len(shapes) > 1:
+            raise OptionError(f"--input {path}: the plan has {len(shapes)} CNNs; give their inputs as one raw float32 file")
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
+        if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
+            raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
+        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0])]
+    data = path.read_bytes()
+    total = sum(sizes)
+    if len(data) not in (4 * total, total):
+        raise OptionError(f"--input {path}: expected {4 * total} bytes (float32, {shown}) or {total} (int8), got {len(data)}")
+    flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
+    at, out = 0, []
+    for shape, size in zip(shapes, sizes):
+        out.append(flat[at: at + size].reshape(shape).copy())
+        at += size
+    return out
+
+
+def write_outputs(path: str | Path, outputs: "Sequence[tuple[str, np.ndarray]]") -> str:
+    """The outputs (name, tensor) into a file, whole or not at all: .npy (one output), .npz (every
+    output by name), else raw float32, every output one after another (as the exported program
+    writes them). Returns what was written, for the report."""
+    path = Path(path)
+    if path.is_dir():
+        raise OptionError(f"--output {path} is a folder: name a file (.npy, .npz or raw float32)")
+    arrays = [(name, np.asarray(t, dtype=np.float32)) for name, t in outputs]
+    buf = io.BytesIO()
+    if path.suffix == ".npy":
+        if len(arrays) != 1:
+            raise OptionError(f"--output {path}: the model has {len(arrays)} outputs; write them to .npz or a raw file")
+        np.save(buf, arrays[0][1])
+    elif path.suffix == ".npz":
+        np.savez(buf, **{name: a for name, a in arrays})
+    else:
+        buf.write(b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for _, a in arrays))
+    atomic.write_bytes(path, buf.getvalue())
+    return ", ".join(f"{name} {'x'.join(map(str, a.shape))}" for name, a in arrays)
+
+
+def write_fit_folder(o: FitOutcome, out: str | Path, r: dict, force: bool = False) -> None:
+    """plan.json, report.json, report.txt and memory.png, written into a staged folder that takes
+    `out`'s place when complete (nothing partial on disk; an existing non-empty `out` is replaced,
+    whole, only with `force`; a file is never replaced)."""
+    out = Path(out)
+    with atomic.output_folder(out, force) as tmp:  # OSError: one line (atomic.OutputError), nothing left
+        (tmp / "plan.json").write_text(schema.dumps(portable(o.plan, out)))
+        (tmp / "report.json").write_text(json.dumps(r, indent=1) + "\n")
+        (tmp / "report.txt").write_text(fit_text(r) + "\n")
+        (tmp / "memory.png").write_bytes(fit_plot(o))
