@@ -109,7 +109,7 @@ def test_fit_sources_share_the_time_left_less_the_seeds_reserve():
 def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys):
     assert main(["plan", "minakova5", "--method", "parts", "--budget", "5kB", "--time-limit", "30", "--progress"]) == 0
     err = capsys.readouterr().err
-    assert "parts search:" in err and "not counted" in err
+    assert "parts search:" in err and "(counted)" in err
 
 
 @pytest.mark.parametrize("name", ["squeezenet1_0"])
@@ -121,3 +121,68 @@ def test_tiling_search_past_its_deadline_from_the_start_answers_layer_by_layer(n
     seconds = lambda plan, steps: 1e-4 * len(steps)  # noqa: E731
     cut = search_tiling(model, seconds, 1, options=TilingOptions(front_points=0, parts=False), deadline=Deadline(0.0))
     assert cut.timed_out and cut.evaluated == 0 and cut.chosen.memory_bytes == cut.smallest_bytes
+
+
+def _fake_profiling(monkeypatch, seconds_per_shape: float):
+    """A CostModel in memory whose constants are known and whose every step shape takes
+    `seconds_per_shape` of a fake clock to measure (its time: 1 us per unit of work)."""
+    from tightfit.analysis.predict import CONSTANTS, step_work
+    from tightfit.runtime import profiling
+    from tightfit.runtime.cost import CostModel
+
+    now = [0.0]
+    cost = CostModel(None)
+    for key in CONSTANTS:
+        cost.record(key, 0.0)
+
+    def measure(plan, graphs, step, key):
+        now[0] += seconds_per_shape
+        cost._keep(key, {"s": 1e-6 * step_work(key)[1], "h": 1e-6 * step_work(key)[1], "n": True})
+
+    monkeypatch.setattr(cost, "_measure", measure)
+    monkeypatch.setattr(profiling, "MEASURE_CHUNK", 1)
+    return cost, (lambda: now[0])
+
+
+def test_profiling_within_the_limit_measures_what_the_search_asked_for_most(monkeypatch):
+    """With a time limit, the stage stops measuring at MEASURE_UNTIL of it: minakova5 by parts
+    (more step shapes than the limit lets it measure at 2 s a shape), limit 10 s: 4 shapes
+    measured (the last one started before 7 s had passed), the rest predicted from the kernels' rates fitted to those 7 and said so; without a
+    limit every shape is measured and the last pass is complete."""
+    from tightfit.analysis.predict import step_key
+    from tightfit.runtime.profiling import profiled_search
+    from tightfit.techniques.parts.planner import plan_parts
+
+    g = tightfit.load("minakova5")
+    plan = plan_parts(PlannedModel(g, "minakova5"), {0: 4, 1: 2}, 8, "greedy_by_size")
+    keys = {step_key(plan, [g], s) for s in plan.steps()}
+    assert len(keys) > 4
+    cost, clock = _fake_profiling(monkeypatch, 2.0)
+    seen = []
+
+    def search(predictor, deadline):
+        seen.append(deadline.left() if deadline else None)
+        return predictor.plan_seconds(plan, [g])
+
+    predicted, report = profiled_search(cost, search, lambda: Deadline.after(10.0, clock))
+    assert report.shapes == 4 and report.predicted == len(keys) - 4 and not report.complete
+    assert seen == [pytest.approx(3.5), pytest.approx(2.0)]  # the first search's share, then what is left
+    assert predicted > 0 and "predicted from the kernels' measured rates" in report.line("parts search", 10.0)
+    cost, _ = _fake_profiling(monkeypatch, 2.0)
+    whole, report = profiled_search(cost, search)
+    assert report.complete and report.shapes == len(keys) and report.predicted == 0
+
+
+def test_kernel_rates_predict_a_shape_from_its_family():
+    """A step shape not measured costs its family's seconds per unit of work times its work: a
+    conv key twice the work of measured ones, twice their time; an empty profile, the defaults."""
+    from tightfit.analysis.predict import DEFAULT_MAC_SECONDS, KernelRates, Profile, step_key, step_work
+    from tightfit.techniques.reuse.planner import plan_reuse
+
+    g = tightfit.load("minakova5")
+    plan = plan_reuse(PlannedModel(g, "minakova5"))
+    convs = [step_key(plan, [g], s) for s in plan.steps() if s.kind == "compute" and g.layers[s.layer].op == "conv"]
+    measured = {k: 2e-9 * step_work(k)[1] for k in convs[:-1]}
+    rates = KernelRates(Profile("p", measured))
+    assert rates.seconds(convs[-1]) == pytest.approx(2e-9 * step_work(convs[-1])[1])
+    assert KernelRates(Profile("empty")).seconds(convs[-1]) == pytest.approx(DEFAULT_MAC_SECONDS * step_work(convs[-1])[1])

@@ -204,7 +204,7 @@ def _export_parser(sub) -> None:
 
 def _search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=SECONDS, default=60.0,
-                   help="seconds of search (default 60; profiling new step shapes not counted): then the best found")
+                   help="seconds of search, profiling new step shapes included (default 60): then the best found")
     p.add_argument("--progress", action="store_true",
                    help="progress lines on stderr for every phase (shown anyway when stderr is a terminal)")
 

@@ -262,7 +262,7 @@ def fit_text(r: dict[str, Any]) -> str:
         lines.append(f"          measured {_mb(c['measured_memory_bytes'])}, between {_mb(low)} and {_mb(high)} "
                      f"(+/- {human(c['measured_uncertainty_bytes'])}; fresh process, peak above the loaded model"
                      f"{' + parameters' if r['with_params'] else ''}{f'; read in pages of {human(PAGE_BYTES)}' if small else ''})")
-    lines.append(f"  fps ({r['threads']} torch thread{'s' if r['threads'] > 1 else ''}): predicted "
+    lines.append(f"  fps ({r['threads']} thread{'s' if r['threads'] > 1 else ''}): predicted "
                  f"{', '.join(f'{f:.1f}' for f in c['predicted_fps'])}"
                  + (f"; measured {', '.join(f'{f:.1f}' for f in c['measured_fps'])}" if "measured_fps" in c else "")
                  + (f" (minimum {', '.join(f'{f:g}' for f in r['min_fps'])})" if any(r["min_fps"]) else ""))
@@ -321,7 +321,7 @@ def _search_line(r: dict[str, Any]) -> str:
     line += f": search {t['search_seconds']:.1f} s{limit}, profiling {t['profiled_shapes']} new step shapes {t['profiling_seconds']:.1f} s"
     if t["passes"] > 1:
         line += f", finding them {t['finding_seconds']:.1f} s ({t['passes'] - 1} more search passes)"
-    return line + " (profiling is not counted in the limit)"
+    return line + (" (profiling counted in the limit)" if t.get("time_limit") else "")
 
 
 def fit_plot(o: FitOutcome) -> bytes:

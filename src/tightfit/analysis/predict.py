@@ -1,8 +1,9 @@
 """The prediction: seconds of a plan's steps from a frozen profile of step times (measured by
 runtime/cost.py on this machine with tightfit's own kernels). Pure: it reads the profile and
 never measures; a step shape the profile lacks is noted (`Predictor.missing`, with a step to
-measure it by) and counts as no time, so the command layer can measure what a search needed
-and search again over the completed profile.
+measure it by) and predicted from the kernels' rates (`KernelRates`: seconds per unit of work of
+its op, fitted to the shapes the profile holds), so the command layer can measure what a search
+needed, as far as its time limit allows, and search again over the completed profile.
 
 Every step of a plan has a key: what it computes or copies and the shapes of the views it reads
 and writes (so the same layer settings share one entry, and a border band with its padding is
@@ -78,6 +79,12 @@ MISS_ROUNDS = 100
 MISS_TOLERANCE = 1e-4
 # The profile constants (measured once per profile by runtime/cost.py).
 CONSTANTS = ("loop", "native_call", "cold_byte", "partition", "llc_decay")
+# The kernels' rates before anything is measured (an empty profile), per unit of work: a
+# multiply-add of a convolution or matrix product, an element of any other step. This host's
+# library runs mobilenet_v2 at about 30 GMAC/s on one thread; elementwise steps move about 1
+# element a nanosecond.
+DEFAULT_MAC_SECONDS = 1 / 20e9
+DEFAULT_ELEMENT_SECONDS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -100,15 +107,72 @@ class Profile:
                        MappingProxyType(dict(cold)))
 
 
+def step_work(key: str) -> tuple[str, int]:
+    """(the family of a step key: its op, or its kind for a step that computes nothing; its work:
+    multiply-adds where its first parameter is a weight it multiplies by, e.g. a convolution's
+    (out, in/groups, kh, kw) or a matrix product's, else output elements), read off the key."""
+    fields = json.loads(key)
+    compute = len(fields) == 7
+    out_view = fields[4] if compute else fields[1]
+    shape, (n, h, w) = out_view[0], out_view[2]
+    pixels = max(n * h * w, 1)
+    elements = pixels * (shape[1] if len(shape) > 1 else 1)
+    params = fields[2] if compute else []
+    if params and len(params[0]) >= 2:
+        return fields[0], max(pixels * prod(params[0]), elements)
+    return fields[0], elements
+
+
+class KernelRates:
+    """Seconds per unit of work (`step_work`) of each step family, the median over the shapes of
+    that family a profile holds (less the per-step loop): what a step shape not measured yet is
+    predicted at. A family the profile has no shape of takes the median of all families of its
+    kind (computing or not); an empty profile the DEFAULT_* rates."""
+
+    def __init__(self, profile: Profile):
+        loop = profile.seconds.get("loop", 0.0)
+        per_family: dict[str, list[float]] = {}
+        per_kind: dict[bool, list[float]] = {True: [], False: []}
+        for key, seconds in profile.seconds.items():
+            if not key.startswith("["):
+                continue  # a constant or an op's code
+            family, work = step_work(key)
+            rate = max(seconds - loop, 0.0) / work
+            per_family.setdefault(family, []).append(rate)
+            per_kind[len(json.loads(key)) == 7].append(rate)
+        self.loop = loop
+        self.family = {f: float(np.median(r)) for f, r in per_family.items()}
+        self.kind = {k: float(np.median(r)) if r else (DEFAULT_MAC_SECONDS if k else DEFAULT_ELEMENT_SECONDS)
+                     for k, r in per_kind.items()}
+
+    def seconds(self, key: str) -> float:
+        family, work = step_work(key)
+        rate = self.family.get(family)
+        if rate is None:
+            rate = self.kind[len(json.loads(key)) == 7]
+        return self.loop + rate * work
+
+
 class Predictor:
     """`plan_seconds(plan, graphs)` and its parts, over one profile. A key the profile lacks is
-    noted in `missing` (key -> (plan, graphs, step) to measure it by; a constant -> None) and
-    costs nothing; `complete` says whether every prediction so far had all it needed."""
+    noted in `missing` (key -> (plan, graphs, step) to measure it by; a constant -> None) with
+    how often it was asked for (`asked`), and is predicted from the kernels' rates (a constant:
+    0); `complete` says whether every prediction so far had all it needed."""
 
     def __init__(self, profile: Profile):
         self.profile = profile
         self.id = profile.id
         self.missing: dict[str, tuple[Plan, Sequence[Graph], Step] | None] = {}
+        self.asked: dict[str, int] = {}
+        self._rates: KernelRates | None = None
+        self._estimates: dict[str, float] = {}
+
+    def estimate(self, key: str) -> float:
+        """A missing step key's seconds from the kernels' rates."""
+        if key not in self._estimates:
+            self._rates = self._rates or KernelRates(self.profile)
+            self._estimates[key] = self._rates.seconds(key)
+        return self._estimates[key]
 
     @property
     def complete(self) -> bool:
@@ -159,6 +223,7 @@ class Predictor:
         if key in p.seconds and key in p.hot:
             return True
         self.missing.setdefault(key, (plan, graphs, step))
+        self.asked[key] = self.asked.get(key, 0) + 1
         return False
 
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
@@ -171,13 +236,14 @@ class Predictor:
         # A step on our own kernels runs at its hot time: it fetches no interpreter or torch code
         # and data on the way (mobilenet_v2 by one-row bands: 4.9 ms predicted so, 5.8 blended
         # by the bytes since, 4.7 measured); what its data fetches from memory is `cold` below.
-        warm = [p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES)) if ok else 0.0
-                for k, d, ok in zip(keys, since, known)]
+        warm = [p.hot[k] + (0.0 if k in p.native else (p.seconds[k] - p.hot[k]) * min(1.0, d / WARM_BYTES)) if ok
+                else self.estimate(k) for k, d, ok in zip(keys, since, known)]
         cold, cold_code = cold_fetches(prints, seconds=warm, decay=self.llc_decay)
         rate = self.cold_byte_seconds
         fetch = sum(c * p.cold.get(k, rate) for k, c in zip(keys, cold))
         code = sum(chance * p.seconds.get(CODE_KEY + op, 0.0) for op, chance in filter(None, cold_code))
-        return sum(warm) + self._call_seconds([k in p.native for k in keys]) + fetch + code
+        # Every step runs on the kernel library; one not measured yet, too.
+        return sum(warm) + self._call_seconds([k in p.native or not ok for k, ok in zip(keys, known)]) + fetch + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop
@@ -189,7 +255,7 @@ class Predictor:
     def step_seconds(self, plan: Plan, graphs: Sequence[Graph], step: Step) -> float:
         """The step's stirred time (its code and data in the last-level cache only)."""
         key = step_key(plan, graphs, step)
-        return self.profile.seconds[key] if self._known(plan, graphs, step, key) else 0.0
+        return self.profile.seconds[key] if self._known(plan, graphs, step, key) else self.estimate(key)
 
 
 def step_key(plan: Plan, graphs: Sequence[Graph], step: Step) -> str:
