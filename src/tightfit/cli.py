@@ -300,13 +300,16 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     import tightfit
-    from tightfit.report import inspect_json, inspect_table
+    from tightfit.report import inspect_json, inspect_table, int8_lines
 
     graph = tightfit.load(args.model, _shape(args.input_shape) if args.input_shape else None)
     if args.batch < 1:
         raise OptionError("--batch must be at least 1")
     mem = tightfit.inspect(graph, args.dtype, args.workspace, args.batch)
-    print(json.dumps(inspect_json(mem), indent=1) if args.json else inspect_table(mem))
+    if args.json:
+        print(json.dumps({**inspect_json(mem), **({"int8": int8_lines(graph)} if int8_lines(graph) else {})}, indent=1))
+    else:
+        print("\n".join([inspect_table(mem)] + int8_lines(graph)))
     return 0
 
 
