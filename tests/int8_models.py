@@ -30,14 +30,19 @@ class _Reader:
         pass
 
 
-def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False) -> Path:
-    """The model's QDQ int8 form, written to `path`."""
+def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, preprocess: bool = False) -> Path:
+    """The model's QDQ int8 form, written to `path` (its float form beside it, `.float.onnx`).
+    `preprocess`: first onnxruntime's `quant_pre_process` (the step its quantizer advises: batch
+    norms folded into convs, which quantize_static would otherwise leave in float)."""
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     inp = model.graph.input[0]
     shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
     src = path.with_suffix(".float.onnx")
     onnx.save(model, src)
+    if preprocess:
+        quant_pre_process(str(src), str(src))
     reader = type("Reader", (_Reader, CalibrationDataReader), {})(inp.name, shape)
     level = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the model
