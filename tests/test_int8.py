@@ -319,3 +319,20 @@ def test_quantize_and_dequantize_alone(tmp_path):
                  np.float32).reshape(1, 1, 4, 4)
     ours = run_reference(g, x)[g.outputs[0]]
     assert np.array_equal(ours, ort_run(path, x)[0])
+
+
+# --- export --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(__import__("shutil").which("cc") is None, reason="no C compiler (cc) on this machine")
+@pytest.mark.parametrize("kw", [{"method": "reuse"}, {"method": "parts", "rows": 2}], ids=["reuse", "parts"])
+def test_exported_int8_program_equals_the_executor(cnn_path, tmp_path, kw):
+    """The C program of an int8 plan (int8 weights and int32 biases as the bits of its const weight
+    words) built portable (C99, -O2, warnings as errors) gives the Python executor's outputs exactly."""
+    from tightfit.api import check_export
+    from tightfit.export import export
+
+    plan, graphs = api.plan(str(cnn_path), **kw)
+    sources = export(plan, graphs, tmp_path / "out")
+    assert "model_weight_words" in sources.files[f"{sources.name}.c"].decode()
+    c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
+    assert c.ok and c.max_abs_diff == 0.0, c.lines()

@@ -109,6 +109,7 @@ class Pool:
 
     def __init__(self, dtype: type) -> None:
         self.dtype, self.parts, self.size, self.at = dtype, [], 0, {}
+        self.words = False  # holds add_words' data: its words are bits, not all finite floats
 
     def add(self, key: object, make) -> int:
         if key not in self.at:
@@ -129,6 +130,7 @@ class Pool:
             raw = np.ascontiguousarray(make()).reshape(-1).view(np.uint8)
             return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(self.dtype)
 
+        self.words = True
         return self.add(key, words)
 
     def array(self) -> np.ndarray:

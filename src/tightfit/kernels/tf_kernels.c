@@ -1013,7 +1013,16 @@ static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
                 const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
                                       + g * cig * x->sc);
                 const int8_t *wr = wc + (ky * a->kw + kx) * cig;
-                for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
+                if (x->sc == 1) { /* channels-last: a contiguous run the compiler vectorizes */
+                    int32_t sum = 0, wsum = 0;
+                    for (long ci = 0; ci < cig; ci++) {
+                        sum += (int32_t)in[ci] * (int32_t)wr[ci];
+                        wsum += wr[ci];
+                    }
+                    acc += sum - a->xz * wsum; /* sum (x - xz) w, exactly, in int32 */
+                } else {
+                    for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
+                }
             }
             out[co * y->sc] = requant((float)acc * m[co], a->yz, a->lo, a->hi);
         }
