@@ -336,3 +336,54 @@ def test_exported_int8_program_equals_the_executor(cnn_path, tmp_path, kw):
     assert "model_weight_words" in sources.files[f"{sources.name}.c"].decode()
     c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
     assert c.ok and c.max_abs_diff == 0.0, c.lines()
+
+
+def _edited(path: Path, tmp_path: Path, edit) -> Path:
+    """The QDQ file with `edit(model)` applied to it."""
+    m = onnx.load(path)
+    edit(m)
+    out = tmp_path / "edited.onnx"
+    onnx.save(m, out)
+    return out
+
+
+def _weight_dq(m: onnx.ModelProto):
+    return next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")
+                and any(i.name == n.input[0] and len(i.dims) == 4 for i in m.graph.initializer))
+
+
+def _set_init(m: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+    for i in m.graph.initializer:
+        if i.name == name:
+            i.CopyFrom(numpy_helper.from_array(value, name))
+
+
+@pytest.mark.parametrize("problem", ["axis", "count", "int4"])
+def test_bad_weight_quantization_is_one_line(tmp_path, problem, capsys):
+    b = Builder((1, 3, 6, 6))
+    path = quantize(b.model(b.conv("x", 3, 8, 3, 1, 1)), tmp_path / "w.onnx", per_channel=True)
+
+    def edit(m):
+        dq = _weight_dq(m)
+        if problem == "int4":  # a weight in 4-bit integers
+            w = onnx.helper.make_tensor(dq.input[0], TensorProto.INT4, [8, 3, 3, 3], [1] * 216)
+            _set_init(m, dq.input[0], np.zeros(1, np.int8))
+            next(i for i in m.graph.initializer if i.name == dq.input[0]).CopyFrom(w)
+            _set_init(m, dq.input[2], np.zeros(8, np.int8))
+            z = onnx.helper.make_tensor(dq.input[2], TensorProto.INT4, [8], [0] * 8)
+            next(i for i in m.graph.initializer if i.name == dq.input[2]).CopyFrom(z)
+            m.opset_import[0].version = 21
+            m.ir_version = 10
+            return
+        n = 3 if problem == "axis" else 5  # axis 1 (input channels) with its 3 scales; or 5 scales for 8 channels
+        _set_init(m, dq.input[1], np.full(n, 0.01, np.float32))
+        _set_init(m, dq.input[2], np.zeros(n, np.int8))
+        for a in dq.attribute:
+            if a.name == "axis":
+                a.i = 1 if problem == "axis" else 0
+
+    bad = _edited(path, tmp_path, edit)
+    assert main(["inspect", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert {"axis": "not the output channels' axis", "count": "5 per-channel scales", "int4": "int4"}[problem] in err[0], err
