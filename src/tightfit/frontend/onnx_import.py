@@ -434,7 +434,8 @@ class _Builder:
         graph = Graph(
             name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
             outputs=tuple(outputs), params=params,
-            original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
+            original_tensors=tuple(Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
+                                   for t in self.original),
             original_param_count=self.original_params, input_forms=self.input_forms,
         )
         return validate(graph)
