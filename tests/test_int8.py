@@ -252,12 +252,24 @@ def join_models(draw):
 @settings(max_examples=EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_one_layer_models_match_onnxruntime(family, data, tmp_path):
+    _one_layer_case(family, data, tmp_path)
+
+
+def _one_layer_case(family, data, tmp_path) -> None:
     model = data.draw({"conv": conv_models(), "pool": pool_models(), "join": join_models()}[family])
     path = quantize(model, tmp_path / "case.onnx", data.draw(st.booleans()))
     g = load_onnx(path)
     fused_avg = any(l.op == "avgpool" and l.attrs.get("ort_fused") for l in g.layers)
     _check_against_ort(path, FUSED_AVGPOOL_SHARE if fused_avg else 0.0)
     _split_runs_equal(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["conv", "pool", "join"])
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data())
+def test_one_layer_models_at_length(family, data, tmp_path):
+    _one_layer_case(family, data, tmp_path)
 
 
 # --- the CLI and bad input -----------------------------------------------------------------------
