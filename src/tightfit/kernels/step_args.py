@@ -619,6 +619,9 @@ def _qadd(b, layer, xs, y):
     return "qadd", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi]
 
 
+NCHWC_BLOCK = 16
+
+
 def _qpool(b, layer, xs, y):
     """onnxruntime fuses an average pool into QLinearAveragePool where its QDQ selector takes it
     (the importer's `ort_fused`): its arithmetic differs from the float AveragePool's, and both
@@ -628,10 +631,16 @@ def _qpool(b, layer, xs, y):
     h, w = b.g.shape(layer.inputs[0])[2:]
     if fused and layer.op == "avgpool" and tuple(a["kernel"]) == (h, w) and not any(a["pads"]):
         return _qglobal(b, layer, xs, y)
+    # onnxruntime's float AveragePool (ORT_ENABLE_ALL, AVX-512 x86; found by experiment) sums a window
+    # row by row over the whole input (its global path) or where its NCHWc transformer takes the pool
+    # (channels a multiple of the block, 16 on AVX-512), else column by column (its NCHW kernel; a
+    # window two columns wide was seen summed either way).
+    whole = layer.op == "avgpool" and (tuple(a["kernel"]) == (h, w) and not any(a["pads"])
+                                       or b.g.shape(layer.inputs[0])[1] % NCHWC_BLOCK == 0)
     fields = _pool(b, layer, xs, y)[2]
     fields[-1] = Acts(())
     return ("qpool", "tf_qpool_args", [Struct("tf_pool_args", tuple(fields)), _qparams(b, layer.inputs[0], layer.output),
-                                       int(fused)])
+                                       1 if fused else 2 if whole else 0])
 
 
 def _qglobal(b, layer, xs, y):

@@ -1084,7 +1084,14 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
             float sum = 0.0f;
             /* onnxruntime's float AveragePool (MLAS) sums each kernel column top to bottom, then the
              * columns left to right: that order, found by experiment, gives its floats exactly. */
-            for (long kx = t.kx0; kx < t.kx1; kx++) {
+            if (avg && qa->mode == 2) /* row by row (onnxruntime's global and NCHWc float paths) */
+                for (long ky = t.ky0; ky < t.ky1; ky++)
+                for (long kx = t.kx0; kx < t.kx1; kx++) {
+                    volatile float d = dequantize1(*q8(arena, x->off + n * x->sn + c * x->sc + (t.iy + ky * a->dh) * x->sh
+                                                          + (t.ix + kx * a->dw) * x->sw), q->xs, q->xz);
+                    sum += d;
+                }
+            else for (long kx = t.kx0; kx < t.kx1; kx++) {
                 float col = 0.0f;
                 for (long ky = t.ky0; ky < t.ky1; ky++) {
                     const int v = *q8(arena, x->off + n * x->sn + c * x->sc + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw);
@@ -1096,7 +1103,7 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
                 sum += col;
             }
             int8_t r;
-            if (avg && qa->fused) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
+            if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
                 float s = 0.0f;
                 for (long ky = t.ky0; ky < t.ky1; ky++)
                 for (long kx = t.kx0; kx < t.kx1; kx++) {
@@ -1105,8 +1112,11 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
                     s += d;
                 }
                 if (div > 0.0f) s /= div;
-                const float v = nearbyintf(s / q->ys + (float)q->yz);
-                r = (int8_t)(v < -128.0f ? -128 : (v > 127.0f ? 127 : (int)v));
+                /* onnxruntime on x86 runs it on uint8 (its QDQ int8 -> uint8 conversion): the zero point
+                 * plus 128 is added before rounding, which rounds some sums differently (found by
+                 * experiment: exact with it, a few elements in a thousand off without). */
+                const float v = nearbyintf(s / q->ys + (float)(q->yz + 128));
+                r = (int8_t)((v < 0.0f ? 0 : (v > 255.0f ? 255 : (int)v)) - 128);
             } else if (avg) r = quantize1(div > 0.0f ? sum / div : sum, q->ys, q->yz);
             else r = same ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
             *q8(arena, y->off + n * y->sn + c * y->sc + oy * y->sh + ox * y->sw) = r;

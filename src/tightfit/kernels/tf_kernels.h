@@ -117,9 +117,10 @@ typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi; 
 /* int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized. */
 typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi;
        } tf_qadd_args;
-/* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values,
- * as onnxruntime's QLinearAveragePool (fused 1) or its float AveragePool between DQ and Q (0). */
-typedef struct { tf_pool_args p; tf_qparams q; int fused; } tf_qpool_args;
+/* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
+ * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its
+ * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks). */
+typedef struct { tf_pool_args p; tf_qparams q; int mode; } tf_qpool_args;
 /* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max. */
 typedef struct { tf_view x, y; int kind; float m; tf_qparams q; } tf_qglobal_args;
 /* int8 concatenation along C; input i requantized by q[i] where its scale differs. */

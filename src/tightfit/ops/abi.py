@@ -135,9 +135,10 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
     "tf_qadd_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("sa", F), ("za", N), ("sb", F), ("zb", N), ("sy", F),
                       ("zy", N), ("lo", N), ("hi", N)],
                      "int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized."),
-    "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("fused", N)],
-                      "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values,\n"
-                      " * as onnxruntime's QLinearAveragePool (fused 1) or its float AveragePool between DQ and Q (0)."),
+    "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("mode", N)],
+                      "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values\n"
+                      " * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its\n"
+                      " * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks)."),
     "tf_qglobal_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("m", F), ("q", "tf_qparams")],
                         "int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max."),
     "tf_qconcat_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("q", "const tf_qparams *")],
