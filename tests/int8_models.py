@@ -30,7 +30,8 @@ class _Reader:
         pass
 
 
-def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, preprocess: bool = False) -> Path:
+def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, preprocess: bool = False,
+             extra_options: dict | None = None) -> Path:
     """The model's QDQ int8 form, written to `path` (its float form beside it, `.float.onnx`).
     `preprocess`: first onnxruntime's `quant_pre_process` (the step its quantizer advises: batch
     norms folded into convs, which quantize_static would otherwise leave in float)."""
@@ -47,7 +48,7 @@ def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, prep
     level = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the model
     try:
-        quantize_static(str(src), str(path), reader, per_channel=per_channel)
+        quantize_static(str(src), str(path), reader, per_channel=per_channel, extra_options=extra_options)
     finally:
         logging.getLogger().setLevel(level)
     return path

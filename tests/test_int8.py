@@ -309,6 +309,21 @@ def test_cli_run_verify_and_inspect(cnn_path, capsys):
     assert "int8 model: 10 int8 layers" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("act", ["relu", "clip"])
+def test_a_kept_relu_or_clip_is_an_int8_clamp(tmp_path, act):
+    """With QDQKeepRemovableActivations the ReLU / Clip stays between DequantizeLinear and
+    QuantizeLinear (with its own scale): an int8 layer that requantizes and clamps, exact."""
+    b = Builder((1, 3, 8, 8))
+    c = b.conv("x", 3, 6, 3, 1, 1)
+    y = b.node("Relu", [c]) if act == "relu" else b.clip(c, -0.5, 0.75)
+    path = quantize(b.model(b.conv(y, 6, 4, 1, 1, 0)), tmp_path / "act.onnx",
+                    extra_options={"QDQKeepRemovableActivations": True})
+    g = load_onnx(path)
+    assert ("activation", "int8") in [(l.op, l.attrs.get("quant")) for l in g.layers]
+    _check_against_ort(path)
+    _split_runs_equal(path)
+
+
 def test_a_layer_without_int8_kernel_runs_in_fp32(tmp_path, capsys):
     b = Builder((1, 3, 8, 8))
     y = b.node("Sigmoid", [b.conv("x", 3, 4, 3, 1, 1)])

@@ -20,7 +20,7 @@ from tightfit.graph.ir import Quant
 
 # Layer ops with an int8 kernel (kernels/step_args.INT8_BINDERS), each with its own conditions below.
 WEIGHTED = ("conv", "gemm")
-PLAIN = ("add", "maxpool", "avgpool", "global_pool", "concat", "flatten", "reshape", "transpose")
+PLAIN = ("add", "maxpool", "avgpool", "global_pool", "concat", "flatten", "reshape", "transpose", "activation")
 MOVES = ("flatten", "reshape", "transpose")  # int8 copies: input and output quantized alike
 # Integer types of quantized constants: a weight's, a bias's.
 CONST_TYPES = {np.dtype(np.int8): "int8", np.dtype(np.int32): "int32"}
@@ -119,6 +119,9 @@ def _plain_ok(p, ins: list[str], q_out: str, quants: dict[str, Quant]) -> bool:
         return len(ins) == 2 and not p.params
     if p.op == "concat":
         return a.get("axis", 1) == 1
+    if p.op == "activation":  # a ReLU / Clip kept between DequantizeLinear and QuantizeLinear
+        act = tuple(a.get("act", ()))
+        return len(act) == 1 and act[0][0] in ("relu", "clip")
     if p.op in MOVES:
         return quants[ins[0]] == quants[q_out] and (p.op != "transpose" or len(a["perm"]) <= 4)
     return True

@@ -209,7 +209,7 @@ def step_args(ctx: Context, s: Step) -> Args:
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
         if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved
-            return Args("qcopy", "tf_quant_args", (x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0))),
+            return Args("qcopy", "tf_quant_args", (x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE),
                         f"int8 copy from buffer {s.inputs[0].buffer}: {where}")
         return Args("copy", "tf_copy_args", (x, y), f"copy from buffer {s.inputs[0].buffer}: {where}")
     g = ctx.graphs[s.model]
@@ -663,23 +663,31 @@ def _qcopy(b, layer, xs, y):
         if len(perm) > 4:
             raise KernelError(f"layer {layer.id} ({layer.name}): an int8 transpose of rank {len(perm)} (at most 4)")
         x = x.permuted(perm, y.dims)
-    return "qcopy", "tf_quant_args", [x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0))]
+    return "qcopy", "tf_quant_args", [x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE]
 
 
 def _quantize(b, layer, xs, y):
     q = (1.0, 0, layer.attrs["scale"], layer.attrs["zero_point"])
-    return "quantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q)]
+    return "quantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
 
 
 def _dequantize(b, layer, xs, y):
     q = (layer.attrs["scale"], layer.attrs["zero_point"], 1.0, 0)
-    return "dequantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q)]
+    return "dequantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
+
+
+def _qactivation(b, layer, xs, y):
+    """A ReLU or Clip between DequantizeLinear and QuantizeLinear: onnxruntime dequantizes, clamps
+    in float and quantizes; the quantization is monotone, so that is requantizing and clamping at
+    the bounds' quantized values."""
+    (_, _), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    return "qcopy", "tf_quant_args", [xs[0], y, _qparams(b, layer.inputs[0], layer.output), *_qclamp(layer, ys, yz)]
 
 
 BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
 # Ops with an int8 kernel: a layer the importer marked quantized (ops/quant.quantized) binds here.
 INT8_BINDERS = {
     "conv": _qconv, "gemm": _qgemm, "add": _qadd, "maxpool": _qpool, "avgpool": _qpool, "global_pool": _qglobal,
-    "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy,
+    "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
 }
 # --- end int8 ---------------------------------------------------------------------------------------

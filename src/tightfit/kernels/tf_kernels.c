@@ -1206,7 +1206,15 @@ static void qconcat(float *arena, const tf_qconcat_args *a) {
 static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
     const tf_view *x = &a->x, *y = &a->y;
     if (kind == TF_STEP_QCOPY) {
-        qmove(arena, x, y, NULL);
+        qmove(arena, x, y, same_q(&a->q) ? NULL : &a->q);
+        if (a->lo > -128 || a->hi < 127)
+            for (long n = 0; n < y->n; n++)
+            for (long c = 0; c < y->c; c++)
+            for (long h = 0; h < y->h; h++)
+            for (long w = 0; w < y->w; w++) {
+                int8_t *v = q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw);
+                *v = *v < a->lo ? (int8_t)a->lo : (*v > a->hi ? (int8_t)a->hi : *v);
+            }
         return;
     }
     for (long n = 0; n < y->n; n++)

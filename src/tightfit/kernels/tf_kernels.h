@@ -126,8 +126,9 @@ typedef struct { tf_view x, y; int kind; float m; tf_qparams q; } tf_qglobal_arg
 /* int8 concatenation along C; input i requantized by q[i] where its scale differs. */
 typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } tf_qconcat_args;
 /* QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in
- * logical order (a reshape, a transpose by strides). */
-typedef struct { tf_view x, y; tf_qparams q; } tf_quant_args;
+ * logical order (a reshape, a transpose by strides), requantized where q's scales differ and
+ * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). */
+typedef struct { tf_view x, y; tf_qparams q; int lo, hi; } tf_quant_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
 /* END GENERATED */

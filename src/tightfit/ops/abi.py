@@ -143,9 +143,10 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                         "int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max."),
     "tf_qconcat_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("q", "const tf_qparams *")],
                         "int8 concatenation along C; input i requantized by q[i] where its scale differs."),
-    "tf_quant_args": ([("x", VIEW), ("y", VIEW), ("q", "tf_qparams")],
+    "tf_quant_args": ([("x", VIEW), ("y", VIEW), ("q", "tf_qparams"), ("lo", N), ("hi", N)],
                       "QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in\n"
-                      " * logical order (a reshape, a transpose by strides)."),
+                      " * logical order (a reshape, a transpose by strides), requantized where q's scales differ and\n"
+                      " * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear)."),
     # --- end int8 ----------------------------------------------------------------------------------
     "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
 }
