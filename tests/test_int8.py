@@ -441,3 +441,15 @@ def test_bad_weight_quantization_is_one_line(tmp_path, problem, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert {"axis": "not the output channels' axis", "count": "5 per-channel scales", "int4": "int4"}[problem] in err[0], err
+
+
+@pytest.mark.skipif(any(__import__("shutil").which(t) is None for t in ("arm-none-eabi-gcc", "qemu-system-arm")),
+                    reason="no Cortex-M toolchain or qemu")
+def test_int8_plan_runs_on_an_emulated_cortex_m7(cnn_path, tmp_path, capsys):
+    """The int8 small CNN by parts, exported for a Cortex-M7 and run under qemu: the executor's
+    outputs exactly."""
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(cnn_path), "--method", "parts", "--rows", "2", "--out", str(plan_file)]) == 0
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "m7"), "--target", "cortex-m7", "--ram", "512KiB",
+                 "--flash", "2MiB", "--check"]) == 0
+    assert "outputs match (max abs diff 0," in capsys.readouterr().out
