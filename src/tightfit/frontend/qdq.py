@@ -95,6 +95,10 @@ def fold(protos: list, qconsts: dict[str, QConst], node_inputs: Callable[[str], 
         p.nodes = p.nodes + out[0].nodes
         gone.add(id(out[0]))
     kept = [p for p in protos if id(p) not in gone]
+    for p in kept:  # a uint8 tensor is held as int8 (its values less 128): the model's outputs are not
+        if p.op == "quantize" and p.attrs.get("stored") == "uint8" and p.output in keep:
+            raise ModelLoadError(f"output {p.output!r} is a uint8 tensor; tightfit runs models whose outputs are "
+                                 "float (end the model with a DequantizeLinear) or int8")
     return _fold_moves_into_gemm(_drop_unread(kept, keep)), quants
 
 

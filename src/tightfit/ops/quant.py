@@ -27,16 +27,18 @@ def quant_type_name(elem: int) -> str:
 
 
 def scale_and_zero(node: OnnxNode) -> tuple[np.ndarray, np.ndarray]:
-    """A QuantizeLinear / DequantizeLinear node's constant scale and zero point; a quantization the
-    int8 kernels do not run (uint8, int4, int16, float8, a data-dependent scale) is a ValueError
-    naming it."""
+    """A QuantizeLinear / DequantizeLinear node's constant scale and zero point, as int8. A uint8
+    tensor (QuantType.QUInt8; ONNX's type where the zero point is absent) is the same reals stored
+    less 128: its zero point less 128, exactly (onnxruntime's own x86 kernels make that very
+    shift). A quantization the int8 kernels do not run (int4, int16, float8, a data-dependent
+    scale) is a ValueError naming it."""
     scale, zero = node.const_input(1), node.const_input(2)
     expect(scale is not None, "its scale is not a constant (a dynamic quantization)")
-    zero = np.zeros((), np.int8) if zero is None else zero
-    if zero.dtype != np.int8:
-        name = {np.dtype(np.uint8): "uint8 (QuantType.QUInt8: quantize with activation_type=QuantType.QInt8, the default)"}.get(
-            zero.dtype, str(zero.dtype))
-        raise ValueError(f"{name} quantization is not run by the int8 kernels")
+    zero = np.zeros((), np.uint8) if zero is None else zero
+    if zero.dtype == np.uint8:
+        zero = (zero.astype(np.int16) - 128).astype(np.int8)
+    elif zero.dtype != np.int8:
+        raise ValueError(f"{zero.dtype} quantization is not run by the int8 kernels (int8 and uint8 are)")
     expect(scale.dtype == np.float32, f"a {scale.dtype} scale (only float32 scales)")
     expect(scale.size == 1 and zero.size == 1, "per-channel quantization of activations (one scale per tensor)")
     expect(bool(np.isfinite(scale).all() and (scale > 0).all()), f"scale {scale.reshape(-1)[:4]} is not positive")
@@ -52,10 +54,16 @@ class Quantize(Op):
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         scale, zero = scale_and_zero(node)
-        return OnnxSpec({"scale": float(scale), "zero_point": int(zero)}, [node.inputs[0]])
+        return OnnxSpec({"scale": float(scale), "zero_point": int(zero), "stored": _stored(node)}, [node.inputs[0]])
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
+
+
+def _stored(node: OnnxNode) -> str:
+    """How the file stores the int8 tensor: "uint8" (held here as int8, less 128) or "int8"."""
+    zero = node.const_input(2)
+    return "uint8" if zero is None or zero.dtype == np.uint8 else "int8"
 
 
 @register
@@ -67,7 +75,7 @@ class Dequantize(Op):
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         scale, zero = scale_and_zero(node)
-        return OnnxSpec({"scale": float(scale), "zero_point": int(zero)}, [node.inputs[0]])
+        return OnnxSpec({"scale": float(scale), "zero_point": int(zero), "stored": _stored(node)}, [node.inputs[0]])
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
