@@ -41,6 +41,13 @@ from tightfit.ops.base import InputWindow, OnnxNode, Region
 from tightfit.plan.schema import Access, Buffer
 from tightfit.kernels import library
 
+# --- int8 (issue 40): quantize and dequantize run between fp32 and int8 tensors, which this
+# table's float cases do not hold; their cases are tests/test_int8.py's (int8 one-layer models
+# against onnxruntime, regions by parts and tiling).
+INT8_OPS = ("quantize", "dequantize")
+FLOAT_OPS = [n for n in op_names() if n not in INT8_OPS]
+# --- end int8 ----------------------------------------------------------------------------------
+
 SETTINGS = dict(
     derandomize=True, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
@@ -971,7 +978,7 @@ def _compute_inplace(case: Case, region: Region, whole: np.ndarray, over: int = 
 # --- the tests ---------------------------------------------------------------------------------
 
 def test_every_op_has_a_case_and_a_kernel():
-    missing = sorted(set(op_names()) - set(CASES))
+    missing = sorted(set(FLOAT_OPS) - set(CASES))
     assert not missing, f"ops without a property-test case: {missing}"
     assert not set(CASES) - set(op_names()), "cases for ops that are not registered"
     no_kernel = sorted(set(op_names()) - set(BINDERS))
@@ -982,7 +989,7 @@ def test_every_op_has_a_case_and_a_kernel():
     assert kinds == ACTIVATION_KINDS, f"activations without a case in ACTIVATIONS: {kinds - ACTIVATION_KINDS}"
 
 
-@pytest.mark.parametrize("op_name", op_names())
+@pytest.mark.parametrize("op_name", FLOAT_OPS)
 @settings(max_examples=REFERENCE_EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_whole_matches_onnxruntime(op_name, data):
@@ -994,7 +1001,7 @@ def test_whole_matches_onnxruntime(op_name, data):
     _close(whole, ref, ref, f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}")
 
 
-@pytest.mark.parametrize("op_name", op_names())
+@pytest.mark.parametrize("op_name", FLOAT_OPS)
 @settings(max_examples=REGION_EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_region_equals_slice_of_whole(op_name, data):
@@ -1019,7 +1026,7 @@ def _region_property(op_name, data) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op_name", op_names())
+@pytest.mark.parametrize("op_name", FLOAT_OPS)
 @settings(max_examples=LONG_EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_kernels_at_length(op_name, data):
@@ -1031,7 +1038,7 @@ def test_kernels_at_length(op_name, data):
     _region_property(op_name, data)
 
 
-@pytest.mark.parametrize("op_name", op_names())
+@pytest.mark.parametrize("op_name", FLOAT_OPS)
 @settings(max_examples=15, **SETTINGS)
 @given(data=st.data())
 def test_costs_are_non_negative(op_name, data):

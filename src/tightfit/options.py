@@ -29,7 +29,7 @@ class InspectOptions:
     model: str
     input_shape: tuple[int, ...] | None = None
     dtype: str = "fp32"
-    workspace: str = "torch"
+    workspace: str = "none"
     batch: int = 1
 
 

@@ -28,7 +28,7 @@ from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOpti
 from tightfit.plan.check import check_plan
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
-from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, layout_map,
+from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, layout_map,
                              mcu_export_lines, plan_report, plan_run_text, plan_text, run_report, run_text, vbs_text)
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.enforce import MARGIN, require_available
@@ -73,7 +73,8 @@ def inspect(o: InspectOptions) -> Result:
     if o.batch < 1:
         raise OptionError("--batch must be at least 1")
     mem = account(graph, o.dtype, o.workspace, o.batch)
-    return Result(inspect_json(mem), inspect_table(mem))
+    int8 = int8_lines(graph)
+    return Result({**inspect_json(mem), **({"int8": int8} if int8 else {})}, "\n".join([inspect_table(mem)] + int8))
 
 
 def parse_phases(text: str) -> dict | str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from tightfit.graph.ir import Graph
 from tightfit.kernels.step_args import Context
-from tightfit.runtime.executor import ArenaExecutor, view_array
+from tightfit.runtime.executor import ArenaExecutor, typed, view_array
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 
@@ -35,5 +35,6 @@ def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, n
             result[t] = outs[t].copy()
         elif t in written:
             shape = (x.shape[0],) + tuple(graph.shape(t)[1:])
-            result[t] = view_array(ex.arena, ctx.view(0, written[t]), shape).copy()
+            arena = typed(ex.arena, plan.buffers[written[t].buffer].itemsize)
+            result[t] = view_array(arena, ctx.view(0, written[t]), shape).copy()
     return result

@@ -61,6 +61,20 @@ def inspect_table(mem: ModelMemory) -> str:
     return "\n".join(lines)
 
 
+def int8_lines(graph) -> list[str]:
+    """What an int8 model runs in int8 and what in fp32 (between a dequantize and a quantize
+    layer, having no int8 kernel); nothing for a float model."""
+    if all(t.dtype == "fp32" for t in graph.tensors.values()):
+        return []
+    int8 = [l for l in graph.layers if l.attrs.get("quant") == "int8"]
+    moves = [l for l in graph.layers if l.op in ("quantize", "dequantize")]
+    floats = [l for l in graph.layers if l not in int8 and l not in moves]
+    lines = [f"int8 model: {len(int8)} int8 layers, {len(moves)} quantize/dequantize layers, "
+             f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"]
+    lines += [f"  fp32 (no int8 kernel; runs between a dequantize and a quantize): {l.id} {l.op} {l.name!r}" for l in floats]
+    return lines
+
+
 def run_report(graph, result) -> dict[str, Any]:
     outs = {}
     for name, t in result.outputs.items():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import WORKSPACE_MODELS, get_op
+from tightfit.ops.registry import step_workspace
 from tightfit.ops.base import Region
 
 
@@ -53,7 +54,7 @@ def layer_workspace(graph: Graph, layer_id: int, dtype: str = "fp32", workspace:
     layer = graph.layers[layer_id]
     in_shapes = [_batched(graph.shape(t), batch) for t in layer.inputs]
     out_shape = _batched(graph.shape(layer.output), batch)
-    return get_op(layer.op).workspace_bytes(layer, Region.whole(out_shape), in_shapes, out_shape, itemsize(dtype), workspace)
+    return step_workspace(layer, Region.whole(out_shape), in_shapes, out_shape, itemsize(dtype), workspace)
 
 
 def _batched(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:

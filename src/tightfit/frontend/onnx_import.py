@@ -21,13 +21,13 @@ from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, UnsupportedOpsError
 from tightfit.frontend.validate import check_layer, check_layer_shape, check_wiring, validate
-from tightfit.graph.ir import Graph, Layer, Tensor
+from tightfit.graph.ir import Graph, Layer, Quant, Tensor
 from tightfit.ops import get_op, onnx_op_for, onnx_types
 from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
 from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
-from tightfit.frontend import channels_last, folding
+from tightfit.frontend import channels_last, folding, qdq
 
 # Node types the importer handles itself rather than mapping to an op. Cast (to a float type)
 # and Expand (to the shape the data has) of activations are no-ops; any node computed from
@@ -153,6 +153,7 @@ class _Builder:
         self.protos: list[_Proto] = []
         self.original: list[str] = []
         self.nodes: list[onnx.NodeProto] = list(g.node)
+        self.qconsts: dict[str, qdq.QConst] = {}  # DequantizeLinear outputs of constants (int8 weights, int32 biases)
 
     # --- inputs -------------------------------------------------------------------------
     def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
@@ -254,7 +255,13 @@ class _Builder:
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
                 self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
             elif all(not i or i in self.consts for i in inputs):
-                self._fold(node, inputs)
+                if node.op_type == "DequantizeLinear":  # folded here: onnx's evaluator lacks opset 13's
+                    found = qdq.QConst.of(node.name or node.output[0], [self.consts[i] if i else None for i in inputs],
+                                          _attrs(node))
+                    self.qconsts[node.output[0]] = found
+                    self.consts[node.output[0]] = found.real()
+                else:
+                    self._fold(node, inputs)
             elif node.op_type in ("Identity", "Dropout"):
                 self.alias[node.output[0]] = inputs[0]
             elif node.op_type in ("Cast", "Expand"):
@@ -414,19 +421,37 @@ class _Builder:
             if t not in self.shapes:
                 raise ModelLoadError(f"model output {t!r} is computed from constants alone; nothing to run")
         protos = fuse(self.protos, set(outputs), self.shapes, fuse_batchnorm, self._recognise)
+        quants: dict[str, Quant] = {}
+        if any(p.op in ("quantize", "dequantize") for p in protos):
+            protos, quants = qdq.fold(protos, self.qconsts, self._node_inputs, set(outputs), self._node_attrs)
         layers, params = [], {}
         for i, p in enumerate(protos):
             layers.append(_freeze(p, i, params))
         _dedupe_names(layers)
         used = {self.input} | {t for l in layers for t in l.inputs} | {l.output for l in layers}
-        tensors = {t: Tensor(t, self.shapes[t]) for t in used}
+        tensors = {t: Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
+                   for t in used}
         graph = Graph(
             name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
             outputs=tuple(outputs), params=params,
-            original_tensors=tuple(Tensor(t, self.shapes[t]) for t in self.original),
+            original_tensors=tuple(Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
+                                   for t in self.original),
             original_param_count=self.original_params, input_forms=self.input_forms,
         )
         return validate(graph)
+
+    def _node_by_label(self) -> dict[str, onnx.NodeProto]:
+        if not hasattr(self, "_labels"):
+            self._labels = {node.name or node.output[0]: node for node in self.nodes}
+        return self._labels
+
+    def _node_inputs(self, label: str) -> list[str]:
+        node = self._node_by_label().get(label)
+        return [] if node is None else list(node.input)
+
+    def _node_attrs(self, label: str) -> dict[str, Any]:
+        node = self._node_by_label().get(label)
+        return {} if node is None else {**_attrs(node), "__type": node.op_type}
 
     def _recognise(self, group: list[_Proto], x: str) -> tuple | None:
         """The activation a group of elementwise layers computes from x (frontend.functions), run
@@ -470,7 +495,8 @@ def _freeze(p: _Proto, idx: int, params: dict[str, np.ndarray]) -> Layer:
     names = []
     for j, arr in enumerate(p.params):
         key = f"{idx}.{j}"
-        params[key] = np.ascontiguousarray(arr, dtype=np.float32)
+        # Integer arrays are an int8 layer's weight and bias (frontend/qdq.py): kept as they are.
+        params[key] = np.ascontiguousarray(arr, dtype=None if np.asarray(arr).dtype.kind == "i" else np.float32)
         names.append(key)
     return Layer(id=idx, name=p.name, op=p.op, inputs=tuple(p.inputs), output=p.output,
                  attrs=dict(p.attrs), params=tuple(names), nodes=tuple(p.nodes))

@@ -1,3 +1,3 @@
-from tightfit.graph.ir import DTYPE_BYTES, Graph, Layer, Tensor, itemsize
+from tightfit.graph.ir import DTYPE_BYTES, Graph, Layer, Quant, Tensor, itemsize
 
-__all__ = ["DTYPE_BYTES", "Graph", "Layer", "Tensor", "itemsize"]
+__all__ = ["DTYPE_BYTES", "Graph", "Layer", "Quant", "Tensor", "itemsize"]

@@ -15,5 +15,7 @@ def fingerprint(graph: Graph) -> str:
         h.update(repr((layer.id, layer.op, layer.inputs, layer.output, sorted(attrs.items()),
                        [graph.params[p].shape for p in layer.params])).encode())
     for name in sorted(graph.tensors):
-        h.update(repr((name, graph.tensors[name].shape)).encode())
+        t = graph.tensors[name]
+        # A float tensor hashes as before (plans made before quantized tensors existed still load).
+        h.update(repr((name, t.shape) if t.dtype == "fp32" else (name, t.shape, t.dtype, t.quant)).encode())
     return h.hexdigest()[:16]

@@ -25,17 +25,46 @@ def itemsize(dtype: str) -> int:
 
 
 @dataclass(frozen=True)
+class Quant:
+    """How a quantized tensor's integers map to reals: real = (q - zero_point) * scale. One scale
+    and zero point per tensor (activations), or one per index of `axis` (a weight's output
+    channels, per-channel quantization)."""
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", tuple(float(s) for s in self.scale))
+        object.__setattr__(self, "zero_point", tuple(int(z) for z in self.zero_point))
+
+    @property
+    def per_tensor(self) -> bool:
+        return len(self.scale) == 1
+
+
+@dataclass(frozen=True)
 class Tensor:
+    """An activation tensor. `dtype` "fp32" follows the plan's accounting dtype (a float model
+    may be accounted in any); a quantized tensor ("int8", with its `quant`) always counts its own
+    bytes per element."""
+
     name: str
     shape: tuple[int, ...]
+    dtype: str = "fp32"
+    quant: Quant | None = None
 
     @property
     def per_sample(self) -> int:
         return prod(self.shape[1:])
 
+    def item_bytes(self, dtype: str = "fp32") -> int:
+        """Bytes per element in a plan of float dtype `dtype`."""
+        return itemsize(dtype if self.dtype == "fp32" else self.dtype)
+
     def nbytes(self, dtype: str = "fp32", batch: int | None = None) -> int:
         n = self.shape[0] if batch is None else batch
-        return n * self.per_sample * itemsize(dtype)
+        return n * self.per_sample * self.item_bytes(dtype)
 
 
 def spatial(shape: tuple[int, ...]) -> tuple[int, int]:

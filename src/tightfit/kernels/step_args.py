@@ -16,6 +16,7 @@ from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import abi, get_op
 from tightfit.ops.base import Region
 from tightfit.ops.conv import clamp_bounds
+from tightfit.ops.quant import INT8_RANGE, quantized
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 
 
@@ -108,6 +109,7 @@ class Pool:
 
     def __init__(self, dtype: type) -> None:
         self.dtype, self.parts, self.size, self.at = dtype, [], 0, {}
+        self.words = False  # holds add_words' data: its words are bits, not all finite floats
 
     def add(self, key: object, make) -> int:
         if key not in self.at:
@@ -120,6 +122,16 @@ class Pool:
             self.parts.append(arr)
             self.size += arr.size
         return self.at[key]
+
+    def add_words(self, key: object, make) -> int:
+        """An array of any type (int8 weights, int32 biases) stored bit for bit in the pool's
+        4-byte words, zero-padded to whole words; its offset in words."""
+        def words() -> np.ndarray:
+            raw = np.ascontiguousarray(make()).reshape(-1).view(np.uint8)
+            return np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)]).view(self.dtype)
+
+        self.words = True
+        return self.add(key, words)
 
     def array(self) -> np.ndarray:
         """The pool as one array, 64-byte aligned in memory."""
@@ -164,9 +176,9 @@ def buffer_strides(b: Buffer) -> tuple[int, int, int, int]:
 
 def access_view(b: Buffer, a: Access, copy: int, shape: Sequence[int]) -> View:
     """Access `a` of buffer `b` (frame copy `copy`) as a view; `shape` is the tensor's logical shape."""
-    if b.itemsize != 4:
-        raise KernelError(f"buffer {b.id} holds {b.itemsize}-byte items; the kernels run fp32 plans")
-    base = b.offsets[copy % b.copies] // 4
+    if b.itemsize not in (1, 4):
+        raise KernelError(f"buffer {b.id} holds {b.itemsize}-byte items; the kernels run fp32 and int8 tensors")
+    base = b.offsets[copy % b.copies] // b.itemsize  # an int8 view counts bytes, an fp32 one floats
     strides = buffer_strides(b)
     r = a.region
     if len(b.shape) == 4:
@@ -196,6 +208,9 @@ def step_args(ctx: Context, s: Step) -> Args:
         return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0), f"input: {where}")
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
+        if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved
+            return Args("qcopy", "tf_quant_args", (x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE),
+                        f"int8 copy from buffer {s.inputs[0].buffer}: {where}")
         return Args("copy", "tf_copy_args", (x, y), f"copy from buffer {s.inputs[0].buffer}: {where}")
     g = ctx.graphs[s.model]
     layer = g.layers[s.layer]
@@ -206,9 +221,10 @@ def step_args(ctx: Context, s: Step) -> Args:
 
 def layer_args(b: Bind, layer: Layer, xs: Sequence[View], y: View, comment: str = "") -> Args:
     """The kernel call computing region `b.region` of `layer` into view `y` from input views `xs`."""
-    if layer.op not in BINDERS:
-        raise KernelError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no C kernel")
-    kind, ctype, fields = BINDERS[layer.op](b, layer, list(xs), y)
+    table = INT8_BINDERS if quantized(layer) else BINDERS
+    if layer.op not in table:
+        raise KernelError(f"layer {layer.id} ({layer.name}): op {layer.op!r} has no {'int8 ' if table is INT8_BINDERS else ''}C kernel")
+    kind, ctype, fields = table[layer.op](b, layer, list(xs), y)
     return Args(kind, ctype, tuple(fields), comment)
 
 
@@ -524,3 +540,154 @@ BINDERS = {
     "channel_reduce": _channel_reduce, "slice": _slice, "depth_to_space": _depth_space,
     "space_to_depth": _depth_space, "conv_transpose": _conv_transpose,
 }
+
+
+# --- int8 (quantized layers, issue 40) -------------------------------------------------------------
+# Multipliers are computed in float32 in onnxruntime's order (x_scale * w_scale / y_scale), so the
+# kernels' requantization rounds the very float that onnxruntime's QLinearConv / QGemm rounds.
+
+def _tq(b: Bind, tensor: str) -> tuple[float, int]:
+    """An int8 tensor's (scale, zero point)."""
+    q = b.g.tensors[tensor].quant
+    if q is None or not q.per_tensor:
+        raise KernelError(f"tensor {tensor!r} has no per-tensor quantization (an int8 kernel reads it)")
+    return q.scale[0], q.zero_point[0]
+
+
+def _qparams(b: Bind, x: str, y: str) -> Struct:
+    (xs, xz), (ys, yz) = _tq(b, x), _tq(b, y)
+    return Struct("tf_qparams", (xs, xz, ys, yz))
+
+
+def _qclamp(layer: Layer, ys: float, yz: int) -> tuple[int, int]:
+    """A fused ReLU / Clip as bounds on the int8 output: the quantization is monotone, so
+    clamping the quantized value at Q(lo), Q(hi) is quantizing the clamped real."""
+    lo, hi = INT8_RANGE
+    bounds = clamp_bounds(tuple(layer.attrs.get("act", ())))
+    if bounds is None:
+        if layer.attrs.get("act"):
+            raise KernelError(f"layer {layer.id} ({layer.name}): activations {layer.attrs['act']} have no int8 kernel")
+        return lo, hi
+    f32 = np.float32
+
+    def q(v: float) -> int:
+        return int(np.clip(np.rint(f32(v) / f32(ys)) + yz, lo, hi)) if math.isfinite(v) else (lo if v < 0 else hi)
+
+    return max(lo, q(bounds[0])), min(hi, q(bounds[1]))
+
+
+def _multipliers(b: Bind, layer: Layer, outs: int) -> int:
+    (xs, _), (ys, _) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    ws = np.broadcast_to(np.asarray(layer.attrs["w_scale"], np.float32), (outs,))
+    return b.weights.add((b.model, layer.id, "m"), lambda: (np.float32(xs) * ws) / np.float32(ys))
+
+
+def _qbias(b: Bind, layer: Layer) -> int:
+    if len(layer.params) < 2:
+        return -1
+    return b.weights.add_words((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]].astype(np.int32))
+
+
+def _qconv(b, layer, xs, y):
+    a = layer.attrs
+    win = _win(b, layer)[0]
+    w = b.g.params[layer.params[0]]
+    cout, cin_g, kh, kw = w.shape
+    _expect(cin_g * a["groups"] == b.g.shape(layer.inputs[0])[1] and cout == b.g.shape(layer.output)[1], layer,
+            f"weight {w.shape} for {b.g.shape(layer.inputs[0])[1]} -> {b.g.shape(layer.output)[1]} channels")
+    w_off = b.weights.add_words((b.model, layer.id, "w"), lambda: w.astype(np.int8).transpose(0, 2, 3, 1))
+    (_, xz), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    lo, hi = _qclamp(layer, ys, yz)
+    return ("qconv", "tf_qconv_args", [xs[0], y, w_off, _qbias(b, layer), _multipliers(b, layer, cout), a["groups"], kh, kw,
+                                       *a["stride"], *a["dilation"], win.pad[0], win.pad[2], xz, yz, lo, hi])
+
+
+def _qgemm(b, layer, xs, y):
+    w = b.g.params[layer.params[0]]
+    features = int(np.prod(b.g.shape(layer.inputs[0])[1:]))
+    _expect(w.shape == (b.g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
+    w_off = b.weights.add_words((b.model, layer.id, "w"), lambda: w.astype(np.int8))
+    (_, xz), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    lo, hi = _qclamp(layer, ys, yz)
+    return ("qgemm", "tf_qgemm_args", [xs[0], y, w_off, _qbias(b, layer), _multipliers(b, layer, w.shape[0]), features,
+                                       xz, yz, lo, hi])
+
+
+def _qadd(b, layer, xs, y):
+    (sa, za), (sb, zb), (sy, zy) = (_tq(b, t) for t in (*layer.inputs, layer.output))
+    lo, hi = _qclamp(layer, sy, zy)
+    return "qadd", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi]
+
+
+NCHWC_BLOCK = 16
+
+
+def _qpool(b, layer, xs, y):
+    """onnxruntime fuses an average pool into QLinearAveragePool where its QDQ selector takes it
+    (the importer's `ort_fused`): its arithmetic differs from the float AveragePool's, and both
+    are followed; a fused pool over the whole input without padding is its global average."""
+    a = layer.attrs
+    fused = bool(a.get("ort_fused"))
+    h, w = b.g.shape(layer.inputs[0])[2:]
+    if fused and layer.op == "avgpool" and tuple(a["kernel"]) == (h, w) and not any(a["pads"]):
+        return _qglobal(b, layer, xs, y)
+    # onnxruntime's float AveragePool (ORT_ENABLE_ALL, AVX-512 x86; found by experiment) sums a window
+    # row by row over the whole input (its global path) or where its NCHWc transformer takes the pool
+    # (channels a multiple of the block, 16 on AVX-512), else column by column (its NCHW kernel; a
+    # window two columns wide was seen summed either way).
+    whole = layer.op == "avgpool" and (tuple(a["kernel"]) == (h, w) and not any(a["pads"])
+                                       or b.g.shape(layer.inputs[0])[1] % NCHWC_BLOCK == 0)
+    fields = _pool(b, layer, xs, y)[2]
+    fields[-1] = Acts(())
+    return ("qpool", "tf_qpool_args", [Struct("tf_pool_args", tuple(fields)), _qparams(b, layer.inputs[0], layer.output),
+                                       1 if fused else 2 if whole else 0])
+
+
+def _qglobal(b, layer, xs, y):
+    (xs_, _), (ys, _) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    h, w = b.g.shape(layer.inputs[0])[2:]
+    m = float(np.float32(xs_) / (np.float32(ys) * np.float32(h * w)))  # MLAS: ScaleInput / (ScaleOutput * ImageSize)
+    kind = Code("GLOBAL", "max" if layer.attrs.get("kind") == "max" else "mean")
+    return "qglobal", "tf_qglobal_args", [xs[0], y, kind, m, _qparams(b, layer.inputs[0], layer.output)]
+
+
+def _qconcat(b, layer, xs, y):
+    qs = tuple(_qparams(b, t, layer.output) for t in layer.inputs)
+    return "qconcat", "tf_qconcat_args", [y, len(xs), Array("tf_view", tuple(xs)), Array("tf_qparams", qs)]
+
+
+def _qcopy(b, layer, xs, y):
+    x = xs[0]
+    if layer.op == "transpose":
+        perm = tuple(layer.attrs["perm"])
+        if len(perm) > 4:
+            raise KernelError(f"layer {layer.id} ({layer.name}): an int8 transpose of rank {len(perm)} (at most 4)")
+        x = x.permuted(perm, y.dims)
+    return "qcopy", "tf_quant_args", [x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE]
+
+
+def _quantize(b, layer, xs, y):
+    q = (1.0, 0, layer.attrs["scale"], layer.attrs["zero_point"])
+    return "quantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
+
+
+def _dequantize(b, layer, xs, y):
+    q = (layer.attrs["scale"], layer.attrs["zero_point"], 1.0, 0)
+    return "dequantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
+
+
+def _qactivation(b, layer, xs, y):
+    """A ReLU or Clip between DequantizeLinear and QuantizeLinear: onnxruntime dequantizes, clamps
+    in float and quantizes; the quantization is monotone, so that is requantizing and clamping at
+    the bounds' quantized values."""
+    (_, _), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    return "qcopy", "tf_quant_args", [xs[0], y, _qparams(b, layer.inputs[0], layer.output), *_qclamp(layer, ys, yz)]
+
+
+BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
+# Ops with an int8 kernel: a layer the importer marked quantized (ops/quant.quantized) binds here.
+INT8_BINDERS = {
+    "conv": _qconv, "gemm": _qgemm, "add": _qadd, "maxpool": _qpool, "avgpool": _qpool, "global_pool": _qglobal,
+    "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
+}
+# --- end int8 ---------------------------------------------------------------------------------------

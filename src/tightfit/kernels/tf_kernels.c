@@ -1021,6 +1021,289 @@ static void interp(float *arena, const float *wts, const int32_t *idx, const tf_
     }
 }
 
+/* --- int8 (quantized layers, issue 40) ------------------------------------------------------------
+ * Views of int8 tensors count bytes from the arena's start. Requantization is onnxruntime's CPU
+ * (MLAS) one: an int32 accumulator times a float multiplier, clamped to the output range less its
+ * zero point, rounded half to even (nearbyintf in the default rounding mode), plus the zero point.
+ * Where onnxruntime runs a layer as DequantizeLinear -> float op -> QuantizeLinear (an Add, an
+ * AveragePool), the kernel does the same float arithmetic in the same order: each product is
+ * stored through a volatile so that no build (-ffp-contract=fast) fuses it into a multiply-add. */
+
+static int8_t *q8(float *arena, long off) { return (int8_t *)arena + off; }
+
+static int32_t word_i32(const float *wts, long i) { /* an int32 stored in the weights' 4-byte words */
+    int32_t v;
+    memcpy(&v, wts + i, sizeof v);
+    return v;
+}
+
+/* round_even(v) + z, saturated to [lo, hi] (MLAS: clamped before rounding, to the range less z). */
+static int8_t requant(float v, int z, int lo, int hi) {
+    const float a = (float)(lo - z), b = (float)(hi - z);
+    v = v < a ? a : (v > b ? b : v);
+    return (int8_t)((int)nearbyintf(v) + z);
+}
+
+/* QuantizeLinear: x / s rounded half to even, plus z, saturated. */
+static int8_t quantize1(float x, float s, int z) {
+    const float v = nearbyintf(x / s) + (float)z;
+    return (int8_t)(v < -128.0f ? -128 : (v > 127.0f ? 127 : (int)v));
+}
+
+static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
+
+static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long cig = x->c / a->groups, cog = y->c / a->groups, taps = a->kh * a->kw * cig;
+    const int8_t *w = (const int8_t *)(wts + a->w);
+    const float *m = wts + a->m;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+        int8_t *out = q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw);
+        for (long co = 0; co < y->c; co++) {
+            const long g = co / cog;
+            const int8_t *wc = w + co * taps;
+            int32_t acc = a->b >= 0 ? word_i32(wts, a->b + co) : 0;
+            /* Taps in the padding read the zero point: (x - xz) = 0 there, so they are skipped. */
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+            for (long kx = t.kx0; kx < t.kx1; kx++) {
+                const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
+                                      + g * cig * x->sc);
+                const int8_t *wr = wc + (ky * a->kw + kx) * cig;
+                if (x->sc == 1) { /* channels-last: a contiguous run the compiler vectorizes */
+                    int32_t sum = 0, wsum = 0;
+                    for (long ci = 0; ci < cig; ci++) {
+                        sum += (int32_t)in[ci] * (int32_t)wr[ci];
+                        wsum += wr[ci];
+                    }
+                    acc += sum - a->xz * wsum; /* sum (x - xz) w, exactly, in int32 */
+                } else {
+                    for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
+                }
+            }
+            out[co * y->sc] = requant((float)acc * m[co], a->yz, a->lo, a->hi);
+        }
+    }
+}
+
+static void qgemm(float *arena, const float *wts, const tf_qgemm_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long outs = y->c * y->h * y->w;
+    const int8_t *w = (const int8_t *)(wts + a->w);
+    for (long n = 0; n < x->n; n++)
+    for (long o = 0; o < outs; o++) {
+        const int8_t *wo = w + o * a->in_features;
+        int32_t acc = a->b >= 0 ? word_i32(wts, a->b + o) : 0;
+        long i = 0; /* the input's elements in logical (C, H, W) order: a flatten folded in */
+        for (long c = 0; c < x->c; c++)
+        for (long h = 0; h < x->h; h++)
+        for (long k = 0; k < x->w; k++, i++)
+            acc += ((int32_t)*q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + k * x->sw) - a->xz) * (int32_t)wo[i];
+        const long oc = o / (y->h * y->w), oh = o / y->w % y->h, ow = o % y->w;
+        *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) = requant((float)acc * wts[a->m + o], a->yz, a->lo, a->hi);
+    }
+}
+
+/* Element (n, c, h, w) of an operand view, a dimension of size 1 broadcast. */
+static int qat(float *arena, const tf_view *v, long n, long c, long h, long w) {
+    return *q8(arena, v->off + (v->n > 1 ? n * v->sn : 0) + (v->c > 1 ? c * v->sc : 0) + (v->h > 1 ? h * v->sh : 0)
+               + (v->w > 1 ? w * v->sw : 0));
+}
+
+static void qadd(float *arena, const tf_qadd_args *a) {
+    const tf_view *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        volatile float va = dequantize1(qat(arena, &a->a, n, c, h, w), a->sa, a->za);
+        volatile float vb = dequantize1(qat(arena, &a->b, n, c, h, w), a->sb, a->zb);
+        int8_t v = quantize1(va + vb, a->sy, a->zy);
+        v = v < a->lo ? (int8_t)a->lo : (v > a->hi ? (int8_t)a->hi : v);
+        *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) = v;
+    }
+}
+
+static int same_q(const tf_qparams *q) { return q->xs == q->ys && q->xz == q->yz; }
+
+static void qpool(float *arena, const tf_qpool_args *qa) {
+    const tf_pool_args *a = &qa->p;
+    const tf_qparams *q = &qa->q;
+    const tf_view *x = &a->x, *y = &a->y;
+    const int avg = a->kind == TF_POOL_AVG, same = same_q(q);
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+        const float div = avg ? pool_divisor(a, oy, ox) : 1.0f;
+        for (long c = 0; c < y->c; c++) {
+            int best = -128;
+            float sum = 0.0f;
+            /* onnxruntime's float AveragePool (MLAS) sums each kernel column top to bottom, then the
+             * columns left to right: that order, found by experiment, gives its floats exactly. */
+            if (avg && qa->mode == 2) /* row by row (onnxruntime's global and NCHWc float paths) */
+                for (long ky = t.ky0; ky < t.ky1; ky++)
+                for (long kx = t.kx0; kx < t.kx1; kx++) {
+                    volatile float d = dequantize1(*q8(arena, x->off + n * x->sn + c * x->sc + (t.iy + ky * a->dh) * x->sh
+                                                          + (t.ix + kx * a->dw) * x->sw), q->xs, q->xz);
+                    sum += d;
+                }
+            else for (long kx = t.kx0; kx < t.kx1; kx++) {
+                float col = 0.0f;
+                for (long ky = t.ky0; ky < t.ky1; ky++) {
+                    const int v = *q8(arena, x->off + n * x->sn + c * x->sc + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw);
+                    if (avg) {
+                        volatile float d = dequantize1(v, q->xs, q->xz);
+                        col += d;
+                    } else if (v > best) best = v;
+                }
+                sum += col;
+            }
+            int8_t r;
+            if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
+                float s = 0.0f;
+                for (long ky = t.ky0; ky < t.ky1; ky++)
+                for (long kx = t.kx0; kx < t.kx1; kx++) {
+                    volatile float d = q->xs * (float)(*q8(arena, x->off + n * x->sn + c * x->sc + (t.iy + ky * a->dh) * x->sh
+                                                           + (t.ix + kx * a->dw) * x->sw) - q->xz);
+                    s += d;
+                }
+                if (div > 0.0f) s /= div;
+                /* onnxruntime on x86 runs it on uint8 (its QDQ int8 -> uint8 conversion): the zero point
+                 * plus 128 is added before rounding, which rounds some sums differently (found by
+                 * experiment: exact with it, a few elements in a thousand off without). */
+                const float v = nearbyintf(s / q->ys + (float)(q->yz + 128));
+                r = (int8_t)((v < 0.0f ? 0 : (v > 255.0f ? 255 : (int)v)) - 128);
+            } else if (avg) r = quantize1(div > 0.0f ? sum / div : sum, q->ys, q->yz);
+            else r = same ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
+            *q8(arena, y->off + n * y->sn + c * y->sc + oy * y->sh + ox * y->sw) = r;
+        }
+    }
+}
+
+static void qglobal(float *arena, const tf_qglobal_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const tf_qparams *q = &a->q;
+    for (long n = 0; n < x->n; n++)
+    for (long c = 0; c < x->c; c++) {
+        int32_t acc = 0;
+        int best = -128;
+        for (long h = 0; h < x->h; h++)
+        for (long w = 0; w < x->w; w++) {
+            const int v = *q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw);
+            acc += v;
+            best = v > best ? v : best;
+        }
+        int8_t r;
+        if (a->kind == TF_GLOBAL_MAX) r = same_q(q) ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
+        else r = requant((float)(acc - (int32_t)(x->h * x->w) * q->xz) * a->m, q->yz, -128, 127);
+        *q8(arena, y->off + n * y->sn + c * y->sc) = r;
+    }
+}
+
+/* y = x for same-shaped int8 views in the order of y's addresses (copy_same's walk on bytes): a
+ * window shifted within its buffer (a copy step of a parts plan) reads every byte before it is
+ * overwritten. */
+static void qcopy_same(float *arena, const tf_view *x, const tf_view *y) {
+    const long dims[4] = {y->n, y->c, y->h, y->w};
+    const long xs[4] = {x->sn, x->sc, x->sh, x->sw}, ys[4] = {y->sn, y->sc, y->sh, y->sw};
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 4; i++)
+        for (int j = i + 1; j < 4; j++)
+            if (ys[order[j]] > ys[order[i]]) { const int t = order[i]; order[i] = order[j]; order[j] = t; }
+    const int down = y->off > x->off;
+    const long d0 = dims[order[0]], d1 = dims[order[1]], d2 = dims[order[2]], d3 = dims[order[3]];
+    const int run = xs[order[3]] == 1 && ys[order[3]] == 1;
+    for (long i0 = 0; i0 < d0; i0++)
+    for (long i1 = 0; i1 < d1; i1++)
+    for (long i2 = 0; i2 < d2; i2++) {
+        const long j0 = down ? d0 - 1 - i0 : i0, j1 = down ? d1 - 1 - i1 : i1, j2 = down ? d2 - 1 - i2 : i2;
+        const int8_t *src = q8(arena, x->off + j0 * xs[order[0]] + j1 * xs[order[1]] + j2 * xs[order[2]]);
+        int8_t *dst = q8(arena, y->off + j0 * ys[order[0]] + j1 * ys[order[1]] + j2 * ys[order[2]]);
+        if (run) memmove(dst, src, (size_t)d3);
+        else if (down) for (long k = d3 - 1; k >= 0; k--) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
+        else for (long k = 0; k < d3; k++) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
+    }
+}
+
+/* y = x (int8, logical order; same-shaped views walk y's order, others are a reshape), each
+ * value requantized from x's scale to y's unless q is NULL. */
+static void qmove(float *arena, const tf_view *x, const tf_view *y, const tf_qparams *q) {
+    if (!q && same_shape(x, y)) {
+        qcopy_same(arena, x, y);
+        return;
+    }
+    const long count = y->n * y->c * y->h * y->w;
+    const int reshape = !same_shape(x, y);
+    for (long i = 0; i < count; i++) {
+        const long w = i % y->w, h = i / y->w % y->h, c = i / (y->w * y->h) % y->c, n = i / (y->w * y->h * y->c);
+        long xi = x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw;
+        if (reshape) {
+            const long xw = i % x->w, xh = i / x->w % x->h, xc = i / (x->w * x->h) % x->c, xn = i / (x->w * x->h * x->c);
+            xi = x->off + xn * x->sn + xc * x->sc + xh * x->sh + xw * x->sw;
+        }
+        const int v = *q8(arena, xi);
+        *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) =
+            q ? quantize1(dequantize1(v, q->xs, q->xz), q->ys, q->yz) : (int8_t)v;
+    }
+}
+
+static void qconcat(float *arena, const tf_qconcat_args *a) {
+    long c0 = 0;
+    for (int i = 0; i < a->count; i++) {
+        const tf_view *x = &a->x[i];
+        tf_view y = a->y;
+        y.off += c0 * y.sc;
+        y.c = x->c;
+        qmove(arena, x, &y, same_q(&a->q[i]) ? NULL : &a->q[i]);
+        c0 += x->c;
+    }
+}
+
+static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
+    const tf_view *x = &a->x, *y = &a->y;
+    if (kind == TF_STEP_QCOPY) {
+        qmove(arena, x, y, same_q(&a->q) ? NULL : &a->q);
+        if (a->lo > -128 || a->hi < 127)
+            for (long n = 0; n < y->n; n++)
+            for (long c = 0; c < y->c; c++)
+            for (long h = 0; h < y->h; h++)
+            for (long w = 0; w < y->w; w++) {
+                int8_t *v = q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw);
+                *v = *v < a->lo ? (int8_t)a->lo : (*v > a->hi ? (int8_t)a->hi : *v);
+            }
+        return;
+    }
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const long xi = x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw;
+        const long yi = y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw;
+        if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
+        else arena[yi] = dequantize1(*q8(arena, xi), a->q.xs, a->q.xz);
+    }
+}
+
+/* One int8 step; 0 if `kind` is not one. */
+static int run_int8(float *arena, const float *weights, int kind, const void *p) {
+    switch (kind) {
+    case TF_STEP_QCONV: qconv(arena, weights, (const tf_qconv_args *)p); return 1;
+    case TF_STEP_QGEMM: qgemm(arena, weights, (const tf_qgemm_args *)p); return 1;
+    case TF_STEP_QADD: qadd(arena, (const tf_qadd_args *)p); return 1;
+    case TF_STEP_QPOOL: qpool(arena, (const tf_qpool_args *)p); return 1;
+    case TF_STEP_QGLOBAL: qglobal(arena, (const tf_qglobal_args *)p); return 1;
+    case TF_STEP_QCONCAT: qconcat(arena, (const tf_qconcat_args *)p); return 1;
+    case TF_STEP_QUANTIZE: case TF_STEP_DEQUANTIZE: case TF_STEP_QCOPY:
+        quantize_step(arena, (const tf_quant_args *)p, kind); return 1;
+    default: return 0;
+    }
+}
+
+/* --- end int8 ----------------------------------------------------------------------------------- */
+
 /* --- the step loop ---------------------------------------------------------------------------- */
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
@@ -1055,7 +1338,8 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
             if (status) return status;
             break;
         }
-        default: return -1;
+        default:
+            if (!run_int8(arena, weights, steps[i].kind, p)) return -1;
         }
     }
     return 0;

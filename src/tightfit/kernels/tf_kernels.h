@@ -40,7 +40,9 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_ELTWISE = 5, TF_STEP_AFFINE = 6, TF_STEP_LRN = 7, TF_STEP_CONCAT = 8, TF_STEP_PAD = 9,
        TF_STEP_RESIZE = 10, TF_STEP_COPY = 11, TF_STEP_SHUFFLE = 12, TF_STEP_INPUT = 13, TF_STEP_MOVES = 14,
        TF_STEP_DECONV = 15, TF_STEP_INTERP = 16, TF_STEP_CHANNEL_NORM = 17, TF_STEP_INSTANCE_NORM = 18,
-       TF_STEP_CHANNEL_REDUCE = 19 };
+       TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_QCONV = 20, TF_STEP_QGEMM = 21, TF_STEP_QADD = 22,
+       TF_STEP_QPOOL = 23, TF_STEP_QGLOBAL = 24, TF_STEP_QCONCAT = 25, TF_STEP_QUANTIZE = 26,
+       TF_STEP_DEQUANTIZE = 27, TF_STEP_QCOPY = 28 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
 typedef struct { tf_int off, n, c, h, w, sn, sc, sh, sw; } tf_view;
@@ -103,6 +105,30 @@ typedef struct { tf_view x, y; tf_int w, b, groups, kh, kw, sh, sw, dh, dw, oy0,
 /* Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t]
  * of x with weights wts[row_w + oy * taps + t]; columns likewise. */
 typedef struct { tf_view x, y; tf_int taps, rows, cols, row_w, col_w; } tf_interp_args;
+/* An int8 step's input (x) and output (y) scale and zero point: real = (q - z) * s. */
+typedef struct { float xs; int xz; float ys; int yz; } tf_qparams;
+/* int8 convolution (dense, depthwise, grouped): weight (C_out, kh, kw, C_in/groups) int8,
+ * bias int32 (b < 0: none), m: one float multiplier per output channel (x_scale * w_scale /
+ * y_scale); acc = bias + sum (x - xz) * w in int32, y = clamp(round_even(acc * m) + yz, lo, hi). */
+typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, pt, pl; int xz, yz, lo, hi;
+       } tf_qconv_args;
+/* int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args. */
+typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi; } tf_qgemm_args;
+/* int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized. */
+typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi;
+       } tf_qadd_args;
+/* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
+ * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its
+ * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks). */
+typedef struct { tf_pool_args p; tf_qparams q; int mode; } tf_qpool_args;
+/* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max. */
+typedef struct { tf_view x, y; int kind; float m; tf_qparams q; } tf_qglobal_args;
+/* int8 concatenation along C; input i requantized by q[i] where its scale differs. */
+typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } tf_qconcat_args;
+/* QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in
+ * logical order (a reshape, a transpose by strides), requantized where q's scales differ and
+ * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). */
+typedef struct { tf_view x, y; tf_qparams q; int lo, hi; } tf_quant_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
 /* END GENERATED */

@@ -26,6 +26,10 @@ MAX_OPERANDS = 8
 STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", "lrn", "concat", "pad", "resize",
               "copy", "shuffle", "input", "moves", "deconv", "interp", "channel_norm", "instance_norm",
               "channel_reduce")
+# --- int8 (quantized layers, issue 40): their step kinds follow the float ones ------------------
+INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy")
+STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
+# --- end int8 ------------------------------------------------------------------------------------
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
 CONV_KINDS = ("dense", "depthwise", "grouped")
 POOL_KINDS = ("max", "avg")
@@ -115,6 +119,35 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                         ("col_w", I)],
                        "Separable interpolation (linear, cubic): output row oy reads rows idx[rows + oy * taps + t]\n"
                        " * of x with weights wts[row_w + oy * taps + t]; columns likewise."),
+    # --- int8 (issue 40): views of int8 tensors count bytes; w, b, m are offsets in 4-byte words of
+    # the weights, which hold int8 weights (4 to a word), int32 biases and float multipliers.
+    "tf_qparams": ([("xs", F), ("xz", N), ("ys", F), ("yz", N)],
+                   "An int8 step's input (x) and output (y) scale and zero point: real = (q - z) * s."),
+    "tf_qconv_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("m", I), ("groups", I), ("kh", I), ("kw", I),
+                       ("sh", I), ("sw", I), ("dh", I), ("dw", I), ("pt", I), ("pl", I), ("xz", N), ("yz", N),
+                       ("lo", N), ("hi", N)],
+                      "int8 convolution (dense, depthwise, grouped): weight (C_out, kh, kw, C_in/groups) int8,\n"
+                      " * bias int32 (b < 0: none), m: one float multiplier per output channel (x_scale * w_scale /\n"
+                      " * y_scale); acc = bias + sum (x - xz) * w in int32, y = clamp(round_even(acc * m) + yz, lo, hi)."),
+    "tf_qgemm_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("m", I), ("in_features", I), ("xz", N),
+                       ("yz", N), ("lo", N), ("hi", N)],
+                      "int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args."),
+    "tf_qadd_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("sa", F), ("za", N), ("sb", F), ("zb", N), ("sy", F),
+                      ("zy", N), ("lo", N), ("hi", N)],
+                     "int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized."),
+    "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("mode", N)],
+                      "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values\n"
+                      " * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its\n"
+                      " * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks)."),
+    "tf_qglobal_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("m", F), ("q", "tf_qparams")],
+                        "int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max."),
+    "tf_qconcat_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("q", "const tf_qparams *")],
+                        "int8 concatenation along C; input i requantized by q[i] where its scale differs."),
+    "tf_quant_args": ([("x", VIEW), ("y", VIEW), ("q", "tf_qparams"), ("lo", N), ("hi", N)],
+                      "QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in\n"
+                      " * logical order (a reshape, a transpose by strides), requantized where q's scales differ and\n"
+                      " * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear)."),
+    # --- end int8 ----------------------------------------------------------------------------------
     "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
 }
 

@@ -146,6 +146,12 @@ class OnnxNode:
         return self.const(self.inputs[i])
 
 
+def array_bytes(a: np.ndarray, itemsize: int) -> int:
+    """A parameter's bytes: a float array at the plan's `itemsize`, an integer one (an int8
+    weight, an int32 bias of a quantized layer) as it is stored."""
+    return int(a.size) * (itemsize if a.dtype.kind == "f" else a.dtype.itemsize)
+
+
 class Op:
     """Base class; subclasses register themselves with `@register`.
 
@@ -200,10 +206,10 @@ class Op:
 
     def kernel_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
         """Bytes of the layer's main weight tensor (MAFAT's 'Weights' column)."""
-        return int(graph.params[layer.params[0]].size) * itemsize if layer.params else 0
+        return array_bytes(graph.params[layer.params[0]], itemsize) if layer.params else 0
 
     def param_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
-        return sum(int(graph.params[p].size) for p in layer.params) * itemsize
+        return sum(array_bytes(graph.params[p], itemsize) for p in layer.params)
 
     def macs(self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         """Multiply-accumulates to compute `out` (elementwise ops count one per element)."""

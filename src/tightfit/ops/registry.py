@@ -43,3 +43,12 @@ def onnx_op_for(onnx_type: str) -> str | None:
 def onnx_types() -> list[str]:
     """The ONNX node types some op imports."""
     return sorted(_ONNX)
+
+
+def step_workspace(layer, out, in_shapes, out_shape, itemsize: int, model: str = "none", dense_out: bool = True,
+                   channels_last: bool = False) -> int:
+    """The scratch bytes of one step of `layer`: its op's `workspace_bytes`, and none for an int8
+    layer (its kernels accumulate in registers and write straight into the output view)."""
+    if layer.attrs.get("quant") == "int8":
+        return 0
+    return get_op(layer.op).workspace_bytes(layer, out, in_shapes, out_shape, itemsize, model, dense_out, channels_last)

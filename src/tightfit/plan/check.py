@@ -22,6 +22,7 @@ import numpy as np
 
 from tightfit.graph.ir import Graph, spatial
 from tightfit.ops import get_op
+from tightfit.ops.registry import step_workspace
 from tightfit.ops.base import Region
 from tightfit.plan.lifetimes import Lifetimes, block_positions, buffer_users, lifetimes, output_accesses
 from tightfit.plan.offsets import OverlapError, check_offsets, lower_bound
@@ -118,14 +119,16 @@ def _check_sanity(plan: Plan, graphs: Sequence[Graph]) -> None:
     # No buffer needs more than every tensor of every model together (a sanity bound that keeps a
     # malformed file from sizing huge arrays).
     largest = sum(t.nbytes(plan.dtype, ref.batch) for ref, g in zip(plan.models, graphs) for t in g.tensors.values())
+    # A float tensor takes the plan's dtype, a quantized one its own (int8 tensors are 1 byte).
+    items = {t.item_bytes(plan.dtype) for g in graphs for t in g.tensors.values()}
     total = 0
     for i, b in enumerate(plan.buffers):
         if b.id != i:
             raise PlanError(f"buffer {i} has id {b.id}")
-        if b.itemsize != size:
-            raise PlanError(f"buffer {i} has itemsize {b.itemsize}, the plan's dtype {plan.dtype} has {size}")
-        if not b.offsets or any(o < 0 or o % size for o in b.offsets):
-            raise PlanError(f"buffer {i} has a bad offset list {b.offsets} (non-negative multiples of {size})")
+        if b.itemsize not in items:
+            raise PlanError(f"buffer {i} has itemsize {b.itemsize}, not one of its tensors' ({', '.join(map(str, sorted(items)))})")
+        if not b.offsets or any(o < 0 or o % b.itemsize for o in b.offsets):
+            raise PlanError(f"buffer {i} has a bad offset list {b.offsets} (non-negative multiples of {b.itemsize})")
         if not b.shape or any(d < 1 for d in b.shape) or b.nbytes > largest:
             raise PlanError(f"buffer {i} has shape {b.shape}, larger than all the models' tensors together")
         total += b.nbytes * b.copies
@@ -169,9 +172,9 @@ def _check_scratch(plan: Plan, graphs: Sequence[Graph]) -> None:
             layer = g.layers[s.layer]
             in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
             out_shape = (batch,) + g.shape(layer.output)[1:]
-            op, allowed = get_op(layer.op), set()
+            allowed = set()
             for channels_last, dense in ((True, True), (True, False), (False, True), (False, False)):
-                allowed.add(op.workspace_bytes(layer, s.out.region, in_shapes, out_shape, size, "none", dense, channels_last))
+                allowed.add(step_workspace(layer, s.out.region, in_shapes, out_shape, size, "none", dense, channels_last))
                 if s.scratch in allowed:
                     break
         elif s.kind == "input":
@@ -261,6 +264,10 @@ def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
         where = f"step {k}"
         for a in (s.out, *s.inputs):
             _check_access(plan, g, a, where, empty_ok=s.kind == "compute" and a is not s.out)
+            item = g.tensors[a.tensor].item_bytes(plan.dtype) if a.tensor in g.tensors else None
+            if item is not None and plan.buffers[a.buffer].itemsize != item:
+                raise PlanError(f"{where}: tensor {a.tensor!r} has {item}-byte elements, its buffer {a.buffer} "
+                                f"{plan.buffers[a.buffer].itemsize}-byte ones")
             if a.region.n1 > batch:
                 raise PlanError(f"{where}: samples {a.region.n0}-{a.region.n1} beyond batch {batch}")
         if s.kind == "input":

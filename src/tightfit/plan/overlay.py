@@ -70,6 +70,8 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
             # live apart is buffer reuse, which the offset planner does without tying them.
             if not any(live_together(b.id, m) for m, _ in group) or not any(turn_over(b.id, m) for m, _ in group):
                 continue
+            if any(buffers[m].itemsize != b.itemsize for m, _ in group):  # an int8 and an fp32 buffer: cells differ
+                continue
             found = _best_position(b, rows, group, buffers)
             if found is not None and (best is None or found[1] > best[2]):
                 best = (root, found[0], found[1])
@@ -86,7 +88,7 @@ def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> 
     """The draft with buffer `guest` overlaying buffer `host` (neither in an overlay yet) where
     that saves the most; unchanged if both are not eligible or no overlapping position is safe."""
     h, b = plan.buffers[host], plan.buffers[guest]
-    if not (eligible(h) and eligible(b)) or h.overlay or b.overlay:
+    if not (eligible(h) and eligible(b)) or h.overlay or b.overlay or h.itemsize != b.itemsize:
         return plan
     rows = row_lifetimes(plan, graphs, eligible)
     if host not in rows or guest not in rows:

@@ -26,8 +26,18 @@ from tightfit.kernels.library import INPUT_FN, StepTable, Tensor, library, tenso
 DTYPES = {"fp32": np.float32}
 
 
+# An int8 tensor's buffer holds 1-byte items: the arena read as int8 (views count its bytes).
+ITEM_DTYPES = {4: np.float32, 1: np.int8}
+
+
+def typed(arena: np.ndarray, item: int) -> np.ndarray:
+    """The float32 arena as an array of `item`-byte elements (the same memory)."""
+    return arena.view(ITEM_DTYPES[item])
+
+
 def buffer_view(arena: np.ndarray, b: Buffer, copy: int = 0) -> np.ndarray:
     """The buffer as a logical (N, C, H, W) or flat array over the arena."""
+    arena = typed(arena, b.itemsize)
     start = b.offsets[copy] // b.itemsize
     flat = arena[start : start + b.nbytes // b.itemsize]
     if b.layout == "nhwc":
@@ -88,7 +98,8 @@ class ArenaExecutor:
         outs: list[dict[str, np.ndarray]] = [dict() for _ in self.graphs]
         for m, a in output_accesses(self.plan, self.graphs):
             shape = (a.region.n,) + tuple(self.graphs[m].shape(a.tensor)[1:])
-            outs[m][a.tensor] = view_array(self.arena, ctx.view(m, a), shape)
+            arena = typed(self.arena, self.plan.buffers[a.buffer].itemsize)
+            outs[m][a.tensor] = view_array(arena, ctx.view(m, a), shape)
         return outs
 
     # --- running --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import get_op
+from tightfit.ops.registry import step_workspace
 from tightfit.ops.base import InputWindow, Region
 
 LIMIT = 1_000_000  # answers kept over all graphs before the memo starts again
@@ -49,5 +50,5 @@ def workspace_bytes(graph: Graph, layer: Layer, region: Region, in_shapes: Seque
     key = ("scratch", layer.id, region, tuple(in_shapes), out_shape, itemsize, dense_out, channels_last)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = get_op(layer.op).workspace_bytes(layer, region, in_shapes, out_shape, itemsize, "none", dense_out, channels_last)
+        found = memo[key] = step_workspace(layer, region, in_shapes, out_shape, itemsize, "none", dense_out, channels_last)
     return found

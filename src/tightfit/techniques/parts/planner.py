@@ -132,7 +132,7 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
         cap = min(cap, h)
         block = shape[:2] + (cap,) + shape[3:] if len(shape) == 4 else shape
         windows[t] = _Window(len(buffers), cap, kind=kind)
-        buffers.append(Buffer(len(buffers), kind, block, layout_for(shape, layout), (0,), itemsize(dtype),
+        buffers.append(Buffer(len(buffers), kind, block, layout_for(shape, layout), (0,), g.tensors[t].item_bytes(dtype),
                               "shift" if kind == "window" else ""))
     steps: list[Step] = []
     for i, f in enumerate(firings):

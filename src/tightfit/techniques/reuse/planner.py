@@ -109,7 +109,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
         partitions = [(m, range(len(mm.graph.layers))) for m, mm in enumerate(models)]
     orders = [layer_order(mm.graph, order) for mm in models]
     homes = [assign_buffers(mm.graph, seq, inplace and planner != "naive") for mm, seq in zip(models, orders)]
-    buffers: list[tuple[tuple[int, ...], str]] = []
+    buffers: list[tuple[tuple[int, ...], str, int]] = []
     index: dict[tuple[int, str], int] = {}
     parts = []
     input_done: set[int] = set()
@@ -121,7 +121,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
             if home[t] == t:
                 index[(m, t)] = len(buffers)
                 shape = (models[m].batch,) + g.shape(t)[1:]
-                buffers.append((shape, layout_for(shape, layout)))
+                buffers.append((shape, layout_for(shape, layout), g.tensors[t].item_bytes(dtype)))
         buffer_of = {t: index[(m, home[t])] for t in home if (m, home[t]) in index}
         steps = whole_steps(models[m], m, seq, buffer_of, dtype, layout)
         if m in input_done:
@@ -130,7 +130,7 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
         parts.append(Partition(pid, m, seq, tuple(steps)))
     copies = _fifo_copies(parts, concurrent, len(buffers))
     draft = Plan(tuple(mm.ref() for mm in models), dtype,
-                 tuple(Buffer(i, "whole", s, lay, (0,) * copies[i], itemsize(dtype)) for i, (s, lay) in enumerate(buffers)),
+                 tuple(Buffer(i, "whole", s, lay, (0,) * copies[i], item) for i, (s, lay, item) in enumerate(buffers)),
                  tuple(parts), tuple(tuple(c) for c in concurrent), 0,
                  {"method": "naive" if planner == "naive" else "reuse", "planner": planner, "order": order,
                   "layout": layout, "inplace": inplace and planner != "naive"})

@@ -97,7 +97,8 @@ class _Builder:
 
     def buffer(self, tensor: str, region: Region) -> int:
         shape = (region.n, self.graph.shape(tensor)[1], region.h, region.w)
-        self.buffers.append(Buffer(len(self.buffers), "tile", shape, layout_for(shape, self.layout), (0,), itemsize(self.dtype)))
+        item = self.graph.tensors[tensor].item_bytes(self.dtype)
+        self.buffers.append(Buffer(len(self.buffers), "tile", shape, layout_for(shape, self.layout), (0,), item))
         return len(self.buffers) - 1
 
     def copy(self, tensor: str, region: Region, src: tuple[int, Region], dst: tuple[int, Region]) -> None:
@@ -266,7 +267,7 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
         if home[t] == t and t not in internal:
             shape = (batch,) + g.shape(t)[1:]
             buffer_of[t] = len(buffers)
-            buffers.append(Buffer(len(buffers), "whole", shape, layout_for(shape, layout), (0,), itemsize(dtype)))
+            buffers.append(Buffer(len(buffers), "whole", shape, layout_for(shape, layout), (0,), g.tensors[t].item_bytes(dtype)))
     for t, h in home.items():
         if h in buffer_of:
             buffer_of[t] = buffer_of[h]

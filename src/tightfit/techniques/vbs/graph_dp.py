@@ -26,6 +26,7 @@ import numpy as np
 from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import get_op
+from tightfit.ops.registry import step_workspace
 from tightfit.ops.base import Region
 from tightfit.techniques.deadline import Deadline, expired
 from tightfit.techniques.interface import PlannedModel
@@ -124,7 +125,7 @@ def _step_seconds(model: PlannedModel, cost, lid: int, b: int, layout: str, dtyp
     g = model.graph
     layer = g.layers[lid]
     tensors = list(dict.fromkeys(layer.inputs)) + [layer.output]
-    buffers = tuple(Buffer(k, "samples", (b,) + g.shape(t)[1:], layout_for((b,) + g.shape(t)[1:], layout), (0,), itemsize(dtype))
+    buffers = tuple(Buffer(k, "samples", (b,) + g.shape(t)[1:], layout_for((b,) + g.shape(t)[1:], layout), (0,), g.tensors[t].item_bytes(dtype))
                     for k, t in enumerate(tensors))
     where = {t: k for k, t in enumerate(tensors)}
     steps = [_compute(g, model.batch, lid, 0, b, {t: (where[t], 0) for t in tensors}, layout, dtype)]
@@ -303,7 +304,7 @@ def _compute(g: Graph, request: int, lid: int, n0: int, n1: int, place: dict, la
     ins = tuple(Access(t, place[t][0], w.region, (w.region.n0 - place[t][1], w.region.h0, w.region.w0))
                 for t, w in zip(layer.inputs, wins))
     ob, obase = place[layer.output]
-    scratch = op.workspace_bytes(layer, region, in_shapes, out_shape, itemsize(dtype), "none", dense_nhwc(out_shape, layout), layout == "nhwc")
+    scratch = step_workspace(layer, region, in_shapes, out_shape, itemsize(dtype), "none", dense_nhwc(out_shape, layout), layout == "nhwc")
     return Step("compute", 0, lid, Access(layer.output, ob, region, (n0 - obase, 0, 0)), ins, scratch)
 
 
@@ -347,7 +348,7 @@ def plan_schedule(model: PlannedModel, steps: Sequence[tuple[int, int]], planner
             shape = (b - a,) + g.shape(t)[1:]
             group_of[t].append((a, b, len(buffers)))
             buffers.append(Buffer(len(buffers), "whole" if b - a == request else "samples", shape,
-                                  layout_for(shape, layout), (0,), itemsize(dtype)))
+                                  layout_for(shape, layout), (0,), g.tensors[t].item_bytes(dtype)))
 
     def where(t: str, n0: int) -> tuple[int, int]:
         return next((buf, a) for a, b, buf in group_of[t] if a <= n0 < b)
