@@ -316,6 +316,18 @@ def check_export(plan_, graphs, sources, directory, cc: str | None = None, cflag
     return check(sources, directory, inputs, refs, cc, cflags, runs, sanitize, timeout_s)
 
 
+def check_export_linux(plan_, graphs, sources, directory, target: str, cflags=None, cc: str | None = None,
+                       keep_io: str | Path | None = None):
+    """Cross-build an exported plan for a Linux `target` (export.linux.TARGETS), run it under qemu
+    on the seeded inputs and compare with the reference executor (export.linux.CrossCheck)."""
+    from tightfit.export.linux import check_for
+
+    inputs, refs = reference_io(plan_, graphs)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs, refs)
+    return check_for(target, sources, Path(directory), inputs, refs, cflags, cc)
+
+
 def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):
     """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
     from tightfit.export import check_mcu

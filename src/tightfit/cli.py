@@ -181,16 +181,19 @@ def _export_parser(sub) -> None:
                    help="weights as const C arrays (c), as weights.bin read once (file), or c up to 16 MB (auto)")
     p.add_argument("--check", action="store_true",
                    help="build with cc, run on the reference executor's seeded input, compare, measure the whole process")
-    p.add_argument("--cc", help="C compiler for --check (default $CC or cc)")
-    p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
+    p.add_argument("--cc", help="C compiler for --check (default $CC or cc; aarch64-linux-gnu-gcc for --target aarch64-linux)")
+    p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast; "
+                                    "for aarch64-linux the same without -march=native)")
     p.add_argument("--runs", type=COUNT, default=5, help="with --check: runs timed (the median is printed)")
     p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
     p.add_argument("--keep-io", action="store_true",
                    help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
-    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="host (default), or a microcontroller: --out is then a firmware project (library, startup code, "
-                        "linker script, test main, semihosting shim, Makefile with run-qemu), built with arm-none-eabi-gcc "
-                        "and with --check run under qemu")
+    p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
+                   help="host (default); aarch64-linux: the same program cross-compiled for a 64-bit Arm Linux board "
+                        "(aarch64-linux-gnu-gcc, NEON kernels; --cflags '... -DTF_SIMD=0' for the portable ones), with "
+                        "--check run under qemu-aarch64; or a microcontroller: --out is then a firmware project (library, "
+                        "startup code, linker script, test main, semihosting shim, Makefile with run-qemu), built with "
+                        "arm-none-eabi-gcc and with --check run under qemu")
     p.add_argument("--ram", help="with a cortex-m target: the device's RAM, e.g. 512KiB: it holds the stack (8 KiB), "
                    "the program's data and the arena")
     p.add_argument("--flash", help="with a cortex-m target: the device's flash, e.g. 2MiB: it holds the code and the weights")
@@ -639,18 +642,24 @@ def _exported_lines(report: dict) -> list[str]:
             f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
 
 
+def _is_mcu(target: str) -> bool:
+    return target.startswith("cortex-m")
+
+
 def _export_options(args: argparse.Namespace) -> None:
-    if args.target == "host" and (args.ram or args.flash):
+    if not _is_mcu(args.target) and (args.ram or args.flash):
         raise OptionError("--ram and --flash go with a cortex-m target")
-    if args.target != "host" and not (args.ram and args.flash):
+    if args.target == "aarch64-linux" and args.sanitize:
+        raise OptionError("--sanitize goes with the host target (the sanitizers do not run under qemu-aarch64)")
+    if _is_mcu(args.target) and not (args.ram and args.flash):
         raise OptionError(f"--target {args.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
-    if args.target != "host" and args.weights == "file":
+    if _is_mcu(args.target) and args.weights == "file":
         raise OptionError(f"--target {args.target} keeps the weights in flash: --weights file goes with the host target")
     if args.runs < 1:
         raise OptionError("--runs must be at least 1")
     if args.keep_io and not args.check:
         raise OptionError("--keep-io goes with --check (it keeps the checked input and reference output)")
-    if args.target != "host" and (args.sanitize or args.cc or args.cflags):
+    if _is_mcu(args.target) and (args.sanitize or args.cc or args.cflags):
         raise OptionError("--sanitize, --cc and --cflags go with the host target")
 
 
@@ -674,10 +683,12 @@ def export_into(args: argparse.Namespace, plan_, graphs, stage: Path) -> tuple[d
     from tightfit.export import default_name, generate
     from tightfit.export.build import write_files
 
-    weights = "c" if args.target != "host" and args.weights == "auto" else args.weights
+    weights = "c" if _is_mcu(args.target) and args.weights == "auto" else args.weights
     sources = generate(plan_, graphs, args.name or default_name(plan_), weights)
-    if args.target != "host":
+    if _is_mcu(args.target):
         return _export_mcu(args, plan_, graphs, sources, stage)
+    if args.target != "host":
+        return _export_linux(args, plan_, graphs, sources, stage)
     write_files(sources, stage)
     report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps,
                     "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
@@ -711,6 +722,33 @@ def _check_host(args, plan_, graphs, sources, stage: Path, report: dict, lines: 
         lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
         ok = ok and clean.ok
     return report, lines, ok
+
+
+def _export_linux(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:
+    """The host program for a Linux board (--target aarch64-linux), with --check cross-built and
+    run under qemu."""
+    import shlex
+
+    import tightfit
+    from tightfit.export import linux
+
+    linux.write_files(sources, stage, args.target)
+    target = linux.linux_target(args.target)
+    report: dict = {"plan": args.plan, "folder": args.out, "name": sources.name, "steps": sources.steps, "target": args.target,
+                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
+                    "weights_file": sources.weights_in_file}
+    lines = [f"exported {sources.steps} steps to {args.out}/ for {args.target} ({sources.name}.c, {sources.name}.h, "
+             f"tf_kernels.c, main.c, Makefile" + (", weights.bin" if sources.weights_in_file else "") + ")",
+             f"build: make -C {args.out} (NEON kernels; make -C {args.out} portable: the portable ones) with {target.cc}"
+             f"   run here: make -C {args.out} run-qemu   on the board: ./{sources.name} INPUT.bin OUTPUT.bin [RUNS]"]
+    if not args.check:
+        return report, lines, True
+    flags = shlex.split(args.cflags) if args.cflags else None
+    got = tightfit.api.check_export_linux(plan_, graphs, sources, stage, args.target, flags, args.cc,
+                                          keep_io=stage if args.keep_io else None)
+    report["check"] = {k: v for k, v in got.__dict__.items() if k != "built"}
+    lines += got.lines()
+    return report, lines, got.ok
 
 
 def _export_mcu(args, plan_, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:

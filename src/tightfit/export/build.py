@@ -127,17 +127,20 @@ class Ran:
     outputs: list[np.ndarray]  # every output of every CNN, in order, flat
     median_seconds: float
     peak_rss: int  # bytes: the whole process's high-water mark
+    simd: int = -1  # the kernels' vector width (tf_simd: 0 for the portable path; -1: not said)
 
 
 def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int], runs: int = 1,
-        weights: Path | None = None, timeout: float = 600, env: dict | None = None, preload: bool = False) -> Ran:
+        weights: Path | None = None, timeout: float = 600, env: dict | None = None, preload: bool = False,
+        launcher: Sequence[str] = ()) -> Ran:
     """Run the program on `inputs` (every CNN's input, in order) and read its outputs; with
     `preload` the program reads its input whole before the timed runs (else by rows, as the steps
-    ask: the input is then never whole in memory)."""
+    ask: the input is then never whole in memory). `launcher`: the command that runs the binary
+    (an emulator: qemu-aarch64 -L SYSROOT), none for a host program."""
     with tempfile.TemporaryDirectory(prefix="tightfit-run-") as tmp:
         inp, out = Path(tmp) / "input.bin", Path(tmp) / "output.bin"
         inp.write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
-        cmd = [str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
+        cmd = [*launcher, str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
         killed = threading.Event()
         with open(Path(tmp) / "stdout", "wb") as so, open(Path(tmp) / "stderr", "wb") as se:
             proc = children.popen(cmd, stdout=so, stderr=se, env=env)
@@ -162,7 +165,7 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
     for size in output_sizes:
         outputs.append(data[at : at + size].copy())
         at += size
-    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)", stdout)
+    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?", stdout)
     if m is None or int(m.group(2)) < 0:
         raise ExportError("the exported program did not report its peak memory (VmHWM needs Linux /proc)")
-    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024)
+    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024, int(m.group(3)) if m.group(3) else -1)

@@ -4,8 +4,8 @@
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
  * from a file: by default weights.bin beside the program). With -p the input is read whole first
- * (timings then count no file reads). Prints the median seconds of a run and the process's peak
- * resident set (VmHWM).
+ * (timings then count no file reads). Prints the median seconds of a run, the process's peak
+ * resident set (VmHWM) and the kernels' vector width (tf_simd: 0 for the portable path).
  * Every mistake is one line on stderr and a non-zero status: 2 for what was given (a missing,
  * short, long or unreadable file, a bad run count), 3 when a run fails, 4 when memory cannot be had
  * (with what the program needs beside the address-space and data limits set, where the platform
@@ -289,7 +289,10 @@ int main(int argc, char **argv) {
     if ((status = run_all(arena, weights, in, whole, o.runs, seconds)) != 0) goto done;
     if ((status = write_outputs(o.output, arena, o.runs)) != 0) goto done;
     qsort(seconds, (size_t)o.runs, sizeof(double), cmp);
-    printf("runs %ld median_seconds %.9f peak_rss_kib %ld\n", o.runs, seconds[o.runs / 2], peak_rss_kib());
+    /* simd: the vector width the kernels were built with (0: the portable path), so a check
+     * can tell which path it ran. */
+    printf("runs %ld median_seconds %.9f peak_rss_kib %ld simd %d\n", o.runs, seconds[o.runs / 2], peak_rss_kib(),
+           tf_simd());
 done:
     if (in) fclose(in);
     free(whole);
