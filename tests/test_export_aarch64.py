@@ -10,6 +10,8 @@ path fails. A zoo model's parts plan runs end to end through `tightfit export --
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -146,14 +148,34 @@ def test_zoo_parts_plan_exported_for_aarch64_and_checked(tmp_path, capsys):
 
 
 @needs_toolchain
-def test_portable_flags_through_the_cli(tmp_path, capsys):
-    plan = tmp_path / "plan.json"
+def test_portable_flags_through_the_cli_and_the_folders_makefile(tmp_path, capsys):
+    plan, out = tmp_path / "plan.json", tmp_path / "fw"
     assert main(["plan", "minakova5", "--out", str(plan)]) == 0
     capsys.readouterr()
-    assert main(["export", str(plan), "--target", TARGET, "--out", str(tmp_path / "fw"), "--check", "--json",
+    assert main(["export", str(plan), "--target", TARGET, "--out", str(out), "--check", "--json", "--keep-io",
                  "--cflags", "-std=c99 -O2 -DTF_SIMD=0"]) == 0
-    check = json.loads(capsys.readouterr().out)["check"]
-    assert check["ok"] and check["simd"] == 0, check
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["ok"] and report["check"]["simd"] == 0, report["check"]
+    if shutil.which("make") is None:
+        pytest.skip("no make: the folder's Makefile is not run")
+    # The folder's own build: `make portable`, run under qemu on the kept input.
+    done = subprocess.run(["make", "-C", str(out), "portable"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    program = out / f"{report['name']}-portable"
+    ran = subprocess.run([*linux.launcher(TARGET), str(program), str(out / "input.bin"), str(tmp_path / "o.bin")],
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0 and ran.stdout.rstrip().endswith("simd 0"), ran.stdout + ran.stderr
+    got, ref = np.fromfile(tmp_path / "o.bin", "<f4"), np.fromfile(out / "reference.bin", "<f4")
+    assert compare(got, ref).ok
+
+
+def test_fit_exports_for_aarch64(tmp_path, capsys):
+    out = tmp_path / "fw"
+    assert main(["fit", "minakova5", "--budget", "5kB", "--target", TARGET, "--export", str(out), "--time-limit", "5"]) == 0
+    assert f"for {TARGET}" in capsys.readouterr().out
+    assert "aarch64-linux-gnu-gcc" in (out / "Makefile").read_text()
+    assert main(["fit", "minakova5", "--budget", "5kB", "--target", TARGET]) == 2
+    assert "goes with --export" in capsys.readouterr().err
 
 
 def test_missing_toolchain_is_one_line(tmp_path, capsys, monkeypatch):

@@ -161,8 +161,9 @@ def _fit_parser(sub) -> None:
     p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
-    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="with --export: a microcontroller; the budget is then what --ram leaves after the stack and the "
+    p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
+                   help="with --export: aarch64-linux, the program for a 64-bit Arm Linux board (its Makefile cross-compiles "
+                        "it); or a microcontroller: the budget is then what --ram leaves after the stack and the "
                         "program's data, and --export is a firmware project built for --ram and --flash")
     p.add_argument("--ram", help="with a cortex-m --target: the RAM of the device, e.g. 512KiB")
     p.add_argument("--flash", help="with a cortex-m --target: the flash of the device (weights and code), e.g. 2MiB")
@@ -537,9 +538,11 @@ def _fit_options(args: argparse.Namespace) -> int | None:
             atomic.check_output_folder(folder, args.force, option)
     if args.out and args.export and os.path.abspath(args.out) == os.path.abspath(args.export):
         raise OptionError("--out and --export name the same folder: give each its own")
-    if args.target == "host":
+    if not _is_mcu(args.target):
         if args.ram or args.flash:
             raise OptionError("--ram and --flash go with a cortex-m --target")
+        if args.target != "host" and not args.export:
+            raise OptionError(f"--target {args.target} goes with --export (the folder to write the program into)")
         return parse_size(args.budget) if args.budget is not None else None
     from tightfit.export import mcu
 
@@ -564,7 +567,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     budget = _fit_options(args)
     app = F.load_fit_app(args.model, _shape(args.input_shape) if args.input_shape else None, args.batch,
                          allow_code=args.allow_code)
-    if args.target != "host":
+    if _is_mcu(args.target):
         from tightfit.units import human, parse_size
 
         weights = F.param_bytes(app)
@@ -581,7 +584,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from tightfit.report import fit_report, fit_text, write_fit_outputs
 
         report = fit_report(outcome)
-        if args.target != "host":
+        if _is_mcu(args.target):
             report["target_budget"] = (f"budget: what --ram {args.ram} leaves after the {mcu_stack()} B stack and the "
                                        f"program's own data: {budget} B")
         try:
@@ -610,12 +613,17 @@ def _fit_export(args: argparse.Namespace, outcome) -> dict:
     from tightfit.export import default_name, generate
     from tightfit.export.build import write_files
 
-    weights = "c" if args.target != "host" else "auto"
+    weights = "c" if _is_mcu(args.target) else "auto"
     sources = generate(outcome.plan, outcome.app.graphs, default_name(outcome.plan), weights)
     with atomic.output_folder(args.export, args.force, "--export") as stage:
         if args.target == "host":
             write_files(sources, stage)
             return {"folder": args.export, "name": sources.name, "steps": sources.steps}
+        if not _is_mcu(args.target):
+            from tightfit.export import linux
+
+            linux.write_files(sources, stage, args.target)
+            return {"folder": args.export, "name": sources.name, "steps": sources.steps, "target": args.target}
         from tightfit.export import mcu
         from tightfit.units import parse_size
 
@@ -637,6 +645,9 @@ def _exported_lines(report: dict) -> list[str]:
         return []
     if "target" not in e:
         return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
+    if not _is_mcu(e["target"]):
+        return [f"  exported to {e['folder']}/ for {e['target']}: build with make -C {e['folder']} (a cross compiler), "
+                f"run here with make -C {e['folder']} run-qemu"]
     return [f"  {report['target_budget']}",
             f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
             f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
