@@ -31,14 +31,14 @@ class RunResult:
     seconds: float
 
 
-def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = ()) -> RunResult:
-    """Run the reference executor once on `x` (a seeded random input if None)."""
+def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = (), threads: int = 1) -> RunResult:
+    """Run the reference executor once on `x` (a seeded random input if None), on `threads` threads."""
     from tightfit.reference import run_reference
     from tightfit.runtime.reference import random_input
 
     x = random_input(graph) if x is None else x
     t0 = time.perf_counter()
-    outs = run_reference(graph, x, keep)
+    outs = run_reference(graph, x, keep, threads)
     return RunResult(outs, time.perf_counter() - t0)
 
 
@@ -279,12 +279,13 @@ def plan_inputs(graphs, plan_, seed: int = 0) -> list[np.ndarray]:
     return [random_input(g, ref.batch, seed + i) for i, (g, ref) in enumerate(zip(graphs, plan_.models))]
 
 
-def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan: bool = False):
-    """Run a plan once with the arena executor; returns per model {output: array} (copies)."""
+def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan: bool = False, threads: int = 1):
+    """Run a plan once with the arena executor on `threads` threads; returns per model {output:
+    array} (copies)."""
     from tightfit.runtime.executor import ArenaExecutor
 
     xs = plan_inputs(graphs, plan_) if inputs is None else list(inputs)
-    ex = ArenaExecutor(plan_, graphs, fill_nan=fill_nan)
+    ex = ArenaExecutor(plan_, graphs, fill_nan=fill_nan, threads=threads)
     t0 = time.perf_counter()
     outs = ex.run(xs)
     seconds = time.perf_counter() - t0

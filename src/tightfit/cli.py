@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(every CNN's input one after another, as the exported program reads it)")
     p.add_argument("--output", help="write the outputs here: .npy (one output), .npz (by name) or raw float32 "
                    "(every output one after another, as the exported program writes them)")
+    p.add_argument("--threads", type=COUNT, default=1,
+                   help="threads that share each convolution's output rows (default 1; the outputs are the same bits)")
     p.add_argument("--json", action="store_true")
 
     _fit_parser(sub)
@@ -453,7 +455,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if args.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if args.verify else ""))
     x = tightfit.api.read_inputs(args.input, [graph.shape(graph.inputs[0])])[0] if args.input else random_input(graph)
-    result = tightfit.run(graph, x)
+    result = tightfit.run(graph, x, threads=args.threads)
     report = run_report(graph, result)
     if args.output:
         report["written"] = {"file": args.output, "outputs": tightfit.api.write_outputs(args.output, list(result.outputs.items()))}
@@ -500,7 +502,7 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
         raise OptionError("--limit goes with --enforce")
     shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
     xs = tightfit.api.read_inputs(args.input, shapes) if args.input else tightfit.api.plan_inputs(graphs, plan_)
-    outs, seconds = tightfit.api.execute(plan_, graphs, xs)
+    outs, seconds = tightfit.api.execute(plan_, graphs, xs, threads=args.threads)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o in enumerate(outs) for k, v in o.items()}
     if args.output:

@@ -26,6 +26,7 @@ WARNINGS = ["-Wall", "-Wextra", "-Werror", "-pedantic"]
 # contraction into FMA off unless asked (-ffp-contract=fast: 1.4x).
 DEFAULT_CFLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
+LIBS = ["-lm", "-pthread"]  # the kernels' threads (tf_run's `threads`): pthreads
 
 
 def write_files(sources: Sources, folder: Path) -> None:
@@ -78,9 +79,9 @@ def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[st
             objects.append(str(obj))
         linked = Path(tmp) / binary.name  # linked aside, renamed in: never a half-written program
         try:  # static: the process then maps only the libc pages it uses (~0.8 MiB against ~1.8)
-            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, "-lm"], timeout, env)
+            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, *LIBS], timeout, env)
         except ExportError:
-            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, "-lm"], timeout, env)
+            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, *LIBS], timeout, env)
         stack = _stack_bound(Path(tmp))
         with atomic.replacing(binary) as aside:
             shutil.copy2(linked, aside)
@@ -132,15 +133,16 @@ class Ran:
 
 def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int], runs: int = 1,
         weights: Path | None = None, timeout: float = 600, env: dict | None = None, preload: bool = False,
-        launcher: Sequence[str] = ()) -> Ran:
+        launcher: Sequence[str] = (), threads: int = 1) -> Ran:
     """Run the program on `inputs` (every CNN's input, in order) and read its outputs; with
     `preload` the program reads its input whole before the timed runs (else by rows, as the steps
     ask: the input is then never whole in memory). `launcher`: the command that runs the binary
-    (an emulator: qemu-aarch64 -L SYSROOT), none for a host program."""
+    (an emulator: qemu-aarch64 -L SYSROOT), none for a host program; `threads`: the program's -t."""
     with tempfile.TemporaryDirectory(prefix="tightfit-run-") as tmp:
         inp, out = Path(tmp) / "input.bin", Path(tmp) / "output.bin"
         inp.write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
-        cmd = [*launcher, str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
+        options = (["-p"] if preload else []) + (["-t", str(threads)] if threads > 1 else [])
+        cmd = [*launcher, str(binary), *options, str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
         killed = threading.Event()
         with open(Path(tmp) / "stdout", "wb") as so, open(Path(tmp) / "stderr", "wb") as se:
             proc = children.popen(cmd, stdout=so, stderr=se, env=env)

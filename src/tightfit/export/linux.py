@@ -96,12 +96,12 @@ SOURCES = main.c {name}.c tf_kernels.c
 HEADERS = {name}.h tf_kernels.h
 
 {name}: $(SOURCES) $(HEADERS)
-\t$(CC) $(CFLAGS) $(WARNINGS) $(LDFLAGS) -o $@ $(SOURCES) -lm
+\t$(CC) $(CFLAGS) $(WARNINGS) $(LDFLAGS) -o $@ $(SOURCES) -lm -pthread
 
 portable: {name}-portable
 
 {name}-portable: $(SOURCES) $(HEADERS)
-\t$(CC) $(CFLAGS) {PORTABLE} $(WARNINGS) $(LDFLAGS) -o $@ $(SOURCES) -lm
+\t$(CC) $(CFLAGS) {PORTABLE} $(WARNINGS) $(LDFLAGS) -o $@ $(SOURCES) -lm -pthread
 
 run-qemu: {name}
 \t$(QEMU) ./{name} input.bin output.bin
