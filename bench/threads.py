@@ -17,7 +17,6 @@ say so rather than hide it.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -25,8 +24,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+
+from benchlib import header, load_average, load_mark, verdict  # noqa: E402
 
 import tightfit  # noqa: E402
 from tightfit.api import plan_inputs  # noqa: E402
@@ -93,11 +95,6 @@ def _timed(fn, k: int) -> list[float]:
     return times
 
 
-def load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="mobilenet_v2")
@@ -106,7 +103,8 @@ def main() -> int:
     p.add_argument("--threads", default="1,2")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"before: {load()}", flush=True)
+    header("threads: the exported program and the executor beside onnxruntime (issue 39 point 7)")
+    peak = load_average()
     with tempfile.TemporaryDirectory(prefix="tightfit-threads-") as tmp:
         variants = {m: prepare(m, threads, Path(tmp)) for m in args.models.split(",")}
         times: dict = {(m, v): [] for m, vs in variants.items() for v in vs}
@@ -114,8 +112,9 @@ def main() -> int:
             for m, vs in variants.items():
                 for v, fn in vs.items():
                     times[(m, v)] += fn(args.runs)
-    print(f"after: {load()}")
-    print(f"\nmedian fps over {args.rounds} interleaved rounds of {args.runs} runs (C: the program's own median per round)")
+                    peak = max(peak, load_average())
+    print(f"\nmedian fps over {args.rounds} interleaved rounds of {args.runs} runs (C: the program's own median per "
+          f"round){load_mark(peak)}")
     print("model | variant | fps | vs ORT at the same threads | vs itself at 1 thread")
     for (m, v), ts in times.items():
         fps = 1 / statistics.median(ts)
@@ -123,6 +122,11 @@ def main() -> int:
         ort = 1 / statistics.median(times[(m, f"ORT {t}")])
         own = 1 / statistics.median(times[(m, f"{kind} {threads[0]}t")])
         print(f"{m} | {v} | {fps:.1f} | {fps / ort:.2f}x | {fps / own:.2f}x")
+    for m in variants:
+        for t in threads[1:]:
+            c, o = (statistics.median(times[(m, f"{k} {t}t")]) for k in ("C", "ORT"))
+            print(f"{m} at {t} threads: the program >= 1.0x onnxruntime: "
+                  + verdict([(o / c >= 1.0, f"{o / c:.2f}x")]) + load_mark(peak))
     return 0
 
 

@@ -4,9 +4,9 @@ aarch64-linux-gnu-gcc, run under qemu-aarch64, its outputs equal to the Python e
 Every registered op runs, drawn from the op-case table (tests/test_ops.py's CASES): each drawn case
 becomes a one-CNN graph (an op reading several inputs reads slices of one input, as the exported
 program takes one input per CNN), and all of them one application plan, exported once and built
-twice: with the NEON kernels (aarch64's default flags) and with the portable ones (-DTF_SIMD=0).
-The program says which path it ran (tf_simd), so a build that silently fell back to the portable
-path fails. A zoo model's parts plan runs end to end through `tightfit export --check`."""
+twice: with the NEON kernels (aarch64's default flags) and with the portable ones (-DTF_SIMD=0), each
+run on one thread and on three (the same bits). The program says which path it ran (tf_simd), so a
+build that silently fell back to the portable path fails. A zoo model's parts plan runs end to end through `tightfit export --check`."""
 from __future__ import annotations
 
 import json
@@ -119,6 +119,9 @@ def check_ops_on_aarch64(tmp_path: Path, count: int) -> None:
         bad = [f"{w}: max abs diff {c.max_abs_diff:.3g} > {c.tolerance:.3g}"
                for w, got, ref in zip(what, ran.outputs, refs) if not (c := compare(got.reshape(ref.shape), ref)).ok]
         assert not bad, f"{folder.name} kernels under qemu-aarch64 differ from the executor's:\n" + "\n".join(bad)
+        threaded = run(built.binary, inputs, [r.size for r in refs], launcher=linux.launcher(TARGET), threads=3)
+        moved = [w for w, a, b in zip(what, ran.outputs, threaded.outputs) if not np.array_equal(a, b, equal_nan=True)]
+        assert not moved, f"{folder.name} kernels on 3 threads under qemu-aarch64 changed:\n" + "\n".join(moved)
 
 
 @needs_toolchain
