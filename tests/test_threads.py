@@ -1,5 +1,5 @@
-"""Threads in the kernel library (tf_run's `threads`): a convolution's output rows are shared among
-the threads, every other step runs on the caller's thread. The outputs must be the same bits at any
+"""Threads in the kernel library (tf_run's `threads`): a convolution's or pooling's output rows are
+shared among the threads, every other step runs on the caller's thread. The outputs must be the same bits at any
 thread count, in the executor and in the exported program; an input that fails mid-run fails the
 run (no thread left waiting); a build without threads (-DTF_THREADS=0, a microcontroller's) runs
 the same steps on one thread."""

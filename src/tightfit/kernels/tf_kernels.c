@@ -1027,15 +1027,32 @@ static void conv_rows(float *arena, const float *wts, const tf_conv_args *a, lon
     conv(arena, wts, &part);
 }
 
-/* The steps that threads share: convolutions of two rows or more, split by output rows. */
+/* Output rows [r0, r1) of a pooling, likewise (oy0: the first row's place, for averages' divisors). */
+static void pool_rows(float *arena, const tf_pool_args *a, long r0, long r1) {
+    tf_pool_args part = *a;
+    part.y.off = (tf_int)(a->y.off + r0 * a->y.sh);
+    part.y.h = (tf_int)(r1 - r0);
+    part.pt = (tf_int)(a->pt - r0 * a->sh);
+    part.oy0 = (tf_int)(a->oy0 + r0);
+    pool(arena, &part);
+}
+
+/* The steps that threads share: convolutions and poolings of two output rows or more, by rows. */
+static long shared_rows(const tf_step *step) {
+    if (step->kind == TF_STEP_CONV) return ((const tf_conv_args *)step->args)->y.h;
+    if (step->kind == TF_STEP_POOL) return ((const tf_pool_args *)step->args)->y.h;
+    return 0;
+}
+
 static int shared_step(const tf_step *step, int threads) {
-    return threads > 1 && step->kind == TF_STEP_CONV && ((const tf_conv_args *)step->args)->y.h > 1;
+    return threads > 1 && shared_rows(step) > 1;
 }
 
 static void share_of(float *arena, const float *weights, const tf_step *step, int id, int threads) {
-    const tf_conv_args *a = (const tf_conv_args *)step->args;
-    const long h = a->y.h, r0 = h * id / threads, r1 = h * (id + 1) / threads;
-    if (r1 > r0) conv_rows(arena, weights, a, r0, r1);
+    const long h = shared_rows(step), r0 = h * id / threads, r1 = h * (id + 1) / threads;
+    if (r1 <= r0) return;
+    if (step->kind == TF_STEP_CONV) conv_rows(arena, weights, (const tf_conv_args *)step->args, r0, r1);
+    else pool_rows(arena, (const tf_pool_args *)step->args, r0, r1);
 }
 
 #define TF_MAX_THREADS 64
