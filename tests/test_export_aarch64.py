@@ -6,7 +6,9 @@ becomes a one-CNN graph (an op reading several inputs reads slices of one input,
 program takes one input per CNN), and all of them one application plan, exported once and built
 twice: with the NEON kernels (aarch64's default flags) and with the portable ones (-DTF_SIMD=0), each
 run on one thread and on three (the same bits). The program says which path it ran (tf_simd), so a
-build that silently fell back to the portable path fails. A zoo model's parts plan runs end to end through `tightfit export --check`."""
+build that silently fell back to the portable path fails. A zoo model's parts plan runs end to end
+through `tightfit export --check` (slow: mobilenet_v1_025's reuse and tiled plans, both paths,
+through api.check_export_linux)."""
 from __future__ import annotations
 
 import json
@@ -148,6 +150,23 @@ def test_zoo_parts_plan_exported_for_aarch64_and_checked(tmp_path, capsys):
     makefile = (out / "Makefile").read_text()
     assert "aarch64-linux-gnu-gcc" in makefile and "-march=native" not in makefile
     assert (out / "main.c").read_text().count("tf_simd()") == 1  # the host program as it is
+
+
+@needs_toolchain
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [{"method": "reuse"}, {"method": "tiling", "tiling": "0-5:3x3:reuse"}], ids=["reuse", "tiling"])
+def test_mobilenet_v1_025_on_aarch64_neon_and_portable(tmp_path, kw):
+    import tightfit
+
+    plan, graphs = tightfit.api.plan("mobilenet_v1_025", **kw)
+    target = linux.linux_target(TARGET)
+    for simd in (True, False):
+        folder = tmp_path / str(simd)
+        sources = generate(plan, graphs, "m", weights="file")
+        folder.mkdir()
+        linux.write_files(sources, folder, TARGET)
+        got = tightfit.api.check_export_linux(plan, graphs, sources, folder, TARGET, linux.cflags(target, simd))
+        assert got.ok and got.simd == (target.simd_width if simd else 0), got.lines()
 
 
 @needs_toolchain
