@@ -96,3 +96,15 @@ def test_run_plan_threads_on_the_cli(tmp_path, capsys):
     assert main(["run", str(path), "--threads", "2", "--verify"]) == 0
     assert main(["run", str(path), "--threads", "0"]) == 2
     assert "--threads" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None, reason="no arm-none-eabi-gcc on this machine")
+def test_a_microcontroller_build_has_no_threads(tmp_path):
+    """arm-none-eabi has no __unix__: the library builds without pthreads, with no flag to pass."""
+    from tightfit.kernels.library import SOURCES
+
+    obj = tmp_path / "k.o"
+    subprocess.run(["arm-none-eabi-gcc", "-mthumb", "-mcpu=cortex-m7", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
+                    "-c", str(SOURCES[0]), "-o", str(obj)], check=True, capture_output=True)
+    undefined = subprocess.run(["arm-none-eabi-nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert "pthread" not in undefined and "memcpy" in undefined  # it calls out, but to no thread function
