@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from tightfit.tolerance import compare
 
 from test_export_aarch64 import _draw, case_graph
 
+STRESS_RUNS = 60  # the race this catches hung the old code within 300 runs under load
 PLANS = [("mobilenet_v1_025", {"method": "reuse"}), ("mobilenet_v1_025", {"method": "parts", "rows": 2}),
          ("mobilenet_v1_025", {"method": "tiling", "tiling": "0-5:3x3:reuse"}), ("minakova5", {"method": "parts", "rows": 1})]
 
@@ -53,6 +55,8 @@ def test_drawn_cases_are_the_same_bits_on_three_threads(op_name):
 
 
 def test_a_failing_input_fails_the_threaded_run():
+    """Many times over, at 2 to 4 threads: a thread that saw the failure too early (a status read
+    after waking, not at the meeting) left the others waiting forever, now and then."""
     plan, graphs = tightfit.api.plan("mobilenet_v1_025", method="parts", rows=2)
     shape = graphs[0].shape(graphs[0].inputs[0])
     good = RowSource.seeded(shape, 1)
@@ -62,10 +66,22 @@ def test_a_failing_input_fails_the_threaded_run():
             raise ValueError("the camera stopped")
         return good.band(h0, h1)
 
-    ex = ArenaExecutor(plan, graphs, threads=2)
-    with pytest.raises(ValueError, match="the camera stopped"):
-        ex.run(RowSource(shape, band))
-    ex.run(good)  # the library is left usable: the next run completes
+    said: list[str] = []
+
+    def runs() -> None:
+        for i in range(STRESS_RUNS):
+            try:
+                ArenaExecutor(plan, graphs, threads=2 + i % 3).run(RowSource(shape, band))
+                said.append("no error")
+            except ValueError as e:
+                said.append(str(e))
+
+    worker = threading.Thread(target=runs, daemon=True)  # a deadlock fails the test, not the suite
+    worker.start()
+    worker.join(timeout=300)
+    assert not worker.is_alive(), f"a threaded run hung after {len(said)} runs whose input failed"
+    assert said == ["the camera stopped"] * STRESS_RUNS
+    ArenaExecutor(plan, graphs, threads=2).run(good)  # the library is left usable: the next run completes
     assert library.library().tf_threads() > 1
 
 

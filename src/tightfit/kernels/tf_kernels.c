@@ -1064,23 +1064,26 @@ typedef struct {
     tf_input_fn input; void *ctx;
     pthread_mutex_t mu; pthread_cond_t cv;
     long arrived, generation, expected;
-    int threads, status;
+    int threads, status, said; /* said: the status when the last meeting ended */
 } team;
 
 typedef struct { team *t; int id; } member;
 
-/* All `expected` threads wait here; then each sees the status set before it. */
+/* All `expected` threads wait here; each gets the status as it was when the last one arrived (not
+ * as it is when it wakes: the caller's thread may have gone on and failed a step since, and a
+ * thread that stopped on that would leave the others waiting at the next meeting). */
 static int meet(team *t) {
     pthread_mutex_lock(&t->mu);
     const long gen = t->generation;
     if (++t->arrived >= t->expected) {
         t->arrived = 0;
+        t->said = t->status;
         t->generation++;
         pthread_cond_broadcast(&t->cv);
     } else {
         while (gen == t->generation) pthread_cond_wait(&t->cv, &t->mu);
     }
-    const int status = t->status;
+    const int status = t->said;
     pthread_mutex_unlock(&t->mu);
     return status;
 }
@@ -1124,7 +1127,7 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.input = input, t.ctx = ctx, t.arrived = 0, t.generation = 0, t.status = 0;
+    t.input = input, t.ctx = ctx, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
