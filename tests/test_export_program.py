@@ -72,7 +72,9 @@ BAD = [
     (["input.bin", "o.bin", "99999999999999999999"], r"bad run count '99999999999999999999'"),
     (["input.bin", "o.bin", "1", "short.bin"], r"weights short\.bin: expected \d+ bytes \(float32\), got 100"),
     (["input.bin", "no/such/folder/o.bin"], r"cannot write no/such/folder/o\.bin: No such file or directory"),
-    (["input.bin"], r"usage: .* \[-p\] INPUT\.bin OUTPUT\.bin \[RUNS \[WEIGHTS\.bin\]\]"),
+    (["input.bin"], r"usage: .* \[-p\] \[-t THREADS\] INPUT\.bin OUTPUT\.bin \[RUNS \[WEIGHTS\.bin\]\]"),
+    (["-t", "0", "input.bin", "o.bin"], r"bad thread count '0': give a whole number from 1 to 64"),
+    (["-t", "x", "input.bin", "o.bin"], r"bad thread count 'x'"),
 ]
 
 

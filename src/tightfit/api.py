@@ -21,7 +21,7 @@ from tightfit.stages import (FitOutcome, RunResult, check_export_mcu, execute, l
                              reference_io)
 from tightfit.techniques.fit import FitApp, SearchOptions
 
-__all__ = ["FitOutcome", "RunResult", "check_export", "check_export_mcu", "execute", "fit", "inspect", "load", "load_fit_app",
+__all__ = ["FitOutcome", "RunResult", "check_export", "check_export_linux", "check_export_mcu", "execute", "fit", "inspect", "load", "load_fit_app",
            "load_plan", "load_ref", "plan", "plan_for_budget", "plan_inputs", "portable", "read_inputs", "reference_io", "run",
            "write_outputs", "write_plan"]
 
@@ -32,9 +32,9 @@ def inspect(graph: Graph, dtype: str = "fp32", workspace: str = "none", batch: i
     return account(graph, dtype, workspace, batch)
 
 
-def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = ()) -> RunResult:
-    """Run the reference executor once on `x` (a seeded random input if None)."""
-    return stages.run_model(graph, x, keep)
+def run(graph: Graph, x: np.ndarray | None = None, keep: Sequence[str] = (), threads: int = 1) -> RunResult:
+    """Run the reference executor once on `x` (a seeded random input if None), on `threads` threads."""
+    return stages.run_model(graph, x, keep, threads)
 
 
 def plan(model: str, method: str = "reuse", **options) -> tuple[Plan, list[Graph]]:
@@ -67,3 +67,10 @@ def check_export(plan_: Plan, graphs, sources, directory: str | Path, seed: int 
     timeout_s). With `keep_io`, a folder: the inputs and reference outputs are left there as
     input.bin and reference.bin."""
     return stages.check_export(plan_, graphs, sources, directory, BuildOptions(**build), seed, keep_io)
+
+
+def check_export_linux(plan_: Plan, graphs, sources, directory: str | Path, target: str, cflags=None, cc: str | None = None,
+                       keep_io: str | Path | None = None):
+    """Cross-build an exported plan for a Linux `target` (export.linux.TARGETS), run it under qemu
+    on the seeded inputs and compare with the reference executor (export.linux.CrossCheck)."""
+    return stages.check_export_linux(plan_, graphs, sources, directory, target, BuildOptions(cc, cflags), keep_io)

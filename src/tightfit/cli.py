@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(every CNN's input one after another, as the exported program reads it)")
     p.add_argument("--output", help="write the outputs here: .npy (one output), .npz (by name) or raw float32 "
                    "(every output one after another, as the exported program writes them)")
+    p.add_argument("--threads", type=COUNT, default=1,
+                   help="threads that share each convolution's output rows (default 1; the outputs are the same bits)")
     p.add_argument("--json", action="store_true")
 
     _fit_parser(sub)
@@ -166,8 +168,9 @@ def _fit_parser(sub) -> None:
     p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
-    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="with --export: a microcontroller; the budget is then what --ram leaves after the stack and the "
+    p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
+                   help="with --export: aarch64-linux, the program for a 64-bit Arm Linux board (its Makefile cross-compiles "
+                        "it); or a microcontroller: the budget is then what --ram leaves after the stack and the "
                         "program's data, and --export is a firmware project built for --ram and --flash")
     p.add_argument("--ram", help="with a cortex-m --target: the RAM of the device, e.g. 512KiB")
     p.add_argument("--flash", help="with a cortex-m --target: the flash of the device (weights and code), e.g. 2MiB")
@@ -186,16 +189,19 @@ def _export_parser(sub) -> None:
                    help="weights as const C arrays (c), as weights.bin read once (file), or c up to 16 MB (auto)")
     p.add_argument("--check", action="store_true",
                    help="build with cc, run on the reference executor's seeded input, compare, measure the whole process")
-    p.add_argument("--cc", help="C compiler for --check (default $CC or cc)")
-    p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast)")
+    p.add_argument("--cc", help="C compiler for --check (default $CC or cc; aarch64-linux-gnu-gcc for --target aarch64-linux)")
+    p.add_argument("--cflags", help="compiler flags for --check (default: -std=c99 -O3 -march=native -ffp-contract=fast; "
+                                    "for aarch64-linux the same without -march=native)")
     p.add_argument("--runs", type=COUNT, default=5, help="with --check: runs timed (the median is printed)")
     p.add_argument("--sanitize", action="store_true", help="with --check: build with -fsanitize=address,undefined as well")
     p.add_argument("--keep-io", action="store_true",
                    help="with --check: keep the checked input (input.bin) and the reference output (reference.bin) in --out")
-    p.add_argument("--target", default="host", choices=("host", "cortex-m7", "cortex-m4"),
-                   help="host (default), or a microcontroller: --out is then a firmware project (library, startup code, "
-                        "linker script, test main, semihosting shim, Makefile with run-qemu), built with arm-none-eabi-gcc "
-                        "and with --check run under qemu")
+    p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
+                   help="host (default); aarch64-linux: the same program cross-compiled for a 64-bit Arm Linux board "
+                        "(aarch64-linux-gnu-gcc, NEON kernels; --cflags '... -DTF_SIMD=0' for the portable ones), with "
+                        "--check run under qemu-aarch64; or a microcontroller: --out is then a firmware project (library, "
+                        "startup code, linker script, test main, semihosting shim, Makefile with run-qemu), built with "
+                        "arm-none-eabi-gcc and with --check run under qemu")
     p.add_argument("--ram", help="with a cortex-m target: the device's RAM, e.g. 512KiB: it holds the stack (8 KiB), "
                    "the program's data and the arena")
     p.add_argument("--flash", help="with a cortex-m target: the device's flash, e.g. 2MiB: it holds the code and the weights")
@@ -327,7 +333,7 @@ def csdf_options(args: argparse.Namespace) -> CsdfOptions:
 def run_options(args: argparse.Namespace) -> RunOptions:
     shape = None if args.model.endswith(".json") else _input_shape(args)  # a plan names its models' shapes
     return RunOptions(args.model, shape, args.verify, args.measure, args.enforce, args.limit, args.input, args.output,
-                      args.allow_code)
+                      args.allow_code, args.threads)
 
 
 def fit_options(args: argparse.Namespace) -> FitOptions:

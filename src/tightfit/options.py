@@ -93,6 +93,7 @@ class RunOptions:
     input: str | None = None
     output: str | None = None
     allow_code: bool = False
+    threads: int = 1  # that share each convolution's output rows (the same bits at any count)
 
 
 @dataclass(frozen=True)

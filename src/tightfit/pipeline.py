@@ -16,7 +16,7 @@ from tightfit import atomic
 from tightfit.analysis import csdf as C
 from tightfit.analysis.memory import account
 from tightfit.errors import OptionError, VerificationFailed
-from tightfit.export import BuildOptions, default_name, generate, mcu
+from tightfit.export import BuildOptions, default_name, generate, linux, mcu
 from tightfit.export.build import write_files
 from tightfit.export.errors import DoesNotFitError
 from tightfit.files import load_plan, read_inputs, write_fit_folder, write_outputs, write_plan
@@ -28,13 +28,14 @@ from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOpti
 from tightfit.plan.check import check_plan
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
-from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, layout_map,
-                             mcu_export_lines, plan_report, plan_run_text, plan_text, run_report, run_text, vbs_text)
+from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
+                             layout_map, linux_export_lines, mcu_export_lines, plan_report, plan_run_text, plan_text, run_report,
+                             run_text, vbs_text)
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.enforce import MARGIN, require_available
 from tightfit.runtime.measure import measure_subprocess
 from tightfit.runtime.reference import random_input
-from tightfit.stages import (FitOutcome, check_batch, check_export, check_export_mcu, execute, load_fit_app, param_bytes,
+from tightfit.stages import (FitOutcome, check_batch, check_export, check_export_linux, check_export_mcu, execute, load_fit_app, param_bytes,
                              plan_for_budget, plan_inputs, run_model)
 from tightfit.stages import fit as search_fit
 from tightfit.techniques.interface import Config, PlannedModel
@@ -241,7 +242,7 @@ def run(o: RunOptions) -> Result:
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if o.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if o.verify else ""))
     x = read_inputs(o.input, [graph.shape(graph.inputs[0])])[0] if o.input else random_input(graph)
-    result = run_model(graph, x)
+    result = run_model(graph, x, threads=o.threads)
     report = run_report(graph, result)
     if o.output:
         report["written"] = {"file": o.output, "outputs": write_outputs(o.output, list(result.outputs.items()))}
@@ -272,7 +273,7 @@ def run_plan(o: RunOptions) -> Result:
         raise OptionError("--limit goes with --enforce")
     shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
     xs = read_inputs(o.input, shapes) if o.input else plan_inputs(graphs, plan_)
-    outs, seconds = execute(plan_, graphs, xs)
+    outs, seconds = execute(plan_, graphs, xs, threads=o.threads)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o_ in enumerate(outs) for k, v in o_.items()}
     if o.output:
@@ -309,9 +310,11 @@ def _fit_budget(o: FitOptions) -> int | None:
             atomic.check_output_folder(folder, o.force, option)
     if o.out and o.export and os.path.abspath(o.out) == os.path.abspath(o.export):
         raise OptionError("--out and --export name the same folder: give each its own")
-    if o.target == "host":
+    if not is_mcu(o.target):
         if o.ram or o.flash:
             raise OptionError("--ram and --flash go with a cortex-m --target")
+        if o.target != "host" and not o.export:
+            raise OptionError(f"--target {o.target} goes with --export (the folder to write the program into)")
         return o.budget
     if not (o.ram and o.flash and o.export):
         raise OptionError(f"--target {o.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
@@ -330,14 +333,14 @@ def fit(o: FitOptions) -> Result:
     report -> write. VerificationFailed (an internal bug): nothing is reported or written."""
     budget = _fit_budget(o)
     app = load_fit_app(o.model, o.input_shape, o.batch, o.allow_code)
-    if o.target != "host":
+    if is_mcu(o.target):
         weights = param_bytes(app)
         if weights >= parse_size(o.flash):  # known now: no search for a program that cannot fit
             raise OptionError(f"the weights alone ({weights} B, {human(weights)}) do not fit --flash {o.flash}")
     for attempt in range(FIT_TRIES):
         outcome = search_fit(app, replace(o, budget=budget))
         report = fit_report(outcome)
-        if o.target != "host":
+        if is_mcu(o.target):
             report["target_budget"] = (f"budget: what --ram {o.ram} leaves after the {mcu.DEFAULT_STACK_BYTES} B stack "
                                        f"and the program's own data: {budget} B")
         try:
@@ -357,14 +360,18 @@ def fit(o: FitOptions) -> Result:
 
 
 def _fit_export(o: FitOptions, outcome: FitOutcome) -> dict:
-    """The chosen plan exported into `o.export`: the host C program, or with a cortex-m target the
-    firmware project, built (whole or not at all)."""
-    weights = "c" if o.target != "host" else "auto"
+    """The chosen plan exported into `o.export`: the host C program, the same for a Linux board
+    (its Makefile cross-compiles it), or with a cortex-m target the firmware project, built (whole
+    or not at all)."""
+    weights = "c" if is_mcu(o.target) else "auto"
     sources = generate(outcome.plan, outcome.app.graphs, default_name(outcome.plan), weights)
     with atomic.output_folder(o.export, o.force, "--export") as stage:
         if o.target == "host":
             write_files(sources, stage)
             return {"folder": o.export, "name": sources.name, "steps": sources.steps}
+        if not is_mcu(o.target):
+            linux.write_files(sources, stage, o.target)
+            return {"folder": o.export, "name": sources.name, "steps": sources.steps, "target": o.target}
         project = mcu.write_project(stage, sources, o.target, parse_size(o.ram), parse_size(o.flash))
         built = mcu.build_project(stage, project)
         return {"folder": o.export, "name": sources.name, "steps": sources.steps, "target": o.target,
@@ -378,17 +385,19 @@ def _paths_as_text(record: dict) -> dict:
 # --- export -------------------------------------------------------------------------------------
 
 def _check_export_options(o: ExportOptions) -> None:
-    if o.target == "host" and (o.ram or o.flash):
+    if not is_mcu(o.target) and (o.ram or o.flash):
         raise OptionError("--ram and --flash go with a cortex-m target")
-    if o.target != "host" and not (o.ram and o.flash):
+    if o.target == "aarch64-linux" and o.sanitize:
+        raise OptionError("--sanitize goes with the host target (the sanitizers do not run under qemu-aarch64)")
+    if is_mcu(o.target) and not (o.ram and o.flash):
         raise OptionError(f"--target {o.target} needs --ram and --flash, e.g. --ram 512KiB --flash 2MiB")
-    if o.target != "host" and o.weights == "file":
+    if is_mcu(o.target) and o.weights == "file":
         raise OptionError(f"--target {o.target} keeps the weights in flash: --weights file goes with the host target")
     if o.runs < 1:
         raise OptionError("--runs must be at least 1")
     if o.keep_io and not o.check:
         raise OptionError("--keep-io goes with --check (it keeps the checked input and reference output)")
-    if o.target != "host" and (o.sanitize or o.cc or o.cflags):
+    if is_mcu(o.target) and (o.sanitize or o.cc or o.cflags):
         raise OptionError("--sanitize, --cc and --cflags go with the host target")
 
 
@@ -407,10 +416,12 @@ def export(o: ExportOptions) -> Result:
 
 def _export_into(o: ExportOptions, plan_: Plan, graphs, stage: Path) -> tuple[dict, list[str], bool]:
     """Export (and with `check` build, run and compare) into `stage`, which becomes `o.out`."""
-    weights = "c" if o.target != "host" and o.weights == "auto" else o.weights
+    weights = "c" if is_mcu(o.target) and o.weights == "auto" else o.weights
     sources = generate(plan_, graphs, o.name or default_name(plan_), weights)
-    if o.target != "host":
+    if is_mcu(o.target):
         return _export_mcu(o, plan_, graphs, sources, stage)
+    if o.target != "host":
+        return _export_linux(o, plan_, graphs, sources, stage)
     write_files(sources, stage)
     report: dict = {"plan": o.plan, "folder": o.out, "name": sources.name, "steps": sources.steps,
                     "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
@@ -437,6 +448,23 @@ def _check_host(o: ExportOptions, exported: tuple, stage: Path, report: dict, li
         lines.append("under -fsanitize=address,undefined: " + ("no reports, outputs match" if clean.ok else "outputs DIFFER"))
         ok = ok and clean.ok
     return report, lines, ok
+
+
+def _export_linux(o: ExportOptions, plan_: Plan, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:
+    """The host program for a Linux board (--target aarch64-linux), with `check` cross-built and
+    run under qemu."""
+    linux.write_files(sources, stage, o.target)
+    report: dict = {"plan": o.plan, "folder": o.out, "name": sources.name, "steps": sources.steps, "target": o.target,
+                    "arena_bytes": sources.arena_bytes, "weight_bytes": sources.weight_bytes,
+                    "weights_file": sources.weights_in_file}
+    lines = linux_export_lines(o.out, o.target, sources, linux.linux_target(o.target).cc)
+    if not o.check:
+        return report, lines, True
+    got = check_export_linux(plan_, graphs, sources, stage, o.target, BuildOptions(o.cc, o.cflags),
+                             keep_io=stage if o.keep_io else None)
+    report["check"] = {k: v for k, v in got.__dict__.items() if k != "built"}
+    lines += got.lines()
+    return report, lines, got.ok
 
 
 def _export_mcu(o: ExportOptions, plan_: Plan, graphs, sources, stage: Path) -> tuple[dict, list[str], bool]:

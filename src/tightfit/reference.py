@@ -15,9 +15,9 @@ from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 
 
-def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, np.ndarray]:
-    """Run the graph on one input (an array, or {input name: array}); return its outputs (in the
-    model's order) and any tensors named in `keep`, as arrays of their own."""
+def run_reference(graph: Graph, inputs, keep: Iterable[str] = (), threads: int = 1) -> dict[str, np.ndarray]:
+    """Run the graph on one input (an array, or {input name: array}) on `threads` threads; return
+    its outputs (in the model's order) and any tensors named in `keep`, as arrays of their own."""
     x = inputs[graph.inputs[0]] if isinstance(inputs, Mapping) else inputs
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     wanted = dict.fromkeys(list(graph.outputs) + list(keep))
@@ -25,7 +25,7 @@ def run_reference(graph: Graph, inputs, keep: Iterable[str] = ()) -> dict[str, n
     # else buffers are reused after their last reader, as a layer-by-layer run frees tensors.
     planner = "naive" if len(wanted) > len(graph.outputs) else "improve"
     plan = plan_reuse(PlannedModel(graph, graph.name or "reference", int(x.shape[0])), planner=planner, layout="nhwc")
-    ex = ArenaExecutor(plan, [graph])
+    ex = ArenaExecutor(plan, [graph], threads=threads)
     outs = ex.run(x)[0]
     ctx = Context(plan, [graph], 0)
     written = {s.out.tensor: s.out for s in plan.steps()}

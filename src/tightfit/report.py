@@ -395,7 +395,23 @@ def exported_lines(report: dict[str, Any]) -> list[str]:
         return []
     if "target" not in e:
         return [f"  exported to {e['folder']}/: build with make -C {e['folder']}"]
+    if not is_mcu(e["target"]):
+        return [f"  exported to {e['folder']}/ for {e['target']}: build with make -C {e['folder']} (a cross compiler), "
+                f"run here with make -C {e['folder']} run-qemu"]
     return [f"  {report['target_budget']}",
             f"  exported to {e['folder']}/ as a {e['target']} firmware project: make -C {e['folder']}, "
             f"make -C {e['folder']} run-qemu", f"  {e['memory']}"]
 
+
+
+def is_mcu(target: str) -> bool:
+    """Whether an export target is a microcontroller (a firmware project), not a Linux program."""
+    return target.startswith("cortex-m")
+
+
+def linux_export_lines(out: str, target: str, sources, cc: str) -> list[str]:
+    """`export --target aarch64-linux`'s lines: what was written and how to build and run it."""
+    return [f"exported {sources.steps} steps to {out}/ for {target} ({sources.name}.c, {sources.name}.h, "
+            f"tf_kernels.c, main.c, Makefile" + (", weights.bin" if sources.weights_in_file else "") + ")",
+            f"build: make -C {out} (NEON kernels; make -C {out} portable: the portable ones) with {cc}"
+            f"   run here: make -C {out} run-qemu   on the board: ./{sources.name} INPUT.bin OUTPUT.bin [RUNS]"]

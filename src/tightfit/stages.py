@@ -25,6 +25,7 @@ import numpy as np
 from tightfit.analysis.memory import account
 from tightfit.errors import BudgetError, OptionError, VerificationFailed
 from tightfit.export import BuildOptions, check, check_mcu
+from tightfit.export.linux import check_for
 from tightfit.frontend.app import AppError, is_app_file, load_app
 from tightfit.frontend.load import load
 from tightfit.options import FitOptions
@@ -552,11 +553,11 @@ class RunResult:
     seconds: float
 
 
-def run_model(graph, x: np.ndarray | None = None, keep: Sequence[str] = ()) -> RunResult:
-    """Run the reference executor once on `x` (a seeded random input if None)."""
+def run_model(graph, x: np.ndarray | None = None, keep: Sequence[str] = (), threads: int = 1) -> RunResult:
+    """Run the reference executor once on `x` (a seeded random input if None), on `threads` threads."""
     x = random_input(graph) if x is None else x
     t0 = time.perf_counter()
-    outs = run_reference(graph, x, keep)
+    outs = run_reference(graph, x, keep, threads)
     return RunResult(outs, time.perf_counter() - t0)
 
 
@@ -565,10 +566,11 @@ def plan_inputs(graphs, plan_, seed: int = 0) -> list[np.ndarray]:
     return [random_input(g, ref.batch, seed + i) for i, (g, ref) in enumerate(zip(graphs, plan_.models))]
 
 
-def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan: bool = False):
-    """Run a plan once with the arena executor; returns per model {output: array} (copies)."""
+def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan: bool = False, threads: int = 1):
+    """Run a plan once with the arena executor on `threads` threads; returns per model {output:
+    array} (copies)."""
     xs = plan_inputs(graphs, plan_) if inputs is None else list(inputs)
-    ex = ArenaExecutor(plan_, graphs, fill_nan=fill_nan)
+    ex = ArenaExecutor(plan_, graphs, fill_nan=fill_nan, threads=threads)
     t0 = time.perf_counter()
     outs = ex.run(xs)
     seconds = time.perf_counter() - t0
@@ -594,6 +596,17 @@ def check_export(plan_, graphs, sources, directory, build: BuildOptions = BuildO
     if keep_io is not None:
         _keep_io(Path(keep_io), inputs, refs)
     return check(sources, directory, inputs, refs, build)
+
+
+def check_export_linux(plan_, graphs, sources, directory, target: str, build: BuildOptions = BuildOptions(),
+                       keep_io: str | Path | None = None):
+    """Cross-build an exported plan for a Linux `target` (export.linux.TARGETS), run it under qemu
+    on the seeded inputs and compare with the reference executor (export.linux.CrossCheck); of
+    `build`, the compiler and its flags."""
+    inputs, refs = reference_io(plan_, graphs)
+    if keep_io is not None:
+        _keep_io(Path(keep_io), inputs, refs)
+    return check_for(target, sources, Path(directory), inputs, refs, build.cflags, build.cc)
 
 
 def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +26,7 @@ WARNINGS = ["-Wall", "-Wextra", "-Werror", "-pedantic"]
 # contraction into FMA off unless asked (-ffp-contract=fast: 1.4x).
 DEFAULT_CFLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
+LIBS = ["-lm", "-pthread"]  # the kernels' threads (tf_run's `threads`): pthreads
 
 
 def write_files(sources: Sources, folder: Path) -> None:
@@ -78,9 +79,9 @@ def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[st
             objects.append(str(obj))
         linked = Path(tmp) / binary.name  # linked aside, renamed in: never a half-written program
         try:  # static: the process then maps only the libc pages it uses (~0.8 MiB against ~1.8)
-            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, "-lm"], timeout, env)
+            _run_cc([compiler(cc), *flags, "-static", "-o", str(linked), *objects, *LIBS], timeout, env)
         except ExportError:
-            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, "-lm"], timeout, env)
+            _run_cc([compiler(cc), *flags, "-o", str(linked), *objects, *LIBS], timeout, env)
         stack = _stack_bound(Path(tmp))
         with atomic.replacing(binary) as aside:
             shutil.copy2(linked, aside)
@@ -127,17 +128,33 @@ class Ran:
     outputs: list[np.ndarray]  # every output of every CNN, in order, flat
     median_seconds: float
     peak_rss: int  # bytes: the whole process's high-water mark
+    simd: int = -1  # the kernels' vector width (tf_simd: 0 for the portable path; -1: not said)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the program is started: its environment (None: ours); with `preload` it reads its
+    input whole before the timed runs (else by rows, as the steps ask: the input is then never
+    whole in memory); `launcher` the command that runs the binary (an emulator: qemu-aarch64 -L
+    SYSROOT), none for a host program; `threads` its -t."""
+
+    env: dict | None = None
+    preload: bool = False
+    launcher: Sequence[str] = ()
+    threads: int = 1
 
 
 def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int], runs: int = 1,
-        weights: Path | None = None, timeout: float = 600, env: dict | None = None, preload: bool = False) -> Ran:
-    """Run the program on `inputs` (every CNN's input, in order) and read its outputs; with
-    `preload` the program reads its input whole before the timed runs (else by rows, as the steps
-    ask: the input is then never whole in memory)."""
+        weights: Path | None = None, timeout: float = 600, **launch) -> Ran:
+    """Run the program on `inputs` (every CNN's input, in order) and read its outputs; `launch`
+    are Launch's fields."""
+    how = Launch(**launch)
+    env, preload, launcher, threads = how.env, how.preload, how.launcher, how.threads
     with tempfile.TemporaryDirectory(prefix="tightfit-run-") as tmp:
         inp, out = Path(tmp) / "input.bin", Path(tmp) / "output.bin"
         inp.write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
-        cmd = [str(binary)] + (["-p"] if preload else []) + [str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
+        options = (["-p"] if preload else []) + (["-t", str(threads)] if threads > 1 else [])
+        cmd = [*launcher, str(binary), *options, str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
         killed = threading.Event()
         with open(Path(tmp) / "stdout", "wb") as so, open(Path(tmp) / "stderr", "wb") as se:
             proc = children.popen(cmd, stdout=so, stderr=se, env=env)
@@ -162,7 +179,7 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
     for size in output_sizes:
         outputs.append(data[at : at + size].copy())
         at += size
-    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)", stdout)
+    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?", stdout)
     if m is None or int(m.group(2)) < 0:
         raise ExportError("the exported program did not report its peak memory (VmHWM needs Linux /proc)")
-    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024)
+    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024, int(m.group(3)) if m.group(3) else -1)

@@ -25,7 +25,7 @@ from tightfit.ops import abi
 KERNELS = Path(__file__).parents[1] / "kernels"
 SOURCES = (KERNELS / "tf_kernels.c", KERNELS / "tf_kernels.h")
 # As the exported program's default build (export/build.py), plus a shared object's.
-FLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
+FLAGS = ["-std=c99", "-O3", "-march=native", "-ffp-contract=fast", "-pthread", "-shared", "-fPIC"]
 
 
 class KernelLibraryError(TightfitError):
@@ -180,9 +180,10 @@ def library() -> ctypes.CDLL:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.tf_run.restype = ctypes.c_int
     lib.tf_simd.argtypes, lib.tf_simd.restype = [], ctypes.c_int
+    lib.tf_threads.argtypes, lib.tf_threads.restype = [], ctypes.c_int
     return lib
 
 

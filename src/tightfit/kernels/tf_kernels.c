@@ -8,9 +8,25 @@
  * written with the compiler's generic vectors of 16 floats (one zmm, two ymm or four q registers):
  * dense and depthwise convolutions register-blocked, pooling, batch norm and residual sums with their
  * clamp fused. -DTF_SIMD=0 forces the portable path (a microcontroller build has no vectors). */
+/* Threads (pthreads) where the platform has them; -DTF_THREADS=0 builds without (a
+ * microcontroller's build has no __unix__ and gets none). */
+#ifndef TF_THREADS
+#if defined(__unix__) || defined(__APPLE__)
+#define TF_THREADS 1
+#else
+#define TF_THREADS 0
+#endif
+#endif
+#if TF_THREADS && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L
+#endif
+
 #include <float.h>
 #include <math.h>
 #include <string.h>
+#if TF_THREADS
+#include <pthread.h>
+#endif
 
 #include "tf_kernels.h"
 
@@ -1306,43 +1322,207 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
 
 /* --- the step loop ---------------------------------------------------------------------------- */
 
-int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx) {
-    for (long i = 0; i < count; i++) {
-        const void *p = steps[i].args;
-        switch (steps[i].kind) {
-        case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
-        case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
-        case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
-        case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
-        case TF_STEP_SOFTMAX: softmax(arena, (const tf_softmax_args *)p); break;
-        case TF_STEP_CHANNEL_NORM: channel_norm(arena, weights, (const tf_norm_args *)p); break;
-        case TF_STEP_INSTANCE_NORM: instance_norm(arena, weights, (const tf_norm_args *)p); break;
-        case TF_STEP_CHANNEL_REDUCE: channel_reduce(arena, (const tf_global_args *)p); break;
-        case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
-        case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
-        case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;
-        case TF_STEP_CONCAT: concat(arena, (const tf_concat_args *)p); break;
-        case TF_STEP_PAD: pad(arena, (const tf_pad_args *)p); break;
-        case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
-        case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
-        case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
-        case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
-        case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
-        case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
-        case TF_STEP_INPUT: {
-            const tf_input_args *a = (const tf_input_args *)p;
-            const tf_view *y = &a->y;
-            const int status = input(ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
-                                     arena + y->off, y->sn, y->sc, y->sh, y->sw);
-            if (status) return status;
-            break;
-        }
-        default:
-            if (!run_int8(arena, weights, steps[i].kind, p)) return -1;
-        }
+/* One step; 0, or the input callback's status (-1: an unknown step kind). */
+static int run_step(float *arena, const float *weights, const int32_t *indices, const tf_step *step,
+                    tf_input_fn input, void *ctx) {
+    const void *p = step->args;
+    switch (step->kind) {
+    case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
+    case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
+    case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
+    case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
+    case TF_STEP_SOFTMAX: softmax(arena, (const tf_softmax_args *)p); break;
+    case TF_STEP_CHANNEL_NORM: channel_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_INSTANCE_NORM: instance_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_CHANNEL_REDUCE: channel_reduce(arena, (const tf_global_args *)p); break;
+    case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
+    case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
+    case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;
+    case TF_STEP_CONCAT: concat(arena, (const tf_concat_args *)p); break;
+    case TF_STEP_PAD: pad(arena, (const tf_pad_args *)p); break;
+    case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
+    case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
+    case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
+    case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
+    case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
+    case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
+    case TF_STEP_INPUT: {
+        const tf_input_args *a = (const tf_input_args *)p;
+        const tf_view *y = &a->y;
+        return input(ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
+                     arena + y->off, y->sn, y->sc, y->sh, y->sw);
+    }
+    default:
+        if (!run_int8(arena, weights, step->kind, p)) return -1;
     }
     return 0;
+}
+
+#if TF_THREADS
+/* Output rows [r0, r1) of a convolution: the same arithmetic per output element as the whole step
+ * (each element's taps are summed in the same order), so any split gives the same bits. The input
+ * view stays; its first row moves with pt (pt < 0: rows of the view above the share). */
+static void conv_rows(float *arena, const float *wts, const tf_conv_args *a, long r0, long r1) {
+    tf_conv_args part = *a;
+    part.y.off = (tf_int)(a->y.off + r0 * a->y.sh);
+    part.y.h = (tf_int)(r1 - r0);
+    part.pt = (tf_int)(a->pt - r0 * a->sh);
+    conv(arena, wts, &part);
+}
+
+/* Output rows [r0, r1) of a pooling, likewise (oy0: the first row's place, for averages' divisors). */
+static void pool_rows(float *arena, const tf_pool_args *a, long r0, long r1) {
+    tf_pool_args part = *a;
+    part.y.off = (tf_int)(a->y.off + r0 * a->y.sh);
+    part.y.h = (tf_int)(r1 - r0);
+    part.pt = (tf_int)(a->pt - r0 * a->sh);
+    part.oy0 = (tf_int)(a->oy0 + r0);
+    pool(arena, &part);
+}
+
+/* The steps that threads share: convolutions and poolings of two output rows or more, by rows. */
+static long shared_rows(const tf_step *step) {
+    if (step->kind == TF_STEP_CONV) return ((const tf_conv_args *)step->args)->y.h;
+    if (step->kind == TF_STEP_POOL) return ((const tf_pool_args *)step->args)->y.h;
+    return 0;
+}
+
+static int shared_step(const tf_step *step, int threads) {
+    return threads > 1 && shared_rows(step) > 1;
+}
+
+static void share_of(float *arena, const float *weights, const tf_step *step, int id, int threads) {
+    const long h = shared_rows(step), r0 = h * id / threads, r1 = h * (id + 1) / threads;
+    if (r1 <= r0) return;
+    if (step->kind == TF_STEP_CONV) conv_rows(arena, weights, (const tf_conv_args *)step->args, r0, r1);
+    else pool_rows(arena, (const tf_pool_args *)step->args, r0, r1);
+}
+
+#define TF_MAX_THREADS 64
+
+/* Threads meet before each shared step and after the last of a run of them; the caller's thread
+ * runs every other step (the input callback is called from the caller's thread only). */
+typedef struct {
+    float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
+    tf_input_fn input; void *ctx;
+    pthread_mutex_t mu; pthread_cond_t cv;
+    long arrived, generation, expected;
+    int threads, status, said; /* said: the status when the last meeting ended */
+} team;
+
+typedef struct { team *t; int id; } member;
+
+/* All `expected` threads wait here; each gets the status as it was when the last one arrived (not
+ * as it is when it wakes: the caller's thread may have gone on and failed a step since, and a
+ * thread that stopped on that would leave the others waiting at the next meeting). */
+static int meet(team *t) {
+    pthread_mutex_lock(&t->mu);
+    const long gen = t->generation;
+    if (++t->arrived >= t->expected) {
+        t->arrived = 0;
+        t->said = t->status;
+        t->generation++;
+        pthread_cond_broadcast(&t->cv);
+    } else {
+        while (gen == t->generation) pthread_cond_wait(&t->cv, &t->mu);
+    }
+    const int status = t->said;
+    pthread_mutex_unlock(&t->mu);
+    return status;
+}
+
+static void walk(team *t, int id) {
+    int after_shared = 0, failed = 0;
+    for (long i = 0; i < t->count; i++) {
+        const tf_step *step = &t->steps[i];
+        if (shared_step(step, t->threads)) {
+            if (meet(t)) return;
+            share_of(t->arena, t->weights, step, id, t->threads);
+            after_shared = 1;
+            continue;
+        }
+        if (after_shared && meet(t)) return;
+        after_shared = 0;
+        if (id == 0 && !failed) {
+            const int status = run_step(t->arena, t->weights, t->indices, step, t->input, t->ctx);
+            if (status) { /* said at the next meeting; the caller's thread runs nothing more */
+                pthread_mutex_lock(&t->mu);
+                t->status = status;
+                pthread_mutex_unlock(&t->mu);
+                failed = 1;
+            }
+        }
+    }
+}
+
+static void *worker(void *arg) {
+    member *m = (member *)arg;
+    meet(m->t); /* the start: every thread is made, and `threads` says how many */
+    walk(m->t, m->id);
+    return NULL;
+}
+
+/* 1 when the steps ran on `threads` threads (their status in *status); 0 when no team could be
+ * set up (the caller runs them on its own). */
+static int run_threads(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
+                       tf_input_fn input, void *ctx, int threads, int *status) {
+    team t;
+    pthread_t made[TF_MAX_THREADS];
+    member members[TF_MAX_THREADS];
+    t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
+    t.input = input, t.ctx = ctx, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
+    if (pthread_mutex_init(&t.mu, NULL)) return 0;
+    if (pthread_cond_init(&t.cv, NULL)) {
+        pthread_mutex_destroy(&t.mu);
+        return 0;
+    }
+    int n = 1;
+    for (; n < threads; n++) {
+        members[n].t = &t;
+        members[n].id = n;
+        if (pthread_create(&made[n], NULL, worker, &members[n])) break; /* fewer threads: still right */
+    }
+    pthread_mutex_lock(&t.mu);
+    t.threads = n;
+    t.expected = n;
+    pthread_mutex_unlock(&t.mu);
+    meet(&t);
+    walk(&t, 0);
+    for (int k = 1; k < n; k++) pthread_join(made[k], NULL);
+    pthread_cond_destroy(&t.cv);
+    pthread_mutex_destroy(&t.mu);
+    *status = t.status;
+    return 1;
+}
+#endif
+
+int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
+           tf_input_fn input, void *ctx, int threads) {
+#if TF_THREADS
+    if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
+    for (long i = 0; threads > 1 && i < count; i++) {
+        int status;
+        if (shared_step(&steps[i], threads)) {
+            if (run_threads(arena, weights, indices, steps, count, input, ctx, threads, &status)) return status;
+            break;
+        }
+    }
+#endif
+    (void)threads;
+    for (long i = 0; i < count; i++) {
+        const int status = run_step(arena, weights, indices, &steps[i], input, ctx);
+        if (status) return status;
+    }
+    return 0;
+}
+
+int tf_threads(void) {
+#if TF_THREADS
+    return TF_MAX_THREADS;
+#else
+    return 1;
+#endif
 }
 
 void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst) {

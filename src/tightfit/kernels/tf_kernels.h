@@ -144,9 +144,15 @@ typedef struct { const float *x; long c, h, w; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    float *dst, long sn, long sc, long sh, long sw);
 
-/* Runs `count` steps; returns 0, or the input callback's non-zero status (-1: an unknown step kind). */
+/* Runs `count` steps on `threads` threads (the caller's and threads - 1 more, made for the run; a
+ * convolution's or pooling's output rows are shared among them, every other step runs on the
+ * caller's thread, and the outputs are the same bits for any count); returns 0, or the input
+ * callback's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
+ * has no pthreads), every step runs on the caller's thread. */
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx);
+           tf_input_fn input, void *ctx, int threads);
+/* The most threads tf_run uses (1: built without threads). */
+int tf_threads(void);
 /* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */
 void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst);
 /* The vector path this build took: 0 portable, else the floats per register (16 AVX-512, 8 AVX2,

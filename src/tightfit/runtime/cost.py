@@ -305,7 +305,7 @@ class _Alone:
         table = self.tables.setdefault(k, kernels.StepTable([self.args] * k))
         run, ctx = kernels.library().tf_run, None if self.source is None else ctypes.addressof(self.source)
         pointers = (self.arena.ctypes.data, self.weights.ctypes.data, self.indices.ctypes.data)
-        call = functools.partial(run, *pointers, table.address, table.count, self.input_fn, ctx)
+        call = functools.partial(run, *pointers, table.address, table.count, self.input_fn, ctx, 1)
         call.keep = self  # type: ignore[attr-defined]  # the arena and tables the pointers point into
         return call
 

@@ -66,12 +66,16 @@ class _Partition:
 
 
 class ArenaExecutor:
-    def __init__(self, plan: Plan, graphs: Sequence[Graph], *, fill_nan: bool = False):
+    threads = 1  # tf_run's threads (an instance's own from __init__)
+
+    def __init__(self, plan: Plan, graphs: Sequence[Graph], *, fill_nan: bool = False, threads: int = 1):
         if plan.dtype not in DTYPES:
             from tightfit.errors import OptionError
 
             raise OptionError(f"the executor runs fp32 plans; this plan is {plan.dtype} (accounting only)")
         self.plan, self.graphs = plan, list(graphs)
+        # tf_run's threads: a convolution's output rows are shared among them (the same bits for any count).
+        self.threads = max(1, int(threads))
         self.lib = library()
         # +1 element so a zero-size plan still has storage; offsets are byte offsets.
         self.arena = _aligned_empty(max(plan.arena_bytes // 4, 1), np.float32)
@@ -117,7 +121,8 @@ class ArenaExecutor:
         arena, weights, indices = self._pointers
         if isinstance(x, RowSource):
             _INPUT.x, _INPUT.bands, _INPUT.error = x, part.bands, None
-            status = self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, self._rows_fn, None)
+            status = self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, self._rows_fn, None,
+                                     self.threads)
             if status:
                 raise _INPUT.error if _INPUT.error is not None else RuntimeError(f"the input callback returned {status}")
             return
@@ -125,7 +130,7 @@ class ArenaExecutor:
         _, c, h, w = _dims4(part.input_shape)
         source = Tensor(data.ctypes.data, c, h, w)
         self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, self._tensor_fn,
-                        ctypes.addressof(source))
+                        ctypes.addressof(source), self.threads)
 
     def _fill_rows(self, _ctx, n0, n1, h0, h1, w0, w1, dst, sn, sc, sh, sw) -> int:
         """tf_input_fn over the RowSource of this thread's run: its rows into the arena at dst."""

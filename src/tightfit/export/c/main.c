@@ -1,11 +1,12 @@
 /* main.c: tightfit's test program for an exported model (not part of the library).
- * usage: model [-p] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]
+ * usage: model [-p] [-t THREADS] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]
  * INPUT.bin holds every CNN's input, float32 NCHW, one after another; OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
  * from a file: by default weights.bin beside the program). With -p the input is read whole first
- * (timings then count no file reads). Prints the median seconds of a run and the process's peak
- * resident set (VmHWM).
+ * (timings then count no file reads). With -t, the steps run on THREADS threads (a convolution's
+ * output rows shared among them; the outputs are the same bits). Prints the median seconds of a run, the process's peak
+ * resident set (VmHWM) and the kernels' vector width (tf_simd: 0 for the portable path).
  * Every mistake is one line on stderr and a non-zero status: 2 for what was given (a missing,
  * short, long or unreadable file, a bad run count), 3 when a run fails, 4 when memory cannot be had
  * (with what the program needs beside the address-space and data limits set, where the platform
@@ -26,6 +27,7 @@
 #include "model.h"
 
 #define MAX_RUNS 1000000L
+#define MAX_THREADS 64L /* tf_run uses at most tf_threads() */
 
 typedef struct { FILE *f; long base; const long *shape; } file_source;
 
@@ -92,16 +94,16 @@ static int check_file(const char *what, const char *path, long want) {
     return 0;
 }
 
-/* The run count: a whole number from 1 to MAX_RUNS, or 0 (said in one line). */
-static long parse_runs(const char *text) {
+/* A count (`what`): a whole number from 1 to `most`, or 0 (said in one line). */
+static long parse_count(const char *what, const char *text, long most) {
     char *end = NULL;
     errno = 0;
-    const long runs = strtol(text, &end, 10);
-    if (errno || end == text || *end || runs < 1 || runs > MAX_RUNS) {
-        fprintf(stderr, "bad run count '%s': give a whole number from 1 to %ld\n", text, MAX_RUNS);
+    const long count = strtol(text, &end, 10);
+    if (errno || end == text || *end || count < 1 || count > most) {
+        fprintf(stderr, "bad %s '%s': give a whole number from 1 to %ld\n", what, text, most);
         return 0;
     }
-    return runs;
+    return count;
 }
 
 #ifdef TF_HAS_RLIMIT
@@ -157,20 +159,31 @@ static void *allocate(const char *what, size_t bytes) {
 
 typedef struct {
     const char *input, *output, *weights;
-    long runs;
+    long runs, threads;
     int preload;
 } options;
 
 static int parse(int argc, char **argv, options *o, char *weights_path, size_t path_size) {
-    o->preload = argc > 1 && strcmp(argv[1], "-p") == 0;
-    const int first = o->preload ? 2 : 1;
+    int first = 1;
+    o->preload = 0;
+    o->threads = 1;
+    for (; first < argc && argv[first][0] == '-' && argv[first][1]; first++) {
+        if (strcmp(argv[first], "-p") == 0) {
+            o->preload = 1;
+        } else if (strcmp(argv[first], "-t") == 0 && first + 1 < argc) {
+            o->threads = parse_count("thread count", argv[++first], MAX_THREADS);
+            if (o->threads < 1) return 2;
+        } else {
+            break;
+        }
+    }
     if (argc - first < 2 || argc - first > 4) {
-        fprintf(stderr, "usage: %s [-p] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]\n", argv[0]);
+        fprintf(stderr, "usage: %s [-p] [-t THREADS] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]\n", argv[0]);
         return 2;
     }
     o->input = argv[first];
     o->output = argv[first + 1];
-    o->runs = argc - first > 2 ? parse_runs(argv[first + 2]) : 1;
+    o->runs = argc - first > 2 ? parse_count("run count", argv[first + 2], MAX_RUNS) : 1;
     if (o->runs < 1) return 2;
     /* The weights: the 4th argument, else weights.bin in the program's own folder. */
     const char *slash = strrchr(argv[0], '/');
@@ -228,7 +241,9 @@ static int write_outputs(const char *path, const void *arena, long runs) {
 #endif
 
 /* Every run, timed into seconds[]; 0, or 3 with the failing CNN said. */
-static int run_all(void *arena, const float *weights, FILE *in, const float *whole, long runs, double *seconds) {
+static int run_all(void *arena, const float *weights, FILE *in, const float *whole, const options *o, double *seconds) {
+    const long runs = o->runs;
+    const int threads = (int)o->threads;
     file_source src[MODEL_CNNS];
     long base = 0;
     for (int m = 0; m < MODEL_CNNS; m++) {
@@ -243,8 +258,8 @@ static int run_all(void *arena, const float *weights, FILE *in, const float *who
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int m = 0; m < MODEL_CNNS; m++) {
-            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float))
-                                     : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m]);
+            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float), threads)
+                                     : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m], threads);
             if (status) {
                 fprintf(stderr, "CNN %d stopped with status %d (%s)\n", m, status,
                         whole ? "a kernel failed" : "reading its input rows failed, or a kernel");
@@ -286,10 +301,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot read input %s: %s\n", o.input, strerror(errno));
         goto done;
     }
-    if ((status = run_all(arena, weights, in, whole, o.runs, seconds)) != 0) goto done;
+    if ((status = run_all(arena, weights, in, whole, &o, seconds)) != 0) goto done;
     if ((status = write_outputs(o.output, arena, o.runs)) != 0) goto done;
     qsort(seconds, (size_t)o.runs, sizeof(double), cmp);
-    printf("runs %ld median_seconds %.9f peak_rss_kib %ld\n", o.runs, seconds[o.runs / 2], peak_rss_kib());
+    /* simd: the vector width the kernels were built with (0: the portable path), so a check
+     * can tell which path it ran. */
+    printf("runs %ld median_seconds %.9f peak_rss_kib %ld simd %d\n", o.runs, seconds[o.runs / 2], peak_rss_kib(),
+           tf_simd());
 done:
     if (in) fclose(in);
     free(whole);
