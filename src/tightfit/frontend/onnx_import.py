@@ -27,7 +27,7 @@ from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
 from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
-from tightfit.frontend import channels_last, folding
+from tightfit.frontend import batch_axis, channels_last, folding
 
 # Node types the importer handles itself rather than mapping to an op. Cast (to a float type)
 # and Expand (to the shape the data has) of activations are no-ops; any node computed from
@@ -35,7 +35,8 @@ from tightfit.frontend import channels_last, folding
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape", "Cast", "Expand")
 # Ops that can absorb the elementwise activations that follow them.
 ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul",
-                    "conv_transpose", "eltwise", "channel_norm", "instancenorm", "channel_reduce")
+                    "conv_transpose", "eltwise", "channel_norm", "instancenorm", "channel_reduce",
+                    "matmul", "layer_norm", "reduce")  # issue 38
 
 
 def supported_onnx_types() -> list[str]:
@@ -103,6 +104,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
     b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
+    b.nodes = batch_axis.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output})
     b.check_supported()
     b.walk()
     return b.finish(fuse_batchnorm)
@@ -633,8 +635,9 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     protos = _fuse_channel_shuffle(protos, keep, shapes)
     protos = _fuse_depth_space(protos, keep, shapes)
     functions = functools.partial(_fuse_functions, recognise=recognise or (lambda group, x: None))
-    steps = ((_fuse_silu, functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
-             else (_fuse_silu, functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
+    layernorm = functools.partial(_fuse_layernorm, shapes=shapes)
+    steps = ((_fuse_silu, functions, layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
+             else (_fuse_silu, functions, layernorm, _fuse_affine, _fuse_pad))
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
@@ -719,11 +722,18 @@ def _scalar_param(p: _Proto) -> float | None:
 
 
 def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, list[_Proto]],
-                     keep: set[str]) -> tuple[str, float, list[_Proto]] | None:
+                     keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[str, float, list[_Proto]] | None:
     """(x, epsilon, the layers) of (x - mean_C x) / sqrt(mean_C (x - mean_C x)^2 + eps) ending in
-    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None."""
+    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None. With `shapes`,
+    the means may be over the last axis instead (LayerNorm of tokens), both alike."""
+    shapes = shapes or {}
+
     def made(t: str, op: str, **attrs) -> _Proto | None:
         p = by_out.get(t)
+        if op == "channel_reduce" and p is not None and p.op == "reduce":  # a mean over the last axis
+            rank = len(shapes.get(p.inputs[0], ()))
+            ok = p.attrs["kind"] == "mean" and p.attrs["keepdims"] and tuple(p.attrs["axes"]) == (rank - 1,) and not p.attrs["act"]
+            return p if ok and t not in keep else None
         ok = p is not None and p.op == op and all(p.attrs.get(k) == v for k, v in attrs.items())
         return p if ok and t not in keep else None
 
@@ -739,7 +749,7 @@ def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, 
         return None
     x, m = sub.inputs
     mean = made(m, "channel_reduce", kind="mean")
-    if mean is None or mean.inputs != [x] or sub.params:
+    if mean is None or mean.inputs != [x] or sub.params or mean.op != var.op:
         return None
     chain = [mean, sub, square, var, add, sqrt, div]
     sole = {m: sub, square.output: var, var.output: add, add.output: sqrt, s: div}
@@ -748,37 +758,40 @@ def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, 
     return x, eps, chain
 
 
-def _fuse_layernorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+def _fuse_layernorm(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> list[_Proto]:
     """LayerNorm over channels spelled as reductions and arithmetic (ReduceMean, Sub, Pow,
     ReduceMean, Add, Sqrt, Div, then Mul by the scale and Add of the bias: opsets before 17,
     inside a channels-last block made NCHW) becomes one channel_norm layer: one tensor instead
-    of eight between x and the normalized output."""
+    of eight between x and the normalized output; over the last axis of tokens (issue 38), one
+    layer_norm layer."""
     by_out = {p.output: p for p in protos}
     readers = _consumers(protos)
     drop: set[int] = set()
     for div in protos:
-        found = _layernorm_chain(div, by_out, readers, keep)
+        found = _layernorm_chain(div, by_out, readers, keep, shapes)
         if found is None or any(id(p) in drop for p in found[2]):
             continue
         x, eps, chain = found
-        channels = None
+        last = chain[0].op == "reduce"
+        vector = _last_axis_vector if last else _channel_vector
+        channels = shapes[x][-1] if last else None
         tail = chain[-1]
         scale = bias = None
         nxt = _sole_consumer(protos, tail.output, keep)
         if nxt is not None and nxt.op == "mul" and nxt.inputs == [tail.output]:
-            channels = int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None
-            scale = _channel_vector(nxt, channels) if channels else None
+            channels = channels or (int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None)
+            scale = vector(nxt, channels) if channels else None
             if scale is not None:
                 chain, tail = chain + [nxt], nxt
                 nxt = _sole_consumer(protos, tail.output, keep)
         if nxt is not None and nxt.op == "add" and nxt.inputs == [tail.output] and len(nxt.params) == 1:
             channels = channels or int(np.asarray(nxt.params[0]).size)
-            bias = _channel_vector(nxt, channels)
+            bias = vector(nxt, channels)
             if bias is not None:
                 chain, tail = chain + [nxt], nxt
-        if channels is None or channels == 1:
+        if channels is None or (channels == 1 and not last):
             continue  # the channel count is not known here without a per-channel scale or bias
-        tail.op, tail.inputs, tail.attrs = "channel_norm", [x], {"epsilon": eps, "act": ()}
+        tail.op, tail.inputs, tail.attrs = "layer_norm" if last else "channel_norm", [x], {"epsilon": eps, "act": ()}
         tail.params = [np.ones(channels, np.float32) if scale is None else scale.astype(np.float32),
                        np.zeros(channels, np.float32) if bias is None else bias.astype(np.float32)]
         tail.nodes = [n for p in chain for n in p.nodes]
@@ -818,6 +831,17 @@ def _channel_vector(p: _Proto, channels: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1).astype(np.float64), (channels,))
 
 
+def _last_axis_vector(p: _Proto, size: int) -> np.ndarray | None:
+    """The constant operand of a one-input Mul/Add as a vector along the last axis (a Linear's bias
+    on tokens, a LayerNorm's scale), or None if it varies over anything else."""
+    if len(p.inputs) != 1 or len(p.params) != 1 or p.attrs.get("act"):
+        return None
+    c = np.asarray(p.params[0])
+    if c.ndim < 1 or any(d != 1 for d in c.shape[:-1]) or c.shape[-1] not in (1, size):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (size,))
+
+
 def _fuse_affine(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
     """A per-channel Mul or Add by a constant after a conv, dense or batch norm (Caffe's Scale
     layer: BN -> Mul -> Add, as in the ONNX zoo's DenseNet and Inception v2) folds into it."""
@@ -837,7 +861,7 @@ def _fuse_affine(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
             channels = int(np.asarray(host.params[0]).size)
         else:
             continue
-        v = _channel_vector(p, channels)
+        v = _last_axis_vector(p, channels) if host.attrs.get("last_axis") else _channel_vector(p, channels)
         if v is None:
             continue
         if host.op == "batchnorm":

@@ -325,11 +325,23 @@ def _channel_reduce(b, layer, xs, y):
 
 def _gemm(b, layer, xs, y):
     w = b.g.params[layer.params[0]]
-    features = int(np.prod(b.g.shape(layer.inputs[0])[1:]))
-    _expect(w.shape == (b.g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
+    if layer.attrs.get("last_axis"):
+        xs, y = _token_rows(b, layer, xs[0], y)
+    features = w.shape[1] if layer.attrs.get("last_axis") else int(np.prod(b.g.shape(layer.inputs[0])[1:]))
+    _expect(w.shape == (layer.attrs["out_features"], features), layer, f"weight {w.shape} for {features} input features")
     w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
     b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     return "gemm", "tf_gemm_args", [xs[0], y, w_off, b_off, w.shape[1], Acts(tuple(layer.attrs["act"]))]
+
+
+def _token_rows(b, layer, x: View, y: View) -> tuple[list[View], View]:
+    """Tokens (N, T, C) as N x T rows of one product each (issue 38: a Linear on tokens)."""
+    views = []
+    for v, t in ((x, layer.inputs[0]), (y, layer.output)):
+        dims, strides = _dims_strides(v, b.g.shape(t))
+        _expect(strides[0] == dims[1] * strides[1], layer, f"token rows of strides {strides}")
+        views.append(View(v.off, (dims[0] * dims[1], dims[2], 1, 1), (strides[1], strides[2], 0, 0)))
+    return [views[0]], views[1]
 
 
 def _softmax(b, layer, xs, y):
@@ -524,3 +536,108 @@ BINDERS = {
     "channel_reduce": _channel_reduce, "slice": _slice, "depth_to_space": _depth_space,
     "space_to_depth": _depth_space, "conv_transpose": _conv_transpose,
 }
+
+
+# --- issue 38: attention blocks (ops/attention.py) ------------------------------------------------
+# A view holds 4 dims; tensors of rank 2-4 map their dims onto it in order (lower ranks padded with
+# trailing 1s, as _dims4 does), so a binder sees every dim of the tensor with its stride and may
+# put the axis a kernel works along where that kernel reads it (C for softmax and norms).
+
+def _dims_strides(v: View, shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The dims of a tensor of logical `shape` as view `v` holds them (its batch the view's) and
+    their element strides; a tensor above rank 4 is held contiguous (folded into W)."""
+    dims = [v.dims[0], *shape[1:]]
+    if len(shape) <= 4:
+        return dims, list(v.strides[: len(shape)])
+    return dims, _contiguous_strides(dims)
+
+
+def _view4(off: int, dims: Sequence[int], strides: Sequence[int]) -> View:
+    """dims of any rank as a 4-dim view in the same logical order: dims of 1 dropped, dims that
+    lie one after the other in memory merged, 1s in front."""
+    kept: list[tuple[int, int]] = []
+    for d, s in zip(dims, strides):
+        if d == 1:
+            continue
+        if kept and kept[-1][1] == s * d:
+            kept[-1] = (kept[-1][0] * d, s)
+        else:
+            kept.append((d, s))
+    if len(kept) > 4:
+        raise KernelError(f"a block of dims {tuple(dims)} and strides {tuple(strides)} needs more than 4 view dims")
+    kept = [(1, 0)] * (4 - len(kept)) + kept
+    return View(off, tuple(d for d, _ in kept), tuple(s for _, s in kept))  # type: ignore[arg-type]
+
+
+def _padded(dims: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
+    return dims + [1] * (4 - len(dims)), strides + [0] * (4 - len(strides))
+
+
+def _axis_as_channels(v: View, shape: Sequence[int], axis: int) -> View:
+    """View `v` of a tensor with `axis` moved to C (kernels over C at every place: softmax, norm)."""
+    dims, strides = _padded(*_dims_strides(v, shape))
+    order = [0, axis] + [k for k in range(1, 4) if k != axis]
+    return View(v.off, tuple(dims[k] for k in order), tuple(strides[k] for k in order))  # type: ignore[arg-type]
+
+
+def _softmax_axis(b, layer, xs, y):
+    shape, axis = b.g.shape(layer.inputs[0]), layer.attrs["axis"]
+    return "softmax", "tf_softmax_args", [_axis_as_channels(xs[0], shape, axis), _axis_as_channels(y, shape, axis),
+                                          int(bool(layer.attrs.get("log")))]
+
+
+def _layer_norm(b, layer, xs, y):
+    shape = b.g.shape(layer.inputs[0])
+    s_off = b.weights.add((b.model, layer.id, "scale"), lambda: b.g.params[layer.params[0]])
+    b_off = b.weights.add((b.model, layer.id, "bias"), lambda: b.g.params[layer.params[1]])
+    axis = len(shape) - 1
+    return "channel_norm", "tf_norm_args", [_axis_as_channels(xs[0], shape, axis), _axis_as_channels(y, shape, axis),
+                                            s_off, b_off, float(layer.attrs["epsilon"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _matmul(b, layer, xs, y):
+    """a, b and y as (batch, batch, rows, cols) views, the inputs' batch dims broadcast to y's."""
+    out = b.g.shape(layer.output)
+    ydims, ystrides = _dims_strides(y, out)
+    views = []
+    for x, t in zip(xs, layer.inputs):
+        dims, strides = _dims_strides(x, b.g.shape(t))
+        lead = len(out) - len(dims)
+        dims, strides = dims[:1] + [1] * lead + dims[1:], strides[:1] + [0] * lead + strides[1:]
+        strides = [0 if d == 1 else s for d, s in zip(dims, strides)]
+        dims = [ydims[k] if k < len(out) - 2 else d for k, d in enumerate(dims)]
+        views.append((dims, strides))
+    views.append((ydims, ystrides))
+    four = []
+    for (dims, strides), v in zip(views, list(xs) + [y]):
+        lead = 4 - len(dims)  # batch dims padded after N: (N, 1, M, K) for rank 3
+        four.append(View(v.off, tuple(dims[:1] + [1] * lead + dims[1:]), tuple(strides[:1] + [0] * lead + strides[1:])))  # type: ignore[arg-type]
+    return "matmul", "tf_matmul_args", [*four, Acts(tuple(layer.attrs["act"]))]
+
+
+def _reduce(b, layer, xs, y):
+    """x as it is; y with the reduced axes put back as dims of 1 (stride 0) where keepdims dropped them."""
+    shape, axes = b.g.shape(layer.inputs[0]), set(layer.attrs["axes"])
+    xd, xst = _padded(*_dims_strides(xs[0], shape))
+    yd, yst = _dims_strides(y, b.g.shape(layer.output))
+    if not layer.attrs["keepdims"]:
+        kept = iter(zip(yd, yst))
+        yd, yst = map(list, zip(*[(1, 0) if k in axes else next(kept) for k in range(len(shape))]))
+    yd, yst = _padded(list(yd), list(yst))
+    x4 = View(xs[0].off, tuple(xd), tuple(xst))  # type: ignore[arg-type]
+    y4 = View(y.off, tuple(yd), tuple(yst))  # type: ignore[arg-type]
+    return "reduce", "tf_reduce_args", [x4, y4, Code("REDUCE", layer.attrs["kind"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _gather(b, layer, xs, y):
+    """A copy of the block at the index: x's view without the axis, moved to the index."""
+    axis, index = layer.attrs["axis"], layer.attrs["index"]
+    dims, strides = _dims_strides(xs[0], b.g.shape(layer.inputs[0]))
+    off = xs[0].off + index * strides[axis]
+    x = _view4(off, dims[:axis] + dims[axis + 1 :], strides[:axis] + strides[axis + 1 :])
+    ydims, ystrides = _dims_strides(y, b.g.shape(layer.output))
+    return "copy", "tf_copy_args", [x, _view4(y.off, ydims, ystrides)]
+
+
+BINDERS.update({"matmul": _matmul, "softmax_axis": _softmax_axis, "layer_norm": _layer_norm, "reduce": _reduce,
+                "gather": _gather})

@@ -33,8 +33,8 @@ class _Elementwise(Op):
         broadcast over H or W is read whole there); constants of one sample."""
         expect(len(in_shapes) >= 1, "takes at least one data input")
         rank = len(in_shapes[0])
-        expect(all(len(s) == rank for s in in_shapes) and rank in (2, 4),
-               f"data inputs of shapes {[tuple(s) for s in in_shapes]} must all have rank 2 or all rank 4")
+        expect(all(len(s) == rank for s in in_shapes) and 2 <= rank <= 4,
+               f"data inputs of shapes {[tuple(s) for s in in_shapes]} must all have one rank, 2 to 4")
         expect(all(s[0] == in_shapes[0][0] for s in in_shapes), f"data inputs {[tuple(s) for s in in_shapes]} differ in batch")
         expect(all(p.ndim == rank and p.shape[0] == 1 for p in params),
                f"constant operands of shapes {[tuple(p.shape) for p in params]} must be one sample of rank {rank}")
