@@ -810,6 +810,84 @@ def activation_cases(draw):
     return _hand_case("activation", {"act": chain}, {"x": x}, nodes, out, inits=inits)
 
 
+# --- issue 38: attention blocks (ops/attention.py) -------------------------------------------------
+
+@st.composite
+def matmul_cases(draw):
+    """Two activations of rank 3 or 4, batch dims broadcast (a dim of 1 on either side)."""
+    rng = _rng(draw)
+    n, m, k, cols = (draw(st.integers(1, 3)) for _ in range(4))
+    heads = [] if draw(st.booleans()) else [draw(st.integers(1, 3))]
+    a_heads = [draw(st.sampled_from([h, 1])) for h in heads]
+    b_heads = [h if a == 1 else draw(st.sampled_from([h, 1])) for h, a in zip(heads, a_heads)]
+    a = _randn(rng, (n, *a_heads, m, k * 3))
+    b = _randn(rng, (n, *b_heads, k * 3, cols * 2))
+    node = helper.make_node("MatMul", ["a", "b"], ["y0"])
+    return onnx_case("matmul", [node], 0, {"a": a, "b": b}, {}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def softmax_axis_cases(draw):
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 4))
+    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank))) * 3
+    axis = draw(st.sampled_from([a for a in range(1, rank) if not (rank != 3 and a == 1)] or [1]))
+    if rank == 2:
+        return draw(softmax_axis_cases())  # over C of (N, C): the softmax op's
+    axis = draw(st.sampled_from([axis, axis - rank]))
+    kind = draw(st.sampled_from(["Softmax", "LogSoftmax"]))
+    return onnx_case("softmax_axis", [helper.make_node(kind, ["x"], ["y0"], axis=axis)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def layer_norm_cases(draw):
+    """LayerNormalization over the last axis of tokens (N, T, C) or of rank-4 data."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 4))
+    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank - 1)) + (draw(st.integers(2, 9)),)) * 3
+    d = x.shape[-1]
+    inits = {"s": _randn(rng, (d,))}
+    names = ["x", "s"]
+    if draw(st.booleans()):
+        inits["b"] = _randn(rng, (d,))
+        names.append("b")
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.5]))
+    node = helper.make_node("LayerNormalization", names, ["y0"], axis=draw(st.sampled_from([-1, rank - 1])), epsilon=eps)
+    return onnx_case("layer_norm", [node], 0, {"x": x}, inits, opset=17, acts=draw(CHAINS))
+
+
+@st.composite
+def reduce_cases(draw):
+    """ReduceMean / Sum / Max / L2 over any non-empty set of axes after the batch, keepdims or not;
+    axes as the attribute (opset 13; ReduceSum's an input there) or an input (opset 18)."""
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 4))
+    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank)))
+    axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, unique=True))
+    keepdims = 1 if rank - len(axes) < 2 else draw(st.sampled_from([0, 1]))
+    axes = [draw(st.sampled_from([a, a - rank])) for a in axes]
+    kind = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"]))
+    opset = draw(st.sampled_from([13, 18]))
+    if opset == 18 or kind == "ReduceSum":
+        node = helper.make_node(kind, ["x", "axes"], ["y0"], keepdims=keepdims)
+        inits = {"axes": np.array(axes, np.int64)}
+    else:
+        node, inits = helper.make_node(kind, ["x"], ["y0"], axes=axes, keepdims=keepdims), {}
+    return onnx_case("reduce", [node], 0, {"x": x}, inits, opset=opset, acts=draw(CHAINS))
+
+
+@st.composite
+def gather_cases(draw):
+    """One constant index (negative too) along an axis after the batch of rank 3-5 data."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    axis = draw(st.integers(1, rank - 1))
+    index = draw(st.integers(-x.shape[axis], x.shape[axis] - 1))
+    node = helper.make_node("Gather", ["x", "i"], ["y0"], axis=draw(st.sampled_from([axis, axis - rank])))
+    return onnx_case("gather", [node], 0, {"x": x}, {"i": np.array(index, np.int64)}, opset=13)
+
+
 CASES = {
     "conv": conv_cases(),
     "maxpool": pool_cases("MaxPool"),
@@ -838,6 +916,12 @@ CASES = {
     "channel_norm": channel_norm_cases(),
     "instancenorm": instancenorm_cases(),
     "channel_reduce": channel_reduce_cases(),
+    # issue 38: attention blocks
+    "matmul": matmul_cases(),
+    "softmax_axis": softmax_axis_cases(),
+    "layer_norm": layer_norm_cases(),
+    "reduce": reduce_cases(),
+    "gather": gather_cases(),
 }
 
 

@@ -52,6 +52,9 @@ class MatMul(_WholeSamples):
 
     name = "matmul"
 
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        return matmul_spec(node)
+
     def check(self, layer: Layer, in_shapes, params) -> None:
         expect(len(in_shapes) == 2 and not params, f"takes two data inputs, got {len(in_shapes)} and {len(params)} constants")
         a, b = (tuple(s) for s in in_shapes)
@@ -88,6 +91,9 @@ class SoftmaxAxis(_WholeSamples):
 
     name = "softmax_axis"
 
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        return softmax_axis_spec(node, _axis(node, int(node.attrs.get("axis", -1)), len(node.shape(node.inputs[0]))))
+
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         rank, axis = len(in_shapes[0]), layer.attrs["axis"]
@@ -113,6 +119,10 @@ class LayerNorm(_WholeSamples):
     of it."""
 
     name = "layer_norm"
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        return layer_norm_spec(node, _axis(node, int(node.attrs.get("axis", -1)), len(node.shape(node.inputs[0]))), eps)
 
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
@@ -170,7 +180,7 @@ class Reduce(_WholeSamples):
         expect(len(axes) >= 1 and sorted(set(axes)) == list(axes) and all(1 <= a < rank for a in axes),
                f"axes {axes} must be distinct, sorted axes after the batch of rank {rank}")
         expect(layer.attrs["kind"] in ("mean", "sum", "max", "l2"), f"kind {layer.attrs['kind']!r}")
-        expect(layer.attrs["keepdims"] or rank - len(axes) >= 1, "keeps no dim")
+        expect(layer.attrs["keepdims"] or rank - len(axes) >= 2, f"keepdims=0 over {axes} of rank {rank} leaves the batch alone")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         axes, shape = set(layer.attrs["axes"]), in_shapes[0]
@@ -201,6 +211,8 @@ def reduce_spec(node: OnnxNode) -> OnnxSpec:
     if 0 in axes:
         raise ValueError(f"a reduction over the batch axis of {shape} is not supported (the batch is free)")
     keepdims = bool(node.attrs.get("keepdims", 1))
+    if not keepdims and len(shape) - len(axes) < 2:
+        raise ValueError(f"keepdims=0 over axes {axes} of {shape} leaves the batch alone (keepdims=1 is supported)")
     return OnnxSpec({"kind": REDUCE_KINDS[node.op_type], "axes": tuple(axes), "keepdims": keepdims, "act": ()},
                     [node.inputs[0]], op="reduce")
 
@@ -218,8 +230,8 @@ class Gather(_WholeSamples):
         idx = node.const_input(1)
         if idx is None or idx.ndim != 0:
             raise ValueError("only a Gather of one constant index (a scalar) from activations is supported")
-        if not 2 <= len(shape) <= MAX_RANK + 1:
-            raise ValueError(f"Gather from data of rank {len(shape)}; ranks 2 to {MAX_RANK + 1} are supported")
+        if not 3 <= len(shape) <= MAX_RANK + 1:
+            raise ValueError(f"Gather from data of rank {len(shape)}; ranks 3 to {MAX_RANK + 1} are supported")
         axis = _axis(node, int(node.attrs.get("axis", 0)), len(shape))
         if axis == 0:
             raise ValueError("a Gather along the batch axis is not supported")
@@ -231,7 +243,7 @@ class Gather(_WholeSamples):
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         shape, axis, i = tuple(in_shapes[0]), layer.attrs["axis"], layer.attrs["index"]
-        expect(2 <= len(shape) <= MAX_RANK + 1 and 1 <= axis < len(shape) and 0 <= i < shape[axis],
+        expect(3 <= len(shape) <= MAX_RANK + 1 and 1 <= axis < len(shape) and 0 <= i < shape[axis],
                f"index {i} of axis {axis} of {shape}: an index in range of an axis after the batch")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:

@@ -94,7 +94,7 @@ class Softmax(Op):
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"axis {axis} out of range for rank {len(shape)}")
         axis %= len(shape)
-        if axis != 1 and not old and axis > 0:
+        if not old and axis > 0 and (axis != 1 or len(shape) == 3):
             return softmax_axis_spec(node, axis)
         if axis != 1 or len(shape) not in (2, 4) or (old and any(d != 1 for d in shape[2:])):
             raise ValueError(f"{node.op_type} over axis {axis} of {shape}{' (opset < 13: over all dims from it)' if old else ''};"
