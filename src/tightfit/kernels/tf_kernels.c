@@ -599,6 +599,8 @@ static void gemm(float *arena, const float *wts, const tf_gemm_args *a) {
     }
 }
 
+/* y may be x itself (softmax_axis runs in place): every pass reads x[c] before it writes y[c], and
+ * the log form writes nothing before its last pass. */
 static void softmax(float *arena, const tf_softmax_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     for (long n = 0; n < x->n; n++)
@@ -607,7 +609,11 @@ static void softmax(float *arena, const tf_softmax_args *a) {
         const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
         float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw, top = -INFINITY, sum = 0.0f;
         for (long c = 0; c < x->c; c++) top = in[c * x->sc] > top ? in[c * x->sc] : top;
-        for (long c = 0; c < x->c; c++) sum += out[c * y->sc] = expf(in[c * x->sc] - top);
+        for (long c = 0; c < x->c; c++) {
+            const float e = expf(in[c * x->sc] - top);
+            sum += e;
+            if (!a->log) out[c * y->sc] = e;
+        }
         if (a->log) {
             const float shift = top + logf(sum);
             for (long c = 0; c < x->c; c++) out[c * y->sc] = in[c * x->sc] - shift;

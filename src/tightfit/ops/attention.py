@@ -90,6 +90,7 @@ class SoftmaxAxis(_WholeSamples):
     over the last axis): softmax's kernel over a view whose C is that axis."""
 
     name = "softmax_axis"
+    inplace_ok = True  # the kernel reads each element before it writes it (attention's scores)
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         return softmax_axis_spec(node, _axis(node, int(node.attrs.get("axis", -1)), len(node.shape(node.inputs[0]))))
@@ -119,6 +120,7 @@ class LayerNorm(_WholeSamples):
     of it."""
 
     name = "layer_norm"
+    inplace_ok = True  # statistics first, then each element read before it is written
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         eps = float(node.attrs.get("epsilon", 1e-5))

@@ -94,7 +94,8 @@ class Softmax(Op):
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"axis {axis} out of range for rank {len(shape)}")
         axis %= len(shape)
-        if not old and axis > 0 and (axis != 1 or len(shape) == 3):
+        # Before opset 13 the coercion to 2-D at the last axis is a softmax over that axis alone.
+        if axis > 0 and (axis != 1 or len(shape) == 3) and (not old or axis == len(shape) - 1):
             return softmax_axis_spec(node, axis)
         if axis != 1 or len(shape) not in (2, 4) or (old and any(d != 1 for d in shape[2:])):
             raise ValueError(f"{node.op_type} over axis {axis} of {shape}{' (opset < 13: over all dims from it)' if old else ''};"

@@ -1,0 +1,157 @@
+"""Attention blocks and token tensors (issue 38): a small hybrid model (conv trunk, tokens, one
+attention block, back to a map, convs) written as exporters write it, at opset 17 and at opset 13
+(LayerNormalization spelled as ReduceMean / Sub / Pow / Sqrt / Div, GELU as erf), with the Shape /
+Gather / Unsqueeze / Concat chains of a dynamic reshape: it imports into the fused ops, matches
+onnxruntime, and parts and tiling split its convolutions and end a group at the block.
+The SVTR-style corpus model is checked whole in tests/test_corpus.py (slow)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tightfit.api import execute
+from tightfit.frontend.onnx_import import import_model
+from tightfit.plan.check import check_plan
+from tightfit.reference import run_reference
+from tightfit.runtime.reference import random_input
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.parts.planner import plan_parts
+from tightfit.techniques.reuse.planner import plan_reuse
+from tightfit.techniques.tiling.groups import TileGroup
+from tightfit.techniques.tiling.planner import plan_tiling
+from tightfit.verify import onnxruntime_outputs
+
+C, H, W, HEADS = 8, 4, 6, 2
+T = H * W
+
+
+class _Model:
+    """Nodes and weights of an ONNX graph, written node by node."""
+
+    def __init__(self, opset: int, seed: int = 0) -> None:
+        self.opset, self.nodes, self.inits, self.rng, self.count = opset, [], {}, np.random.default_rng(seed), 0
+
+    def const(self, value, dtype=np.float32) -> str:
+        name = f"k{len(self.inits)}"
+        self.inits[name] = np.asarray(value, dtype)
+        return name
+
+    def weight(self, *shape: int) -> str:
+        return self.const(self.rng.standard_normal(shape) / np.sqrt(shape[0] if len(shape) == 2 else np.prod(shape[1:])))
+
+    def node(self, op: str, inputs: list[str], **attrs) -> str:
+        self.count += 1
+        out = f"{op.lower()}{self.count}"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"/{op}_{self.count}", **attrs))
+        return out
+
+    def linear(self, x: str, cin: int, cout: int) -> str:
+        return self.node("Add", [self.node("MatMul", [x, self.weight(cin, cout)]), self.weight(cout)])
+
+    def layer_norm(self, x: str) -> str:
+        scale, bias = self.const(1 + 0.1 * self.rng.standard_normal(C)), self.weight(C)
+        if self.opset >= 17:
+            return self.node("LayerNormalization", [x, scale, bias], axis=-1, epsilon=1e-6)
+        axes = {"axes": [-1]}
+        mean = self.node("ReduceMean", [x], **axes)
+        d = self.node("Sub", [x, mean])
+        var = self.node("ReduceMean", [self.node("Pow", [d, self.const(2.0)])], **axes)
+        norm = self.node("Div", [d, self.node("Sqrt", [self.node("Add", [var, self.const(1e-6)])])])
+        return self.node("Add", [self.node("Mul", [norm, scale]), bias])
+
+    def gelu(self, x: str) -> str:
+        if self.opset >= 20:
+            return self.node("Gelu", [x])
+        erf = self.node("Erf", [self.node("Div", [x, self.const(np.sqrt(2.0))])])
+        return self.node("Mul", [self.node("Mul", [x, self.node("Add", [erf, self.const(1.0)])]), self.const(0.5)])
+
+    def dynamic_shape(self, x: str, dims: list[int]) -> str:
+        """[N of x, *dims] as exporters compute a reshape target: Shape, Gather, Unsqueeze, Concat."""
+        batch = self.node("Gather", [self.node("Shape", [x]), self.const(0, np.int64)], axis=0)
+        first = self.node("Unsqueeze", [batch, self.const([0], np.int64)]) if self.opset >= 13 else \
+            self.node("Unsqueeze", [batch], axes=[0])
+        return self.node("Concat", [first, self.const(dims, np.int64)], axis=0)
+
+    def model(self, x: str, out: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, "hybrid", [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, H, W])],
+                                  [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                                  [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 8
+        return model
+
+
+def hybrid(opset: int) -> onnx.ModelProto:
+    """conv -> tokens (N, T, C) -> LayerNorm -> qkv -> q k^T / sqrt d -> softmax -> @ v -> proj ->
+    residual -> LayerNorm -> MLP (GELU) -> residual -> back to (N, C, H, W) -> conv -> ReduceL2 over C."""
+    m = _Model(opset)
+    x = m.node("Relu", [m.node("Conv", ["image", m.weight(C, 3, 3, 3), m.weight(C)], pads=[1, 1, 1, 1])])
+    tokens = m.node("Transpose", [m.node("Reshape", [x, m.dynamic_shape(x, [C, T])])], perm=[0, 2, 1])
+    qkv = m.linear(m.layer_norm(tokens), C, 3 * C)
+    qkv = m.node("Transpose", [m.node("Reshape", [qkv, m.dynamic_shape(qkv, [T, 3, HEADS, C // HEADS])])],
+                 perm=[2, 0, 3, 1, 4])
+    q, k, v = (m.node("Gather", [qkv, m.const(i, np.int64)], axis=0) for i in range(3))
+    scores = m.node("Mul", [m.node("MatMul", [q, m.node("Transpose", [k], perm=[0, 1, 3, 2])]),
+                            m.const((C // HEADS) ** -0.5)])
+    attn = m.node("MatMul", [m.node("Softmax", [scores], axis=-1), v])
+    merged = m.node("Reshape", [m.node("Transpose", [attn], perm=[0, 2, 1, 3]), m.dynamic_shape(attn, [T, C])])
+    tokens = m.node("Add", [tokens, m.linear(merged, C, C)])
+    mlp = m.linear(m.gelu(m.linear(m.layer_norm(tokens), C, 2 * C)), 2 * C, C)
+    tokens = m.node("Add", [tokens, mlp])
+    fmap = m.node("Reshape", [m.node("Transpose", [tokens], perm=[0, 2, 1]), m.const([0, C, H, W], np.int64)])
+    y = m.node("Relu", [m.node("Conv", [fmap, m.weight(C, C, 3, 3), m.weight(C)], pads=[1, 1, 1, 1])])
+    axes = {"axes": [1]} if opset < 18 else {}
+    ins = [y] if opset < 18 else [y, m.const([1], np.int64)]
+    out = m.node("ReduceL2", ins, keepdims=1, **axes)
+    return m.model("image", out)
+
+
+@pytest.fixture(scope="module", params=[17, 13])
+def imported(request):
+    model = hybrid(request.param)
+    return model, import_model(model, None, f"hybrid{request.param}")
+
+
+def test_imports_into_the_fused_ops(imported):
+    _, g = imported
+    ops = [layer.op for layer in g.layers]
+    assert ops.count("layer_norm") == 2 and ops.count("matmul") == 2 and ops.count("softmax_axis") == 1, ops
+    assert ops.count("gather") == 3 and "reduce" in ops, ops
+    assert not {"eltwise", "channel_reduce"} & set(ops), ops  # the LayerNorm spelling fused, erf GELU an activation
+    assert any(("gelu",) in layer.attrs.get("act", ()) for layer in g.layers)
+    # Shape / Gather / Unsqueeze / Concat chains of the reshape targets were folded, not run.
+    assert all(not n.startswith("/Shape") for layer in g.layers for n in layer.nodes)
+    assert g.shape(g.layers[-1].output) == (1, 1, H, W)
+
+
+def test_matches_onnxruntime(imported):
+    model, g = imported
+    x = random_input(g)
+    got = run_reference(g, x)[g.outputs[0]]
+    want = onnxruntime_outputs(model.SerializeToString(), x)
+    want = want[g.outputs[0]] if g.outputs[0] in want else next(iter(want.values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_parts_and_tiling_split_the_convolutions_and_run_the_block_whole(imported):
+    _, g = imported
+    x = random_input(g)
+    want = run_reference(g, x)[g.outputs[0]]
+    model = PlannedModel(g, "hybrid")
+    reuse = check_plan(plan_reuse(model, "improve"), [g])
+    assert reuse.arena_bytes == reuse.lower_bound
+    conv_in, conv_out = 0, next(l.id for l in g.layers if l.op == "conv" and l.id > 0)
+    whole = [l.id for l in g.layers if l.op in ("matmul", "softmax_axis", "layer_norm", "gather")]
+    parts = plan_parts(model, {conv_in: H, conv_out: H})
+    tiled = plan_tiling(model, [TileGroup(0, 0, (2, 2)), TileGroup(conv_out, conv_out, (2, 2))])
+    for plan in (parts, tiled):
+        check_plan(plan, [g])
+        outs, _ = execute(plan, [g], [x], fill_nan=True)
+        np.testing.assert_allclose(outs[0][g.outputs[0]], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+        for s in plan.steps():
+            if s.kind == "compute" and s.layer in whole:  # a whole step: every row of every sample
+                assert (s.out.region.h, s.out.region.w) == (1, 1) or s.out.region.h == g.shape(s.out.tensor)[2]
+    rows = {s.out.region.h for s in parts.steps() if s.kind == "compute" and s.layer == conv_out}
+    assert rows == {1}, rows  # the conv after the block still runs by rows
