@@ -155,3 +155,24 @@ def test_parts_and_tiling_split_the_convolutions_and_run_the_block_whole(importe
                 assert (s.out.region.h, s.out.region.w) == (1, 1) or s.out.region.h == g.shape(s.out.tensor)[2]
     rows = {s.out.region.h for s in parts.steps() if s.kind == "compute" and s.layer == conv_out}
     assert rows == {1}, rows  # the conv after the block still runs by rows
+
+
+def test_the_exported_c_program_runs_a_split_plan(imported, tmp_path):
+    """The split plan as a C program (the same kernels: matmul, reduce, softmax and norms over
+    permuted views, gathers as copies), built and run: its output is the reference's."""
+    import shutil
+
+    from tightfit.export import export
+    from tightfit.export.build import build, run
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    _, g = imported
+    conv_out = next(l.id for l in g.layers if l.op == "conv" and l.id > 0)
+    plan = plan_parts(PlannedModel(g, "hybrid"), {0: H, conv_out: H})
+    x = random_input(g)
+    want = np.asarray(run_reference(g, x)[g.outputs[0]])
+    sources = export(plan, [g], tmp_path / "c")
+    built = build(tmp_path / "c", sources.name, cflags=["-std=c99", "-O2"])
+    ran = run(built.binary, [np.asarray(x)], [want.size], 1, None)
+    np.testing.assert_allclose(ran.outputs[0], want.ravel(), rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

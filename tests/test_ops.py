@@ -888,6 +888,36 @@ def gather_cases(draw):
     return onnx_case("gather", [node], 0, {"x": x}, {"i": np.array(index, np.int64)}, opset=13)
 
 
+@st.composite
+def token_transpose_cases(draw):
+    """Transposes of tokens (N, T, C) and of rank-5 data (attention's (N, T, 3, heads, d))."""
+    rng = _rng(draw)
+    rank = draw(st.sampled_from([3, 5]))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    perm = [0] + list(draw(st.permutations(range(1, rank))))
+    return onnx_case("transpose", [helper.make_node("Transpose", ["x"], ["y0"], perm=perm)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def token_reshape_cases(draw):
+    """Maps (N, C, H, W) to tokens (N, C, H W) and back, Squeeze / Unsqueeze between ranks 3 and 4."""
+    rng = _rng(draw)
+    n, c, h, w = (draw(st.integers(1, 4)) for _ in range(4))
+    kind = draw(st.sampled_from(["to tokens", "to map", "Squeeze", "Unsqueeze"]))
+    if kind in ("to tokens", "to map"):
+        x = _randn(rng, (n, c, h, w) if kind == "to tokens" else (n, c, h * w))
+        target = [0, c, -1] if kind == "to tokens" else [0, c, h, w]
+        node = helper.make_node("Reshape", ["x", "t"], ["y0"])
+        return onnx_case("reshape", [node], 0, {"x": x}, {"t": np.array(target, np.int64)}, opset=13)
+    axis = draw(st.integers(1, 3))
+    shape = [n, c, h, w]
+    shape[axis] = 1
+    x = _randn(rng, tuple(shape) if kind == "Squeeze" else tuple(shape[:axis] + shape[axis + 1 :]))
+    node = helper.make_node(kind, ["x", "a"], ["y0"])
+    return onnx_case("reshape", [node], 0, {"x": x}, {"a": np.array([draw(st.sampled_from([axis, axis - 4]))], np.int64)},
+                     opset=13)
+
+
 CASES = {
     "conv": conv_cases(),
     "maxpool": pool_cases("MaxPool"),
@@ -903,8 +933,8 @@ CASES = {
     "pad": pad_cases(),
     "resize": resize_cases(),
     "flatten": flatten_cases(),
-    "reshape": reshape_cases(),
-    "transpose": transpose_cases(),
+    "reshape": st.one_of(reshape_cases(), token_reshape_cases()),  # (tokens: issue 38)
+    "transpose": st.one_of(transpose_cases(), token_transpose_cases()),
     "channel_shuffle": channel_shuffle_cases(),
     "activation": activation_cases(),
     # issue 22: spatial and structural ops
