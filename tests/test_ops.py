@@ -827,6 +827,20 @@ def matmul_cases(draw):
 
 
 @st.composite
+def einsum_cases(draw):
+    """Einsum as attention writes it, of rank 3 to 5 (windows x heads): either matrix transposed."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    batch = "bgh"[: rank - 2]
+    dims = {c: draw(st.integers(1, 3)) for c in batch + "ijk"}
+    a, b = draw(st.sampled_from(["ik", "ki"])), draw(st.sampled_from(["kj", "jk"]))
+    eq = f"{batch}{a},{batch}{b}->{batch}ij"
+    inputs = {"a": _randn(rng, [dims[c] for c in batch + a]), "b": _randn(rng, [dims[c] for c in batch + b])}
+    node = helper.make_node("Einsum", ["a", "b"], ["y0"], equation=eq)
+    return onnx_case("matmul", [node], 0, inputs, {}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
 def softmax_axis_cases(draw):
     rng = _rng(draw)
     rank = draw(st.integers(2, 4))
@@ -947,7 +961,7 @@ CASES = {
     "instancenorm": instancenorm_cases(),
     "channel_reduce": channel_reduce_cases(),
     # issue 38: attention blocks
-    "matmul": matmul_cases(),
+    "matmul": st.one_of(matmul_cases(), einsum_cases()),
     "softmax_axis": softmax_axis_cases(),
     "layer_norm": layer_norm_cases(),
     "reduce": reduce_cases(),

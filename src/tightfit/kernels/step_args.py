@@ -596,23 +596,41 @@ def _layer_norm(b, layer, xs, y):
 
 
 def _matmul(b, layer, xs, y):
-    """a, b and y as (batch, batch, rows, cols) views, the inputs' batch dims broadcast to y's."""
+    """a, b and y as (batch, batch, rows, cols) views, the inputs' batch dims broadcast to y's (a
+    transposed operand: its last two dims swapped)."""
     out = b.g.shape(layer.output)
     ydims, ystrides = _dims_strides(y, out)
     views = []
-    for x, t in zip(xs, layer.inputs):
+    for x, t, trans in zip(xs, layer.inputs, (layer.attrs.get("trans_a"), layer.attrs.get("trans_b"))):
         dims, strides = _dims_strides(x, b.g.shape(t))
+        if trans:
+            dims, strides = dims[:-2] + dims[:-3:-1], strides[:-2] + strides[:-3:-1]
         lead = len(out) - len(dims)
         dims, strides = dims[:1] + [1] * lead + dims[1:], strides[:1] + [0] * lead + strides[1:]
         strides = [0 if d == 1 else s for d, s in zip(dims, strides)]
         dims = [ydims[k] if k < len(out) - 2 else d for k, d in enumerate(dims)]
         views.append((dims, strides))
     views.append((ydims, ystrides))
+    views = _merged_batch(layer, views)
     four = []
     for (dims, strides), v in zip(views, list(xs) + [y]):
         lead = 4 - len(dims)  # batch dims padded after N: (N, 1, M, K) for rank 3
         four.append(View(v.off, tuple(dims[:1] + [1] * lead + dims[1:]), tuple(strides[:1] + [0] * lead + strides[1:])))  # type: ignore[arg-type]
     return "matmul", "tf_matmul_args", [*four, Acts(tuple(layer.attrs["act"]))]
+
+
+def _merged_batch(layer: Layer, views: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """(dims, strides) of a, b, y with the batch dims after N merged into one where there are
+    more than one (rank-5 attention: (N, windows, heads, T, d)): each pair merged must lie one
+    after the other in every view (a broadcast pair: stride 0 in both dims)."""
+    while len(views[0][0]) > 4:
+        k = 1  # merge dims 1 and 2
+        for dims, strides in views:
+            _expect(1 in dims[k : k + 2] or strides[k] == strides[k + 1] * dims[k + 1], layer,
+                    f"batch dims {dims} of strides {strides} (not contiguous)")
+        views = [(d[:k] + [d[k] * d[k + 1]] + d[k + 2 :], s[:k] + [s[k] if d[k + 1] == 1 else s[k + 1]] + s[k + 2 :])
+                 for d, s in views]
+    return views
 
 
 def _reduce(b, layer, xs, y):

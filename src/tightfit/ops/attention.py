@@ -45,23 +45,36 @@ class _WholeSamples(Op):
         return 0
 
 
+MATMUL_RANK = 6  # batch dims beyond the view's two are merged (they lie one after the other)
+
+
+def _matrices(layer: Layer, in_shapes) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rows, inner) of a and (inner, cols) of b, as the layer reads them (trans_*: the last two
+    dims swapped, an Einsum's k^T)."""
+    a, b = (tuple(s[-2:]) for s in in_shapes)
+    return (a[::-1] if layer.attrs.get("trans_a") else a), (b[::-1] if layer.attrs.get("trans_b") else b)  # type: ignore[return-value]
+
+
 @register
 class MatMul(_WholeSamples):
     """y = a @ b of two activations (attention's q k^T and weights v): the last two dims are the
-    matrices, the others batch dims that broadcast as numpy's (dim 0, the batch N, alike in both)."""
+    matrices (read transposed where trans_a / trans_b say: Einsum's "bhid,bhjd->bhij"), the others
+    batch dims that broadcast as numpy's (dim 0, the batch N, alike in both)."""
 
     name = "matmul"
+    onnx_types = ("Einsum",)
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
-        return matmul_spec(node)
+        return einsum_spec(node) if node.op_type == "Einsum" else matmul_spec(node)
 
     def check(self, layer: Layer, in_shapes, params) -> None:
         expect(len(in_shapes) == 2 and not params, f"takes two data inputs, got {len(in_shapes)} and {len(params)} constants")
         a, b = (tuple(s) for s in in_shapes)
-        expect(3 <= len(a) <= MAX_RANK and 3 <= len(b) <= MAX_RANK,
-               f"inputs {a} and {b} must have ranks 3 to {MAX_RANK} (a batch and a matrix per sample)")
+        expect(3 <= len(a) <= MATMUL_RANK and 3 <= len(b) <= MATMUL_RANK,
+               f"inputs {a} and {b} must have ranks 3 to {MATMUL_RANK} (a batch and a matrix per sample)")
         expect(a[0] == b[0], f"inputs {a} and {b} differ in batch")
-        expect(a[-1] == b[-2], f"inner dims of {a} and {b} differ ({a[-1]} and {b[-2]})")
+        (_, ka), (kb, _) = _matrices(layer, in_shapes)
+        expect(ka == kb, f"inner dims of {a} and {b} differ ({ka} and {kb})")
         try:
             np.broadcast_shapes(a[1:-2], b[1:-2])
         except ValueError:
@@ -70,18 +83,43 @@ class MatMul(_WholeSamples):
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         a, b = (tuple(s) for s in in_shapes)
         batch = tuple(np.broadcast_shapes(a[1:-2], b[1:-2]))
-        return (a[0],) + batch + (a[-2], b[-1])
+        (rows, _), (_, cols) = _matrices(layer, in_shapes)
+        return (a[0],) + batch + (rows, cols)
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
-        return out.numel(out_shape) * in_shapes[0][-1]
+        return out.numel(out_shape) * _matrices(layer, in_shapes)[0][1]
 
 
 def matmul_spec(node: OnnxNode) -> OnnxSpec:
     """The matmul layer of a MatMul node of two activations (gemm's from_onnx hands it here)."""
     a, b = node.shape(node.inputs[0]), node.shape(node.inputs[1])
     if len(a) != len(b):
-        raise ValueError(f"MatMul of activations of ranks {len(a)} and {len(b)}; equal ranks (3 or 4) are supported")
+        raise ValueError(f"MatMul of activations of ranks {len(a)} and {len(b)}; equal ranks (3 to {MATMUL_RANK}) are supported")
     return OnnxSpec({"act": ()}, list(node.inputs[:2]), op="matmul")
+
+
+def einsum_spec(node: OnnxNode) -> OnnxSpec:
+    """An Einsum of the forms attention is written in: a batched matrix product of two activations
+    with the same batch letters, either operand's matrix possibly transposed ("bhid,bhjd->bhij",
+    "bhij,bhjd->bhid")."""
+    eq = str(node.attrs.get("equation", "")).replace(" ", "")
+    terms, _, out = eq.partition("->")
+    ins = terms.split(",")
+    form = f"Einsum {eq!r}: only batched matrix products of two inputs with the same batch letters are supported"
+    if len(ins) != 2 or len(node.inputs) != 2 or not out or "." in eq or not all(s.isalpha() for s in ins + [out]):
+        raise ValueError(form)
+    a, b = ins
+    if not (len(a) == len(b) == len(out) >= 3 and a[:-2] == b[:-2] == out[:-2]):
+        raise ValueError(form)
+    i, j = out[-2:]
+    k = next((c for c in a[-2:] if c != i), None)
+    if k is None or {i, k} != set(a[-2:]) or {k, j} != set(b[-2:]) or len({i, j, k}) != 3 or k in a[:-2]:
+        raise ValueError(form)
+    if any(node.const_input(n) is not None for n in range(2)):
+        raise ValueError(f"Einsum {eq!r} of a constant: only products of two activations are supported")
+    spec = matmul_spec(node)
+    spec.attrs.update({"trans_a": a[-2:] == k + i, "trans_b": b[-2:] == j + k})
+    return spec
 
 
 @register
