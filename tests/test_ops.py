@@ -841,6 +841,18 @@ def einsum_cases(draw):
 
 
 @st.composite
+def linear_cases(draw):
+    """MatMul of data of rank 3-5 by a constant weight: a Linear over the last axis (tokens,
+    windows of tokens)."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    x = _randn(rng, tuple(draw(st.integers(1, 3)) for _ in range(rank - 1)) + (draw(st.integers(1, 20)),))
+    w = _randn(rng, (x.shape[-1], draw(st.integers(1, 5))))
+    node = helper.make_node("MatMul", ["x", "w"], ["y0"])
+    return onnx_case("gemm", [node], 0, {"x": x}, {"w": w}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
 def softmax_axis_cases(draw):
     rng = _rng(draw)
     rank = draw(st.integers(2, 4))
@@ -940,7 +952,7 @@ CASES = {
     "add": elementwise_cases("add"),
     "mul": elementwise_cases("mul"),
     "concat": concat_cases(),
-    "gemm": gemm_cases(),
+    "gemm": st.one_of(gemm_cases(), linear_cases()),  # (over the last axis: issue 38)
     "softmax": softmax_cases(),
     "batchnorm": batchnorm_cases(),
     "lrn": lrn_cases(),

@@ -326,22 +326,12 @@ def _channel_reduce(b, layer, xs, y):
 def _gemm(b, layer, xs, y):
     w = b.g.params[layer.params[0]]
     if layer.attrs.get("last_axis"):
-        xs, y = _token_rows(b, layer, xs[0], y)
-    features = w.shape[1] if layer.attrs.get("last_axis") else int(np.prod(b.g.shape(layer.inputs[0])[1:]))
+        return _linear(b, layer, xs, y)
+    features = int(np.prod(b.g.shape(layer.inputs[0])[1:]))
     _expect(w.shape == (layer.attrs["out_features"], features), layer, f"weight {w.shape} for {features} input features")
     w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
     b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     return "gemm", "tf_gemm_args", [xs[0], y, w_off, b_off, w.shape[1], Acts(tuple(layer.attrs["act"]))]
-
-
-def _token_rows(b, layer, x: View, y: View) -> tuple[list[View], View]:
-    """Tokens (N, T, C) as N x T rows of one product each (issue 38: a Linear on tokens)."""
-    views = []
-    for v, t in ((x, layer.inputs[0]), (y, layer.output)):
-        dims, strides = _dims_strides(v, b.g.shape(t))
-        _expect(strides[0] == dims[1] * strides[1], layer, f"token rows of strides {strides}")
-        views.append(View(v.off, (dims[0] * dims[1], dims[2], 1, 1), (strides[1], strides[2], 0, 0)))
-    return [views[0]], views[1]
 
 
 def _softmax(b, layer, xs, y):
@@ -631,6 +621,27 @@ def _merged_batch(layer: Layer, views: list[tuple[list[int], list[int]]]) -> lis
         views = [(d[:k] + [d[k] * d[k + 1]] + d[k + 2 :], s[:k] + [s[k] if d[k + 1] == 1 else s[k + 1]] + s[k + 2 :])
                  for d, s in views]
     return views
+
+
+def _linear(b, layer, xs, y):
+    """A Linear over the last axis of data of rank 3-6 (issue 38): x and y with that axis as W and
+    the others before it (above 3 of them, merged: tensors above rank 4 are contiguous, and x and
+    y have the same dims there, so they merge alike)."""
+    w = b.g.params[layer.params[0]]
+    views = []
+    for v, t in ((xs[0], layer.inputs[0]), (y, layer.output)):
+        dims, strides = _dims_strides(v, b.g.shape(t))
+        if len(dims) <= 4:
+            rows, row_strides = [1] * (4 - len(dims)) + dims[:-1], [0] * (4 - len(dims)) + strides[:-1]
+        else:
+            lead = _view4(v.off, dims[:-1], strides[:-1])
+            _expect(lead.dims[0] == 1, layer, f"rows of dims {dims} and strides {strides}")
+            rows, row_strides = list(lead.dims[1:]), list(lead.strides[1:])
+        views.append(View(v.off, tuple(rows) + (dims[-1],), tuple(row_strides) + (strides[-1],)))  # type: ignore[arg-type]
+    _expect(w.shape == (layer.attrs["out_features"], views[0].dims[3]), layer, f"weight {w.shape} for {views[0].dims[3]} features")
+    w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
+    b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
+    return "linear", "tf_linear_args", [views[0], views[1], w_off, b_off, Acts(tuple(layer.attrs["act"]))]
 
 
 def _reduce(b, layer, xs, y):

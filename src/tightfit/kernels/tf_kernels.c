@@ -992,6 +992,25 @@ static void matmul(float *arena, const tf_matmul_args *p) {
     }
 }
 
+/* A Linear over W at every (n, c, h): one dot product per output where x's rows are unit-stride. */
+static void linear(float *arena, const float *wts, const tf_linear_args *p) {
+    const tf_view *x = &p->x, *y = &p->y;
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++) {
+        const float *in = arena + x->off + n * x->sn + c * x->sc + h * x->sh;
+        float *out = arena + y->off + n * y->sn + c * y->sc + h * y->sh;
+        for (long o = 0; o < y->w; o++) {
+            const float *w = wts + p->w + o * x->w;
+            float acc = p->b >= 0 ? wts[p->b + o] : 0.0f;
+            if (x->sw == 1) acc += dot(in, w, x->w);
+            else for (long k = 0; k < x->w; k++) acc += in[k * x->sw] * w[k];
+            out[o * y->sw] = acc;
+        }
+        acts_pixel(out, y->w, y->sw, p->act);
+    }
+}
+
 /* One value of y from the block of x its place selects: the dims where y has 1 and x more whole. */
 static float reduce_block(const float *in, const long *d, const long *s, int kind) {
     double r = kind == TF_REDUCE_MAX ? -INFINITY : 0.0;
@@ -1056,6 +1075,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
         /* issue 38 */
         case TF_STEP_MATMUL: matmul(arena, (const tf_matmul_args *)p); break;
         case TF_STEP_REDUCE: reduce(arena, (const tf_reduce_args *)p); break;
+        case TF_STEP_LINEAR: linear(arena, weights, (const tf_linear_args *)p); break;
         case TF_STEP_INPUT: {
             const tf_input_args *a = (const tf_input_args *)p;
             const tf_view *y = &a->y;

@@ -40,7 +40,7 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_ELTWISE = 5, TF_STEP_AFFINE = 6, TF_STEP_LRN = 7, TF_STEP_CONCAT = 8, TF_STEP_PAD = 9,
        TF_STEP_RESIZE = 10, TF_STEP_COPY = 11, TF_STEP_SHUFFLE = 12, TF_STEP_INPUT = 13, TF_STEP_MOVES = 14,
        TF_STEP_DECONV = 15, TF_STEP_INTERP = 16, TF_STEP_CHANNEL_NORM = 17, TF_STEP_INSTANCE_NORM = 18,
-       TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21 };
+       TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
@@ -109,6 +109,9 @@ typedef struct { int kind; const void *args; } tf_step;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
  * (a: M x K, b: K x N, y: M x N; a batch dim of size 1 broadcast with stride 0). */
 typedef struct { tf_view a, b, y; const tf_acts *act; } tf_matmul_args;
+/* A Linear over the last dim (W) of any view: y[n][c][h] = x[n][c][h] W^T + b; w: (y.w, x.w),
+ * b < 0: none (tokens N x T x C, windows N x G x P x C). */
+typedef struct { tf_view x, y; tf_int w, b; const tf_acts *act; } tf_linear_args;
 /* Reduction (TF_REDUCE_*) over the dims where y has 1 and x more: y is x's shape with
  * the reduced dims 1. */
 typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;

@@ -27,7 +27,7 @@ STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", 
               "copy", "shuffle", "input", "moves", "deconv", "interp", "channel_norm", "instance_norm",
               "channel_reduce")
 # issue 38 (attention blocks): products of two activations, reductions over any axes.
-STEP_KINDS += ("matmul", "reduce")
+STEP_KINDS += ("matmul", "reduce", "linear")
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
 CONV_KINDS = ("dense", "depthwise", "grouped")
 POOL_KINDS = ("max", "avg")
@@ -125,6 +125,9 @@ STRUCTS |= {
     "tf_matmul_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("act", ACT_P)],
                        "y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views\n"
                        " * (a: M x K, b: K x N, y: M x N; a batch dim of size 1 broadcast with stride 0)."),
+    "tf_linear_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("act", ACT_P)],
+                       "A Linear over the last dim (W) of any view: y[n][c][h] = x[n][c][h] W^T + b; w: (y.w, x.w),\n"
+                       " * b < 0: none (tokens N x T x C, windows N x G x P x C)."),
     "tf_reduce_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("act", ACT_P)],
                        "Reduction (TF_REDUCE_*) over the dims where y has 1 and x more: y is x's shape with\n"
                        " * the reduced dims 1."),

@@ -26,9 +26,9 @@ class Gemm(Op):
             raise ValueError("only data x constant-weight products and products of two activations are supported")
         if node.op_type == "MatMul":
             rank = len(node.shape(node.inputs[0]))
-            if rank not in (2, 3):
-                raise ValueError(f"MatMul of data of rank {rank} by a constant weight; ranks 2 and 3 are supported")
-            attrs = {"act": (), "out_features": int(w.shape[1])} | ({"last_axis": True} if rank == 3 else {})
+            if not 2 <= rank <= 6:
+                raise ValueError(f"MatMul of data of rank {rank} by a constant weight; ranks 2 to 6 are supported")
+            attrs = {"act": (), "out_features": int(w.shape[1])} | ({"last_axis": True} if rank >= 3 else {})
             return OnnxSpec(attrs, [node.inputs[0]], [w.T.astype(np.float32)])
         if node.attrs.get("transA", 0):
             raise ValueError("Gemm with transA is not supported")
@@ -49,7 +49,7 @@ class Gemm(Op):
     def check(self, layer: Layer, in_shapes, params) -> None:
         """The weight's (out, in) against the input's per-sample size (a 4-D input is flattened)."""
         super().check(layer, in_shapes, params)
-        expect_rank(in_shapes[0], (3,) if layer.attrs.get("last_axis") else (2, 4))
+        expect_rank(in_shapes[0], (3, 4, 5, 6) if layer.attrs.get("last_axis") else (2, 4))
         features, out = _features(layer, in_shapes[0]), layer.attrs["out_features"]
         expect(1 <= len(params) <= 2, f"takes a weight and an optional bias, got {len(params)} parameters")
         expect(tuple(params[0].shape) == (out, features),
