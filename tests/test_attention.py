@@ -176,3 +176,22 @@ def test_the_exported_c_program_runs_a_split_plan(imported, tmp_path):
     built = build(tmp_path / "c", sources.name, cflags=["-std=c99", "-O2"])
     ran = run(built.binary, [np.asarray(x)], [want.size], 1, None)
     np.testing.assert_allclose(ran.outputs[0], want.ravel(), rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_operands_above_rank_4_that_do_not_merge_are_one_clear_error():
+    """Rank-5 data runs as 4-dim views of merged dims; operands broadcast in 5 separate dims do
+    not fit one and are refused at import, naming the node."""
+    from tightfit.errors import TightfitError
+
+    shape, other = [1, 2, 2, 2, 2], [1, 1, 2, 1, 2]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["x5"]),
+             helper.make_node("Add", ["x5", "k"], ["y"], name="/scores/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones(other, np.float32), "k"),
+                               numpy_helper.from_array(np.array(shape, np.int64), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(TightfitError) as err:
+        import_model(model, None, "bad")
+    assert "/scores/Add" in str(err.value) and "more than 4 separate dims" in str(err.value), str(err.value)

@@ -841,6 +841,25 @@ def einsum_cases(draw):
 
 
 @st.composite
+def high_rank_cases(draw, op_name: str):
+    """Add / Mul of rank 5-6 data (windows x heads x tokens: attention scores and their position
+    bias), the other operand of 1s over a run of dims (at most 4 dims after merging), data or constant."""
+    rng = _rng(draw)
+    rank = draw(st.integers(5, 6))
+    full = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    a = draw(st.integers(1, rank - 1))
+    b = draw(st.integers(a, rank))
+    other = tuple(1 if a <= k < b else d for k, d in enumerate(full))
+    inputs, inits = {"x0": _randn(rng, full)}, {}
+    if draw(st.booleans()):
+        inputs["x1"] = _randn(rng, other)
+    else:
+        inits["k"] = _randn(rng, (1,) + other[1:])
+    node = helper.make_node("Add" if op_name == "add" else "Mul", list(inputs) + list(inits), ["y0"])
+    return onnx_case(op_name, [node], 0, inputs, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
 def linear_cases(draw):
     """MatMul of data of rank 3-5 by a constant weight: a Linear over the last axis (tokens,
     windows of tokens)."""
@@ -855,8 +874,8 @@ def linear_cases(draw):
 @st.composite
 def softmax_axis_cases(draw):
     rng = _rng(draw)
-    rank = draw(st.integers(2, 4))
-    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank))) * 3
+    rank = draw(st.integers(2, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 5 if rank < 5 else 3)) for _ in range(rank))) * 3
     axis = draw(st.sampled_from([a for a in range(1, rank) if not (rank != 3 and a == 1)] or [1]))
     if rank == 2:
         return draw(softmax_axis_cases())  # over C of (N, C): the softmax op's
@@ -869,8 +888,8 @@ def softmax_axis_cases(draw):
 def layer_norm_cases(draw):
     """LayerNormalization over the last axis of tokens (N, T, C) or of rank-4 data."""
     rng = _rng(draw)
-    rank = draw(st.integers(3, 4))
-    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank - 1)) + (draw(st.integers(2, 9)),)) * 3
+    rank = draw(st.integers(3, 5))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank - 1)) + (draw(st.integers(2, 9)),)) * 3
     d = x.shape[-1]
     inits = {"s": _randn(rng, (d,))}
     names = ["x", "s"]
@@ -949,8 +968,8 @@ CASES = {
     "maxpool": pool_cases("MaxPool"),
     "avgpool": pool_cases("AveragePool"),
     "global_pool": global_pool_cases(),
-    "add": elementwise_cases("add"),
-    "mul": elementwise_cases("mul"),
+    "add": st.one_of(elementwise_cases("add"), high_rank_cases("add")),  # (rank 5-6: issue 38)
+    "mul": st.one_of(elementwise_cases("mul"), high_rank_cases("mul")),
     "concat": concat_cases(),
     "gemm": st.one_of(gemm_cases(), linear_cases()),  # (over the last axis: issue 38)
     "softmax": softmax_cases(),

@@ -15,6 +15,7 @@ from tightfit.errors import KernelError
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import abi, get_op
 from tightfit.ops.base import Region
+from tightfit.ops.binary import merged_dims
 from tightfit.ops.conv import clamp_bounds
 from tightfit.plan.schema import Access, Buffer, Plan, Step
 
@@ -347,9 +348,11 @@ def _norm(b, layer, xs, y):
 
 def _eltwise(b, layer, xs, y):
     r = b.region
+    consts = [(p, b.g.params[p]) for p in layer.params]
+    if len(b.g.shape(layer.output)) > 4:  # issue 38: (N, windows, heads, T, T) scores and their bias
+        xs, y, consts = _eltwise_merged(b, layer, xs, y)
     operands = [Struct("tf_operand", (0, x, 0, 0, 0, 0, 0, 0)) for x in xs]
-    for p in layer.params:
-        arr = b.g.params[p]
+    for p, arr in consts:
         _, c, h, w = _dims4(arr.shape)
         off = b.weights.add((b.model, layer.id, p), lambda arr=arr: arr)
         operands.append(Struct("tf_operand", (1, View(0, (0, 0, 0, 0), (0, 0, 0, 0)), off, c, h, w,
@@ -564,8 +567,15 @@ def _padded(dims: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
 
 
 def _axis_as_channels(v: View, shape: Sequence[int], axis: int) -> View:
-    """View `v` of a tensor with `axis` moved to C (kernels over C at every place: softmax, norm)."""
-    dims, strides = _padded(*_dims_strides(v, shape))
+    """View `v` of a tensor with `axis` moved to C (kernels over C at every place: softmax, norm);
+    above rank 4 (contiguous), the dims before and those after the axis each merged into one."""
+    dims, strides = _dims_strides(v, shape)
+    if len(dims) > 4:
+        others = _view4(v.off, dims[:axis] + dims[axis + 1 :], strides[:axis] + strides[axis + 1 :])
+        if others.dims[0] != 1:
+            raise KernelError(f"dims {tuple(dims)} of strides {tuple(strides)} around axis {axis} do not merge")
+        return View(v.off, (others.dims[1], dims[axis]) + others.dims[2:], (others.strides[1], strides[axis]) + others.strides[2:])  # type: ignore[arg-type]
+    dims, strides = _padded(dims, strides)
     order = [0, axis] + [k for k in range(1, 4) if k != axis]
     return View(v.off, tuple(dims[k] for k in order), tuple(strides[k] for k in order))  # type: ignore[arg-type]
 
@@ -642,6 +652,25 @@ def _linear(b, layer, xs, y):
     w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
     b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     return "linear", "tf_linear_args", [views[0], views[1], w_off, b_off, Acts(tuple(layer.attrs["act"]))]
+
+
+def _eltwise_merged(b, layer, xs, y):
+    """Operands of rank 5-6 (held contiguous) with the dims merged that every operand holds whole
+    or broadcasts alike (ops.binary.merged_dims), as 4-dim views and constants."""
+    out = b.g.shape(layer.output)
+    shapes = [b.g.shape(t) for t in layer.inputs] + [b.g.params[p].shape for p in layer.params]
+    groups = merged_dims(out, shapes)
+    _expect(len(groups) <= 4, layer, f"operands {shapes} ({len(groups)} dims after merging)")
+
+    def merged(v: View, shape) -> View:
+        dims, strides = _dims_strides(v, shape)
+        md = [math.prod(dims[k] for k in g) for g in groups]
+        ms = [0 if d == 1 else strides[g[-1]] for d, g in zip(md, groups)]
+        return View(v.off, tuple(md + [1] * (4 - len(md))), tuple(ms + [0] * (4 - len(ms))))  # type: ignore[arg-type]
+
+    views = [merged(x, b.g.shape(t)) for x, t in zip(xs, layer.inputs)]
+    consts = [(p, b.g.params[p].reshape([math.prod(b.g.params[p].shape[k] for k in g) for g in groups])) for p in layer.params]
+    return views, merged(y, out), consts
 
 
 def _reduce(b, layer, xs, y):

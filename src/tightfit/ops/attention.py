@@ -20,6 +20,9 @@ from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect
 
 MAX_RANK = 4  # the kernels' views hold (N, C, H, W)
+# Ops over one axis take up to rank 6 (windows x heads x tokens): a tensor above rank 4 is held
+# contiguous, so the dims before and after the axis each merge into one dim of the view.
+AXIS_RANK = 6
 
 
 def _axis(node: OnnxNode, axis: int, rank: int) -> int:
@@ -28,9 +31,9 @@ def _axis(node: OnnxNode, axis: int, rank: int) -> int:
     return axis % rank
 
 
-def _rank_ok(shape: Shape, what: str = "data") -> None:
-    if not 2 <= len(shape) <= MAX_RANK:
-        raise ValueError(f"{what} of rank {len(shape)} {tuple(shape)}: ranks 2 to {MAX_RANK} are supported")
+def _rank_ok(shape: Shape, what: str = "data", top: int = MAX_RANK) -> None:
+    if not 2 <= len(shape) <= top:
+        raise ValueError(f"{what} of rank {len(shape)} {tuple(shape)}: ranks 2 to {top} are supported")
 
 
 class _WholeSamples(Op):
@@ -136,8 +139,8 @@ class SoftmaxAxis(_WholeSamples):
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         rank, axis = len(in_shapes[0]), layer.attrs["axis"]
-        expect(2 <= rank <= MAX_RANK and isinstance(axis, int) and 1 <= axis < rank,
-               f"axis {axis} of {tuple(in_shapes[0])}: an axis after the batch of a tensor of rank 2 to {MAX_RANK}")
+        expect(2 <= rank <= AXIS_RANK and isinstance(axis, int) and 1 <= axis < rank,
+               f"axis {axis} of {tuple(in_shapes[0])}: an axis after the batch of a tensor of rank 2 to {AXIS_RANK}")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
@@ -147,7 +150,7 @@ class SoftmaxAxis(_WholeSamples):
 
 
 def softmax_axis_spec(node: OnnxNode, axis: int) -> OnnxSpec:
-    _rank_ok(node.shape(node.inputs[0]))
+    _rank_ok(node.shape(node.inputs[0]), top=AXIS_RANK)
     return OnnxSpec({"axis": axis, "log": node.op_type == "LogSoftmax"}, [node.inputs[0]], op="softmax_axis")
 
 
@@ -167,7 +170,7 @@ class LayerNorm(_WholeSamples):
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         shape = tuple(in_shapes[0])
-        expect(2 <= len(shape) <= MAX_RANK, f"input {shape} must have rank 2 to {MAX_RANK}")
+        expect(2 <= len(shape) <= AXIS_RANK, f"input {shape} must have rank 2 to {AXIS_RANK}")
         expect(len(params) == 2 and all(tuple(p.shape) == (shape[-1],) for p in params),
                f"scale and bias of shapes {[tuple(p.shape) for p in params]} must be ({shape[-1]},)")
 
@@ -182,7 +185,7 @@ def layer_norm_spec(node: OnnxNode, axis: int, eps: float) -> OnnxSpec:
     """LayerNormalization over dims axis.. of which only the last is above 1 (channel_norm's
     from_onnx hands every node that is not over channels here)."""
     shape = node.shape(node.inputs[0])
-    _rank_ok(shape)
+    _rank_ok(shape, top=AXIS_RANK)
     if axis == 0 or any(d != 1 for d in shape[axis:-1]):
         raise ValueError(f"LayerNormalization over axes {axis}..{len(shape) - 1} of {shape}: only over the last axis "
                          "(or over channels) is supported")
