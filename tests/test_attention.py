@@ -195,3 +195,25 @@ def test_operands_above_rank_4_that_do_not_merge_are_one_clear_error():
     with pytest.raises(TightfitError) as err:
         import_model(model, None, "bad")
     assert "/scores/Add" in str(err.value) and "more than 4 separate dims" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("opset", [17, 13, 10])
+@pytest.mark.parametrize("place", ["first", "last"])
+def test_a_class_token_concatenated_to_the_tokens(opset, place):
+    """ViT's class token: a constant (after its Expand over the batch is folded) concatenated
+    before (or after) the patch tokens, then the position embedding and the class token's row
+    taken out (Gather). Imported as a Pad of the tokens plus the constant: onnxruntime's values."""
+    m = _Model(opset, seed=1)
+    x = m.node("Relu", [m.node("Conv", ["image", m.weight(C, 3, 1, 1)])])
+    tokens = m.node("Transpose", [m.node("Reshape", [x, m.const([0, C, T], np.int64)])], perm=[0, 2, 1])
+    cls = m.node("Expand", [m.weight(1, 1, C), m.dynamic_shape(tokens, [1, C])])
+    joined = m.node("Concat", [cls, tokens] if place == "first" else [tokens, cls], axis=1)
+    y = m.node("Add", [joined, m.weight(1, T + 1, C)])
+    out = m.node("Gather", [m.layer_norm(y) if opset >= 17 else y, m.const(0 if place == "first" else T, np.int64)], axis=1)
+    model = m.model("image", out)
+    g = import_model(model, None, "cls")
+    assert "pad" in [layer.op for layer in g.layers]
+    x0 = random_input(g)
+    got = run_reference(g, x0)[g.outputs[0]]
+    want = next(iter(onnxruntime_outputs(model.SerializeToString(), x0).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -261,8 +261,59 @@ class _Builder:
                 self.alias[node.output[0]] = inputs[0]
             elif node.op_type in ("Cast", "Expand"):
                 self.alias[node.output[0]] = self._no_op(node, inputs)
+            elif node.op_type == "Concat" and any(i in self.consts for i in inputs):
+                for part in self._concat_constants(node, inputs):  # issue 38: a class token
+                    self._add_layer(part, [self.resolve(i) if i else "" for i in part.input])
             else:
                 self._add_layer(node, inputs)
+
+    def _concat_constants(self, node: onnx.NodeProto, inputs: list[str]) -> list[onnx.NodeProto]:
+        """A Concat of one activation and constants along a token or map axis (a ViT's class token
+        before its patch tokens) as nodes the ops take: the activation padded with zeros where the
+        constants go (a Pad over H or W; tokens (N, T, C) through an Unsqueeze to (N, 1, T, C)),
+        plus the constants at those places and zeros elsewhere: exact, as x + 0 is x."""
+        label = node.name or node.output[0]
+        data = [i for i in inputs if i not in self.consts]
+        shape = self.shapes.get(data[0]) if len(data) == 1 else None
+        rank = len(shape) if shape else 0
+        axis = int(_attrs(node).get("axis", 0)) % max(rank, 1)
+        if shape is None or (rank, axis) not in ((3, 1), (3, 2), (4, 2), (4, 3)):
+            raise UnsupportedOpsError({"Concat": f"{label}: a concatenation of constants and activations other than one "
+                                                 "activation of tokens (N, T, C) or maps along T, C, H or W"},
+                                      supported_onnx_types())
+        parts, at = [], inputs.index(data[0])
+        for i in inputs:
+            c = np.zeros((1,) + shape[1:], np.float32) if i == data[0] else np.asarray(self.consts[i], np.float32)
+            if c.ndim != rank or c.shape[0] != 1 or c.shape[1:axis] + c.shape[axis + 1:] != shape[1:axis] + shape[axis + 1:]:
+                raise ModelLoadError(f"node {label!r} (Concat): a constant of shape {c.shape} does not fit {shape} along axis {axis}")
+            parts.append(c)
+        before, after = (sum(p.shape[axis] for p in parts[:at]), sum(p.shape[axis] for p in parts[at + 1:]))
+        key = f"{node.output[0]}::"
+        self.consts[key + "added"] = np.concatenate(parts, axis=axis)
+        four = axis + (rank == 3)  # the padded axis of the 4-D tensor: H (2) or W (3)
+        pads = [0] * 8
+        pads[four], pads[4 + four] = before, after
+        self.consts[key + "pads"] = np.asarray(pads, np.int64)
+        self.consts[key + "axes"] = np.asarray([1], np.int64)
+        x, out = data[0], [key + "padded"]
+        nodes = []
+        if rank == 3:
+            nodes.append(self._axes_node("Unsqueeze", x, key + "axes", key + "map", label))
+            x = key + "map"
+        pad_in = [x, key + "pads"] if self.opset >= 11 else [x]
+        pad_attrs = {} if self.opset >= 11 else {"pads": pads}
+        nodes.append(onnx.helper.make_node("Pad", pad_in, out, name=f"{label}::pad", mode="constant", **pad_attrs))
+        if rank == 3:
+            nodes.append(self._axes_node("Squeeze", out[0], key + "axes", key + "tokens", label))
+            out = [key + "tokens"]
+        nodes.append(onnx.helper.make_node("Add", [out[0], key + "added"], list(node.output), name=label))
+        return nodes
+
+    def _axes_node(self, op: str, x: str, axes: str, out: str, label: str) -> onnx.NodeProto:
+        """An Unsqueeze or Squeeze of axis 1 in the model's opset's form."""
+        if self.opset >= 13:
+            return onnx.helper.make_node(op, [x, axes], [out], name=f"{label}::{op.lower()}")
+        return onnx.helper.make_node(op, [x], [out], name=f"{label}::{op.lower()}", axes=[1])
 
     def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str:
         """The data a Cast or Expand of activations passes on unchanged, or a clear error."""
