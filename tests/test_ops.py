@@ -906,10 +906,14 @@ def reduce_cases(draw):
     """ReduceMean / Sum / Max / L2 over any non-empty set of axes after the batch, keepdims or not;
     axes as the attribute (opset 13; ReduceSum's an input there) or an input (opset 18)."""
     rng = _rng(draw)
-    rank = draw(st.integers(2, 4))
-    x = _randn(rng, tuple(draw(st.integers(1, 5)) for _ in range(rank)))
-    axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, unique=True))
-    keepdims = 1 if rank - len(axes) < 2 else draw(st.sampled_from([0, 1]))
+    rank = draw(st.integers(2, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 5 if rank <= 4 else 3)) for _ in range(rank)))
+    if rank <= 4:
+        axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, unique=True))
+    else:  # a run of axes (rank 5-6 runs as merged dims), to rank 5-6
+        first = draw(st.integers(1, rank - 1))
+        axes = list(range(first, draw(st.integers(first + 1, rank))))
+    keepdims = 1 if rank - len(axes) < 2 or (rank > 4 and rank - len(axes) <= 4) else draw(st.sampled_from([0, 1]))
     axes = [draw(st.sampled_from([a, a - rank])) for a in axes]
     kind = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"]))
     opset = draw(st.sampled_from([13, 18]))

@@ -676,15 +676,36 @@ def _eltwise_merged(b, layer, xs, y):
 def _reduce(b, layer, xs, y):
     """x as it is; y with the reduced axes put back as dims of 1 (stride 0) where keepdims dropped them."""
     shape, axes = b.g.shape(layer.inputs[0]), set(layer.attrs["axes"])
-    xd, xst = _padded(*_dims_strides(xs[0], shape))
+    xd, xst = _dims_strides(xs[0], shape)
     yd, yst = _dims_strides(y, b.g.shape(layer.output))
     if not layer.attrs["keepdims"]:
         kept = iter(zip(yd, yst))
         yd, yst = map(list, zip(*[(1, 0) if k in axes else next(kept) for k in range(len(shape))]))
+    if len(xd) > 4:  # dims reduced alike or kept alike, one after the other in x and in y, merge
+        (xd, xst), (yd, yst) = _merge_joint(layer, [(list(xd), list(xst)), (list(yd), list(yst))])
+    xd, xst = _padded(list(xd), list(xst))
     yd, yst = _padded(list(yd), list(yst))
     x4 = View(xs[0].off, tuple(xd), tuple(xst))  # type: ignore[arg-type]
     y4 = View(y.off, tuple(yd), tuple(yst))  # type: ignore[arg-type]
     return "reduce", "tf_reduce_args", [x4, y4, Code("REDUCE", layer.attrs["kind"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _merge_joint(layer: Layer, views: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """Views of one rank with their dims merged into at most 4 (the batch alone first; dims of 1 in
+    every view dropped): dim k joins the dim before it where every view has both of size 1 or
+    both whole and k's block right after the previous one's elements (stride * size)."""
+    rank = len(views[0][0])
+    keep = [0] + [k for k in range(1, rank) if any(d[k] > 1 for d, _ in views)]
+    groups: list[list[int]] = []
+    for k in keep:
+        prev = groups[-1][-1] if groups and groups[-1][0] > 0 else None
+        if prev is not None and all((d[prev] == 1) == (d[k] == 1) and (d[k] == 1 or s[prev] == s[k] * d[k]) for d, s in views):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    _expect(len(groups) <= 4, layer, f"dims {[d for d, _ in views]} ({len(groups)} after merging)")
+    return [([math.prod(d[k] for k in g) for g in groups], [s[g[-1]] if d[g[-1]] > 1 else 0 for g in groups])
+            for d, s in views]
 
 
 def _gather(b, layer, xs, y):

@@ -16,6 +16,7 @@ from math import prod
 import numpy as np
 
 from tightfit.graph.ir import Layer
+from tightfit.ops.binary import merged_dims
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect
 
@@ -219,7 +220,13 @@ class Reduce(_WholeSamples):
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         rank, axes = len(in_shapes[0]), tuple(layer.attrs["axes"])
-        expect(2 <= rank <= MAX_RANK, f"input {tuple(in_shapes[0])} must have rank 2 to {MAX_RANK}")
+        expect(2 <= rank <= AXIS_RANK, f"input {tuple(in_shapes[0])} must have rank 2 to {AXIS_RANK}")
+        kept = [1 if k in axes else d for k, d in enumerate(in_shapes[0])]
+        out_rank = rank if layer.attrs["keepdims"] else rank - len(axes)
+        # Above rank 4 both tensors are held contiguous (an output of rank 4 may be NHWC: refused).
+        expect(rank <= MAX_RANK or (out_rank > MAX_RANK and len(merged_dims(tuple(in_shapes[0]), [tuple(kept)])) <= MAX_RANK),
+               f"axes {axes} of {tuple(in_shapes[0])}: above rank 4, a reduction to rank 5-6 whose reduced and kept "
+               "axes merge into 4 dims")
         expect(len(axes) >= 1 and sorted(set(axes)) == list(axes) and all(1 <= a < rank for a in axes),
                f"axes {axes} must be distinct, sorted axes after the batch of rank {rank}")
         expect(layer.attrs["kind"] in ("mean", "sum", "max", "l2"), f"kind {layer.attrs['kind']!r}")
@@ -239,7 +246,7 @@ def reduce_spec(node: OnnxNode) -> OnnxSpec:
     """A Reduce* node over any axes after the batch (axes from the attribute, or the input since
     opsets 13 / 18; none: all axes, unless noop_with_empty_axes)."""
     shape = node.shape(node.inputs[0])
-    _rank_ok(shape)
+    _rank_ok(shape, top=AXIS_RANK)
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1]:
         c = node.const_input(1)
@@ -256,6 +263,9 @@ def reduce_spec(node: OnnxNode) -> OnnxSpec:
     keepdims = bool(node.attrs.get("keepdims", 1))
     if not keepdims and len(shape) - len(axes) < 2:
         raise ValueError(f"keepdims=0 over axes {axes} of {shape} leaves the batch alone (keepdims=1 is supported)")
+    if len(shape) > MAX_RANK and (len(shape) - len(axes) if not keepdims else len(shape)) <= MAX_RANK:
+        raise ValueError(f"a reduction of rank-{len(shape)} data to rank {len(shape) - len(axes)} (keepdims=0); "
+                         "above rank 4, keepdims=1 or a result of rank 5-6 is supported")
     return OnnxSpec({"kind": REDUCE_KINDS[node.op_type], "axes": tuple(axes), "keepdims": keepdims, "act": ()},
                     [node.inputs[0]], op="reduce")
 
