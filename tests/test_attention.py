@@ -228,3 +228,51 @@ def test_a_class_token_concatenated_to_the_tokens(opset, place):
     got = run_reference(g, x0)[g.outputs[0]]
     want = next(iter(onnxruntime_outputs(model.SerializeToString(), x0).values()))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def window_block(opset: int, cosine: bool) -> onnx.ModelProto:
+    """A Swin-style block as torchvision writes it: the map channels-last, cut into w x w windows
+    that join the batch (Reshape to (-1, w * w, C)), attention per window with a relative position
+    bias (and, with `cosine`, q and k normalized as Swin v2 does: ReduceL2, Clip, Expand, Div), the
+    windows put back (Reshape to (1, H / w, W / w, w, w, C)), then a conv."""
+    m, w, heads = _Model(opset, seed=2), 2, HEADS
+    d = C // heads
+    x = m.node("Relu", [m.node("Conv", ["image", m.weight(C, 3, 1, 1)])])
+    x = m.node("Transpose", [x], perm=[0, 2, 3, 1])
+    x = m.node("Reshape", [x, m.const([1, H // w, w, W // w, w, C], np.int64)])
+    win = m.node("Reshape", [m.node("Transpose", [x], perm=[0, 1, 3, 2, 4, 5]), m.const([-1, w * w, C], np.int64)])
+    qkv = m.linear(m.layer_norm(win), C, 3 * C)
+    qkv = m.node("Transpose", [m.node("Reshape", [qkv, m.const([-1, w * w, 3, heads, d], np.int64)])], perm=[2, 0, 3, 1, 4])
+    q, k, v = (m.node("Gather", [qkv, m.const(i, np.int64)], axis=0) for i in range(3))
+    if cosine:
+        def normalize(t: str) -> str:
+            norm = m.node("Clip", [m.node("ReduceL2", [t], axes=[-1], keepdims=1), m.const(1e-12)])
+            return m.node("Div", [t, m.node("Expand", [norm, m.node("Shape", [t])])])
+        q, k = normalize(q), normalize(k)
+    scores = m.node("Add", [m.node("MatMul", [q, m.node("Transpose", [k], perm=[0, 1, 3, 2])]), m.weight(heads, w * w, w * w)])
+    attn = m.node("MatMul", [m.node("Softmax", [scores], axis=-1), v])
+    merged = m.node("Reshape", [m.node("Transpose", [attn], perm=[0, 2, 1, 3]), m.const([-1, w * w, C], np.int64)])
+    y = m.node("Add", [win, m.linear(merged, C, C)])
+    y = m.node("Reshape", [y, m.const([1, H // w, W // w, w, w, C], np.int64)])
+    y = m.node("Reshape", [m.node("Transpose", [y], perm=[0, 1, 3, 2, 4, 5]), m.const([1, H, W, C], np.int64)])
+    y = m.node("Transpose", [y], perm=[0, 3, 1, 2])
+    out = m.node("Relu", [m.node("Conv", [y, m.weight(C, C, 3, 3), m.weight(C)], pads=[1, 1, 1, 1])])
+    return m.model("image", out)
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_windows_joined_to_the_batch_are_held_beside_it(cosine):
+    """Swin's window partition folds the windows into the batch; the importer holds them as a dim
+    of their own (the batch stays free), and the block matches onnxruntime, whole and by parts."""
+    model = window_block(17, cosine)
+    g = import_model(model, None, "windows")
+    assert any(len(g.shape(t)) == 5 for t in g.tensors), "the windows' qkv held as (N, windows, T, C) ..."
+    x = random_input(g)
+    want = next(iter(onnxruntime_outputs(model.SerializeToString(), x).values()))
+    got = run_reference(g, x)[g.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+    last = len(g.layers) - 1
+    plan = plan_parts(PlannedModel(g, "windows"), {0: H, last: H})
+    check_plan(plan, [g])
+    outs, _ = execute(plan, [g], [x], fill_nan=True)
+    np.testing.assert_allclose(outs[0][g.outputs[0]], got, rtol=1e-5, atol=1e-5 * float(np.abs(got).max()))

@@ -929,8 +929,8 @@ def reduce_cases(draw):
 def gather_cases(draw):
     """One constant index (negative too) along an axis after the batch of rank 3-5 data."""
     rng = _rng(draw)
-    rank = draw(st.integers(3, 5))
-    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    rank = draw(st.integers(3, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 4 if rank < 6 else 3)) for _ in range(rank)))
     axis = draw(st.integers(1, rank - 1))
     index = draw(st.integers(-x.shape[axis], x.shape[axis] - 1))
     node = helper.make_node("Gather", ["x", "i"], ["y0"], axis=draw(st.sampled_from([axis, axis - rank])))

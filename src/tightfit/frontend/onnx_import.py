@@ -155,6 +155,7 @@ class _Builder:
         self.protos: list[_Proto] = []
         self.original: list[str] = []
         self.nodes: list[onnx.NodeProto] = list(g.node)
+        self.windows: dict[str, int] = {}  # tensors held with windows folded into the batch (batch_axis)
 
     # --- inputs -------------------------------------------------------------------------
     def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
@@ -254,18 +255,51 @@ class _Builder:
                 if node.output[0] not in self.operands:  # weights held in Constant nodes are parameters too
                     self.original_params += _weight_size(value)
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
-                self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
+                held = batch_axis.file_shape(self.shapes[inputs[0]], self.windows.get(inputs[0], 1))
+                self.consts[node.output[0]] = _shape_value(node, held)
             elif all(not i or i in self.consts for i in inputs):
                 self._fold(node, inputs)
-            elif node.op_type in ("Identity", "Dropout"):
-                self.alias[node.output[0]] = inputs[0]
-            elif node.op_type in ("Cast", "Expand"):
-                self.alias[node.output[0]] = self._no_op(node, inputs)
-            elif node.op_type == "Concat" and any(i in self.consts for i in inputs):
-                for part in self._concat_constants(node, inputs):  # issue 38: a class token
-                    self._add_layer(part, [self.resolve(i) if i else "" for i in part.input])
             else:
-                self._add_layer(node, inputs)
+                self._data_node(*self._unfolded(node, inputs))
+
+    def _unfolded(self, node: onnx.NodeProto, inputs: list[str]) -> tuple[onnx.NodeProto, list[str]]:
+        """The node as it runs on tensors with windows folded into the batch (batch_axis.fold_node),
+        its output's windows noted; the node as it is where it touches none."""
+        found = batch_axis.fold_node(node, inputs, self.shapes, self.consts, self.windows, self.shapes[self.input][0])
+        if found is None:
+            return node, inputs
+        node, k = found
+        if k == 0:
+            raise UnsupportedOpsError({node.op_type: f"{node.name or node.output[0]}: a {node.op_type} of a tensor whose "
+                                                     "batch holds windows (Swin-style window partition), in a form not "
+                                                     "rewritten for it"}, supported_onnx_types())
+        if k > 1:
+            self.windows[node.output[0]] = k
+        return node, [self.resolve(i) if i else "" for i in node.input]
+
+    def _data_node(self, node: onnx.NodeProto, inputs: list[str]) -> None:
+        """A node reading activations: an alias, a no-op, or layers."""
+        if node.op_type in ("Identity", "Dropout"):
+            self.alias[node.output[0]] = inputs[0]
+        elif node.op_type in ("Cast", "Expand"):
+            same = self._no_op(node, inputs)
+            if same is None:
+                self._add_layer(self._times_ones(node, inputs), [inputs[0], f"{node.output[0]}::ones"])
+            else:
+                self.alias[node.output[0]] = same
+        elif node.op_type == "Concat" and any(i in self.consts for i in inputs):
+            for part in self._concat_constants(node, inputs):  # issue 38: a class token
+                self._add_layer(part, [self.resolve(i) if i else "" for i in part.input])
+        else:
+            self._add_layer(node, inputs)
+
+    def _times_ones(self, node: onnx.NodeProto, inputs: list[str]) -> onnx.NodeProto:
+        """An Expand that broadcasts dims of 1 as a Mul by ones of the target's shape (exact)."""
+        target = tuple(int(d) for d in self.consts[inputs[1]].reshape(-1))
+        grown = np.broadcast_shapes(self.shapes[inputs[0]], target)
+        self.consts[f"{node.output[0]}::ones"] = np.ones((1,) + tuple(grown[1:]), np.float32)
+        return onnx.helper.make_node("Mul", [node.input[0], f"{node.output[0]}::ones"], list(node.output),
+                                     name=node.name or node.output[0])
 
     def _concat_constants(self, node: onnx.NodeProto, inputs: list[str]) -> list[onnx.NodeProto]:
         """A Concat of one activation and constants along a token or map axis (a ViT's class token
@@ -315,8 +349,9 @@ class _Builder:
             return onnx.helper.make_node(op, [x, axes], [out], name=f"{label}::{op.lower()}")
         return onnx.helper.make_node(op, [x], [out], name=f"{label}::{op.lower()}", axes=[1])
 
-    def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str:
-        """The data a Cast or Expand of activations passes on unchanged, or a clear error."""
+    def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str | None:
+        """The data a Cast or Expand of activations passes on unchanged, None for an Expand that
+        broadcasts dims of 1 (a product with ones, `_times_ones`), or a clear error."""
         label = node.name or node.output[0]
         x = inputs[0]
         if node.op_type == "Cast":
@@ -334,9 +369,11 @@ class _Builder:
             grown = np.broadcast_shapes(shape, tuple(int(d) for d in target.reshape(-1)))
         except ValueError:
             grown = None
+        if grown is not None and grown != shape and len(grown) == len(shape) and grown[0] == shape[0]:
+            return None  # dims of 1 broadcast (F.normalize's expand_as): a product with ones
         if grown != shape:
             raise UnsupportedOpsError({"Expand": f"{label}: an Expand of activations {shape} to {tuple(target.reshape(-1))}"
-                                       " (only to the shape they have)"}, supported_onnx_types())
+                                       " (only to the shape they have, or dims of 1 broadcast)"}, supported_onnx_types())
         return x
 
     def _fold(self, node: onnx.NodeProto, inputs: list[str]) -> None:

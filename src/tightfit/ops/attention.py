@@ -283,8 +283,8 @@ class Gather(_WholeSamples):
         idx = node.const_input(1)
         if idx is None or idx.ndim != 0:
             raise ValueError("only a Gather of one constant index (a scalar) from activations is supported")
-        if not 3 <= len(shape) <= MAX_RANK + 1:
-            raise ValueError(f"Gather from data of rank {len(shape)}; ranks 3 to {MAX_RANK + 1} are supported")
+        if not 3 <= len(shape) <= AXIS_RANK:
+            raise ValueError(f"Gather from data of rank {len(shape)}; ranks 3 to {AXIS_RANK} are supported")
         axis = _axis(node, int(node.attrs.get("axis", 0)), len(shape))
         if axis == 0:
             raise ValueError("a Gather along the batch axis is not supported")
@@ -296,7 +296,7 @@ class Gather(_WholeSamples):
     def check(self, layer: Layer, in_shapes, params) -> None:
         super().check(layer, in_shapes, params)
         shape, axis, i = tuple(in_shapes[0]), layer.attrs["axis"], layer.attrs["index"]
-        expect(3 <= len(shape) <= MAX_RANK + 1 and 1 <= axis < len(shape) and 0 <= i < shape[axis],
+        expect(3 <= len(shape) <= AXIS_RANK and 1 <= axis < len(shape) and 0 <= i < shape[axis],
                f"index {i} of axis {axis} of {shape}: an index in range of an axis after the batch")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
