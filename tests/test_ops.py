@@ -813,6 +813,32 @@ def activation_cases(draw):
 # --- issue 38: attention blocks (ops/attention.py) -------------------------------------------------
 
 @st.composite
+def pad_axes_cases(draw):
+    """Pad of one or two axes after the batch other than H and W of a map: a channels-last map
+    (N, H, W, C) over H and W, tokens (N, T, C), (N, C) over C; constant, edge and reflect."""
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 4))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    choices = [(1,), (1, 2), (2,)] if rank > 2 else [(1,)]
+    axes = draw(st.sampled_from([c for c in choices if c != (2,) or rank == 3] + ([(1, 2), (1, 3)] if rank == 4 else [])))
+    mode = draw(st.sampled_from(["constant", "edge", "reflect"]))
+    if mode == "reflect" and min(x.shape[a] for a in axes) < 2:
+        mode = "constant"
+    pads = [0] * (2 * rank)
+    for a in axes:
+        top = x.shape[a] - 1 if mode == "reflect" else 3
+        pads[a], pads[a + rank] = draw(st.integers(0, top)), draw(st.integers(0, top))
+    pads[axes[0]] = max(pads[axes[0]], 1)  # axis 1 (C of a map) or a token axis: not the pad op's
+    inits = {"p": np.array(pads, np.int64)}
+    ins = ["x", "p"]
+    if mode == "constant":
+        inits["v"] = np.array(draw(st.sampled_from([0.0, 1.5])), np.float32)
+        ins.append("v")
+    node = helper.make_node("Pad", ins, ["y0"], mode=mode)
+    return onnx_case("pad_axes", [node], 0, {"x": x}, inits, opset=13)
+
+
+@st.composite
 def matmul_cases(draw):
     """Two activations of rank 3 or 4, batch dims broadcast (a dim of 1 on either side)."""
     rng = _rng(draw)
@@ -1001,6 +1027,7 @@ CASES = {
     "layer_norm": layer_norm_cases(),
     "reduce": reduce_cases(),
     "gather": gather_cases(),
+    "pad_axes": pad_axes_cases(),
 }
 
 

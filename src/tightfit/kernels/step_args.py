@@ -718,5 +718,20 @@ def _gather(b, layer, xs, y):
     return "copy", "tf_copy_args", [x, _view4(y.off, ydims, ystrides)]
 
 
-BINDERS.update({"matmul": _matmul, "softmax_axis": _softmax_axis, "layer_norm": _layer_norm, "reduce": _reduce,
+def _pad_axes(b, layer, xs, y):
+    """pad's kernel, whole, over views whose H and W are the padded axes (a third, if any, as C)."""
+    a1, a2 = layer.attrs["axes"]
+    t, l, _, _ = layer.attrs["pads"]
+    views = []
+    for v, name in ((xs[0], layer.inputs[0]), (y, layer.output)):
+        dims, strides = _padded(*_dims_strides(v, b.g.shape(name)))
+        other = next(k for k in (1, 2, 3) if k not in (a1, a2))
+        order = (0, other, a1, a2)
+        views.append(View(v.off, tuple(dims[k] for k in order), tuple(strides[k] for k in order)))  # type: ignore[arg-type]
+    x4, y4 = views
+    return ("pad", "tf_pad_args", [x4, y4, Code("PAD", layer.attrs["mode"]), float(layer.attrs["value"]), 0, 0, 0, 0,
+                                   x4.dims[2], x4.dims[3], t, l])
+
+
+BINDERS.update({"pad_axes": _pad_axes, "matmul": _matmul, "softmax_axis": _softmax_axis, "layer_norm": _layer_norm, "reduce": _reduce,
                 "gather": _gather})

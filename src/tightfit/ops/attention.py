@@ -17,7 +17,7 @@ import numpy as np
 
 from tightfit.graph.ir import Layer
 from tightfit.ops.binary import merged_dims
-from tightfit.ops.registry import register
+from tightfit.ops.registry import get_op, register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect
 
 MAX_RANK = 4  # the kernels' views hold (N, C, H, W)
@@ -304,3 +304,46 @@ class Gather(_WholeSamples):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape)
+
+
+@register
+class PadAxes(_WholeSamples):
+    """Pad of any two axes after the batch (a channels-last map (N, H, W, C) padded over H and W
+    before Swin's window partition; tokens): pad's kernel over a view whose H and W are those axes.
+    The pad op keeps the NCHW maps padded over H and W, which split by rows."""
+
+    name = "pad_axes"
+
+    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
+        spec = get_op("pad").from_onnx(node)  # the Pad node's forms are read there
+        if spec.op != "pad_axes":
+            raise ValueError("a pad of H and W of an NCHW map is the pad op's")
+        return spec
+
+    def check(self, layer: Layer, in_shapes, params) -> None:
+        super().check(layer, in_shapes, params)
+        shape, axes, pads = tuple(in_shapes[0]), tuple(layer.attrs["axes"]), tuple(layer.attrs["pads"])
+        expect(2 <= len(shape) <= MAX_RANK and len(axes) == 2 and len(pads) == 4 and all(p >= 0 for p in pads),
+               f"pads {pads} of axes {axes} of {shape}: two axes, pads >= 0")
+        expect(axes[0] < axes[1] and 1 <= axes[0] and axes[1] <= max(len(shape), 3),
+               f"axes {axes} of {shape} must be two axes after the batch")
+        if layer.attrs["mode"] == "reflect":
+            expect(all(p < shape[a] for a, p in zip(axes + axes, pads) if a < len(shape)), "reflect pads wider than the input")
+
+    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        shape = list(in_shapes[0])
+        for a, before, after in zip(layer.attrs["axes"], layer.attrs["pads"][:2], layer.attrs["pads"][2:]):
+            if a < len(shape):
+                shape[a] += before + after
+        return tuple(shape)
+
+
+def pad_axes_spec(pads: list[int], rank: int, mode: str, value: float, x: str) -> OnnxSpec:
+    """A Pad (pads of every axis, begins then ends) of at most two axes after the batch."""
+    padded = [a for a in range(1, rank) if pads[a] or pads[a + rank]]
+    if pads[0] or pads[rank] or len(padded) > 2 or any(p < 0 for p in pads) or not 2 <= rank <= MAX_RANK:
+        raise ValueError(f"pads {pads} of rank-{rank} data: at most two axes after the batch, no crop, rank 2 to 4")
+    spare = [a for a in range(1, max(rank, 3)) if a not in padded]
+    axes = tuple(sorted(padded + spare[: 2 - len(padded)]))
+    at = [pads[a] if a < rank else 0 for a in axes] + [pads[a + rank] if a < rank else 0 for a in axes]
+    return OnnxSpec({"axes": axes, "pads": tuple(at), "mode": mode, "value": float(value)}, [x], op="pad_axes")
