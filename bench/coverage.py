@@ -115,7 +115,7 @@ def torch_path(name: str) -> tuple[int, int, bool]:
     x = random_input(g)
     got = run_reference(g, x)
     with torch.no_grad():
-        want = module(x)
+        want = module(torch.as_tensor(x))  # random_input gives numpy since read_inputs does
     want = want if isinstance(want, (tuple, list)) else (want,)
     ok = len(want) == len(g.outputs) and all(compare(got[t], w).ok for t, w in zip(g.outputs, want))
     return corpus.parameter_count(name), g.original_param_count, ok

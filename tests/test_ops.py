@@ -817,23 +817,206 @@ def activation_cases(draw):
     return _hand_case("activation", {"act": chain}, {"x": x}, nodes, out, inits=inits)
 
 
+# --- issue 38: attention blocks (ops/attention.py) -------------------------------------------------
+
+@st.composite
+def pad_axes_cases(draw):
+    """Pad of one or two axes after the batch other than H and W of a map: a channels-last map
+    (N, H, W, C) over H and W, tokens (N, T, C), (N, C) over C; constant, edge and reflect."""
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 4))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    choices = [(1,), (1, 2), (2,)] if rank > 2 else [(1,)]
+    axes = draw(st.sampled_from([c for c in choices if c != (2,) or rank == 3] + ([(1, 2), (1, 3)] if rank == 4 else [])))
+    mode = draw(st.sampled_from(["constant", "edge", "reflect"]))
+    if mode == "reflect" and min(x.shape[a] for a in axes) < 2:
+        mode = "constant"
+    pads = [0] * (2 * rank)
+    for a in axes:
+        top = x.shape[a] - 1 if mode == "reflect" else 3
+        pads[a], pads[a + rank] = draw(st.integers(0, top)), draw(st.integers(0, top))
+    pads[axes[0]] = max(pads[axes[0]], 1)  # axis 1 (C of a map) or a token axis: not the pad op's
+    inits = {"p": np.array(pads, np.int64)}
+    ins = ["x", "p"]
+    if mode == "constant":
+        inits["v"] = np.array(draw(st.sampled_from([0.0, 1.5])), np.float32)
+        ins.append("v")
+    node = helper.make_node("Pad", ins, ["y0"], mode=mode)
+    return onnx_case("pad_axes", [node], 0, {"x": x}, inits, opset=13)
+
+
+@st.composite
+def matmul_cases(draw):
+    """Two activations of rank 3 or 4, batch dims broadcast (a dim of 1 on either side)."""
+    rng = _rng(draw)
+    n, m, k, cols = (draw(st.integers(1, 3)) for _ in range(4))
+    heads = [] if draw(st.booleans()) else [draw(st.integers(1, 3))]
+    a_heads = [draw(st.sampled_from([h, 1])) for h in heads]
+    b_heads = [h if a == 1 else draw(st.sampled_from([h, 1])) for h, a in zip(heads, a_heads)]
+    a = _randn(rng, (n, *a_heads, m, k * 3))
+    b = _randn(rng, (n, *b_heads, k * 3, cols * 2))
+    node = helper.make_node("MatMul", ["a", "b"], ["y0"])
+    return onnx_case("matmul", [node], 0, {"a": a, "b": b}, {}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def einsum_cases(draw):
+    """Einsum as attention writes it, of rank 3 to 5 (windows x heads): either matrix transposed."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    batch = "bgh"[: rank - 2]
+    dims = {c: draw(st.integers(1, 3)) for c in batch + "ijk"}
+    a, b = draw(st.sampled_from(["ik", "ki"])), draw(st.sampled_from(["kj", "jk"]))
+    eq = f"{batch}{a},{batch}{b}->{batch}ij"
+    inputs = {"a": _randn(rng, [dims[c] for c in batch + a]), "b": _randn(rng, [dims[c] for c in batch + b])}
+    node = helper.make_node("Einsum", ["a", "b"], ["y0"], equation=eq)
+    return onnx_case("matmul", [node], 0, inputs, {}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def high_rank_cases(draw, op_name: str):
+    """Add / Mul of rank 5-6 data (windows x heads x tokens: attention scores and their position
+    bias), the other operand of 1s over a run of dims (at most 4 dims after merging), data or constant."""
+    rng = _rng(draw)
+    rank = draw(st.integers(5, 6))
+    full = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    a = draw(st.integers(1, rank - 1))
+    b = draw(st.integers(a, rank))
+    other = tuple(1 if a <= k < b else d for k, d in enumerate(full))
+    inputs, inits = {"x0": _randn(rng, full)}, {}
+    if draw(st.booleans()):
+        inputs["x1"] = _randn(rng, other)
+    else:
+        inits["k"] = _randn(rng, (1,) + other[1:])
+    node = helper.make_node("Add" if op_name == "add" else "Mul", list(inputs) + list(inits), ["y0"])
+    return onnx_case(op_name, [node], 0, inputs, inits, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def linear_cases(draw):
+    """MatMul of data of rank 3-5 by a constant weight: a Linear over the last axis (tokens,
+    windows of tokens)."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    x = _randn(rng, tuple(draw(st.integers(1, 3)) for _ in range(rank - 1)) + (draw(st.integers(1, 20)),))
+    w = _randn(rng, (x.shape[-1], draw(st.integers(1, 5))))
+    node = helper.make_node("MatMul", ["x", "w"], ["y0"])
+    return onnx_case("gemm", [node], 0, {"x": x}, {"w": w}, opset=13, acts=draw(CHAINS))
+
+
+@st.composite
+def softmax_axis_cases(draw):
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 5 if rank < 5 else 3)) for _ in range(rank))) * 3
+    axis = draw(st.sampled_from([a for a in range(1, rank) if not (rank != 3 and a == 1)] or [1]))
+    if rank == 2:
+        return draw(softmax_axis_cases())  # over C of (N, C): the softmax op's
+    axis = draw(st.sampled_from([axis, axis - rank]))
+    kind = draw(st.sampled_from(["Softmax", "LogSoftmax"]))
+    return onnx_case("softmax_axis", [helper.make_node(kind, ["x"], ["y0"], axis=axis)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def layer_norm_cases(draw):
+    """LayerNormalization over the last axis of tokens (N, T, C) or of rank-4 data."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 5))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank - 1)) + (draw(st.integers(2, 9)),)) * 3
+    d = x.shape[-1]
+    inits = {"s": _randn(rng, (d,))}
+    names = ["x", "s"]
+    if draw(st.booleans()):
+        inits["b"] = _randn(rng, (d,))
+        names.append("b")
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.5]))
+    node = helper.make_node("LayerNormalization", names, ["y0"], axis=draw(st.sampled_from([-1, rank - 1])), epsilon=eps)
+    return onnx_case("layer_norm", [node], 0, {"x": x}, inits, opset=17, acts=draw(CHAINS))
+
+
+@st.composite
+def reduce_cases(draw):
+    """ReduceMean / Sum / Max / L2 over any non-empty set of axes after the batch, keepdims or not;
+    axes as the attribute (opset 13; ReduceSum's an input there) or an input (opset 18)."""
+    rng = _rng(draw)
+    rank = draw(st.integers(2, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 5 if rank <= 4 else 3)) for _ in range(rank)))
+    if rank <= 4:
+        axes = draw(st.lists(st.integers(1, rank - 1), min_size=1, unique=True))
+    else:  # a run of axes (rank 5-6 runs as merged dims), to rank 5-6
+        first = draw(st.integers(1, rank - 1))
+        axes = list(range(first, draw(st.integers(first + 1, rank))))
+    keepdims = 1 if rank - len(axes) < 2 or (rank > 4 and rank - len(axes) <= 4) else draw(st.sampled_from([0, 1]))
+    axes = [draw(st.sampled_from([a, a - rank])) for a in axes]
+    kind = draw(st.sampled_from(["ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"]))
+    opset = draw(st.sampled_from([13, 18]))
+    if opset == 18 or kind == "ReduceSum":
+        node = helper.make_node(kind, ["x", "axes"], ["y0"], keepdims=keepdims)
+        inits = {"axes": np.array(axes, np.int64)}
+    else:
+        node, inits = helper.make_node(kind, ["x"], ["y0"], axes=axes, keepdims=keepdims), {}
+    return onnx_case("reduce", [node], 0, {"x": x}, inits, opset=opset, acts=draw(CHAINS))
+
+
+@st.composite
+def gather_cases(draw):
+    """One constant index (negative too) along an axis after the batch of rank 3-5 data."""
+    rng = _rng(draw)
+    rank = draw(st.integers(3, 6))
+    x = _randn(rng, tuple(draw(st.integers(1, 4 if rank < 6 else 3)) for _ in range(rank)))
+    axis = draw(st.integers(1, rank - 1))
+    index = draw(st.integers(-x.shape[axis], x.shape[axis] - 1))
+    node = helper.make_node("Gather", ["x", "i"], ["y0"], axis=draw(st.sampled_from([axis, axis - rank])))
+    return onnx_case("gather", [node], 0, {"x": x}, {"i": np.array(index, np.int64)}, opset=13)
+
+
+@st.composite
+def token_transpose_cases(draw):
+    """Transposes of tokens (N, T, C) and of rank-5 data (attention's (N, T, 3, heads, d))."""
+    rng = _rng(draw)
+    rank = draw(st.sampled_from([3, 5]))
+    x = _randn(rng, tuple(draw(st.integers(1, 4)) for _ in range(rank)))
+    perm = [0] + list(draw(st.permutations(range(1, rank))))
+    return onnx_case("transpose", [helper.make_node("Transpose", ["x"], ["y0"], perm=perm)], 0, {"x": x}, {}, opset=13)
+
+
+@st.composite
+def token_reshape_cases(draw):
+    """Maps (N, C, H, W) to tokens (N, C, H W) and back, Squeeze / Unsqueeze between ranks 3 and 4."""
+    rng = _rng(draw)
+    n, c, h, w = (draw(st.integers(1, 4)) for _ in range(4))
+    kind = draw(st.sampled_from(["to tokens", "to map", "Squeeze", "Unsqueeze"]))
+    if kind in ("to tokens", "to map"):
+        x = _randn(rng, (n, c, h, w) if kind == "to tokens" else (n, c, h * w))
+        target = [0, c, -1] if kind == "to tokens" else [0, c, h, w]
+        node = helper.make_node("Reshape", ["x", "t"], ["y0"])
+        return onnx_case("reshape", [node], 0, {"x": x}, {"t": np.array(target, np.int64)}, opset=13)
+    axis = draw(st.integers(1, 3))
+    shape = [n, c, h, w]
+    shape[axis] = 1
+    x = _randn(rng, tuple(shape) if kind == "Squeeze" else tuple(shape[:axis] + shape[axis + 1 :]))
+    node = helper.make_node(kind, ["x", "a"], ["y0"])
+    return onnx_case("reshape", [node], 0, {"x": x}, {"a": np.array([draw(st.sampled_from([axis, axis - 4]))], np.int64)},
+                     opset=13)
+
+
 CASES = {
     "conv": conv_cases(),
     "maxpool": pool_cases("MaxPool"),
     "avgpool": pool_cases("AveragePool"),
     "global_pool": global_pool_cases(),
-    "add": elementwise_cases("add"),
-    "mul": elementwise_cases("mul"),
+    "add": st.one_of(elementwise_cases("add"), high_rank_cases("add")),  # (rank 5-6: issue 38)
+    "mul": st.one_of(elementwise_cases("mul"), high_rank_cases("mul")),
     "concat": concat_cases(),
-    "gemm": gemm_cases(),
+    "gemm": st.one_of(gemm_cases(), linear_cases()),  # (over the last axis: issue 38)
     "softmax": softmax_cases(),
     "batchnorm": batchnorm_cases(),
     "lrn": lrn_cases(),
     "pad": pad_cases(),
     "resize": resize_cases(),
     "flatten": flatten_cases(),
-    "reshape": reshape_cases(),
-    "transpose": transpose_cases(),
+    "reshape": st.one_of(reshape_cases(), token_reshape_cases()),  # (tokens: issue 38)
+    "transpose": st.one_of(transpose_cases(), token_transpose_cases()),
     "channel_shuffle": channel_shuffle_cases(),
     "activation": activation_cases(),
     # issue 22: spatial and structural ops
@@ -845,6 +1028,13 @@ CASES = {
     "channel_norm": channel_norm_cases(),
     "instancenorm": instancenorm_cases(),
     "channel_reduce": channel_reduce_cases(),
+    # issue 38: attention blocks
+    "matmul": st.one_of(matmul_cases(), einsum_cases()),
+    "softmax_axis": softmax_axis_cases(),
+    "layer_norm": layer_norm_cases(),
+    "reduce": reduce_cases(),
+    "gather": gather_cases(),
+    "pad_axes": pad_axes_cases(),
 }
 
 

@@ -252,6 +252,56 @@ class CRNNTrunk(nn.Module):
         return self.classifier(self.features(x))
 
 
+# --- SVTR-style recogniser (issue 38: a CRNN trunk, attention over all tokens, a CTC head) ------
+
+class SVTRBlock(nn.Module):
+    """A global mixing block of SVTR (Du et al. 2022, as PaddleOCR writes it): pre-norm multi-head
+    self-attention over all tokens (one qkv Linear, reshape to (B, T, 3, heads, d) and permute
+    (2, 0, 3, 1, 4)), then a pre-norm MLP with GELU; LayerNorm epsilon 1e-6."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2) -> None:
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2, self.act = nn.Linear(dim, mlp_ratio * dim), nn.Linear(mlp_ratio * dim, dim), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class SVTR(nn.Module):
+    """SVTR-style recogniser on a 3x32x320 text line: a CRNN-like trunk (3x3 convs with batch norm,
+    max pools 2x2, 2x2 and (2, 1)) to a 128 x 4 x 80 map, its 320 pixels as tokens through two
+    global mixing blocks, back to the map, a 1x1 conv, the height averaged away, and the CTC head
+    (a Linear per column to 37 classes: the logits a CTC decoder reads)."""
+
+    def __init__(self, classes: int = 37, dim: int = 128) -> None:
+        super().__init__()
+
+        def conv(cin: int, cout: int, k: int = 3) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, k, 1, k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        self.trunk = nn.Sequential(*conv(3, 32), nn.MaxPool2d(2, 2), *conv(32, 64), nn.MaxPool2d(2, 2),
+                                   *conv(64, dim), *conv(dim, dim), nn.MaxPool2d((2, 1), (2, 1)))
+        self.blocks = nn.Sequential(SVTRBlock(dim, 4), SVTRBlock(dim, 4))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.neck = nn.Sequential(*conv(dim, dim, 1), nn.AvgPool2d((4, 1)))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.trunk(x)
+        b, c, h, w = x.shape
+        x = self.norm(self.blocks(x.flatten(2).transpose(1, 2)))
+        x = self.neck(x.transpose(1, 2).reshape(b, c, h, w))
+        return self.head(x.squeeze(2).permute(0, 2, 1))
+
+
 # --- the corpus ----------------------------------------------------------------------------------
 
 def _tv(name: str, **kw) -> Callable[[], nn.Module]:
@@ -306,6 +356,8 @@ _MAKERS: dict[str, tuple[Callable[[], nn.Module], tuple[int, int, int, int], str
     "unet": (UNet, (1, 3, 256, 256), "table", "U-Net (64-1024 channels, ConvTranspose up)"),
     "dbnet": (DBNet, (1, 3, 640, 640), "table", "DB text detector (MobileNetV3 backbone, x/6 hard-swish, FPN)"),
     "crnn": (CRNNTrunk, (1, 3, 32, 320), "table", "CRNN recogniser trunk with a 1x1 class head"),
+    # issue 38: convolutions with attention blocks
+    "svtr": (SVTR, (1, 3, 32, 320), "table", "SVTR-style recogniser: CRNN trunk, 2 attention blocks, CTC head"),
 }
 
 # Small, quick members for the default test run.

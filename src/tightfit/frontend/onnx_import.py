@@ -27,7 +27,7 @@ from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
 from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
-from tightfit.frontend import channels_last, folding, qdq
+from tightfit.frontend import batch_axis, channels_last, folding, qdq
 
 # Node types the importer handles itself rather than mapping to an op. Cast (to a float type)
 # and Expand (to the shape the data has) of activations are no-ops; any node computed from
@@ -35,7 +35,8 @@ from tightfit.frontend import channels_last, folding, qdq
 STRUCTURAL_TYPES = ("Constant", "Identity", "Dropout", "Shape", "Cast", "Expand")
 # Ops that can absorb the elementwise activations that follow them.
 ACTIVATION_HOSTS = ("conv", "maxpool", "avgpool", "gemm", "add", "batchnorm", "global_pool", "concat", "mul",
-                    "conv_transpose", "eltwise", "channel_norm", "instancenorm", "channel_reduce")
+                    "conv_transpose", "eltwise", "channel_norm", "instancenorm", "channel_reduce",
+                    "matmul", "layer_norm", "reduce")  # issue 38
 
 
 def supported_onnx_types() -> list[str]:
@@ -103,6 +104,7 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
     b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)
+    b.nodes = batch_axis.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output})
     b.check_supported()
     b.walk()
     return b.finish(fuse_batchnorm)
@@ -154,6 +156,7 @@ class _Builder:
         self.original: list[str] = []
         self.nodes: list[onnx.NodeProto] = list(g.node)
         self.qconsts: dict[str, qdq.QConst] = {}  # DequantizeLinear outputs of constants (int8 weights, int32 biases)
+        self.windows: dict[str, int] = {}  # tensors held with windows folded into the batch (batch_axis)
 
     # --- inputs -------------------------------------------------------------------------
     def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
@@ -253,7 +256,8 @@ class _Builder:
                 if node.output[0] not in self.operands:  # weights held in Constant nodes are parameters too
                     self.original_params += _weight_size(value)
             elif node.op_type == "Shape" and inputs[0] in self.shapes:
-                self.consts[node.output[0]] = _shape_value(node, self.shapes[inputs[0]])
+                held = batch_axis.file_shape(self.shapes[inputs[0]], self.windows.get(inputs[0], 1))
+                self.consts[node.output[0]] = _shape_value(node, held)
             elif all(not i or i in self.consts for i in inputs):
                 if node.op_type == "DequantizeLinear":  # folded here: onnx's evaluator lacks opset 13's
                     found = qdq.QConst.of(node.name or node.output[0], [self.consts[i] if i else None for i in inputs],
@@ -262,15 +266,99 @@ class _Builder:
                     self.consts[node.output[0]] = found.real()
                 else:
                     self._fold(node, inputs)
-            elif node.op_type in ("Identity", "Dropout"):
-                self.alias[node.output[0]] = inputs[0]
-            elif node.op_type in ("Cast", "Expand"):
-                self.alias[node.output[0]] = self._no_op(node, inputs)
             else:
-                self._add_layer(node, inputs)
+                self._data_node(*self._unfolded(node, inputs))
 
-    def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str:
-        """The data a Cast or Expand of activations passes on unchanged, or a clear error."""
+    def _unfolded(self, node: onnx.NodeProto, inputs: list[str]) -> tuple[onnx.NodeProto, list[str]]:
+        """The node as it runs on tensors with windows folded into the batch (batch_axis.fold_node),
+        its output's windows noted; the node as it is where it touches none."""
+        found = batch_axis.fold_node(node, inputs, self.shapes, self.consts, self.windows, self.shapes[self.input][0])
+        if found is None:
+            return node, inputs
+        node, k = found
+        if k == 0:
+            raise UnsupportedOpsError({node.op_type: f"{node.name or node.output[0]}: a {node.op_type} of a tensor whose "
+                                                     "batch holds windows (Swin-style window partition), in a form not "
+                                                     "rewritten for it"}, supported_onnx_types())
+        if k > 1:
+            self.windows[node.output[0]] = k
+        return node, [self.resolve(i) if i else "" for i in node.input]
+
+    def _data_node(self, node: onnx.NodeProto, inputs: list[str]) -> None:
+        """A node reading activations: an alias, a no-op, or layers."""
+        if node.op_type in ("Identity", "Dropout"):
+            self.alias[node.output[0]] = inputs[0]
+        elif node.op_type in ("Cast", "Expand"):
+            same = self._no_op(node, inputs)
+            if same is None:
+                self._add_layer(self._times_ones(node, inputs), [inputs[0], f"{node.output[0]}::ones"])
+            else:
+                self.alias[node.output[0]] = same
+        elif node.op_type == "Concat" and any(i in self.consts for i in inputs):
+            for part in self._concat_constants(node, inputs):  # issue 38: a class token
+                self._add_layer(part, [self.resolve(i) if i else "" for i in part.input])
+        else:
+            self._add_layer(node, inputs)
+
+    def _times_ones(self, node: onnx.NodeProto, inputs: list[str]) -> onnx.NodeProto:
+        """An Expand that broadcasts dims of 1 as a Mul by ones of the target's shape (exact)."""
+        target = tuple(int(d) for d in self.consts[inputs[1]].reshape(-1))
+        grown = np.broadcast_shapes(self.shapes[inputs[0]], target)
+        self.consts[f"{node.output[0]}::ones"] = np.ones((1,) + tuple(grown[1:]), np.float32)
+        return onnx.helper.make_node("Mul", [node.input[0], f"{node.output[0]}::ones"], list(node.output),
+                                     name=node.name or node.output[0])
+
+    def _concat_constants(self, node: onnx.NodeProto, inputs: list[str]) -> list[onnx.NodeProto]:
+        """A Concat of one activation and constants along a token or map axis (a ViT's class token
+        before its patch tokens) as nodes the ops take: the activation padded with zeros where the
+        constants go (a Pad over H or W; tokens (N, T, C) through an Unsqueeze to (N, 1, T, C)),
+        plus the constants at those places and zeros elsewhere: exact, as x + 0 is x."""
+        label = node.name or node.output[0]
+        data = [i for i in inputs if i not in self.consts]
+        shape = self.shapes.get(data[0]) if len(data) == 1 else None
+        rank = len(shape) if shape else 0
+        axis = int(_attrs(node).get("axis", 0)) % max(rank, 1)
+        if shape is None or (rank, axis) not in ((3, 1), (3, 2), (4, 2), (4, 3)):
+            raise UnsupportedOpsError({"Concat": f"{label}: a concatenation of constants and activations other than one "
+                                                 "activation of tokens (N, T, C) or maps along T, C, H or W"},
+                                      supported_onnx_types())
+        parts, at = [], inputs.index(data[0])
+        for i in inputs:
+            c = np.zeros((1,) + shape[1:], np.float32) if i == data[0] else np.asarray(self.consts[i], np.float32)
+            if c.ndim != rank or c.shape[0] != 1 or c.shape[1:axis] + c.shape[axis + 1:] != shape[1:axis] + shape[axis + 1:]:
+                raise ModelLoadError(f"node {label!r} (Concat): a constant of shape {c.shape} does not fit {shape} along axis {axis}")
+            parts.append(c)
+        before, after = (sum(p.shape[axis] for p in parts[:at]), sum(p.shape[axis] for p in parts[at + 1:]))
+        key = f"{node.output[0]}::"
+        self.consts[key + "added"] = np.concatenate(parts, axis=axis)
+        four = axis + (rank == 3)  # the padded axis of the 4-D tensor: H (2) or W (3)
+        pads = [0] * 8
+        pads[four], pads[4 + four] = before, after
+        self.consts[key + "pads"] = np.asarray(pads, np.int64)
+        self.consts[key + "axes"] = np.asarray([1], np.int64)
+        x, out = data[0], [key + "padded"]
+        nodes = []
+        if rank == 3:
+            nodes.append(self._axes_node("Unsqueeze", x, key + "axes", key + "map", label))
+            x = key + "map"
+        pad_in = [x, key + "pads"] if self.opset >= 11 else [x]
+        pad_attrs = {} if self.opset >= 11 else {"pads": pads}
+        nodes.append(onnx.helper.make_node("Pad", pad_in, out, name=f"{label}::pad", mode="constant", **pad_attrs))
+        if rank == 3:
+            nodes.append(self._axes_node("Squeeze", out[0], key + "axes", key + "tokens", label))
+            out = [key + "tokens"]
+        nodes.append(onnx.helper.make_node("Add", [out[0], key + "added"], list(node.output), name=label))
+        return nodes
+
+    def _axes_node(self, op: str, x: str, axes: str, out: str, label: str) -> onnx.NodeProto:
+        """An Unsqueeze or Squeeze of axis 1 in the model's opset's form."""
+        if self.opset >= 13:
+            return onnx.helper.make_node(op, [x, axes], [out], name=f"{label}::{op.lower()}")
+        return onnx.helper.make_node(op, [x], [out], name=f"{label}::{op.lower()}", axes=[1])
+
+    def _no_op(self, node: onnx.NodeProto, inputs: list[str]) -> str | None:
+        """The data a Cast or Expand of activations passes on unchanged, None for an Expand that
+        broadcasts dims of 1 (a product with ones, `_times_ones`), or a clear error."""
         label = node.name or node.output[0]
         x = inputs[0]
         if node.op_type == "Cast":
@@ -288,9 +376,11 @@ class _Builder:
             grown = np.broadcast_shapes(shape, tuple(int(d) for d in target.reshape(-1)))
         except ValueError:
             grown = None
+        if grown is not None and grown != shape and len(grown) == len(shape) and grown[0] == shape[0]:
+            return None  # dims of 1 broadcast (F.normalize's expand_as): a product with ones
         if grown != shape:
             raise UnsupportedOpsError({"Expand": f"{label}: an Expand of activations {shape} to {tuple(target.reshape(-1))}"
-                                       " (only to the shape they have)"}, supported_onnx_types())
+                                       " (only to the shape they have, or dims of 1 broadcast)"}, supported_onnx_types())
         return x
 
     def _fold(self, node: onnx.NodeProto, inputs: list[str]) -> None:
@@ -659,8 +749,9 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     protos = _fuse_channel_shuffle(protos, keep, shapes)
     protos = _fuse_depth_space(protos, keep, shapes)
     functions = functools.partial(_fuse_functions, recognise=recognise or (lambda group, x: None))
-    steps = ((_fuse_silu, functions, _fuse_layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
-             else (_fuse_silu, functions, _fuse_layernorm, _fuse_affine, _fuse_pad))
+    layernorm = functools.partial(_fuse_layernorm, shapes=shapes)
+    steps = ((_fuse_silu, functions, layernorm, _fuse_batchnorm, _fuse_affine, _fuse_pad) if fuse_batchnorm
+             else (_fuse_silu, functions, layernorm, _fuse_affine, _fuse_pad))
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
@@ -745,11 +836,18 @@ def _scalar_param(p: _Proto) -> float | None:
 
 
 def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, list[_Proto]],
-                     keep: set[str]) -> tuple[str, float, list[_Proto]] | None:
+                     keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[str, float, list[_Proto]] | None:
     """(x, epsilon, the layers) of (x - mean_C x) / sqrt(mean_C (x - mean_C x)^2 + eps) ending in
-    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None."""
+    `div`, LayerNorm over channels as exporters before opset 17 spell it, or None. With `shapes`,
+    the means may be over the last axis instead (LayerNorm of tokens), both alike."""
+    shapes = shapes or {}
+
     def made(t: str, op: str, **attrs) -> _Proto | None:
         p = by_out.get(t)
+        if op == "channel_reduce" and p is not None and p.op == "reduce":  # a mean over the last axis
+            rank = len(shapes.get(p.inputs[0], ()))
+            ok = p.attrs["kind"] == "mean" and p.attrs["keepdims"] and tuple(p.attrs["axes"]) == (rank - 1,) and not p.attrs["act"]
+            return p if ok and t not in keep else None
         ok = p is not None and p.op == op and all(p.attrs.get(k) == v for k, v in attrs.items())
         return p if ok and t not in keep else None
 
@@ -765,7 +863,7 @@ def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, 
         return None
     x, m = sub.inputs
     mean = made(m, "channel_reduce", kind="mean")
-    if mean is None or mean.inputs != [x] or sub.params:
+    if mean is None or mean.inputs != [x] or sub.params or mean.op != var.op:
         return None
     chain = [mean, sub, square, var, add, sqrt, div]
     sole = {m: sub, square.output: var, var.output: add, add.output: sqrt, s: div}
@@ -774,37 +872,40 @@ def _layernorm_chain(div: _Proto, by_out: dict[str, _Proto], readers: dict[str, 
     return x, eps, chain
 
 
-def _fuse_layernorm(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
+def _fuse_layernorm(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]] | None = None) -> list[_Proto]:
     """LayerNorm over channels spelled as reductions and arithmetic (ReduceMean, Sub, Pow,
     ReduceMean, Add, Sqrt, Div, then Mul by the scale and Add of the bias: opsets before 17,
     inside a channels-last block made NCHW) becomes one channel_norm layer: one tensor instead
-    of eight between x and the normalized output."""
+    of eight between x and the normalized output; over the last axis of tokens (issue 38), one
+    layer_norm layer."""
     by_out = {p.output: p for p in protos}
     readers = _consumers(protos)
     drop: set[int] = set()
     for div in protos:
-        found = _layernorm_chain(div, by_out, readers, keep)
+        found = _layernorm_chain(div, by_out, readers, keep, shapes)
         if found is None or any(id(p) in drop for p in found[2]):
             continue
         x, eps, chain = found
-        channels = None
+        last = chain[0].op == "reduce"
+        vector = _last_axis_vector if last else _channel_vector
+        channels = shapes[x][-1] if last else None
         tail = chain[-1]
         scale = bias = None
         nxt = _sole_consumer(protos, tail.output, keep)
         if nxt is not None and nxt.op == "mul" and nxt.inputs == [tail.output]:
-            channels = int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None
-            scale = _channel_vector(nxt, channels) if channels else None
+            channels = channels or (int(np.asarray(nxt.params[0]).size) if len(nxt.params) == 1 else None)
+            scale = vector(nxt, channels) if channels else None
             if scale is not None:
                 chain, tail = chain + [nxt], nxt
                 nxt = _sole_consumer(protos, tail.output, keep)
         if nxt is not None and nxt.op == "add" and nxt.inputs == [tail.output] and len(nxt.params) == 1:
             channels = channels or int(np.asarray(nxt.params[0]).size)
-            bias = _channel_vector(nxt, channels)
+            bias = vector(nxt, channels)
             if bias is not None:
                 chain, tail = chain + [nxt], nxt
-        if channels is None or channels == 1:
+        if channels is None or (channels == 1 and not last):
             continue  # the channel count is not known here without a per-channel scale or bias
-        tail.op, tail.inputs, tail.attrs = "channel_norm", [x], {"epsilon": eps, "act": ()}
+        tail.op, tail.inputs, tail.attrs = "layer_norm" if last else "channel_norm", [x], {"epsilon": eps, "act": ()}
         tail.params = [np.ones(channels, np.float32) if scale is None else scale.astype(np.float32),
                        np.zeros(channels, np.float32) if bias is None else bias.astype(np.float32)]
         tail.nodes = [n for p in chain for n in p.nodes]
@@ -844,6 +945,17 @@ def _channel_vector(p: _Proto, channels: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1).astype(np.float64), (channels,))
 
 
+def _last_axis_vector(p: _Proto, size: int) -> np.ndarray | None:
+    """The constant operand of a one-input Mul/Add as a vector along the last axis (a Linear's bias
+    on tokens, a LayerNorm's scale), or None if it varies over anything else."""
+    if len(p.inputs) != 1 or len(p.params) != 1 or p.attrs.get("act"):
+        return None
+    c = np.asarray(p.params[0])
+    if c.ndim < 1 or any(d != 1 for d in c.shape[:-1]) or c.shape[-1] not in (1, size):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (size,))
+
+
 def _fuse_affine(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
     """A per-channel Mul or Add by a constant after a conv, dense or batch norm (Caffe's Scale
     layer: BN -> Mul -> Add, as in the ONNX zoo's DenseNet and Inception v2) folds into it."""
@@ -863,7 +975,7 @@ def _fuse_affine(protos: list[_Proto], keep: set[str]) -> list[_Proto]:
             channels = int(np.asarray(host.params[0]).size)
         else:
             continue
-        v = _channel_vector(p, channels)
+        v = _last_axis_vector(p, channels) if host.attrs.get("last_axis") else _channel_vector(p, channels)
         if v is None:
             continue
         if host.op == "batchnorm":

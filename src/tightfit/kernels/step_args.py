@@ -15,6 +15,7 @@ from tightfit.errors import KernelError
 from tightfit.graph.ir import Graph, Layer
 from tightfit.ops import abi, get_op
 from tightfit.ops.base import Region
+from tightfit.ops.binary import merged_dims
 from tightfit.ops.conv import clamp_bounds
 from tightfit.ops.quant import INT8_RANGE, quantized
 from tightfit.plan.schema import Access, Buffer, Plan, Step
@@ -341,8 +342,10 @@ def _channel_reduce(b, layer, xs, y):
 
 def _gemm(b, layer, xs, y):
     w = b.g.params[layer.params[0]]
+    if layer.attrs.get("last_axis"):
+        return _linear(b, layer, xs, y)
     features = int(np.prod(b.g.shape(layer.inputs[0])[1:]))
-    _expect(w.shape == (b.g.shape(layer.output)[1], features), layer, f"weight {w.shape} for {features} input features")
+    _expect(w.shape == (layer.attrs["out_features"], features), layer, f"weight {w.shape} for {features} input features")
     w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
     b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
     return "gemm", "tf_gemm_args", [xs[0], y, w_off, b_off, w.shape[1], Acts(tuple(layer.attrs["act"]))]
@@ -361,9 +364,11 @@ def _norm(b, layer, xs, y):
 
 def _eltwise(b, layer, xs, y):
     r = b.region
+    consts = [(p, b.g.params[p]) for p in layer.params]
+    if len(b.g.shape(layer.output)) > 4:  # issue 38: (N, windows, heads, T, T) scores and their bias
+        xs, y, consts = _eltwise_merged(b, layer, xs, y)
     operands = [Struct("tf_operand", (0, x, 0, 0, 0, 0, 0, 0)) for x in xs]
-    for p in layer.params:
-        arr = b.g.params[p]
+    for p, arr in consts:
         _, c, h, w = _dims4(arr.shape)
         off = b.weights.add((b.model, layer.id, p), lambda arr=arr: arr)
         operands.append(Struct("tf_operand", (1, View(0, (0, 0, 0, 0), (0, 0, 0, 0)), off, c, h, w,
@@ -691,3 +696,208 @@ INT8_BINDERS = {
     "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
 }
 # --- end int8 ---------------------------------------------------------------------------------------
+
+# --- issue 38: attention blocks (ops/attention.py) ------------------------------------------------
+# A view holds 4 dims; tensors of rank 2-4 map their dims onto it in order (lower ranks padded with
+# trailing 1s, as _dims4 does), so a binder sees every dim of the tensor with its stride and may
+# put the axis a kernel works along where that kernel reads it (C for softmax and norms).
+
+def _dims_strides(v: View, shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The dims of a tensor of logical `shape` as view `v` holds them (its batch the view's) and
+    their element strides; a tensor above rank 4 is held contiguous (folded into W)."""
+    dims = [v.dims[0], *shape[1:]]
+    if len(shape) <= 4:
+        return dims, list(v.strides[: len(shape)])
+    return dims, _contiguous_strides(dims)
+
+
+def _view4(off: int, dims: Sequence[int], strides: Sequence[int]) -> View:
+    """dims of any rank as a 4-dim view in the same logical order: dims of 1 dropped, dims that
+    lie one after the other in memory merged, 1s in front."""
+    kept: list[tuple[int, int]] = []
+    for d, s in zip(dims, strides):
+        if d == 1:
+            continue
+        if kept and kept[-1][1] == s * d:
+            kept[-1] = (kept[-1][0] * d, s)
+        else:
+            kept.append((d, s))
+    if len(kept) > 4:
+        raise KernelError(f"a block of dims {tuple(dims)} and strides {tuple(strides)} needs more than 4 view dims")
+    kept = [(1, 0)] * (4 - len(kept)) + kept
+    return View(off, tuple(d for d, _ in kept), tuple(s for _, s in kept))  # type: ignore[arg-type]
+
+
+def _padded(dims: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
+    return dims + [1] * (4 - len(dims)), strides + [0] * (4 - len(strides))
+
+
+def _axis_as_channels(v: View, shape: Sequence[int], axis: int) -> View:
+    """View `v` of a tensor with `axis` moved to C (kernels over C at every place: softmax, norm);
+    above rank 4 (contiguous), the dims before and those after the axis each merged into one."""
+    dims, strides = _dims_strides(v, shape)
+    if len(dims) > 4:
+        others = _view4(v.off, dims[:axis] + dims[axis + 1 :], strides[:axis] + strides[axis + 1 :])
+        if others.dims[0] != 1:
+            raise KernelError(f"dims {tuple(dims)} of strides {tuple(strides)} around axis {axis} do not merge")
+        return View(v.off, (others.dims[1], dims[axis]) + others.dims[2:], (others.strides[1], strides[axis]) + others.strides[2:])  # type: ignore[arg-type]
+    dims, strides = _padded(dims, strides)
+    order = [0, axis] + [k for k in range(1, 4) if k != axis]
+    return View(v.off, tuple(dims[k] for k in order), tuple(strides[k] for k in order))  # type: ignore[arg-type]
+
+
+def _softmax_axis(b, layer, xs, y):
+    shape, axis = b.g.shape(layer.inputs[0]), layer.attrs["axis"]
+    return "softmax", "tf_softmax_args", [_axis_as_channels(xs[0], shape, axis), _axis_as_channels(y, shape, axis),
+                                          int(bool(layer.attrs.get("log")))]
+
+
+def _layer_norm(b, layer, xs, y):
+    shape = b.g.shape(layer.inputs[0])
+    s_off = b.weights.add((b.model, layer.id, "scale"), lambda: b.g.params[layer.params[0]])
+    b_off = b.weights.add((b.model, layer.id, "bias"), lambda: b.g.params[layer.params[1]])
+    axis = len(shape) - 1
+    return "channel_norm", "tf_norm_args", [_axis_as_channels(xs[0], shape, axis), _axis_as_channels(y, shape, axis),
+                                            s_off, b_off, float(layer.attrs["epsilon"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _matmul(b, layer, xs, y):
+    """a, b and y as (batch, batch, rows, cols) views, the inputs' batch dims broadcast to y's (a
+    transposed operand: its last two dims swapped)."""
+    out = b.g.shape(layer.output)
+    ydims, ystrides = _dims_strides(y, out)
+    views = []
+    for x, t, trans in zip(xs, layer.inputs, (layer.attrs.get("trans_a"), layer.attrs.get("trans_b"))):
+        dims, strides = _dims_strides(x, b.g.shape(t))
+        if trans:
+            dims, strides = dims[:-2] + dims[:-3:-1], strides[:-2] + strides[:-3:-1]
+        lead = len(out) - len(dims)
+        dims, strides = dims[:1] + [1] * lead + dims[1:], strides[:1] + [0] * lead + strides[1:]
+        strides = [0 if d == 1 else s for d, s in zip(dims, strides)]
+        dims = [ydims[k] if k < len(out) - 2 else d for k, d in enumerate(dims)]
+        views.append((dims, strides))
+    views.append((ydims, ystrides))
+    views = _merged_batch(layer, views)
+    four = []
+    for (dims, strides), v in zip(views, list(xs) + [y]):
+        lead = 4 - len(dims)  # batch dims padded after N: (N, 1, M, K) for rank 3
+        four.append(View(v.off, tuple(dims[:1] + [1] * lead + dims[1:]), tuple(strides[:1] + [0] * lead + strides[1:])))  # type: ignore[arg-type]
+    return "matmul", "tf_matmul_args", [*four, Acts(tuple(layer.attrs["act"]))]
+
+
+def _merged_batch(layer: Layer, views: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """(dims, strides) of a, b, y with the batch dims after N merged into one where there are
+    more than one (rank-5 attention: (N, windows, heads, T, d)): each pair merged must lie one
+    after the other in every view (a broadcast pair: stride 0 in both dims)."""
+    while len(views[0][0]) > 4:
+        k = 1  # merge dims 1 and 2
+        for dims, strides in views:
+            _expect(1 in dims[k : k + 2] or strides[k] == strides[k + 1] * dims[k + 1], layer,
+                    f"batch dims {dims} of strides {strides} (not contiguous)")
+        views = [(d[:k] + [d[k] * d[k + 1]] + d[k + 2 :], s[:k] + [s[k] if d[k + 1] == 1 else s[k + 1]] + s[k + 2 :])
+                 for d, s in views]
+    return views
+
+
+def _linear(b, layer, xs, y):
+    """A Linear over the last axis of data of rank 3-6 (issue 38): x and y with that axis as W and
+    the others before it (above 3 of them, merged: tensors above rank 4 are contiguous, and x and
+    y have the same dims there, so they merge alike)."""
+    w = b.g.params[layer.params[0]]
+    views = []
+    for v, t in ((xs[0], layer.inputs[0]), (y, layer.output)):
+        dims, strides = _dims_strides(v, b.g.shape(t))
+        if len(dims) <= 4:
+            rows, row_strides = [1] * (4 - len(dims)) + dims[:-1], [0] * (4 - len(dims)) + strides[:-1]
+        else:
+            lead = _view4(v.off, dims[:-1], strides[:-1])
+            _expect(lead.dims[0] == 1, layer, f"rows of dims {dims} and strides {strides}")
+            rows, row_strides = list(lead.dims[1:]), list(lead.strides[1:])
+        views.append(View(v.off, tuple(rows) + (dims[-1],), tuple(row_strides) + (strides[-1],)))  # type: ignore[arg-type]
+    _expect(w.shape == (layer.attrs["out_features"], views[0].dims[3]), layer, f"weight {w.shape} for {views[0].dims[3]} features")
+    w_off = b.weights.add((b.model, layer.id, "w"), lambda: w)
+    b_off = b.weights.add((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]]) if len(layer.params) > 1 else -1
+    return "linear", "tf_linear_args", [views[0], views[1], w_off, b_off, Acts(tuple(layer.attrs["act"]))]
+
+
+def _eltwise_merged(b, layer, xs, y):
+    """Operands of rank 5-6 (held contiguous) with the dims merged that every operand holds whole
+    or broadcasts alike (ops.binary.merged_dims), as 4-dim views and constants."""
+    out = b.g.shape(layer.output)
+    shapes = [b.g.shape(t) for t in layer.inputs] + [b.g.params[p].shape for p in layer.params]
+    groups = merged_dims(out, shapes)
+    _expect(len(groups) <= 4, layer, f"operands {shapes} ({len(groups)} dims after merging)")
+
+    def merged(v: View, shape) -> View:
+        dims, strides = _dims_strides(v, shape)
+        md = [math.prod(dims[k] for k in g) for g in groups]
+        ms = [0 if d == 1 else strides[g[-1]] for d, g in zip(md, groups)]
+        return View(v.off, tuple(md + [1] * (4 - len(md))), tuple(ms + [0] * (4 - len(ms))))  # type: ignore[arg-type]
+
+    views = [merged(x, b.g.shape(t)) for x, t in zip(xs, layer.inputs)]
+    consts = [(p, b.g.params[p].reshape([math.prod(b.g.params[p].shape[k] for k in g) for g in groups])) for p in layer.params]
+    return views, merged(y, out), consts
+
+
+def _reduce(b, layer, xs, y):
+    """x as it is; y with the reduced axes put back as dims of 1 (stride 0) where keepdims dropped them."""
+    shape, axes = b.g.shape(layer.inputs[0]), set(layer.attrs["axes"])
+    xd, xst = _dims_strides(xs[0], shape)
+    yd, yst = _dims_strides(y, b.g.shape(layer.output))
+    if not layer.attrs["keepdims"]:
+        kept = iter(zip(yd, yst))
+        yd, yst = map(list, zip(*[(1, 0) if k in axes else next(kept) for k in range(len(shape))]))
+    if len(xd) > 4:  # dims reduced alike or kept alike, one after the other in x and in y, merge
+        (xd, xst), (yd, yst) = _merge_joint(layer, [(list(xd), list(xst)), (list(yd), list(yst))])
+    xd, xst = _padded(list(xd), list(xst))
+    yd, yst = _padded(list(yd), list(yst))
+    x4 = View(xs[0].off, tuple(xd), tuple(xst))  # type: ignore[arg-type]
+    y4 = View(y.off, tuple(yd), tuple(yst))  # type: ignore[arg-type]
+    return "reduce", "tf_reduce_args", [x4, y4, Code("REDUCE", layer.attrs["kind"]), Acts(tuple(layer.attrs["act"]))]
+
+
+def _merge_joint(layer: Layer, views: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """Views of one rank with their dims merged into at most 4 (the batch alone first; dims of 1 in
+    every view dropped): dim k joins the dim before it where every view has both of size 1 or
+    both whole and k's block right after the previous one's elements (stride * size)."""
+    rank = len(views[0][0])
+    keep = [0] + [k for k in range(1, rank) if any(d[k] > 1 for d, _ in views)]
+    groups: list[list[int]] = []
+    for k in keep:
+        prev = groups[-1][-1] if groups and groups[-1][0] > 0 else None
+        if prev is not None and all((d[prev] == 1) == (d[k] == 1) and (d[k] == 1 or s[prev] == s[k] * d[k]) for d, s in views):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    _expect(len(groups) <= 4, layer, f"dims {[d for d, _ in views]} ({len(groups)} after merging)")
+    return [([math.prod(d[k] for k in g) for g in groups], [s[g[-1]] if d[g[-1]] > 1 else 0 for g in groups])
+            for d, s in views]
+
+
+def _gather(b, layer, xs, y):
+    """A copy of the block at the index: x's view without the axis, moved to the index."""
+    axis, index = layer.attrs["axis"], layer.attrs["index"]
+    dims, strides = _dims_strides(xs[0], b.g.shape(layer.inputs[0]))
+    off = xs[0].off + index * strides[axis]
+    x = _view4(off, dims[:axis] + dims[axis + 1 :], strides[:axis] + strides[axis + 1 :])
+    ydims, ystrides = _dims_strides(y, b.g.shape(layer.output))
+    return "copy", "tf_copy_args", [x, _view4(y.off, ydims, ystrides)]
+
+
+def _pad_axes(b, layer, xs, y):
+    """pad's kernel, whole, over views whose H and W are the padded axes (a third, if any, as C)."""
+    a1, a2 = layer.attrs["axes"]
+    t, l, _, _ = layer.attrs["pads"]
+    views = []
+    for v, name in ((xs[0], layer.inputs[0]), (y, layer.output)):
+        dims, strides = _padded(*_dims_strides(v, b.g.shape(name)))
+        other = next(k for k in (1, 2, 3) if k not in (a1, a2))
+        order = (0, other, a1, a2)
+        views.append(View(v.off, tuple(dims[k] for k in order), tuple(strides[k] for k in order)))  # type: ignore[arg-type]
+    x4, y4 = views
+    return ("pad", "tf_pad_args", [x4, y4, Code("PAD", layer.attrs["mode"]), float(layer.attrs["value"]), 0, 0, 0, 0,
+                                   x4.dims[2], x4.dims[3], t, l])
+
+
+BINDERS.update({"pad_axes": _pad_axes, "matmul": _matmul, "softmax_axis": _softmax_axis, "layer_norm": _layer_norm, "reduce": _reduce,
+                "gather": _gather})

@@ -665,6 +665,8 @@ static void gemm(float *arena, const float *wts, const tf_gemm_args *a) {
     }
 }
 
+/* y may be x itself (softmax_axis runs in place): every pass reads x[c] before it writes y[c], and
+ * the log form writes nothing before its last pass. */
 static void softmax(float *arena, const tf_softmax_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     for (long n = 0; n < x->n; n++)
@@ -673,7 +675,11 @@ static void softmax(float *arena, const tf_softmax_args *a) {
         const float *in = arena + x->off + n * x->sn + h * x->sh + w * x->sw;
         float *out = arena + y->off + n * y->sn + h * y->sh + w * y->sw, top = -INFINITY, sum = 0.0f;
         for (long c = 0; c < x->c; c++) top = in[c * x->sc] > top ? in[c * x->sc] : top;
-        for (long c = 0; c < x->c; c++) sum += out[c * y->sc] = expf(in[c * x->sc] - top);
+        for (long c = 0; c < x->c; c++) {
+            const float e = expf(in[c * x->sc] - top);
+            sum += e;
+            if (!a->log) out[c * y->sc] = e;
+        }
         if (a->log) {
             const float shift = top + logf(sum);
             for (long c = 0; c < x->c; c++) out[c * y->sc] = in[c * x->sc] - shift;
@@ -1037,6 +1043,84 @@ static void interp(float *arena, const float *wts, const int32_t *idx, const tf_
     }
 }
 
+/* --- attention blocks (issue 38): products of two activations, reductions over any axes ------- */
+
+/* y[n][c] = a[n][c] b[n][c] for each (n, c) of y: the h x w matrices of the views. The inner loop
+ * runs along a row of y and b (unit stride in contiguous tensors) for each term k of the sum. */
+static void matmul(float *arena, const tf_matmul_args *p) {
+    const tf_view *a = &p->a, *b = &p->b, *y = &p->y;
+    const long m = y->h, cols = y->w, inner = a->w;
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++) {
+        const float *pa = arena + a->off + n * a->sn + c * a->sc, *pb = arena + b->off + n * b->sn + c * b->sc;
+        float *py = arena + y->off + n * y->sn + c * y->sc;
+        for (long i = 0; i < m; i++) {
+            float *row = py + i * y->sh;
+            for (long j = 0; j < cols; j++) row[j * y->sw] = 0.0f;
+            for (long k = 0; k < inner; k++) {
+                const float v = pa[i * a->sh + k * a->sw];
+                const float *brow = pb + k * b->sh;
+                for (long j = 0; j < cols; j++) row[j * y->sw] += v * brow[j * b->sw];
+            }
+            acts_pixel(row, cols, y->sw, p->act);
+        }
+    }
+}
+
+/* A Linear over W at every (n, c, h): one dot product per output where x's rows are unit-stride. */
+static void linear(float *arena, const float *wts, const tf_linear_args *p) {
+    const tf_view *x = &p->x, *y = &p->y;
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++) {
+        const float *in = arena + x->off + n * x->sn + c * x->sc + h * x->sh;
+        float *out = arena + y->off + n * y->sn + c * y->sc + h * y->sh;
+        for (long o = 0; o < y->w; o++) {
+            const float *w = wts + p->w + o * x->w;
+            float acc = p->b >= 0 ? wts[p->b + o] : 0.0f;
+            if (x->sw == 1) acc += dot(in, w, x->w);
+            else for (long k = 0; k < x->w; k++) acc += in[k * x->sw] * w[k];
+            out[o * y->sw] = acc;
+        }
+        acts_pixel(out, y->w, y->sw, p->act);
+    }
+}
+
+/* One value of y from the block of x its place selects: the dims where y has 1 and x more whole. */
+static float reduce_block(const float *in, const long *d, const long *s, int kind) {
+    double r = kind == TF_REDUCE_MAX ? -INFINITY : 0.0;
+    for (long i0 = 0; i0 < d[0]; i0++)
+    for (long i1 = 0; i1 < d[1]; i1++)
+    for (long i2 = 0; i2 < d[2]; i2++)
+    for (long i3 = 0; i3 < d[3]; i3++) {
+        const double v = in[i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3]];
+        if (kind == TF_REDUCE_MAX) r = v > r || v != v ? v : r;
+        else r += kind == TF_REDUCE_L2 ? v * v : v;
+    }
+    if (kind == TF_REDUCE_MEAN) r /= (double)(d[0] * d[1] * d[2] * d[3]);
+    if (kind == TF_REDUCE_L2) r = sqrt(r);
+    return (float)r;
+}
+
+static void reduce(float *arena, const tf_reduce_args *p) {
+    const tf_view *x = &p->x, *y = &p->y;
+    const long xd[4] = {x->n, x->c, x->h, x->w}, yd[4] = {y->n, y->c, y->h, y->w};
+    const long xs[4] = {x->sn, x->sc, x->sh, x->sw};
+    long d[4], step[4]; /* the reduced block's dims, and x's stride per place of y (0 where reduced) */
+    for (int k = 0; k < 4; k++) {
+        const int whole = yd[k] == 1 && xd[k] > 1;
+        d[k] = whole ? xd[k] : 1;
+        step[k] = whole ? 0 : xs[k];
+    }
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const float *in = arena + x->off + n * step[0] + c * step[1] + h * step[2] + w * step[3];
+        arena[y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw] = acts(p->act, reduce_block(in, d, xs, p->kind));
+    }
+}
+
 /* --- int8 (quantized layers, issue 40) ------------------------------------------------------------
  * Views of int8 tensors count bytes from the arena's start. Requantization is onnxruntime's CPU
  * (MLAS) one: an int32 accumulator times a float multiplier, clamped to the output range less its
@@ -1346,6 +1430,10 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
     case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
     case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
     case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
+    /* issue 38 */
+    case TF_STEP_MATMUL: matmul(arena, (const tf_matmul_args *)p); break;
+    case TF_STEP_REDUCE: reduce(arena, (const tf_reduce_args *)p); break;
+    case TF_STEP_LINEAR: linear(arena, weights, (const tf_linear_args *)p); break;
     case TF_STEP_INPUT: {
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;

@@ -40,9 +40,10 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_ELTWISE = 5, TF_STEP_AFFINE = 6, TF_STEP_LRN = 7, TF_STEP_CONCAT = 8, TF_STEP_PAD = 9,
        TF_STEP_RESIZE = 10, TF_STEP_COPY = 11, TF_STEP_SHUFFLE = 12, TF_STEP_INPUT = 13, TF_STEP_MOVES = 14,
        TF_STEP_DECONV = 15, TF_STEP_INTERP = 16, TF_STEP_CHANNEL_NORM = 17, TF_STEP_INSTANCE_NORM = 18,
-       TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_QCONV = 20, TF_STEP_QGEMM = 21, TF_STEP_QADD = 22,
-       TF_STEP_QPOOL = 23, TF_STEP_QGLOBAL = 24, TF_STEP_QCONCAT = 25, TF_STEP_QUANTIZE = 26,
-       TF_STEP_DEQUANTIZE = 27, TF_STEP_QCOPY = 28 };
+       TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
+       TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
+       TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31 };
+enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
 typedef struct { tf_int off, n, c, h, w, sn, sc, sh, sw; } tf_view;
@@ -131,6 +132,15 @@ typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } 
 typedef struct { tf_view x, y; tf_qparams q; int lo, hi; } tf_quant_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
+/* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
+ * (a: M x K, b: K x N, y: M x N; a batch dim of size 1 broadcast with stride 0). */
+typedef struct { tf_view a, b, y; const tf_acts *act; } tf_matmul_args;
+/* A Linear over the last dim (W) of any view: y[n][c][h] = x[n][c][h] W^T + b; w: (y.w, x.w),
+ * b < 0: none (tokens N x T x C, windows N x G x P x C). */
+typedef struct { tf_view x, y; tf_int w, b; const tf_acts *act; } tf_linear_args;
+/* Reduction (TF_REDUCE_*) over the dims where y has 1 and x more: y is x's shape with
+ * the reduced dims 1. */
+typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;
 /* END GENERATED */
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of

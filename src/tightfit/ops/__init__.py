@@ -12,6 +12,7 @@ from tightfit.ops.registry import get_op, onnx_op_for, onnx_types, op_names, reg
 from tightfit.ops import conv, pool, elementwise, binary, concat, dense, shape, lrn, pad, resize, normalize  # noqa: F401
 from tightfit.ops import conv_transpose, rearrange  # noqa: F401
 from tightfit.ops import quant  # noqa: F401
+from tightfit.ops import attention  # noqa: F401  (issue 38)
 
 
 __all__ = ["InputWindow", "Op", "Region", "WORKSPACE_MODELS", "get_op", "op_names", "register",

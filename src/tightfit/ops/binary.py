@@ -33,8 +33,8 @@ class _Elementwise(Op):
         broadcast over H or W is read whole there); constants of one sample."""
         expect(len(in_shapes) >= 1, "takes at least one data input")
         rank = len(in_shapes[0])
-        expect(all(len(s) == rank for s in in_shapes) and rank in (2, 4),
-               f"data inputs of shapes {[tuple(s) for s in in_shapes]} must all have rank 2 or all rank 4")
+        expect(all(len(s) == rank for s in in_shapes) and 2 <= rank <= 6,
+               f"data inputs of shapes {[tuple(s) for s in in_shapes]} must all have one rank, 2 to 6")
         expect(all(s[0] == in_shapes[0][0] for s in in_shapes), f"data inputs {[tuple(s) for s in in_shapes]} differ in batch")
         expect(all(p.ndim == rank and p.shape[0] == 1 for p in params),
                f"constant operands of shapes {[tuple(p.shape) for p in params]} must be one sample of rank {rank}")
@@ -44,6 +44,10 @@ class _Elementwise(Op):
             raise ValueError(f"operands of shapes {[tuple(s) for s in in_shapes] + [tuple(p.shape) for p in params]} "
                              f"do not broadcast") from None
         expect(all(d >= 1 for d in out), f"operands broadcast to an empty shape {out}")
+        if rank > 4:  # issue 38: held contiguous, run as 4-dim views of merged dims
+            groups = merged_dims(out, [tuple(s) for s in in_shapes] + [tuple(p.shape) for p in params])
+            expect(len(groups) <= 4, f"operands of shapes {[tuple(s) for s in in_shapes] + [tuple(p.shape) for p in params]}"
+                                     " broadcast in more than 4 separate dims")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         shapes = list(in_shapes)
@@ -59,6 +63,22 @@ class _Elementwise(Op):
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * max(1, len(in_shapes) + len(layer.params) - 1)
+
+
+def merged_dims(out: Shape, shapes: list[Shape]) -> list[list[int]]:
+    """Groups of adjacent dims of `out` (the batch alone first; dims of 1 dropped) over which every
+    operand of `shapes` (of out's rank) is whole or of size 1 alike: each group is one dim of a
+    merged view, for operands above rank 4 (issue 38)."""
+    groups: list[list[int]] = [[0]]
+    for k in range(1, len(out)):
+        if out[k] == 1:
+            continue
+        last = groups[-1][-1]
+        if last > 0 and all((s[last] == 1) == (s[k] == 1) for s in shapes):
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    return groups
 
 
 @register

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tightfit.graph.ir import Layer
+from tightfit.ops.attention import matmul_spec, softmax_axis_spec
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank
 
@@ -19,12 +20,16 @@ class Gemm(Op):
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         w = node.const_input(1)
+        if node.op_type == "MatMul" and w is None and node.const_input(0) is None:
+            return matmul_spec(node)
         if w is None or w.ndim != 2 or node.const_input(0) is not None:
-            raise ValueError("only data x constant-weight products are supported")
+            raise ValueError("only data x constant-weight products and products of two activations are supported")
         if node.op_type == "MatMul":
-            if len(node.shape(node.inputs[0])) != 2:
-                raise ValueError("MatMul on data of rank other than 2 is not supported")
-            return OnnxSpec({"act": (), "out_features": int(w.shape[1])}, [node.inputs[0]], [w.T.astype(np.float32)])
+            rank = len(node.shape(node.inputs[0]))
+            if not 2 <= rank <= 6:
+                raise ValueError(f"MatMul of data of rank {rank} by a constant weight; ranks 2 to 6 are supported")
+            attrs = {"act": (), "out_features": int(w.shape[1])} | ({"last_axis": True} if rank >= 3 else {})
+            return OnnxSpec(attrs, [node.inputs[0]], [w.T.astype(np.float32)])
         if node.attrs.get("transA", 0):
             raise ValueError("Gemm with transA is not supported")
         alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
@@ -44,8 +49,8 @@ class Gemm(Op):
     def check(self, layer: Layer, in_shapes, params) -> None:
         """The weight's (out, in) against the input's per-sample size (a 4-D input is flattened)."""
         super().check(layer, in_shapes, params)
-        expect_rank(in_shapes[0], (2, 4))
-        features, out = int(np.prod(in_shapes[0][1:])), layer.attrs["out_features"]
+        expect_rank(in_shapes[0], (3, 4, 5, 6) if layer.attrs.get("last_axis") else (2, 4))
+        features, out = _features(layer, in_shapes[0]), layer.attrs["out_features"]
         expect(1 <= len(params) <= 2, f"takes a weight and an optional bias, got {len(params)} parameters")
         expect(tuple(params[0].shape) == (out, features),
                f"weight of shape {tuple(params[0].shape)} does not fit {features} input features: expected ({out}, {features})")
@@ -53,13 +58,20 @@ class Gemm(Op):
             expect(tuple(params[1].shape) == (out,), f"bias of shape {tuple(params[1].shape)}, expected ({out},)")
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
+        if layer.attrs.get("last_axis"):  # tokens (N, T, C) -> (N, T, out)
+            return tuple(in_shapes[0][:-1]) + (layer.attrs["out_features"],)
         return (in_shapes[0][0], layer.attrs["out_features"])
 
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
-        return out.n * int(np.prod(in_shapes[0][1:])) * out_shape[1]
+        return out.n * int(np.prod(in_shapes[0][1:])) * layer.attrs["out_features"]
+
+
+def _features(layer: Layer, shape: Shape) -> int:
+    """Input features of one product: the last axis of tokens, else the whole sample."""
+    return int(shape[-1]) if layer.attrs.get("last_axis") else int(np.prod(shape[1:]))
 
 
 @register
@@ -79,6 +91,9 @@ class Softmax(Op):
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"axis {axis} out of range for rank {len(shape)}")
         axis %= len(shape)
+        # Before opset 13 the coercion to 2-D at the last axis is a softmax over that axis alone.
+        if axis > 0 and (axis != 1 or len(shape) == 3) and (not old or axis == len(shape) - 1):
+            return softmax_axis_spec(node, axis)
         if axis != 1 or len(shape) not in (2, 4) or (old and any(d != 1 for d in shape[2:])):
             raise ValueError(f"{node.op_type} over axis {axis} of {shape}{' (opset < 13: over all dims from it)' if old else ''};"
                              " only over C (axis 1) of (N, C) or (N, C, H, W) data is supported")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tightfit.graph.ir import Layer
+from tightfit.ops.attention import layer_norm_spec
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape
 
@@ -66,7 +67,10 @@ class ChannelNorm(_Normalization):
             raise ValueError(f"axis {axis} out of range for rank {rank}")
         axis %= rank
         over_c = bool(node.attrs.get(OVER_CHANNELS)) or (axis == 1 and all(d == 1 for d in shape[2:]))
-        if rank not in (2, 4) or not over_c:
+        if not over_c:
+            _single_output(node)
+            return layer_norm_spec(node, axis, _epsilon(node))
+        if rank not in (2, 4):
             raise ValueError(f"LayerNormalization over axes {axis}..{rank - 1} of {shape}: only over channels (C of NCHW,"
                              " or the last axis between Transposes to and from NHWC, as ConvNeXt has it)")
         _single_output(node)

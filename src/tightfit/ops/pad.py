@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 from tightfit.graph.ir import Layer
+from tightfit.ops.attention import pad_axes_spec
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, window_1d
 
@@ -33,8 +34,6 @@ class Pad(Op):
             for i, a in enumerate(axes):
                 full[a], full[a + rank] = pads[i], pads[i + len(axes)]
             pads = full
-        if rank != 4 or len(pads) != 8 or any(pads[i] or pads[i + 4] for i in (0, 1)):
-            raise ValueError("only padding of H and W in NCHW data is supported")
         mode = node.attrs.get("mode", "constant")
         value = node.attrs.get("value")
         if value is None:
@@ -42,6 +41,10 @@ class Pad(Op):
                 raise ValueError("the pad value must be a constant")
             c = node.const_input(2)
             value = 0.0 if c is None or c.size == 0 else float(c.reshape(-1)[0])
+        if rank != 4 or len(pads) != 8 or any(pads[i] or pads[i + 4] for i in (0, 1)):
+            if len(pads) != 2 * rank:
+                raise ValueError(f"pads {pads} for rank {rank}")
+            return pad_axes_spec(pads, rank, mode, float(value), node.inputs[0])  # issue 38: other axes, whole
         if mode != "constant" and any(p < 0 for p in pads):
             raise ValueError("negative pads (crop) only in constant mode")
         if mode not in ("constant", "reflect", "edge"):

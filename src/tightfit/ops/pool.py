@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from tightfit.graph.ir import Layer
+from tightfit.ops.attention import reduce_spec
 from tightfit.ops.registry import register
 from tightfit.ops.base import InputWindow, OnnxNode, OnnxSpec, Op, Region, Shape, expect, expect_rank, sliding_windows
 from tightfit.ops.conv import check_window, conv_out_size, resolve_pads
@@ -96,13 +97,13 @@ class GlobalPool(Op):
                 c = node.const_input(1)
                 axes = None if c is None else [int(v) for v in c.reshape(-1)]
             rank = len(node.shape(node.inputs[0]))
-            if axes is not None and rank == 4 and [a % rank for a in axes] == [1]:
+            if axes is not None and rank == 4 and [a % rank for a in axes] == [1] and node.attrs.get("keepdims", 1):
                 from tightfit.ops.registry import get_op
 
                 spec = get_op("channel_reduce").from_onnx(node)
                 return OnnxSpec(spec.attrs, spec.inputs, spec.params, "channel_reduce")
             if axes is None or sorted(a % rank for a in axes) != [2, 3] or rank != 4:
-                raise ValueError(f"{node.op_type} {node.name!r}: only reductions over H and W (axes 2, 3) or over C (axis 1) are supported")
+                return reduce_spec(node)
             keepdims = bool(node.attrs.get("keepdims", 1))
         return OnnxSpec({"kind": kind, "keepdims": keepdims, "act": ()}, [node.inputs[0]])
 

@@ -39,7 +39,7 @@ def run_layer(layer, inputs, params, out) -> None:
     weights, indices = Pool(np.float32), Pool(np.int32)
     region = Region.whole(y.shape)
     windows = get_op(layer.op).input_windows(layer, region, [arrays[t].shape for t in layer.inputs])
-    xs = [_window(views[t], w.region) for t, w in zip(layer.inputs, windows)]  # a kernel reads its window
+    xs = [_window(views[t], w.region, arrays[t].ndim) for t, w in zip(layer.inputs, windows)]  # a kernel reads its window
     args = layer_args(Bind(graph, region, int(y.shape[0]), 0, weights, indices), graph.layers[0], xs, views[layer.output])
     arena = np.zeros(max(at, 1), np.float32)
     for t, a in arrays.items():
@@ -50,9 +50,12 @@ def run_layer(layer, inputs, params, out) -> None:
     y[...] = arena[v.off : v.off + y.size].reshape(y.shape)
 
 
-def _window(v, r):
-    """The part of a whole tensor's view `v` that region `r` (an input window) covers."""
+def _window(v, r, rank: int = 4):
+    """The part of a whole tensor's view `v` that region `r` (an input window) covers; a tensor of
+    another rank than 4 has regions over N alone (its view's other dims stay whole: tokens)."""
     from tightfit.kernels.step_args import View
 
     sn, _, sh, sw = v.strides
+    if rank != 4:
+        return View(v.off + r.n0 * sn, (r.n,) + tuple(v.dims[1:]), v.strides)
     return View(v.off + r.n0 * sn + r.h0 * sh + r.w0 * sw, (r.n, v.dims[1], r.h, r.w), v.strides)

@@ -16,6 +16,7 @@ from typing import Collection, Mapping, Sequence
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
 from tightfit.techniques import windows as memo
+from tightfit.ops import get_op
 from tightfit.ops.base import Region
 from tightfit.plan.overlay import overlay_buffers
 from tightfit.techniques.interface import PlannedModel
@@ -125,9 +126,13 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
     caps = _capacities(g, firings, needs, lows, options.slack_rows)
     windows: dict[str, _Window] = {}
     buffers: list[Buffer] = []
+    over = _in_place(g, firings, caps)
     for t, cap in caps.items():
         shape = (batch,) + g.shape(t)[1:]
         h, _ = spatial(shape)
+        if t in over:  # written over its input's whole buffer
+            windows[t] = _Window(windows[over[t]].buffer, h, kind="whole")
+            continue
         kind = "whole" if cap >= h else "window"
         cap = min(cap, h)
         block = shape[:2] + (cap,) + shape[3:] if len(shape) == 4 else shape
@@ -153,6 +158,26 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
              "source_rows": list(csdf.actors[0].rows_per_phase), "held": held}
     plan = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
     return overlay_buffers(plan, [g]) if options.overlay else plan
+
+
+def _in_place(g: Graph, firings, caps: Mapping[str, int]) -> dict[str, str]:
+    """output -> the input whose buffer it takes: a layer whose op may write over its input, run in
+    one firing, the sole reader of that input, both held whole (issue 38: attention's softmax over
+    its scores, the reuse plan's in-place write, which a split plan then needs no second copy of)."""
+    count: dict[int | None, int] = {}
+    for f in firings:
+        count[f.layer] = count.get(f.layer, 0) + 1
+    over: dict[str, str] = {}
+    for layer in g.layers:
+        t = layer.inputs[0] if layer.inputs else None
+        if (t is None or not get_op(layer.op).inplace_ok or count.get(layer.id) != 1 or layer.output in g.outputs
+                or t in g.inputs or t in g.outputs or len(g.consumers(t)) != 1 or layer.inputs.count(t) != 1
+                or g.shape(t) != g.shape(layer.output)):
+            continue
+        h = spatial(g.shape(t))[0]
+        if caps.get(t, 0) >= h and caps.get(layer.output, 0) >= h:
+            over[layer.output] = t
+    return over
 
 
 def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:
