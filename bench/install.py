@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import header, loaded, verdict
+from benchlib import add_write_docs, docs_section, header, loaded, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN_JOB = ["fit", "minakova5", "--budget", "5kB"]
@@ -108,20 +108,23 @@ def main() -> int:
     ap.add_argument("--extras", default="", help="extras to install with the project (e.g. test); never torch here")
     ap.add_argument("--also", help="another Python (e.g. the development venv's) to run the same fit with, for comparison")
     ap.add_argument("--keep", help="make the venv here and keep it (default: a temporary folder, removed)")
+    add_write_docs(ap)
     args = ap.parse_args()
     if "torch" in args.extras.split(","):
         ap.error("this benchmark measures the install without the torch extra")
-    header("Install without torch, and `tightfit fit minakova5 --budget 5kB` in it (issue 39, point 3)",
-           profile_id="empty (a fresh cache per run)")
-    work = Path(tempfile.mkdtemp(prefix="tightfit-install-"))
-    venv = Path(args.keep) if args.keep else work / "venv"
-    try:
-        rows = measure(venv, args.extras, work, args.also and str(Path(args.also).absolute()))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{'figure':<58} {'measured':>9} {'target':>10}  verdict")
-    for figure, value, target, ok, note in rows:
-        print(f"{figure:<58} {value:>9} {target:>10}  {ok}{note}")
+    shown = "python bench/install.py" + (f" --extras {args.extras}" if args.extras else "") + (" --also PYTHON" if args.also else "")
+    with docs_section("install", args.write_docs, shown):
+        header("Install without torch, and `tightfit fit minakova5 --budget 5kB` in it (issue 39, point 3)",
+               profile_id="empty (a fresh cache per run)")
+        work = Path(tempfile.mkdtemp(prefix="tightfit-install-"))
+        venv = Path(args.keep) if args.keep else work / "venv"
+        try:
+            rows = measure(venv, args.extras, work, args.also and str(Path(args.also).absolute()))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"\n{'figure':<58} {'measured':>9} {'target':>10}  verdict")
+        for figure, value, target, ok, note in rows:
+            print(f"{figure:<58} {value:>9} {target:>10}  {ok}{note}")
     return 0
 
 

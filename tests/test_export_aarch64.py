@@ -91,10 +91,16 @@ def case_graph(case: Case, label: str) -> tuple[Graph, np.ndarray]:
     return graph, np.ascontiguousarray(x, np.float32)
 
 
+def _one_input_fits(case: Case) -> bool:
+    """Whether the case's operands fit one NCHW input side by side (a case of one operand always
+    does; several must be of rank 4 or less: the rank 5-6 ones run in tests/test_ops.py)."""
+    return len(set(case.layer.inputs)) == 1 or all(a.ndim <= 4 for a in case.inputs)
+
+
 def op_application(count: int) -> tuple[list[Graph], list[np.ndarray], list[str]]:
     graphs, inputs, what = [], [], []
     for op_name in FLOAT_OPS:
-        for i, case in enumerate(_draw(op_name, count)):
+        for i, case in enumerate([c for c in _draw(op_name, 4 * count) if _one_input_fits(c)][:count]):
             g, x = case_graph(case, f"{op_name}_{i}")
             graphs.append(g)
             inputs.append(x)

@@ -164,8 +164,8 @@ def _reshape(node, inputs, shapes, consts, windows, batch):
     if -1 in target:
         known = int(np.prod([d for d in target if d != -1]))
         target[target.index(-1)] = int(np.prod(have)) // max(known, 1)
-    if target[0] == batch and k == 1:
-        return None
+    if k == 1 and not (target[0] % batch == 0 and target[0] > batch):
+        return None  # folds no windows: the importer's own Reshape (a batch spelled 1 included)
     if target[0] == batch:
         held, out = target, 1
     elif target[0] % batch == 0 and target[0] > batch:
