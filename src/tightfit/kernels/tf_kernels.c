@@ -880,9 +880,12 @@ static int same_shape(const tf_view *x, const tf_view *y) {
     return x->n == y->n && x->c == y->c && x->h == y->h && x->w == y->w;
 }
 
-/* y = x for same-shaped views, in the order of y's addresses: downwards when y lies above x in
- * one buffer (the same strides: y is x moved), so every element is read before it is overwritten. */
-static void copy_same(float *arena, const tf_view *x, const tf_view *y) {
+/* y = x for same-shaped views of `item`-byte elements (4: floats, 1: int8; a view's offsets and
+ * strides count its elements), in the order of y's addresses: downwards when y lies above x in
+ * one buffer (the same strides: y is x moved), so every element is read before it is overwritten.
+ * Inline, so that each caller's constant `item` makes its own copy loops. */
+static inline void copy_items(float *arena, const tf_view *x, const tf_view *y, const size_t item) {
+    char *base = (char *)arena;
     const long dims[4] = {y->n, y->c, y->h, y->w};
     const long xs[4] = {x->sn, x->sc, x->sh, x->sw}, ys[4] = {y->sn, y->sc, y->sh, y->sw};
     int order[4] = {0, 1, 2, 3};
@@ -891,18 +894,21 @@ static void copy_same(float *arena, const tf_view *x, const tf_view *y) {
             if (ys[order[j]] > ys[order[i]]) { const int t = order[i]; order[i] = order[j]; order[j] = t; }
     const int down = y->off > x->off;
     const long d0 = dims[order[0]], d1 = dims[order[1]], d2 = dims[order[2]], d3 = dims[order[3]];
-    const int run = xs[order[3]] == 1 && ys[order[3]] == 1;
+    const long sx = xs[order[3]], sy = ys[order[3]];
+    const int run = sx == 1 && sy == 1;
     for (long i0 = 0; i0 < d0; i0++)
     for (long i1 = 0; i1 < d1; i1++)
     for (long i2 = 0; i2 < d2; i2++) {
         const long j0 = down ? d0 - 1 - i0 : i0, j1 = down ? d1 - 1 - i1 : i1, j2 = down ? d2 - 1 - i2 : i2;
-        const float *src = arena + x->off + j0 * xs[order[0]] + j1 * xs[order[1]] + j2 * xs[order[2]];
-        float *dst = arena + y->off + j0 * ys[order[0]] + j1 * ys[order[1]] + j2 * ys[order[2]];
-        if (run) memmove(dst, src, (size_t)d3 * sizeof(float));
-        else if (down) for (long k = d3 - 1; k >= 0; k--) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
-        else for (long k = 0; k < d3; k++) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
+        const char *src = base + (size_t)(x->off + j0 * xs[order[0]] + j1 * xs[order[1]] + j2 * xs[order[2]]) * item;
+        char *dst = base + (size_t)(y->off + j0 * ys[order[0]] + j1 * ys[order[1]] + j2 * ys[order[2]]) * item;
+        if (run) memmove(dst, src, (size_t)d3 * item);
+        else if (down) for (long k = d3 - 1; k >= 0; k--) memcpy(dst + k * sy * (long)item, src + k * sx * (long)item, item);
+        else for (long k = 0; k < d3; k++) memcpy(dst + k * sy * (long)item, src + k * sx * (long)item, item);
     }
 }
+
+static void copy_same(float *arena, const tf_view *x, const tf_view *y) { copy_items(arena, x, y, sizeof(float)); }
 
 static float *at(float *arena, const tf_view *v, long i) {
     const long w = i % v->w, h = i / v->w % v->h, c = i / (v->w * v->h) % v->c, n = i / (v->w * v->h * v->c);
@@ -1303,30 +1309,9 @@ static void qglobal(float *arena, const tf_qglobal_args *a) {
     }
 }
 
-/* y = x for same-shaped int8 views in the order of y's addresses (copy_same's walk on bytes): a
- * window shifted within its buffer (a copy step of a parts plan) reads every byte before it is
- * overwritten. */
-static void qcopy_same(float *arena, const tf_view *x, const tf_view *y) {
-    const long dims[4] = {y->n, y->c, y->h, y->w};
-    const long xs[4] = {x->sn, x->sc, x->sh, x->sw}, ys[4] = {y->sn, y->sc, y->sh, y->sw};
-    int order[4] = {0, 1, 2, 3};
-    for (int i = 0; i < 4; i++)
-        for (int j = i + 1; j < 4; j++)
-            if (ys[order[j]] > ys[order[i]]) { const int t = order[i]; order[i] = order[j]; order[j] = t; }
-    const int down = y->off > x->off;
-    const long d0 = dims[order[0]], d1 = dims[order[1]], d2 = dims[order[2]], d3 = dims[order[3]];
-    const int run = xs[order[3]] == 1 && ys[order[3]] == 1;
-    for (long i0 = 0; i0 < d0; i0++)
-    for (long i1 = 0; i1 < d1; i1++)
-    for (long i2 = 0; i2 < d2; i2++) {
-        const long j0 = down ? d0 - 1 - i0 : i0, j1 = down ? d1 - 1 - i1 : i1, j2 = down ? d2 - 1 - i2 : i2;
-        const int8_t *src = q8(arena, x->off + j0 * xs[order[0]] + j1 * xs[order[1]] + j2 * xs[order[2]]);
-        int8_t *dst = q8(arena, y->off + j0 * ys[order[0]] + j1 * ys[order[1]] + j2 * ys[order[2]]);
-        if (run) memmove(dst, src, (size_t)d3);
-        else if (down) for (long k = d3 - 1; k >= 0; k--) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
-        else for (long k = 0; k < d3; k++) dst[k * ys[order[3]]] = src[k * xs[order[3]]];
-    }
-}
+/* y = x for same-shaped int8 views (copy_same's walk on bytes): a window shifted within its
+ * buffer (a copy step of a parts plan) reads every byte before it is overwritten. */
+static void qcopy_same(float *arena, const tf_view *x, const tf_view *y) { copy_items(arena, x, y, 1); }
 
 /* y = x (int8, logical order; same-shaped views walk y's order, others are a reshape), each
  * value requantized from x's scale to y's unless q is NULL. */
