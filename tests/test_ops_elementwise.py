@@ -295,7 +295,7 @@ def test_torch_hardswish_as_x_relu6_over_six_fuses():
         np.testing.assert_allclose(tightfit.run(g, x).outputs[g.outputs[0]], module(x), rtol=1e-4, atol=1e-5)
 
 
-def _convnext_pieces() -> "torch.nn.Module":
+def _convnext_pieces():
     from functools import partial
 
     import torch
