@@ -6,6 +6,7 @@ new opsets and a rank-5 head, as torch exports them: test_graph_forms_torch.py.)
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -129,6 +130,47 @@ def test_a_leading_transpose_from_nhwc(tmp_path, capsys):
     assert load_onnx(dyn, (1, 20, 24, 3)).shape("x") == (1, 3, 20, 24)
     report = _run_json(["run", dyn, "--input-shape", "1x20x24x3", "--verify"], capsys)
     assert report["verify"]["ok"], report
+
+
+def _three_heads() -> onnx.ModelProto:
+    """A detector's shape: a trunk of three stride-2 convs, an upsampled branch concatenated to
+    the first, and a 1x1 head at each of three scales (outputs p3, p4, p5)."""
+    nodes, inits, x, c = [], {}, "x", 3
+    for i in (1, 2, 3):
+        inits.update({f"w{i}": _w(8, c, 3, 3), f"b{i}": _w(8) * 0.1})
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1] * 4, strides=[2, 2]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        x, c = f"r{i}", 8
+    inits["scales"] = np.array([1, 1, 2, 2], np.float32)
+    nodes += [helper.make_node("Resize", ["r2", "", "scales"], ["up2"], mode="nearest"),
+              helper.make_node("Concat", ["r1", "up2"], ["up"], axis=1)]
+    for name, src, cin in (("p3", "up", 16), ("p4", "r2", 8), ("p5", "r3", 8)):
+        inits[f"h{name}"] = _w(7, cin, 1, 1)
+        nodes.append(helper.make_node("Conv", [src, f"h{name}"], [name]))
+    return _model(nodes, inits, [1, 3, 32, 32], ["p3", "p4", "p5"])
+
+
+def test_several_outputs_as_onnx(tmp_path, capsys):
+    """Three outputs keep their names and order through import, run, every technique's plan
+    and (where a C compiler is installed) the C export."""
+    path = _save(tmp_path, _three_heads(), "heads.onnx")
+    assert load_onnx(path).outputs == ("p3", "p4", "p5")
+    report = _run_json(["run", path, "--verify"], capsys)
+    assert report["verify"]["ok"] and list(report["outputs"]) == ["p3", "p4", "p5"], report
+    for i, method in enumerate((["--method", "reuse"], ["--method", "parts", "--rows", "1"],
+                                ["--method", "tiling", "--tiling", "0-0:2x2"])):
+        plan = tmp_path / f"plan{i}.json"
+        assert main(["plan", path, *method, "--out", str(plan)]) == 0, capsys.readouterr()
+        capsys.readouterr()
+        report = _run_json(["run", plan, "--verify"], capsys)  # a plan's outputs: model:name
+        assert report["verify"]["ok"] and list(report["outputs"]) == ["0:p3", "0:p4", "0:p5"], report
+    if shutil.which("cc") is not None:  # the C export writes every head, in the model's order
+        from tightfit import api
+        from tightfit.export import export
+
+        plan_, graphs = api.load_plan(tmp_path / "plan2.json")
+        sources = export(plan_, graphs, tmp_path / "c", weights="c")
+        assert api.check_export(plan_, graphs, sources, tmp_path / "c", cflags=["-std=c99", "-O2"]).ok
 
 
 def test_external_data_runs_and_verifies(tmp_path, capsys):
