@@ -273,10 +273,11 @@ def _squeezenet():
 
 
 def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp_path):
-    """SqueezeNet 1.1 of the ONNX zoo (fire modules: special layers) for a request of 3 within a budget between
-    the least feasible one and what batch 3 needs: the plan passes the checker and fits the
-    budget, its kernels run exactly the planned sub-batches, every sample's output equals the
-    reference executor's on that sample alone, and a fresh process measures what was analysed."""
+    """The ONNX zoo's SqueezeNet 1.1 (fire modules: special layers) for a request of 3 within a
+    budget between the least feasible one and what batch 3 needs: the plan passes the checker
+    and fits the budget, its kernels run exactly the planned sub-batches, every sample's output
+    equals the reference executor's on that sample alone, and a fresh process measures what
+    was analysed."""
     from tightfit.plan import schema
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.measure import measure_subprocess
