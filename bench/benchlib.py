@@ -81,6 +81,16 @@ def _torch_threads() -> str:
     return str(torch.get_num_threads())
 
 
+def set_torch_threads(n: int) -> None:
+    """Give torch (an optional extra) n intra-op threads where it is installed; without it the
+    kernels run single-threaded and there is nothing to set."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(n)
+
+
 def _loads() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min) on {cores()} cores"

@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 import tightfit  # noqa: E402
 from tightfit.errors import BudgetError  # noqa: E402
@@ -62,7 +61,7 @@ from tightfit.runtime.measure import Measurement  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
 from tightfit.units import human, parse_size  # noqa: E402
 from tightfit.verify import onnx_bytes_for  # noqa: E402
-from benchlib import header, load_average, load_mark, loaded, verdict  # noqa: E402
+from benchlib import header, load_average, load_mark, loaded, set_torch_threads, verdict  # noqa: E402
 
 MiB = 2**20
 EMX = Path(sys.executable).with_name("emx-onnx-cgen")
@@ -280,7 +279,7 @@ def fps(times: list) -> float:
 def part1(args, work: Path) -> None:
     only = set(args.only.split(",")) if args.only else None
     rows = plans_part1(only, args.search)
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     onnx_paths, emxs, refs, inputs = {}, {}, {}, {}
     for row in rows:
         try:
@@ -517,7 +516,7 @@ def main() -> int:
                     " for 64, 32 and 16 MiB, comma-separated (default: fit them here, minutes each)")
     ap.add_argument("--keep", help="build here instead of a temporary folder")
     args = ap.parse_args()
-    torch.set_num_threads(1)  # one thread everywhere (the header says so)
+    set_torch_threads(1)  # one thread everywhere (the header says so)
     header("The exported C program beside the Python executor, onnxruntime and emx-onnx-cgen; MAFAT Table 4.1 as a process")
     print(f"C flags: {' '.join(DEFAULT_CFLAGS)} (static); timings: median over {args.rounds} interleaved rounds x {args.runs} runs "
           f"(C: the median of {2 * args.runs + 1} runs in one process per round, its first run cold)")

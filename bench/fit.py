@@ -39,10 +39,9 @@ import statistics
 import sys
 import time
 
-import torch
 
 import tightfit
-from benchlib import add_write_docs, docs_section, header, loaded, verdict
+from benchlib import add_write_docs, docs_section, header, loaded, set_torch_threads, verdict
 from tightfit import api
 from tightfit import stages as F
 from tightfit.analysis.csdf import max_phases
@@ -255,7 +254,7 @@ def main() -> int:
 
 def run(args) -> int:
     """The table and the densenet121 timing, as the options ask."""
-    torch.set_num_threads(1)  # steadier timings on a shared machine; the cost model is profiled so too
+    set_torch_threads(1)  # steadier timings on a shared machine; the cost model is profiled so too
     cost = CostModel.default()
     header(__doc__.splitlines()[0], cost.id)
     if not args.timing_only:

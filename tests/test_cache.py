@@ -129,12 +129,10 @@ def test_two_processes_sharing_a_profile_end_with_the_union(tmp_path):
 MEASURER = """
     import time
     from pathlib import Path
-    import torch
     import tightfit
     from tightfit.techniques.interface import PlannedModel
     from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.runtime.cost import CostModel, step_key
-    torch.set_num_threads(1)
     g = tightfit.load("minakova5")
     plan = plan_reuse(PlannedModel(g, "minakova5"))
     model = CostModel(Path({path!r}))

@@ -25,7 +25,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.frontend import zoo

@@ -18,16 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from tightfit.errors import UnsupportedOpsError
-from tightfit.frontend import corpus
-from tightfit.frontend.onnx_import import load_onnx
-from tightfit.plan.check import check_plan
-from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
-from tightfit.techniques.interface import PlannedModel
-from tightfit.techniques.reuse.planner import plan_reuse
-from tightfit.reference import run_reference
-from tightfit.runtime.reference import random_input
-from tightfit.verify import verify_with_onnxruntime
+# the corpus is torchvision's models exported by torch: this whole module needs the extra
+pytest.importorskip("torch", reason="the corpus needs PyTorch (pip install 'tightfit[torch]')")
+pytest.importorskip("torchvision", reason="the corpus needs torchvision (pip install 'tightfit[torch]')")
+
+from tightfit.errors import UnsupportedOpsError  # noqa: E402
+from tightfit.frontend import corpus  # noqa: E402
+from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
+from tightfit.plan.check import check_plan  # noqa: E402
+from tightfit.techniques.parts.planner import phases_for_rows, plan_parts  # noqa: E402
+from tightfit.techniques.interface import PlannedModel  # noqa: E402
+from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
+from tightfit.reference import run_reference  # noqa: E402
+from tightfit.runtime.reference import random_input  # noqa: E402
+from tightfit.verify import verify_with_onnxruntime  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import coverage  # noqa: E402

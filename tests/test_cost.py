@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-import torch
 
 import tightfit
 from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
@@ -141,7 +140,7 @@ def _cold_by_brute_force(prints, cache_bytes: int, seconds=(), decay: float = 0.
 
 @pytest.mark.parametrize("rows", [0, 8])
 def test_cold_bytes_follow_the_misses_in_between(rows):
-    g = tightfit.load("resnet18")
+    g = tightfit.load("mobilenet_v1")
     model = PlannedModel(g, "r")
     p = plan_parts(model, *phases_for_rows(g, rows)) if rows else plan_reuse(model)
     prints = footprints(p, [g], p.steps())
@@ -218,10 +217,10 @@ def test_profile_id_names_the_kernels_code(monkeypatch):
 
 
 def test_identical_layers_share_a_key_and_border_bands_do_not():
-    g = tightfit.load("resnet18")
+    g = tightfit.load("mobilenet_v1")
     reuse = plan_reuse(PlannedModel(g, "r"))
     keys = [step_key(reuse, [g], s) for s in reuse.steps() if s.kind == "compute"]
-    assert len(set(keys)) < len(keys)  # resnet's repeated blocks measure once
+    assert len(set(keys)) < len(keys)  # its five repeated 14x14 blocks measure once
     phases, source = phases_for_rows(g, 8)
     parts = plan_parts(PlannedModel(g, "r"), phases, source)
     conv0 = [s for s in parts.steps() if s.kind == "compute" and s.layer == 0]
@@ -281,7 +280,7 @@ def test_a_large_step_has_its_own_rate_per_byte_fetched_from_memory(monkeypatch)
         return evicted if stir_bytes == 2 * predict.CACHE_BYTES else stirred if stir_bytes else hot
 
     monkeypatch.setattr(cost, "_median_seconds", fake)
-    g = tightfit.load("mobilenet_v3_small")
+    g = tightfit.load("mobilenet_v1")
     plan = plan_reuse(PlannedModel(g, "m"))
     cm = CostModel(None)
     cm.plan_seconds(plan, [g])
@@ -289,7 +288,7 @@ def test_a_large_step_has_its_own_rate_per_byte_fetched_from_memory(monkeypatch)
     touched = [t for t, _ in footprints(plan, [g], steps)]
     rated = {step_key(plan, [g], s): t for s, t in zip(steps, touched) if t >= predict.COLD_PROBE_BYTES}
     classifier = [s for s in steps if s.kind == "compute" and g.layers[s.layer].op == "gemm"]
-    assert {step_key(plan, [g], s) for s in classifier} <= set(rated)
+    assert classifier and {step_key(plan, [g], s) for s in classifier} <= set(rated)
     assert cm.cold == pytest.approx({k: (evicted - stirred) / t for k, t in rated.items()})
 
 

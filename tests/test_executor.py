@@ -104,9 +104,9 @@ def test_measured_peak_agrees_with_analysis(name, tmp_path):
 
 def test_enforce_reuse_completes_where_naive_stops(tmp_path, capsys):
     reuse, naive = tmp_path / "reuse.json", tmp_path / "naive.json"
-    assert main(["plan", "resnet18", "--out", str(reuse), "--json"]) == 0
+    assert main(["plan", "mobilenet_v1", "--out", str(reuse), "--json"]) == 0
     limit = json.loads(capsys.readouterr().out)["analysed_peak_bytes"] + 4 * MiB
-    assert main(["plan", "resnet18", "--method", "naive", "--out", str(naive)]) == 0
+    assert main(["plan", "mobilenet_v1", "--method", "naive", "--out", str(naive)]) == 0
     capsys.readouterr()
     assert main(["run", str(reuse), "--enforce", "--limit", str(limit)]) == 0
     assert "enforced" in capsys.readouterr().out

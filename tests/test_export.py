@@ -228,11 +228,12 @@ def test_plan_file_round_trip_exports_the_same_code(tmp_path):
 def test_parts_overlay_plan(tmp_path):
     """A whole tensor written over the dead rows of one still read (plan/overlay.py): the C steps
     run in the plan's order, so the overlay holds as in the executor."""
-    from test_overlay import PHASES, _Stage
+    from onnx_chains import chain_graph
+    from test_overlay import PHASES, STAGE
     from tightfit.techniques.parts.planner import plan_parts
     from tightfit.techniques.interface import PlannedModel
 
-    g = tightfit.load(_Stage(), (1, 1, 16, 16))
+    g = chain_graph(STAGE, (1, 1, 16, 16), "stage")
     plan = plan_parts(PlannedModel(g, "stage"), PHASES)
     assert any(b.overlay is not None for b in plan.buffers)
     sources = export(plan, [g], tmp_path / "out", name="stage")

@@ -90,17 +90,21 @@ def smallest_planned(app: FitApp, cost: CostModel) -> list[tuple[int, int]]:
 
 
 SMALL_APP = """cnns:
-  - {name: large, model: mobilenet_v2, input_shape: 1x3x32x32}
-  - {name: small, model: mobilenet_v1_025, input_shape: 1x3x16x16}
+  - {{name: large, model: {large}, input_shape: 1x3x32x32}}
+  - {{name: small, model: mobilenet_v1_025, input_shape: 1x3x16x16}}
 """
+# the large CNN of each two-CNN application: examples/adaptive.yaml's (torchvision's
+# mobilenet_v2), and a table model in its place that runs without PyTorch
+TWO_CNNS = {"two CNNs": "mobilenet_v2", "two table CNNs": "mobilenet_v1"}
 
 
 def small_app(name: str, tmp_path: Path) -> FitApp:
-    """minakova5, mobilenet_v2 at 32x32, or examples/adaptive.yaml's two CNNs at small inputs."""
-    if name != "two CNNs":
+    """minakova5, mobilenet_v2 at 32x32, or examples/adaptive.yaml's two CNNs at small inputs
+    (the large one mobilenet_v2, or mobilenet_v1 for "two table CNNs")."""
+    if name not in TWO_CNNS:
         return F.load_fit_app(name, None if name == "minakova5" else (1, 3, 32, 32))
     path = tmp_path / "adaptive_small.yaml"
-    path.write_text(SMALL_APP)
+    path.write_text(SMALL_APP.format(large=TWO_CNNS[name]))
     return F.load_fit_app(str(path))
 
 
@@ -114,7 +118,8 @@ def test_scaled_profile_scales_every_step_time_within_its_range():
     assert scaled.seconds.keys() <= measured.seconds.keys()
 
 
-@pytest.mark.parametrize("name", ["minakova5", "mobilenet_v2", "two CNNs"])
+@pytest.mark.parametrize("name", ["minakova5", pytest.param("mobilenet_v2", marks=pytest.mark.requires_torch),
+                                  pytest.param("two CNNs", marks=pytest.mark.requires_torch), "two table CNNs"])
 def test_smallest_memory_does_not_depend_on_the_profile(name, tmp_path):
     measured, scaled = profiles()
     app = small_app(name, tmp_path)
@@ -124,14 +129,15 @@ def test_smallest_memory_does_not_depend_on_the_profile(name, tmp_path):
     assert smallest_fit(app, measured, **options) == smallest_fit(app, scaled, **options)
 
 
-def test_the_memory_side_ignores_the_time_guided_candidates(tmp_path):
+@pytest.mark.parametrize("name", [pytest.param("two CNNs", marks=pytest.mark.requires_torch), "two table CNNs"])
+def test_the_memory_side_ignores_the_time_guided_candidates(name, tmp_path):
     """A source offers its smallest plan (exact) and, where a budget is met, its fastest pick
     (time-guided: whether it differs from the smallest depends on the profile). Neither the
     memory side's seeds nor the choice to enumerate the space may change with that pick."""
     from tightfit.techniques.reuse.planner import plan_reuse
     from tightfit.techniques.fit.space import Candidate
 
-    app = small_app("two CNNs", tmp_path)
+    app = small_app(name, tmp_path)
 
     def offered(exact: tuple[int, ...], timed: tuple[int, ...]) -> FitProblem:
         problem = FitProblem(app, lambda plan, graphs: float(len(plan.steps())))

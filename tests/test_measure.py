@@ -25,13 +25,14 @@ def test_reference_run_is_measured_above_baseline():
 
 
 HOLE_SCRIPT = """
-import ctypes, json, torch
+import ctypes, json
+import numpy as np
 from tightfit.runtime.measure import measure_in_this_process
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 def run():
-    torch.empty({n} // 4).fill_(1.0)
-run()  # torch's one-time set-up happens here, not in the measured runs
+    np.empty({n} // 4, np.float32).fill(1.0)
+run()  # numpy's one-time set-up happens here, not in the measured runs
 def measure_over_a_hole():
     chunks = [libc.malloc(60_000) for _ in range(60)]  # below the mmap threshold: on the heap
     for c in chunks:

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import tightfit
@@ -137,7 +136,7 @@ def _save(tmp_path: Path, model: onnx.ModelProto, name: str = "m") -> str:
     return str(path)
 
 
-def _assert_plans_match(path: str, g, x: torch.Tensor, ref: dict) -> None:
+def _assert_plans_match(path: str, g, x: np.ndarray, ref: dict) -> None:
     """Parts by one row per phase, and (where every layer splits) tiles of a 2x2 grid."""
     kinds = [{"method": "reuse"}, {"method": "parts", "rows": 1}]
     if all(get_op(l.op).splittable for l in g.layers):
@@ -157,7 +156,7 @@ def test_op_matches_onnxruntime_whole_and_split(tmp_path, case):
     model = _model(body, inits, opset=opset)
     path = _save(tmp_path, model)
     g = tightfit.load(path)
-    x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
+    x = _const((1, 3, H, W), -2.0, 2.0)
     ref = run_reference(g, x)
     expected = _onnxruntime(model, np.asarray(x))[0]
     got = np.asarray(ref[g.outputs[0]])
@@ -212,7 +211,7 @@ def test_every_op_model_imports_and_matches():
     assert {"eltwise", "channel_norm", "instancenorm", "channel_reduce", "softmax", "batchnorm", "activation"} <= ops
     kinds = {a[0] for l in g.layers for a in l.attrs.get("act", ())}
     assert {"silu", "hardswish", "gelu"} <= kinds, kinds
-    x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
+    x = _const((1, 3, H, W), -2.0, 2.0)
     expected = _onnxruntime(model, np.asarray(x))[0]
     got = np.asarray(run_reference(g, x)[g.outputs[0]])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
@@ -250,14 +249,20 @@ def test_tiled_constant_operands_export_to_portable_c(tmp_path):
 
 # --- the PyTorch path: activation modules as torch.onnx exports them ----------------------------
 
-@pytest.mark.parametrize("act, kind", [
-    (torch.nn.SiLU(), "silu"), (torch.nn.Hardswish(), "hardswish"), (torch.nn.GELU(), "gelu"),
-    (torch.nn.GELU(approximate="tanh"), "gelu_tanh"), (torch.nn.Mish(), "mish"), (torch.nn.Softplus(), "softplus"),
-    (torch.nn.ELU(0.5), "elu"), (torch.nn.SELU(), "selu"), (torch.nn.PReLU(5), None),
-], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
-def test_torch_activation_fuses_into_conv(act, kind):
+# (torch.nn's class, its arguments, the activation kind it fuses as: None where it stays a layer)
+TORCH_ACTS = [("SiLU", {}, "silu"), ("Hardswish", {}, "hardswish"), ("GELU", {}, "gelu"),
+              ("GELU", {"approximate": "tanh"}, "gelu_tanh"), ("Mish", {}, "mish"), ("Softplus", {}, "softplus"),
+              ("ELU", {"alpha": 0.5}, "elu"), ("SELU", {}, "selu"), ("PReLU", {"num_parameters": 5}, None)]
+
+
+@pytest.mark.requires_torch
+@pytest.mark.parametrize("act, kwargs, kind", TORCH_ACTS, ids=[k or a for a, _, k in TORCH_ACTS])
+def test_torch_activation_fuses_into_conv(act, kwargs, kind):
+    import torch
+
     torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1), act, torch.nn.Conv2d(5, 4, 1)).eval()
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1), getattr(torch.nn, act)(**kwargs),
+                                 torch.nn.Conv2d(5, 4, 1)).eval()
     g = tightfit.load(module, (1, 3, 9, 7))
     if kind is not None:
         assert [l.op for l in g.layers] == ["conv", "conv"] and g.layers[0].attrs["act"][0][0] == kind, g.layers
@@ -268,8 +273,11 @@ def test_torch_activation_fuses_into_conv(act, kind):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.requires_torch
 def test_torch_hardswish_as_x_relu6_over_six_fuses():
     """A model written as x * relu6(x + 3) / 6 (torch exports Add, Clip, Mul, Div)."""
+    import torch
+
     class HardSwishByHand(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -287,9 +295,10 @@ def test_torch_hardswish_as_x_relu6_over_six_fuses():
         np.testing.assert_allclose(tightfit.run(g, x).outputs[g.outputs[0]], module(x), rtol=1e-4, atol=1e-5)
 
 
-def _convnext_pieces() -> torch.nn.Module:
+def _convnext_pieces():
     from functools import partial
 
+    import torch
     from torchvision.models.convnext import CNBlock, LayerNorm2d
 
     torch.manual_seed(0)
@@ -305,6 +314,7 @@ def _convnext_pieces() -> torch.nn.Module:
     return module
 
 
+@pytest.mark.requires_torch
 @pytest.mark.parametrize("opset", [17, 13])
 def test_convnext_block_imports_as_an_nchw_chain_that_splits(tmp_path, opset):
     """torchvision's CNBlock (dwconv -> Permute -> LayerNorm -> Linear -> GELU -> Linear -> Permute
@@ -313,6 +323,8 @@ def test_convnext_block_imports_as_an_nchw_chain_that_splits(tmp_path, opset):
     1x1 convs with GELU fused; plans by rows and tiles match."""
     import io
     import warnings
+
+    import torch
 
     module = _convnext_pieces()
     buf = io.BytesIO()
@@ -374,7 +386,7 @@ def test_shape_arithmetic_folds_to_constants(tmp_path):
     path = _save(tmp_path, model)
     g = tightfit.load(path)
     assert [l.op for l in g.layers] == ["conv", "reshape", "add", "conv"], [l.op for l in g.layers]
-    x = torch.from_numpy(_const((1, 3, H, W), -2.0, 2.0))
+    x = _const((1, 3, H, W), -2.0, 2.0)
     ref = run_reference(g, x)
     expected = _onnxruntime(model, np.asarray(x))[0]
     np.testing.assert_allclose(np.asarray(ref[g.outputs[0]]), expected, rtol=1e-5, atol=1e-5)

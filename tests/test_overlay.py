@@ -6,10 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
-from torch import nn
 
-import tightfit
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
 from tightfit.plan.lifetimes import block_positions
@@ -20,21 +17,12 @@ from tightfit.runtime.executor import ArenaExecutor
 from tightfit.reference import run_reference
 from tightfit.runtime.reference import random_input
 from tightfit.verify import compare
+from onnx_chains import chain_graph
 
 
-class _Stage(nn.Module):
-    """A VGG stage in miniature: a whole conv, a conv and a pool by parts, a whole conv. The
-    pool's output (8 channels, like the first conv's) is written while the first conv's output
-    is still read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+# A VGG stage in miniature: a whole conv, a conv and a pool by parts, a whole conv. The pool's
+# output (8 channels, like the first conv's) is written while the first conv's output is still read.
+STAGE = (("conv", 8, 3, 1), ("relu",), ("conv", 8, 3, 1), ("relu",), ("maxpool", 2), ("conv", 8, 3, 1))
 
 
 PHASES = {1: 16, 2: 8}  # the second conv one row at a time, the pool likewise
@@ -42,7 +30,7 @@ PHASES = {1: 16, 2: 8}  # the second conv one row at a time, the pool likewise
 
 @pytest.fixture(scope="module")
 def stage():
-    g = tightfit.load(_Stage(), (1, 1, 16, 16))
+    g = chain_graph(STAGE, (1, 1, 16, 16), "stage")
     return g, PlannedModel(g, "stage")
 
 
@@ -113,20 +101,11 @@ def test_overlays_need_steps_that_run_one_after_another(stage):
         check_plan(split, [g])
 
 
-class _Doubling(nn.Module):
-    """VGG's stage boundary in miniature: a pooled 4-channel tensor held whole, then two convs by
-    parts doubling the channels and a pool, whose 8-channel output at half the width has the
-    bytes per row of the 4-channel tensor (VGG 19: pool2 128 x 56 and pool3 256 x 28)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                                  nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+# VGG's stage boundary in miniature: a pooled 4-channel tensor held whole, then two convs by
+# parts doubling the channels and a pool, whose 8-channel output at half the width has the bytes
+# per row of the 4-channel tensor (VGG 19: pool2 128 x 56 and pool3 256 x 28).
+DOUBLING = (("conv", 4, 3, 1), ("relu",), ("maxpool", 2), ("conv", 8, 3, 1), ("relu",), ("conv", 8, 3, 1), ("relu",),
+            ("maxpool", 2), ("conv", 8, 3, 1))
 
 
 DOUBLING_PHASES, HELD = {0: 32, 1: 16, 2: 16, 3: 16, 4: 8}, (1,)
@@ -134,7 +113,7 @@ DOUBLING_PHASES, HELD = {0: 32, 1: 16, 2: 16, 3: 16, 4: 8}, (1,)
 
 @pytest.fixture(scope="module")
 def doubling():
-    g = tightfit.load(_Doubling(), (1, 1, 32, 32))
+    g = chain_graph(DOUBLING, (1, 1, 32, 32), "doubling")
     return g, PlannedModel(g, "doubling")
 
 

@@ -185,7 +185,8 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     tensor between them whole (VGG's pooled outputs) lets the first stage's windows die first.
     The smallest plan found on such a network holds one, and is smaller than its phases
     streamed."""
-    from test_overlay import _Doubling
+    from onnx_chains import chain_graph
+    from test_overlay import DOUBLING
 
     from tightfit.techniques.parts.planner import draft_parts
     from tightfit.runtime.executor import ArenaExecutor
@@ -193,7 +194,7 @@ def test_search_holds_a_stream_whole_where_that_lowers_the_peak():
     from tightfit.runtime.reference import random_input
     from tightfit.verify import compare
 
-    g = tightfit.load(_Doubling(), (1, 1, 32, 32))
+    g = chain_graph(DOUBLING, (1, 1, 32, 32), "doubling")
     model = PlannedModel(g, "doubling")
     chosen = search_parts(model, step_cost([g]), None).chosen
     setting = chosen.config

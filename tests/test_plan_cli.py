@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from tightfit import api
 from tightfit.cli import main
@@ -49,10 +48,10 @@ def err(argv, capsys) -> str:
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, Path]:
-    """Plan files made once: resnet18 and minakova5 (default options)."""
+    """Plan files made once: mobilenet_v1 and minakova5 (default options)."""
     d = tmp_path_factory.mktemp("plans")
     out = {}
-    for name in ("resnet18", "minakova5"):
+    for name in ("mobilenet_v1", "minakova5"):
         out[name] = d / f"{name}.json"
         assert main(["plan", name, "--out", str(out[name])]) == 0
     return out
@@ -67,11 +66,11 @@ def edited(src: Path, dst: Path, edit) -> Path:
 
 # --- good paths ----------------------------------------------------------------------------------
 
-def test_plan_resnet18_then_run_verify(plans, tmp_path, capsys):
+def test_plan_mobilenet_v1_then_run_verify(plans, tmp_path, capsys):
     p = tmp_path / "p.json"
-    text = ok(["plan", "resnet18", "--out", p], capsys)
+    text = ok(["plan", "mobilenet_v1", "--out", p], capsys)
     assert f"plan written to {p}" in text
-    assert p.read_text() == plans["resnet18"].read_text()  # deterministic, byte for byte
+    assert p.read_text() == plans["mobilenet_v1"].read_text()  # deterministic, byte for byte
     out = ok(["run", p, "--verify"], capsys)
     assert re.search(r"verify vs reference executor: OK", out), out
 
@@ -125,13 +124,13 @@ def test_method_naive_and_layout_map(capsys):
 # --- plan files that must be refused --------------------------------------------------------------
 
 def test_plan_for_another_model(plans, tmp_path, capsys):
-    p = edited(plans["resnet18"], tmp_path / "other.json", lambda d: d["models"][0].update(spec="mobilenet_v2"))
+    p = edited(plans["mobilenet_v1"], tmp_path / "other.json", lambda d: d["models"][0].update(spec="mobilenet_v1_025"))
     line = err(["run", p], capsys)
-    assert "another model" in line and "mobilenet_v2" in line
+    assert "another model" in line and "mobilenet_v1_025" in line
 
 
 def test_tampered_offset_overlaps_live_buffer(plans, tmp_path, capsys):
-    plan, graphs = api.load_plan(plans["resnet18"])
+    plan, graphs = api.load_plan(plans["mobilenet_v1"])
     life = lifetimes(plan, graphs)
     # Two buffers live at the same step: move the second onto the first.
     (i, (bi, _)), (j, (bj, _)) = next(((i, ki), (j, kj)) for i, ki in enumerate(life.keys) for j, kj in enumerate(life.keys)
@@ -141,7 +140,7 @@ def test_tampered_offset_overlaps_live_buffer(plans, tmp_path, capsys):
     def edit(d):
         d["buffers"][bj]["offsets"][0] = d["buffers"][bi]["offsets"][0]
 
-    line = err(["run", edited(plans["resnet18"], tmp_path / "t.json", edit), "--verify"], capsys)
+    line = err(["run", edited(plans["mobilenet_v1"], tmp_path / "t.json", edit), "--verify"], capsys)
     assert "overlap" in line and "live at the same time" in line
 
 

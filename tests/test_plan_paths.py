@@ -7,14 +7,11 @@ import json
 import shutil
 
 import pytest
-import torch.nn as nn
 
+from onnx_chains import chain_model
 from tightfit.cli import main
 from tightfit.frontend import zoo
-from tightfit.frontend.torch_import import export_onnx
 from test_plan_cli import ok
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
@@ -57,22 +54,13 @@ def test_zoo_plans_keep_the_zoo_name(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "p.json").read_text())["models"][0]["spec"] == "minakova5"
 
 
-class _Other(nn.Module):
-    """Minakova5's input, another structure (3 output channels)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.n2 = nn.Conv2d(1, 4, 17)
-        self.n4 = nn.Conv2d(4, 3, 16)
-
-    def forward(self, x):
-        return self.n4(self.n2(x))
+OTHER = (("conv", 4, 17, 0), ("conv", 3, 16, 0))  # minakova5's input, another structure (3 output channels)
 
 
 def test_a_changed_model_is_one_line(model_dir, monkeypatch, capsys):
     monkeypatch.chdir(model_dir / "work")
     ok(["plan", "../models/m5.onnx", "--out", "plan.json"], capsys)
-    (model_dir / "models" / "m5.onnx").write_bytes(export_onnx(_Other(), (1, 1, 32, 32)).SerializeToString())
+    (model_dir / "models" / "m5.onnx").write_bytes(chain_model(OTHER, (1, 1, 32, 32)).SerializeToString())
     assert main(["run", "plan.json"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "another model" in lines[0] and "fingerprint" in lines[0], lines

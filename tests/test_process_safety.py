@@ -282,6 +282,7 @@ def test_sigint_while_torch_loads_is_a_quiet_130(tmp_path):
     assert stderr.strip().splitlines() == ["tightfit: interrupted (SIGINT); nothing partial was left"], stderr
 
 
+@pytest.mark.requires_torch
 def test_a_factory_that_raises_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "user_models.py").write_text("def make():\n    raise ValueError('no weights\\nhere')\n"
                                              "def crash_on_import():\n    pass\nraise_later = None\n")

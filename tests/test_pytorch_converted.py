@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import numpy_helper
 
 from tightfit.errors import InputShapeError, ModelLoadError, TightfitError, UnsupportedOpsError
@@ -86,7 +85,7 @@ def test_pytorch_converted(case):
     # Imported: it must run and match, whether or not it is listed as expected to run.
     # A rank-3 input reaches NCHW through the file's own reshapes (absorbed at import): the
     # graph's input is their end.
-    x4 = torch.from_numpy(np.array(x, copy=True)).reshape(graph.shape(graph.inputs[0]))
+    x4 = np.array(x, copy=True).reshape(graph.shape(graph.inputs[0]))
     out = np.asarray(run_reference(graph, x4)[graph.outputs[0]])
     assert out.shape == expected.shape, f"{case}: output shape {out.shape}, expected {expected.shape}"
     scale = float(np.abs(expected).max())

@@ -4,29 +4,18 @@ layer by layer then went to the fine space (issue 20). (A leading transpose from
 absorbed at import, so the transpose here swaps H and W.)"""
 from __future__ import annotations
 
-import pytest
-import torch.nn as nn
-
-import tightfit
+from onnx_chains import chain_graph
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.tiling import TilingOptions, candidate_cuts, search_tiling, tileable
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-
-class TransposedInput(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                                  nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(32, 32, 3, padding=1))
-
-    def forward(self, x):
-        return self.body(x.transpose(2, 3))
+# a transpose of H and W, then a VGG-like chain
+BODY = (("conv", 16, 3, 1), ("relu",), ("conv", 16, 3, 1), ("relu",), ("maxpool", 2), ("conv", 32, 3, 1), ("relu",),
+        ("maxpool", 2), ("conv", 32, 3, 1))
 
 
 def test_a_cut_follows_a_layer_that_cannot_be_tiled_and_the_coarse_space_fits():
-    g = tightfit.load(TransposedInput().eval(), (1, 3, 64, 64))
+    g = chain_graph(BODY, (1, 3, 64, 64), "nhwc", swap_hw=True)
     assert not tileable(g, 0) and all(tileable(g, l.id) for l in g.layers[1:])
     assert 1 in candidate_cuts(g)
     model = PlannedModel(g, "nhwc")

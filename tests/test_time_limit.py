@@ -112,7 +112,7 @@ def test_plan_budget_with_a_time_limit_prints_progress_and_a_checked_plan(capsys
     assert "parts search:" in err and "(counted)" in err
 
 
-@pytest.mark.parametrize("name", ["squeezenet1_0"])
+@pytest.mark.parametrize("name", ["onnxzoo-squeezenet"])  # SqueezeNet 1.1 from the ONNX zoo (no torch needed)
 def test_tiling_search_past_its_deadline_from_the_start_answers_layer_by_layer(name):
     """Time up before the coarse pass: the fine pass's new segments still get their
     layer-by-layer option (they had none, and the chain over them failed with a KeyError)."""

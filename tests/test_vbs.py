@@ -144,7 +144,7 @@ def test_graph_with_branches_is_refused():
     from tightfit.errors import OptionError
     from tightfit.techniques.vbs.linear_dp import linear_chain, linear_profile
 
-    g = tightfit.load("resnet18")
+    g = tightfit.load("onnxzoo-squeezenet")  # fire modules: two branches concatenated
     assert linear_chain(g) is None
     with pytest.raises(OptionError, match="without branches"):
         linear_profile(g, 2, 2**20, lambda lid, b: 1.0)

@@ -13,10 +13,12 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
+from onnx import helper
 
 import tightfit
+from onnx_chains import conv, model_of
+from tightfit.frontend.onnx_import import import_model
+from tightfit.graph.ir import Graph
 from tightfit.plan.check import check_plan
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.vbs.linear_dp import INF
@@ -47,28 +49,38 @@ class TableCost:
         pass
 
 
-def tiny_net(rng: random.Random, branched: bool) -> nn.Module:
+def tiny_net(rng: random.Random, branched: bool) -> Graph:
+    """A stem conv, then a conv, a pool and a head (a chain), or two branches joined by an
+    identity shortcut (Add) where their channels agree, else by a Concat, then the head."""
     c = [rng.randint(2, 6) for _ in range(6)]
+    b2_out = c[0] if rng.random() < 0.5 else c[3]
+    add = branched and b2_out == c[0]
+    weights = np.random.default_rng(rng.randrange(2**32))
+    nodes, inits = [], []
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Conv2d(3, c[0], 3, padding=1)
-            self.a = nn.Conv2d(c[0], c[1], 1)
-            self.b1 = nn.Conv2d(c[0], c[2], 1)
-            self.b2 = nn.Conv2d(c[2], c[0] if rng.random() < 0.5 else c[3], 3, padding=1)
-            self.add = branched and self.b2.out_channels == c[0]
-            self.head = nn.Conv2d(c[0] if self.add else c[1] + self.b2.out_channels if branched else c[1], c[4], 1)
+    def layer(name: str, x: str, cin: int, cout: int, k: int, relu: bool = True) -> str:
+        node, w, _ = conv(weights, name, x, cin, [1, cin, 8, 8], cout, k, k // 2)
+        nodes.append(node)
+        inits.extend(w)
+        if relu:
+            nodes.append(helper.make_node("Relu", [f"t{name}"], [f"r{name}"]))
+        return f"r{name}" if relu else f"t{name}"
 
-        def forward(self, x):
-            x = torch.relu(self.stem(x))
-            if not branched:
-                return self.head(torch.max_pool2d(torch.relu(self.a(x)), 2))
-            y = torch.relu(self.b2(torch.relu(self.b1(x))))
-            y = x + y if self.add else torch.cat([torch.relu(self.a(x)), y], 1)  # identity shortcut or concat
-            return self.head(y)
-
-    return Net()
+    x = layer("stem", "x", 3, c[0], 3)
+    if not branched:
+        nodes.append(helper.make_node("MaxPool", [layer("a", x, c[0], c[1], 1)], ["pool"], kernel_shape=[2, 2], strides=[2, 2]))
+        y, cy, hw = "pool", c[1], 4
+    else:
+        y = layer("b2", layer("b1", x, c[0], c[2], 1), c[2], b2_out, 3)
+        if add:  # identity shortcut
+            nodes.append(helper.make_node("Add", [x, y], ["join"]))
+            cy = c[0]
+        else:
+            nodes.append(helper.make_node("Concat", [layer("a", x, c[0], c[1], 1), y], ["join"], axis=1))
+            cy = c[1] + b2_out
+        y, hw = "join", 8
+    out = layer("head", y, cy, c[4], 1, relu=False)
+    return import_model(model_of(nodes, inits, (1, 3, 8, 8), out, (1, c[4], hw, hw)), None, "tiny")
 
 
 # --- the oracle: every schedule of the DP's space, walked holding what plans hold -------------
@@ -172,7 +184,7 @@ class Walk:
 
 def _oracle_case(seed: int, branched: bool):
     rng = random.Random(seed)
-    g = tightfit.load(tiny_net(rng, branched), (1, 3, 8, 8))
+    g = tiny_net(rng, branched)
     request = 3 if seed == 0 else 2  # three samples multiply the schedules by ~20
     model = PlannedModel(g, "tiny", request)
     cost = TableCost(seed)
@@ -257,14 +269,15 @@ def test_fbs_margin_keeps_fbs_unless_the_gain_exceeds_it():
 
 @lru_cache(maxsize=1)
 def _squeezenet():
-    return tightfit.load("squeezenet1_0")
+    return tightfit.load("onnxzoo-squeezenet")
 
 
 def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp_path):
-    """squeezenet1_0 (fire modules: special layers) for a request of 3 within a budget between
-    the least feasible one and what batch 3 needs: the plan passes the checker and fits the
-    budget, its kernels run exactly the planned sub-batches, every sample's output equals the
-    reference executor's on that sample alone, and a fresh process measures what was analysed."""
+    """The ONNX zoo's SqueezeNet 1.1 (fire modules: special layers) for a request of 3 within a
+    budget between the least feasible one and what batch 3 needs: the plan passes the checker
+    and fits the budget, its kernels run exactly the planned sub-batches, every sample's output
+    equals the reference executor's on that sample alone, and a fresh process measures what
+    was analysed."""
     from tightfit.plan import schema
     from tightfit.runtime.executor import ArenaExecutor
     from tightfit.runtime.measure import measure_subprocess
@@ -272,7 +285,7 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp
     from tightfit.verify import compare
 
     g = _squeezenet()
-    model = PlannedModel(g, "squeezenet1_0", 3)
+    model = PlannedModel(g, "onnxzoo-squeezenet", 3)
     cost = TableCost(7)
     problem = Problem(model, main_path(g), profile_seconds(model, cost, 3))
     least = smallest_feasible_budget(model, None, None, problem=problem)
@@ -298,29 +311,27 @@ def test_executed_vbs_plan_on_a_branched_zoo_model(kernel_runs, monkeypatch, tmp
 def test_graph_without_main_path_is_refused():
     from tightfit.errors import OptionError
 
-    class Nested(nn.Module):  # a branch inside a branch
-        def __init__(self):
-            super().__init__()
-            self.a, self.b, self.c, self.d = (nn.Conv2d(2, 2, 1) for _ in range(4))
-
-        def forward(self, x):
-            y = self.a(x)
-            return x + (self.b(y) + self.c(y)) + self.d(x)
-
+    # a branch inside a branch: x + (b(a(x)) + c(a(x))) + d(x), every conv 1x1 over 2 channels
+    rng = np.random.default_rng(0)
+    convs = {n: conv(rng, n, x, 2, [1, 2, 4, 4], 2, 1, 0) for n, x in (("a", "x"), ("b", "ta"), ("c", "ta"), ("d", "x"))}
+    adds = [helper.make_node("Add", ["tb", "tc"], ["s1"]), helper.make_node("Add", ["x", "s1"], ["s2"]),
+            helper.make_node("Add", ["s2", "td"], ["y"])]
+    nested = model_of([node for node, _, _ in convs.values()] + adds, [w for _, ws, _ in convs.values() for w in ws],
+                      (1, 2, 4, 4), "y", (1, 2, 4, 4))
     with pytest.raises(OptionError, match="main path"):
-        main_path(tightfit.load(Nested(), (1, 2, 4, 4)))
+        main_path(import_model(nested, None, "nested"))
 
 
 def test_cli_errors(capsys):
     from tightfit.cli import main
 
-    assert main(["plan", "squeezenet1_0", "--method", "vbs", "--batch", "4", "--budget", "1MB"]) == 2
+    assert main(["plan", "onnxzoo-squeezenet", "--method", "vbs", "--batch", "4", "--budget", "1MB"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "smallest feasible budget is" in err
-    assert main(["plan", "squeezenet1_0", "--method", "vbs", "--batch", "4"]) == 2
+    assert main(["plan", "onnxzoo-squeezenet", "--method", "vbs", "--batch", "4"]) == 2
     assert "--budget" in capsys.readouterr().err
-    assert main(["plan", "squeezenet1_0", "--method", "reuse", "--unit", "2MB"]) == 2
-    assert main(["plan", "squeezenet1_0", "--method", "vbs", "--batch", "0", "--budget", "9MB"]) == 2
+    assert main(["plan", "onnxzoo-squeezenet", "--method", "reuse", "--unit", "2MB"]) == 2
+    assert main(["plan", "onnxzoo-squeezenet", "--method", "vbs", "--batch", "0", "--budget", "9MB"]) == 2
     assert "--batch" in capsys.readouterr().err
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-import torch
 
 import tightfit
 from tightfit import verify
@@ -42,4 +41,4 @@ def test_float64_outputs_match_ours_on_a_zoo_model():
     exact = verify.float64_outputs(verify.onnx_bytes_for(SPEC, SHAPE), verify.model_input(g, x))
     assert exact is not None
     for name in g.outputs:
-        assert np.allclose(torch.from_numpy(exact[name]).float(), ours[name], rtol=1e-4, atol=1e-5)
+        assert np.allclose(exact[name].astype(np.float32), ours[name], rtol=1e-4, atol=1e-5)
