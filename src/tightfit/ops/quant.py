@@ -45,33 +45,15 @@ def scale_and_zero(node: OnnxNode) -> tuple[np.ndarray, np.ndarray]:
     return scale.reshape(()), zero.reshape(())
 
 
-@register
-class Quantize(Op):
-    """fp32 -> int8: q = saturate(round_half_even(x / scale) + zero_point)."""
-
-    name = "quantize"
-    onnx_types = ("QuantizeLinear",)
-
-    def from_onnx(self, node: OnnxNode) -> OnnxSpec:
-        scale, zero = scale_and_zero(node)
-        return OnnxSpec({"scale": float(scale), "zero_point": int(zero), "stored": _stored(node)}, [node.inputs[0]])
-
-    def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
-        return tuple(in_shapes[0])
-
-
 def _stored(node: OnnxNode) -> str:
     """How the file stores the int8 tensor: "uint8" (held here as int8, less 128) or "int8"."""
     zero = node.const_input(2)
     return "uint8" if zero is None or zero.dtype == np.uint8 else "int8"
 
 
-@register
-class Dequantize(Op):
-    """int8 -> fp32: x = (q - zero_point) * scale."""
-
-    name = "dequantize"
-    onnx_types = ("DequantizeLinear",)
+class _Rescale(Op):
+    """A change of domain with one scale and zero point (QuantizeLinear, DequantizeLinear): the
+    same attributes from the node, the same shape out."""
 
     def from_onnx(self, node: OnnxNode) -> OnnxSpec:
         scale, zero = scale_and_zero(node)
@@ -79,3 +61,19 @@ class Dequantize(Op):
 
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
+
+
+@register
+class Quantize(_Rescale):
+    """fp32 -> int8: q = saturate(round_half_even(x / scale) + zero_point)."""
+
+    name = "quantize"
+    onnx_types = ("QuantizeLinear",)
+
+
+@register
+class Dequantize(_Rescale):
+    """int8 -> fp32: x = (q - zero_point) * scale."""
+
+    name = "dequantize"
+    onnx_types = ("DequantizeLinear",)
