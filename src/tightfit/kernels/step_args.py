@@ -593,6 +593,24 @@ def _qbias(b: Bind, layer: Layer) -> int:
     return b.weights.add_words((b.model, layer.id, "b"), lambda: b.g.params[layer.params[1]].astype(np.int32))
 
 
+def _qconv_weights(w: np.ndarray, groups: int) -> np.ndarray:
+    """An int8 convolution's weights (C_out, C_in / groups, kh, kw) as its kernel reads them (tf_kernels.c,
+    qconv): dense, the GEMM's (K4 / 4, C_out, 4) bytes (K = kh * kw * C_in tap-major, zero-padded to a
+    multiple of 4) then each output channel's int32 weight sum; depthwise, (kh * kw, C); grouped,
+    (C_out, kh, kw, C_in / groups)."""
+    cout, cin_g, kh, kw = w.shape
+    if groups == 1:
+        k = kh * kw * cin_g
+        rows = np.zeros((cout, -(-k // 4) * 4), np.int8)
+        rows[:, :k] = w.transpose(0, 2, 3, 1).reshape(cout, k)
+        packed = rows.reshape(cout, -1, 4).transpose(1, 0, 2).reshape(-1)
+        wsum = w.reshape(cout, -1).astype(np.int32).sum(axis=1).astype(np.int32)
+        return np.concatenate([packed.view(np.uint8), wsum.view(np.uint8)])
+    if cin_g == 1 and groups == cout:
+        return w.reshape(cout, kh * kw).T
+    return w.transpose(0, 2, 3, 1)
+
+
 def _qconv(b, layer, xs, y):
     a = layer.attrs
     win = _win(b, layer)[0]
@@ -600,7 +618,7 @@ def _qconv(b, layer, xs, y):
     cout, cin_g, kh, kw = w.shape
     _expect(cin_g * a["groups"] == b.g.shape(layer.inputs[0])[1] and cout == b.g.shape(layer.output)[1], layer,
             f"weight {w.shape} for {b.g.shape(layer.inputs[0])[1]} -> {b.g.shape(layer.output)[1]} channels")
-    w_off = b.weights.add_words((b.model, layer.id, "w"), lambda: w.astype(np.int8).transpose(0, 2, 3, 1))
+    w_off = b.weights.add_words((b.model, layer.id, "w"), lambda: _qconv_weights(w.astype(np.int8), a["groups"]))
     (_, xz), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
     lo, hi = _qclamp(layer, ys, yz)
     return ("qconv", "tf_qconv_args", [xs[0], y, w_off, _qbias(b, layer), _multipliers(b, layer, cout), a["groups"], kh, kw,

@@ -1158,7 +1158,208 @@ static int8_t quantize1(float x, float s, int z) {
 
 static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
 
-static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
+/* int8 convolution as onnxruntime's QLinearConv computes it: acc = bias + sum (x - xz) * w in int32
+ * (taps in the padding read the zero point, so they add nothing), y = requant(acc * m[co]).
+ * Three loops over the same arithmetic, by the weight layout the binder packed (step_args._qconv):
+ *  - dense (groups 1): an int8 GEMM. Weights (K4 / 4, C_out, 4): K = kh * kw * C_in in the order of a
+ *    channels-last patch (tap, then channel), padded with zeros to K4, a multiple of 4, each group of 4
+ *    inputs beside each other per output channel (the operand layout of AVX-512 VNNI's vpdpbusd and
+ *    NEON's sdot); then C_out int32 sums of each channel's weights. acc = bias - xz * wsum + sum x * w
+ *    over every tap, the padding's taps reading xz: the same int32 as the exact sum above.
+ *  - depthwise (groups = C_in = C_out): weights (kh * kw, C), channels innermost, as channels-last
+ *    input is; padding taps skipped.
+ *  - grouped: weights (C_out, kh, kw, C_in / groups), one output channel at a time. */
+
+#define TF_QPIX 4    /* output pixels of one GEMM block (rows of the patch matrix) */
+#define TF_QCO 64    /* output channels of one GEMM block */
+#define TF_QK 1024   /* patch bytes gathered at a time (a multiple of 4) */
+
+static long round4(long k) { return (k + 3) / 4 * 4; }
+
+/* requant of a block of channels, stored with stride sc (bias and the zero-point sums in base). */
+static void qstore(int8_t *out, long sc, const int32_t *acc, const int32_t *base, const float *m, long count,
+                   int yz, int lo, int hi) {
+    for (long c = 0; c < count; c++) out[c * sc] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
+}
+
+/* bytes [k0, k1) of output pixel (oy, ox)'s channels-last patch (tap-major), the padding's taps xz;
+ * the run up to a multiple of 4 past K is zero (its weights are). */
+static void gather_patch(int8_t *dst, float *arena, const tf_qconv_args *a, long n, long oy, long ox, long k0,
+                         long k1, long K) {
+    const tf_view *x = &a->x;
+    const long cin = x->c;
+    const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+    long tap = k0 / cin, ci = k0 % cin, k = k0;
+    while (k < k1 && k < K) {
+        const long run = cin - ci < (k1 < K ? k1 : K) - k ? cin - ci : (k1 < K ? k1 : K) - k;
+        const long ky = tap / a->kw, kx = tap % a->kw;
+        if (ky >= t.ky0 && ky < t.ky1 && kx >= t.kx0 && kx < t.kx1) {
+            const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw);
+            if (x->sc == 1) memcpy(dst, in + ci, (size_t)run);
+            else for (long i = 0; i < run; i++) dst[i] = in[(ci + i) * x->sc];
+        } else memset(dst, a->xz, (size_t)run);
+        dst += run;
+        k += run;
+        ci = 0;
+        tap++;
+    }
+    if (k < k1) memset(dst, 0, (size_t)(k1 - k));
+}
+
+static inline int32_t qword(const int8_t *p) { /* 4 bytes as one int32 (one load) */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at the patch's end, zeros after */
+    int32_t v = 0;
+    memcpy(&v, p, (size_t)(left < 4 ? left : 4));
+    return v;
+}
+
+#if TF_SIMD && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+/* vpdpbusd multiplies unsigned by signed bytes: x + 128 (x ^ 0x80) times w, so the sum holds 128 *
+ * wsum more, taken off with the zero point. */
+#define TF_QOFF 128
+/* nj panels of 16 output channels (a constant in each caller, so the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *const *rows, long nk, const int8_t *wp,
+                                                               long cout, long co0, long nco,
+                                                               int32_t acc[TF_QPIX][TF_QCO], const int nj) {
+    __m512i c[TF_QPIX][4];
+    __mmask16 mk[4];
+    for (int j = 0; j < nj; j++) {
+        const long left = nco - 16 * j;
+        mk[j] = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int p = 0; p < TF_QPIX; p++) c[p][j] = _mm512_setzero_si512();
+    }
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    const long full = nk / 4;
+    for (long g = 0; g <= full; g++) {
+        if (g == full && nk % 4 == 0) break;
+        __m512i xb[TF_QPIX];
+        for (int p = 0; p < TF_QPIX; p++) {
+            const int32_t v = g < full ? qword(rows[p] + 4 * g) : load4(rows[p] + 4 * g, nk - 4 * g);
+            xb[p] = _mm512_xor_si512(_mm512_set1_epi32(v), flip);
+        }
+        const int8_t *wg = wp + (g * cout + co0) * 4;
+        for (int j = 0; j < nj; j++) {
+            const __m512i w = _mm512_maskz_loadu_epi32(mk[j], wg + 64 * j);
+            for (int p = 0; p < TF_QPIX; p++) c[p][j] = _mm512_dpbusd_epi32(c[p][j], xb[p], w);
+        }
+    }
+    for (int p = 0; p < TF_QPIX; p++)
+        for (int j = 0; j < nj; j++) {
+            int32_t part[16];
+            _mm512_storeu_si512((void *)part, c[p][j]);
+            for (int i = 0; i < 16; i++) acc[p][16 * j + i] += part[i];
+        }
+}
+
+static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        int32_t acc[TF_QPIX][TF_QCO]) {
+    switch ((nco + 15) / 16) {
+    case 1: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 1); break;
+    case 2: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 2); break;
+    case 3: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 3); break;
+    default: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4); break;
+    }
+}
+#else
+#define TF_QOFF 0
+static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        int32_t acc[TF_QPIX][TF_QCO]) {
+    const long groups = (nk + 3) / 4;
+    for (long g = 0; g < groups; g++) {
+        const int8_t *wg = wp + (g * cout + co0) * 4;
+        const long left = nk - 4 * g;
+        for (int p = 0; p < TF_QPIX; p++) {
+            int8_t xv[4];
+            const int32_t word = load4(rows[p] + 4 * g, left);
+            memcpy(xv, &word, 4);
+            const int32_t x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+            int32_t *ap = acc[p];
+            for (long c = 0; c < nco; c++)
+                ap[c] += x0 * wg[4 * c] + x1 * wg[4 * c + 1] + x2 * wg[4 * c + 2] + x3 * wg[4 * c + 3];
+        }
+    }
+}
+#endif
+
+/* Output pixels [ox0, ox0 + np) of row oy, all channels. */
+static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a, long n, long oy, long ox0, long np,
+                         int direct) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long K = a->kh * a->kw * x->c, K4 = round4(K), cout = y->c;
+    const int8_t *wp = (const int8_t *)(wts + a->w);
+    const float *m = wts + a->m;
+    int8_t patch[TF_QPIX][TF_QK];
+    const int8_t *rows[TF_QPIX];
+    int32_t acc[TF_QPIX][TF_QCO], base[TF_QCO];
+    for (long co0 = 0; co0 < cout; co0 += TF_QCO) {
+        const long nco = cout - co0 < TF_QCO ? cout - co0 : TF_QCO;
+        memcpy(base, (const int8_t *)wp + K4 * cout + 4 * co0, (size_t)nco * sizeof(int32_t));
+        for (long c = 0; c < nco; c++) base[c] = (a->b >= 0 ? word_i32(wts, a->b + co0 + c) : 0) - (a->xz + TF_QOFF) * base[c];
+        memset(acc, 0, sizeof acc);
+        if (direct) { /* 1x1, no padding, channels-last: each pixel's channels are its patch */
+            for (int p = 0; p < TF_QPIX; p++) {
+                const long ox = ox0 + (p < np ? p : np - 1); /* a short block repeats its last pixel */
+                rows[p] = q8(arena, x->off + n * x->sn + oy * a->sh * x->sh + ox * a->sw * x->sw);
+            }
+            qgemm_block(rows, K, wp, cout, co0, nco, acc);
+        } else for (long k0 = 0; k0 < K4; k0 += TF_QK) {
+            const long k1 = K4 - k0 < TF_QK ? K4 : k0 + TF_QK;
+            for (int p = 0; p < TF_QPIX; p++) {
+                if (p < np) gather_patch(patch[p], arena, a, n, oy, ox0 + p, k0, k1, K);
+                rows[p] = patch[p < np ? p : np - 1];
+            }
+            qgemm_block(rows, k1 - k0, wp + k0 * cout, cout, co0, nco, acc);
+        }
+        for (long p = 0; p < np; p++)
+            qstore(q8(arena, y->off + n * y->sn + oy * y->sh + (ox0 + p) * y->sw + co0 * y->sc), y->sc, acc[p], base,
+                   m + co0, nco, a->yz, a->lo, a->hi);
+    }
+}
+
+static void qconv_dense(float *arena, const float *wts, const tf_qconv_args *a) {
+    const int direct = a->kh == 1 && a->kw == 1 && a->pt == 0 && a->pl == 0 && a->x.sc == 1;
+    for (long n = 0; n < a->y.n; n++)
+    for (long oy = 0; oy < a->y.h; oy++)
+    for (long ox = 0; ox < a->y.w; ox += TF_QPIX)
+        qconv_pixels(arena, wts, a, n, oy, ox, a->y.w - ox < TF_QPIX ? a->y.w - ox : TF_QPIX, direct);
+}
+
+/* Depthwise: channels innermost (contiguous in channels-last views), TF_QCO at a time. */
+static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const long C = y->c, xc = x->sc, xz = a->xz;
+    const int8_t *w = (const int8_t *)(wts + a->w);
+    const float *m = wts + a->m;
+    int32_t acc[TF_QCO], zero[TF_QCO] = {0};
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+        for (long c0 = 0; c0 < C; c0 += TF_QCO) {
+            const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
+            for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+            for (long kx = t.kx0; kx < t.kx1; kx++) {
+                const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
+                                      + c0 * xc);
+                const int8_t *wr = w + (ky * a->kw + kx) * C + c0;
+                if (xc == 1) for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c] - xz) * (int32_t)wr[c];
+                else for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c * xc] - xz) * (int32_t)wr[c];
+            }
+            qstore(q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0 * y->sc), y->sc, acc, zero, m + c0, nc,
+                   a->yz, a->lo, a->hi);
+        }
+    }
+}
+
+/* Grouped (neither dense nor depthwise): one output channel at a time. */
+static void qconv_grouped(float *arena, const float *wts, const tf_qconv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     const long cig = x->c / a->groups, cog = y->c / a->groups, taps = a->kh * a->kw * cig;
     const int8_t *w = (const int8_t *)(wts + a->w);
@@ -1172,43 +1373,76 @@ static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
             const long g = co / cog;
             const int8_t *wc = w + co * taps;
             int32_t acc = a->b >= 0 ? word_i32(wts, a->b + co) : 0;
-            /* Taps in the padding read the zero point: (x - xz) = 0 there, so they are skipped. */
             for (long ky = t.ky0; ky < t.ky1; ky++)
             for (long kx = t.kx0; kx < t.kx1; kx++) {
                 const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
                                       + g * cig * x->sc);
                 const int8_t *wr = wc + (ky * a->kw + kx) * cig;
-                if (x->sc == 1) { /* channels-last: a contiguous run the compiler vectorizes */
-                    int32_t sum = 0, wsum = 0;
-                    for (long ci = 0; ci < cig; ci++) {
-                        sum += (int32_t)in[ci] * (int32_t)wr[ci];
-                        wsum += wr[ci];
-                    }
-                    acc += sum - a->xz * wsum; /* sum (x - xz) w, exactly, in int32 */
-                } else {
-                    for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
-                }
+                for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
             }
             out[co * y->sc] = requant((float)acc * m[co], a->yz, a->lo, a->hi);
         }
     }
 }
 
+static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
+    if (a->groups == 1) qconv_dense(arena, wts, a);
+    else if (a->groups == a->x.c && a->groups == a->y.c) qconv_depthwise(arena, wts, a);
+    else qconv_grouped(arena, wts, a);
+}
+
+/* Whether a view's elements in logical (N, C, H, W) order from n's first are contiguous (a size-1
+ * dimension's stride does not matter). */
+static int qlogical_dense(const tf_view *v) {
+    long expect = 1;
+    const long size[3] = {v->w, v->h, v->c}, stride[3] = {v->sw, v->sh, v->sc};
+    for (int i = 0; i < 3; i++) {
+        if (size[i] > 1 && stride[i] != expect) return 0;
+        expect *= size[i];
+    }
+    return 1;
+}
+
+/* Elements [k0, k1) of sample n in logical (C, H, W) order: a flatten folded in. */
+static void gather_features(int8_t *dst, float *arena, const tf_view *x, long n, long k0, long k1) {
+    for (long i = k0; i < k1; i++) {
+        const long c = i / (x->h * x->w), h = i / x->w % x->h, k = i % x->w;
+        dst[i - k0] = *q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + k * x->sw);
+    }
+}
+
+/* sum (x - xz) w over k elements, exactly in int32 (sum x w - xz sum w: loops the compiler vectorizes). */
+static int32_t qdot(const int8_t *x, const int8_t *w, long k, int32_t xz) {
+    int32_t s = 0, ws = 0;
+    for (long i = 0; i < k; i++) {
+        s += (int32_t)x[i] * (int32_t)w[i];
+        ws += w[i];
+    }
+    return s - xz * ws;
+}
+
 static void qgemm(float *arena, const float *wts, const tf_qgemm_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
-    const long outs = y->c * y->h * y->w;
+    const long outs = y->c * y->h * y->w, K = a->in_features;
     const int8_t *w = (const int8_t *)(wts + a->w);
+    const int dense = qlogical_dense(x);
+    int8_t chunk[TF_QK];
+    int32_t acc[TF_QCO];
     for (long n = 0; n < x->n; n++)
-    for (long o = 0; o < outs; o++) {
-        const int8_t *wo = w + o * a->in_features;
-        int32_t acc = a->b >= 0 ? word_i32(wts, a->b + o) : 0;
-        long i = 0; /* the input's elements in logical (C, H, W) order: a flatten folded in */
-        for (long c = 0; c < x->c; c++)
-        for (long h = 0; h < x->h; h++)
-        for (long k = 0; k < x->w; k++, i++)
-            acc += ((int32_t)*q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + k * x->sw) - a->xz) * (int32_t)wo[i];
-        const long oc = o / (y->h * y->w), oh = o / y->w % y->h, ow = o % y->w;
-        *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) = requant((float)acc * wts[a->m + o], a->yz, a->lo, a->hi);
+    for (long o0 = 0; o0 < outs; o0 += TF_QCO) {
+        const long no = outs - o0 < TF_QCO ? outs - o0 : TF_QCO;
+        for (long o = 0; o < no; o++) acc[o] = a->b >= 0 ? word_i32(wts, a->b + o0 + o) : 0;
+        for (long k0 = 0; k0 < K; k0 += TF_QK) {
+            const long k1 = K - k0 < TF_QK ? K : k0 + TF_QK;
+            const int8_t *xs = dense ? q8(arena, x->off + n * x->sn) + k0 : chunk;
+            if (!dense) gather_features(chunk, arena, x, n, k0, k1);
+            for (long o = 0; o < no; o++) acc[o] += qdot(xs, w + (o0 + o) * K + k0, k1 - k0, a->xz);
+        }
+        for (long o = 0; o < no; o++) {
+            const long oi = o0 + o, oc = oi / (y->h * y->w), oh = oi / y->w % y->h, ow = oi % y->w;
+            *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) =
+                requant((float)acc[o] * wts[a->m + oi], a->yz, a->lo, a->hi);
+        }
     }
 }
 
