@@ -1143,16 +1143,24 @@ static int32_t word_i32(const float *wts, long i) { /* an int32 stored in the we
     return v;
 }
 
+/* v rounded half to even, for |v| <= 2^22: adding and taking off 1.5 * 2^23 leaves the float's
+ * integer part rounded in the default rounding mode, as nearbyintf does, in plain arithmetic that a
+ * compiler vectorizes (nearbyintf is a call per element). Callers clamp v first. */
+static inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
 /* round_even(v) + z, saturated to [lo, hi] (MLAS: clamped before rounding, to the range less z). */
-static int8_t requant(float v, int z, int lo, int hi) {
+static inline int8_t requant(float v, int z, int lo, int hi) {
     const float a = (float)(lo - z), b = (float)(hi - z);
     v = v < a ? a : (v > b ? b : v);
-    return (int8_t)((int)nearbyintf(v) + z);
+    return (int8_t)((int)round_even(v) + z);
 }
 
-/* QuantizeLinear: x / s rounded half to even, plus z, saturated. */
-static int8_t quantize1(float x, float s, int z) {
-    const float v = nearbyintf(x / s) + (float)z;
+/* QuantizeLinear: x / s rounded half to even, plus z, saturated (beyond +-512 it saturates whatever
+ * the rounding, so x / s is clamped there first). */
+static inline int8_t quantize1(float x, float s, int z) {
+    float q = x / s;
+    q = q < -512.0f ? -512.0f : (q > 512.0f ? 512.0f : q);
+    const float v = round_even(q) + (float)z;
     return (int8_t)(v < -128.0f ? -128 : (v > 127.0f ? 127 : (int)v));
 }
 
@@ -1179,7 +1187,9 @@ static long round4(long k) { return (k + 3) / 4 * 4; }
 /* requant of a block of channels, stored with stride sc (bias and the zero-point sums in base). */
 static void qstore(int8_t *out, long sc, const int32_t *acc, const int32_t *base, const float *m, long count,
                    int yz, int lo, int hi) {
-    for (long c = 0; c < count; c++) out[c * sc] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
+    if (sc == 1) /* channels-last: one contiguous run the compiler vectorizes */
+        for (long c = 0; c < count; c++) out[c] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
+    else for (long c = 0; c < count; c++) out[c * sc] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
 }
 
 /* bytes [k0, k1) of output pixel (oy, ox)'s channels-last patch (tap-major), the padding's taps xz;
@@ -1336,7 +1346,7 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
     const long C = y->c, xc = x->sc, xz = a->xz;
     const int8_t *w = (const int8_t *)(wts + a->w);
     const float *m = wts + a->m;
-    int32_t acc[TF_QCO], zero[TF_QCO] = {0};
+    int32_t acc[TF_QCO] = {0}, zero[TF_QCO] = {0};
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
@@ -1349,7 +1359,9 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
                 const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
                                       + c0 * xc);
                 const int8_t *wr = w + (ky * a->kw + kx) * C + c0;
-                if (xc == 1) for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c] - xz) * (int32_t)wr[c];
+                if (xc == 1 && nc == TF_QCO) /* a constant count: whole vectors, no remainder */
+                    for (long c = 0; c < TF_QCO; c++) acc[c] += ((int32_t)in[c] - xz) * (int32_t)wr[c];
+                else if (xc == 1) for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c] - xz) * (int32_t)wr[c];
                 else for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c * xc] - xz) * (int32_t)wr[c];
             }
             qstore(q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0 * y->sc), y->sc, acc, zero, m + c0, nc,
@@ -1452,8 +1464,34 @@ static int qat(float *arena, const tf_view *v, long n, long c, long h, long w) {
                + (v->w > 1 ? w * v->sw : 0));
 }
 
+/* A run of c channels, each view's channels unit-stride: the products go through memory between
+ * two loops, which keeps a compiler from fusing one with the sum (as the volatile below does) and
+ * lets it vectorize both. */
+static void qadd_run(int8_t *out, const int8_t *pa, const int8_t *pb, long c, const tf_qadd_args *a) {
+    float va[TF_QCO], vb[TF_QCO];
+    for (long c0 = 0; c0 < c; c0 += TF_QCO) {
+        const long m = c - c0 < TF_QCO ? c - c0 : TF_QCO;
+        for (long i = 0; i < m; i++) {
+            va[i] = dequantize1(pa[c0 + i], a->sa, a->za);
+            vb[i] = dequantize1(pb[c0 + i], a->sb, a->zb);
+        }
+        for (long i = 0; i < m; i++) {
+            int8_t v = quantize1(va[i] + vb[i], a->sy, a->zy);
+            out[c0 + i] = v < a->lo ? (int8_t)a->lo : (v > a->hi ? (int8_t)a->hi : v);
+        }
+    }
+}
+
 static void qadd(float *arena, const tf_qadd_args *a) {
     const tf_view *y = &a->y;
+    if (same_shape(&a->a, y) && same_shape(&a->b, y) && a->a.sc == 1 && a->b.sc == 1 && y->sc == 1) {
+        for (long n = 0; n < y->n; n++)
+        for (long h = 0; h < y->h; h++)
+        for (long w = 0; w < y->w; w++)
+            qadd_run(q8(arena, y->off + n * y->sn + h * y->sh + w * y->sw), q8(arena, a->a.off + n * a->a.sn + h * a->a.sh + w * a->a.sw),
+                     q8(arena, a->b.off + n * a->b.sn + h * a->b.sh + w * a->b.sw), y->c, a);
+        return;
+    }
     for (long n = 0; n < y->n; n++)
     for (long c = 0; c < y->c; c++)
     for (long h = 0; h < y->h; h++)
@@ -1595,10 +1633,11 @@ static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
             }
         return;
     }
+    const int last = x->sc == 1 || y->sc == 1; /* channels-last: channels innermost */
     for (long n = 0; n < y->n; n++)
-    for (long c = 0; c < y->c; c++)
-    for (long h = 0; h < y->h; h++)
-    for (long w = 0; w < y->w; w++) {
+    for (long i = 0; i < y->c * y->h * y->w; i++) {
+        const long c = last ? i % y->c : i / (y->h * y->w), h = last ? i / y->c / y->w : i / y->w % y->h,
+                   w = last ? i / y->c % y->w : i % y->w;
         const long xi = x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw;
         const long yi = y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw;
         if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
