@@ -31,11 +31,13 @@ class _Reader:
 
 
 def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, preprocess: bool = False,
-             extra_options: dict | None = None) -> Path:
+             extra_options: dict | None = None, qoperator: bool = False, **kw) -> Path:
     """The model's QDQ int8 form, written to `path` (its float form beside it, `.float.onnx`).
     `preprocess`: first onnxruntime's `quant_pre_process` (the step its quantizer advises: batch
-    norms folded into convs, which quantize_static would otherwise leave in float)."""
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    norms folded into convs, which quantize_static would otherwise leave in float). `qoperator`: the
+    QOperator form (QLinearConv, QGemm, QLinearAdd, ...) instead; `kw`: more of quantize_static's
+    arguments (weight_type, ...)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     inp = model.graph.input[0]
@@ -48,7 +50,8 @@ def quantize(model: onnx.ModelProto, path: Path, per_channel: bool = False, prep
     level = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the model
     try:
-        quantize_static(str(src), str(path), reader, per_channel=per_channel, extra_options=extra_options)
+        quantize_static(str(src), str(path), reader, per_channel=per_channel, extra_options=extra_options,
+                        quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ, **kw)
     finally:
         logging.getLogger().setLevel(level)
     return path
@@ -138,3 +141,15 @@ def small_cnn(shape=(1, 3, 32, 32), seed: int = 0) -> onnx.ModelProto:
     g = b.node("GlobalAveragePool", [b.node("Relu", [b.conv(cat, 32, 24, 3, 1, 1)])])
     f = b.node("Flatten", [g])
     return b.model(b.gemm(f, 24, 10), "small_cnn")
+
+
+def activations_cnn(shape=(1, 3, 16, 16), seed: int = 3) -> onnx.ModelProto:
+    """The QOperator ops small_cnn lacks: QLinearSigmoid and QLinearMul (a SiLU), QLinearLeakyRelu,
+    QLinearAveragePool and QLinearMatMul."""
+    b = Builder(shape, seed)
+    c = b.conv("x", shape[1], 8, 3, 1, 1)
+    m = b.node("Mul", [c, b.node("Sigmoid", [c])])
+    leaky = b.node("LeakyRelu", [b.conv(m, 8, 8, 3, 2, 1)], alpha=0.1)
+    p = b.node("AveragePool", [leaky], kernel_shape=[2, 2], strides=[2, 2])
+    h, w = shape[2] // 4, shape[3] // 4
+    return b.model(b.matmul(b.node("Flatten", [p]), 8 * h * w, 12), "activations_cnn")

@@ -27,7 +27,7 @@ from tightfit.ops.activation import ONNX_ACTIVATIONS, onnx_activation
 from tightfit.ops.base import InvalidNode, OnnxNode, Region
 from tightfit.ops.conv import fold_batchnorm
 from tightfit.ops.conv_transpose import fold_batchnorm_transposed
-from tightfit.frontend import batch_axis, channels_last, folding, qdq
+from tightfit.frontend import batch_axis, channels_last, folding, qdq, qoperator
 
 # Node types the importer handles itself rather than mapping to an op. Cast (to a float type)
 # and Expand (to the shape the data has) of activations are no-ops; any node computed from
@@ -101,6 +101,8 @@ def import_model(model: onnx.ModelProto, input_shape: Sequence[int] | None, name
         raise ModelLoadError(f"{name}: ONNX opset {opset} is not supported: tightfit imports opsets {MIN_OPSET}-{MAX_OPSET} "
                              f"(convert it with onnx.version_converter.convert_version(model, 17), or export again at opset 17)")
     check_wiring(model)
+    if qoperator.is_qoperator(model):
+        model = qoperator.to_qdq(model)
     b = _Builder(model, opset, name)
     b.set_inputs(input_shape, nchw_shape)
     b.nodes = channels_last.rewrite(b.nodes, b.consts, {o.name for o in model.graph.output}, opset)

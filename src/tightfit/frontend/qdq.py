@@ -46,7 +46,9 @@ class QConst:
 
     @staticmethod
     def of(label: str, values: Sequence[np.ndarray | None], attrs: dict) -> "QConst":
-        q, scale = values[0], values[1]
+        q, scale = values[0], values[1] if len(values) > 1 else None
+        if scale is None:
+            raise ModelLoadError(f"node {label!r} (DequantizeLinear): no scale (its second input is missing)")
         zero = values[2] if len(values) > 2 and values[2] is not None else np.zeros((), q.dtype)
         if q.dtype not in CONST_TYPES:
             raise ModelLoadError(f"node {label!r} (DequantizeLinear): {q.dtype} quantized constants are not run "
@@ -59,7 +61,10 @@ class QConst:
                                  f"shape {scale.shape}")
         axis = int(attrs.get("axis", 1))
         axis = axis + q.ndim if axis < 0 else axis
-        if scale.size > 1 and not (0 <= axis < q.ndim and q.shape[axis] == scale.size):
+        if scale.size > 1 and not 0 <= axis < q.ndim:
+            raise ModelLoadError(f"node {label!r} (DequantizeLinear): axis {attrs.get('axis', 1)} is out of range for a "
+                                 f"{q.ndim}-D constant")
+        if scale.size > 1 and q.shape[axis] != scale.size:
             raise ModelLoadError(f"node {label!r} (DequantizeLinear): {scale.size} per-channel scales along axis "
                                  f"{attrs.get('axis', 1)} of a {q.shape} constant")
         return QConst(q, scale.reshape(-1), zero.reshape(-1), axis)

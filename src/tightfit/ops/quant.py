@@ -31,14 +31,15 @@ def scale_and_zero(node: OnnxNode) -> tuple[np.ndarray, np.ndarray]:
     tensor (QuantType.QUInt8; ONNX's type where the zero point is absent) is the same reals stored
     less 128: its zero point less 128, exactly (onnxruntime's own x86 kernels make that very
     shift). A quantization the int8 kernels do not run (int4, int16, float8, a data-dependent
-    scale) is a ValueError naming it."""
+    scale) is an InvalidNode naming it."""
     scale, zero = node.const_input(1), node.const_input(2)
     expect(scale is not None, "its scale is not a constant (a dynamic quantization)")
     zero = np.zeros((), np.uint8) if zero is None else zero
     if zero.dtype == np.uint8:
         zero = (zero.astype(np.int16) - 128).astype(np.int8)
     elif zero.dtype != np.int8:
-        raise ValueError(f"{zero.dtype} quantization is not run by the int8 kernels (int8 and uint8 are)")
+        expect(False, f"{zero.dtype} quantization (zero point {zero.reshape(-1)[:4]}) is not run by the int8 kernels "
+                      "(int8 and uint8 tensors are, zero points in [-128, 127] or [0, 255])")
     expect(scale.dtype == np.float32, f"a {scale.dtype} scale (only float32 scales)")
     expect(scale.size == 1 and zero.size == 1, "per-channel quantization of activations (one scale per tensor)")
     expect(bool(np.isfinite(scale).all() and (scale > 0).all()), f"scale {scale.reshape(-1)[:4]} is not positive")
