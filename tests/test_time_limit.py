@@ -185,4 +185,7 @@ def test_kernel_rates_predict_a_shape_from_its_family():
     measured = {k: 2e-9 * step_work(k)[1] for k in convs[:-1]}
     rates = KernelRates(Profile("p", measured))
     assert rates.seconds(convs[-1]) == pytest.approx(2e-9 * step_work(convs[-1])[1])
+    # A VBS calibration's runs share the profile (vbs_calibration): not a step, not a rate.
+    calibrated = {**measured, '["vbs uniform runs", 2, "dc30ca5835c2bb03", 3, 1, "nhwc", "improve"]': 0.5}
+    assert KernelRates(Profile("p", calibrated)).seconds(convs[-1]) == pytest.approx(rates.seconds(convs[-1]))
     assert KernelRates(Profile("empty")).seconds(convs[-1]) == pytest.approx(DEFAULT_MAC_SECONDS * step_work(convs[-1])[1])

@@ -123,6 +123,15 @@ def step_work(key: str) -> tuple[str, int]:
     return fields[0], elements
 
 
+def _is_step_key(key: str) -> bool:
+    """Whether a profile key is a step's (its output view a list where step_work reads it)."""
+    if not key.startswith("["):
+        return False
+    fields = json.loads(key)
+    view = fields[4] if len(fields) == 7 else fields[1] if len(fields) > 1 else None
+    return isinstance(view, list)
+
+
 class KernelRates:
     """Seconds per unit of work (`step_work`) of each step family, the median over the shapes of
     that family a profile holds (less the per-step loop): what a step shape not measured yet is
@@ -134,8 +143,8 @@ class KernelRates:
         per_family: dict[str, list[float]] = {}
         per_kind: dict[bool, list[float]] = {True: [], False: []}
         for key, seconds in profile.seconds.items():
-            if not key.startswith("["):
-                continue  # a constant or an op's code
+            if not _is_step_key(key):
+                continue  # a constant, an op's code, or a VBS calibration's runs (vbs_calibration)
             family, work = step_work(key)
             rate = max(seconds - loop, 0.0) / work
             per_family.setdefault(family, []).append(rate)
