@@ -1179,14 +1179,39 @@ static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
  *  - grouped: weights (C_out, kh, kw, C_in / groups), one output channel at a time. */
 
 #define TF_QPIX 4    /* output pixels of one GEMM block (rows of the patch matrix) */
-#define TF_QCO 64    /* output channels of one GEMM block */
+#if TF_SIMD || TF_THREADS
+#define TF_QCO 64    /* output channels of one GEMM block (4 vector panels of 16) */
 #define TF_QK 1024   /* patch bytes gathered at a time (a multiple of 4) */
+#else                /* a microcontroller's build (no threads, no vectors): its stack holds the */
+#define TF_QCO 16    /* blocks' arrays in under 1 KiB */
+#define TF_QK 128
+#endif
 
 static long round4(long k) { return (k + 3) / 4 * 4; }
+
+#if TF_SIMD && defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* requant of a block of channels, stored with stride sc (bias and the zero-point sums in base). */
 static void qstore(int8_t *out, long sc, const int32_t *acc, const int32_t *base, const float *m, long count,
                    int yz, int lo, int hi) {
+#if TF_SIMD && defined(__AVX512F__)
+    /* requant's arithmetic 16 channels at a time: the float product, clamped, rounded half to even
+     * (vcvtps2dq in the default rounding mode, as nearbyintf), plus the zero point; masked at the end. */
+    if (sc == 1) {
+        const __m512 a = _mm512_set1_ps((float)(lo - yz)), b = _mm512_set1_ps((float)(hi - yz));
+        const __m512i z = _mm512_set1_epi32(yz);
+        for (long c = 0; c < count; c += 16) {
+            const __mmask16 k = count - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count - c)) - 1);
+            const __m512i sum = _mm512_add_epi32(_mm512_maskz_loadu_epi32(k, acc + c), _mm512_maskz_loadu_epi32(k, base + c));
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_maskz_loadu_ps(k, m + c));
+            v = _mm512_min_ps(_mm512_max_ps(v, a), b);
+            _mm512_mask_cvtepi32_storeu_epi8(out + c, k, _mm512_add_epi32(_mm512_cvtps_epi32(v), z));
+        }
+        return;
+    }
+#endif
     if (sc == 1) /* channels-last: one contiguous run the compiler vectorizes */
         for (long c = 0; c < count; c++) out[c] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
     else for (long c = 0; c < count; c++) out[c * sc] = requant((float)(acc[c] + base[c]) * m[c], yz, lo, hi);
@@ -1229,7 +1254,6 @@ static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at th
 }
 
 #if TF_SIMD && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
 /* vpdpbusd multiplies unsigned by signed bytes: x + 128 (x ^ 0x80) times w, so the sum holds 128 *
  * wsum more, taken off with the zero point. */
 #define TF_QOFF 128
@@ -1297,48 +1321,81 @@ static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, lo
 }
 #endif
 
-/* Output pixels [ox0, ox0 + np) of row oy, all channels. */
+/* Output pixels [ox0, ox0 + np) of row oy, channels [co0, co0 + nco) (base: their bias less the
+ * zero point's sums). */
 static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a, long n, long oy, long ox0, long np,
-                         int direct) {
+                         long co0, long nco, const int32_t *base, int direct) {
     const tf_view *x = &a->x, *y = &a->y;
     const long K = a->kh * a->kw * x->c, K4 = round4(K), cout = y->c;
     const int8_t *wp = (const int8_t *)(wts + a->w);
-    const float *m = wts + a->m;
     int8_t patch[TF_QPIX][TF_QK];
     const int8_t *rows[TF_QPIX];
-    int32_t acc[TF_QPIX][TF_QCO], base[TF_QCO];
+    int32_t acc[TF_QPIX][TF_QCO];
+    memset(acc, 0, sizeof acc);
+    if (direct) { /* 1x1, no padding, channels-last: each pixel's channels are its patch */
+        for (int p = 0; p < TF_QPIX; p++) {
+            const long ox = ox0 + (p < np ? p : np - 1); /* a short block repeats its last pixel */
+            rows[p] = q8(arena, x->off + n * x->sn + oy * a->sh * x->sh + ox * a->sw * x->sw);
+        }
+        qgemm_block(rows, K, wp, cout, co0, nco, acc);
+    } else for (long k0 = 0; k0 < K4; k0 += TF_QK) {
+        const long k1 = K4 - k0 < TF_QK ? K4 : k0 + TF_QK;
+        for (int p = 0; p < TF_QPIX; p++) {
+            if (p < np) gather_patch(patch[p], arena, a, n, oy, ox0 + p, k0, k1, K);
+            rows[p] = patch[p < np ? p : np - 1];
+        }
+        qgemm_block(rows, k1 - k0, wp + k0 * cout, cout, co0, nco, acc);
+    }
+    for (long p = 0; p < np; p++)
+        qstore(q8(arena, y->off + n * y->sn + oy * y->sh + (ox0 + p) * y->sw + co0 * y->sc), y->sc, acc[p], base,
+               wts + a->m + co0, nco, a->yz, a->lo, a->hi);
+}
+
+/* Row by row; in a row, a block of output channels at a time over all its pixels (the block's
+ * weights stay in cache across the row, its bias sums are made once). */
+static void qconv_dense(float *arena, const float *wts, const tf_qconv_args *a) {
+    const int direct = a->kh == 1 && a->kw == 1 && a->pt == 0 && a->pl == 0 && a->x.sc == 1;
+    const long K4 = round4(a->kh * a->kw * a->x.c), cout = a->y.c;
+    const int8_t *wsum = (const int8_t *)(wts + a->w) + K4 * cout;
+    int32_t base[TF_QCO];
+    for (long n = 0; n < a->y.n; n++)
+    for (long oy = 0; oy < a->y.h; oy++)
     for (long co0 = 0; co0 < cout; co0 += TF_QCO) {
         const long nco = cout - co0 < TF_QCO ? cout - co0 : TF_QCO;
-        memcpy(base, (const int8_t *)wp + K4 * cout + 4 * co0, (size_t)nco * sizeof(int32_t));
+        memcpy(base, wsum + 4 * co0, (size_t)nco * sizeof(int32_t));
         for (long c = 0; c < nco; c++) base[c] = (a->b >= 0 ? word_i32(wts, a->b + co0 + c) : 0) - (a->xz + TF_QOFF) * base[c];
-        memset(acc, 0, sizeof acc);
-        if (direct) { /* 1x1, no padding, channels-last: each pixel's channels are its patch */
-            for (int p = 0; p < TF_QPIX; p++) {
-                const long ox = ox0 + (p < np ? p : np - 1); /* a short block repeats its last pixel */
-                rows[p] = q8(arena, x->off + n * x->sn + oy * a->sh * x->sh + ox * a->sw * x->sw);
-            }
-            qgemm_block(rows, K, wp, cout, co0, nco, acc);
-        } else for (long k0 = 0; k0 < K4; k0 += TF_QK) {
-            const long k1 = K4 - k0 < TF_QK ? K4 : k0 + TF_QK;
-            for (int p = 0; p < TF_QPIX; p++) {
-                if (p < np) gather_patch(patch[p], arena, a, n, oy, ox0 + p, k0, k1, K);
-                rows[p] = patch[p < np ? p : np - 1];
-            }
-            qgemm_block(rows, k1 - k0, wp + k0 * cout, cout, co0, nco, acc);
-        }
-        for (long p = 0; p < np; p++)
-            qstore(q8(arena, y->off + n * y->sn + oy * y->sh + (ox0 + p) * y->sw + co0 * y->sc), y->sc, acc[p], base,
-                   m + co0, nco, a->yz, a->lo, a->hi);
+        for (long ox = 0; ox < a->y.w; ox += TF_QPIX)
+            qconv_pixels(arena, wts, a, n, oy, ox, a->y.w - ox < TF_QPIX ? a->y.w - ox : TF_QPIX, co0, nco, base, direct);
     }
 }
 
-static void qconv_dense(float *arena, const float *wts, const tf_qconv_args *a) {
-    const int direct = a->kh == 1 && a->kw == 1 && a->pt == 0 && a->pl == 0 && a->x.sc == 1;
-    for (long n = 0; n < a->y.n; n++)
-    for (long oy = 0; oy < a->y.h; oy++)
-    for (long ox = 0; ox < a->y.w; ox += TF_QPIX)
-        qconv_pixels(arena, wts, a, n, oy, ox, a->y.w - ox < TF_QPIX ? a->y.w - ox : TF_QPIX, direct);
+#if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* Channels [c0, c0 + nc) of one channels-last output pixel, nc <= 64: four panels of 16 int32
+ * accumulators in registers across the taps (masked past nc), then stored to acc. */
+static void qdw_avx512(int32_t *acc, float *arena, const tf_qconv_args *a, const int8_t *w, const window *t, long n,
+                       long c0, long nc) {
+    const tf_view *x = &a->x;
+    __m512i s[4];
+    __mmask16 k[4];
+    const __m512i xz = _mm512_set1_epi32(a->xz);
+    for (int j = 0; j < 4; j++) {
+        const long left = nc - 16 * j;
+        k[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+        s[j] = _mm512_maskz_loadu_epi32(k[j], acc + 16 * j);
+    }
+    for (long ky = t->ky0; ky < t->ky1; ky++)
+    for (long kx = t->kx0; kx < t->kx1; kx++) {
+        const int8_t *in = q8(arena, x->off + n * x->sn + (t->iy + ky * a->dh) * x->sh + (t->ix + kx * a->dw) * x->sw + c0);
+        const int8_t *wr = w + (ky * a->kw + kx) * x->c + c0;
+        for (int j = 0; j < 4; j++) {
+            const __m512i xv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k[j], in + 16 * j));
+            const __m512i wv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k[j], wr + 16 * j));
+            s[j] = _mm512_add_epi32(s[j], _mm512_mullo_epi32(_mm512_sub_epi32(xv, xz), wv));
+        }
+    }
+    for (int j = 0; j < 4; j++) _mm512_mask_storeu_epi32(acc + 16 * j, k[j], s[j]);
 }
+#endif
 
 /* Depthwise: channels innermost (contiguous in channels-last views), TF_QCO at a time. */
 static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args *a) {
@@ -1354,6 +1411,10 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
         for (long c0 = 0; c0 < C; c0 += TF_QCO) {
             const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
             for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
+#if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+            if (xc == 1) qdw_avx512(acc, arena, a, w, &t, n, c0, nc);
+            else
+#endif
             for (long ky = t.ky0; ky < t.ky1; ky++)
             for (long kx = t.kx0; kx < t.kx1; kx++) {
                 const int8_t *in = q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw
