@@ -1567,11 +1567,36 @@ static void qadd(float *arena, const tf_qadd_args *a) {
 
 static int same_q(const tf_qparams *q) { return q->xs == q->ys && q->xz == q->yz; }
 
+/* A max pool of channels-last views with one scale in and out: channels innermost, no requantization. */
+static void qmaxpool_last(float *arena, const tf_pool_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    int8_t best[TF_QCO];
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++)
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+        for (long c0 = 0; c0 < y->c; c0 += TF_QCO) {
+            const long nc = y->c - c0 < TF_QCO ? y->c - c0 : TF_QCO;
+            memset(best, -128, (size_t)nc);
+            for (long ky = t.ky0; ky < t.ky1; ky++)
+            for (long kx = t.kx0; kx < t.kx1; kx++) {
+                const int8_t *in = q8(arena, x->off + n * x->sn + c0 + (t.iy + ky * a->dh) * x->sh + (t.ix + kx * a->dw) * x->sw);
+                for (long c = 0; c < nc; c++) best[c] = in[c] > best[c] ? in[c] : best[c];
+            }
+            memcpy(q8(arena, y->off + n * y->sn + c0 + oy * y->sh + ox * y->sw), best, (size_t)nc);
+        }
+    }
+}
+
 static void qpool(float *arena, const tf_qpool_args *qa) {
     const tf_pool_args *a = &qa->p;
     const tf_qparams *q = &qa->q;
     const tf_view *x = &a->x, *y = &a->y;
     const int avg = a->kind == TF_POOL_AVG, same = same_q(q);
+    if (!avg && same && x->sc == 1 && y->sc == 1) {
+        qmaxpool_last(arena, a);
+        return;
+    }
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
@@ -1622,23 +1647,33 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
     }
 }
 
+static int8_t qglobal_one(const tf_qglobal_args *a, int32_t acc, int best) {
+    const tf_qparams *q = &a->q;
+    if (a->kind == TF_GLOBAL_MAX) return same_q(q) ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
+    return requant((float)(acc - (int32_t)(a->x.h * a->x.w) * q->xz) * a->m, q->yz, -128, 127);
+}
+
 static void qglobal(float *arena, const tf_qglobal_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
-    const tf_qparams *q = &a->q;
+    int32_t acc[TF_QCO];
+    int best[TF_QCO];
     for (long n = 0; n < x->n; n++)
-    for (long c = 0; c < x->c; c++) {
-        int32_t acc = 0;
-        int best = -128;
+    for (long c0 = 0; c0 < x->c; c0 += TF_QCO) { /* channels innermost: contiguous in channels-last views */
+        const long nc = x->c - c0 < TF_QCO ? x->c - c0 : TF_QCO;
+        for (long c = 0; c < nc; c++) {
+            acc[c] = 0;
+            best[c] = -128;
+        }
         for (long h = 0; h < x->h; h++)
         for (long w = 0; w < x->w; w++) {
-            const int v = *q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw);
-            acc += v;
-            best = v > best ? v : best;
+            const int8_t *in = q8(arena, x->off + n * x->sn + c0 * x->sc + h * x->sh + w * x->sw);
+            for (long c = 0; c < nc; c++) {
+                const int v = in[c * x->sc];
+                acc[c] += v;
+                best[c] = v > best[c] ? v : best[c];
+            }
         }
-        int8_t r;
-        if (a->kind == TF_GLOBAL_MAX) r = same_q(q) ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
-        else r = requant((float)(acc - (int32_t)(x->h * x->w) * q->xz) * a->m, q->yz, -128, 127);
-        *q8(arena, y->off + n * y->sn + c * y->sc) = r;
+        for (long c = 0; c < nc; c++) *q8(arena, y->off + n * y->sn + (c0 + c) * y->sc) = qglobal_one(a, acc[c], best[c]);
     }
 }
 
