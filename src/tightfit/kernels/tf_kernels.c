@@ -1178,7 +1178,11 @@ static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
  *    input is; padding taps skipped.
  *  - grouped: weights (C_out, kh, kw, C_in / groups), one output channel at a time. */
 
-#define TF_QPIX 4    /* output pixels of one GEMM block (rows of the patch matrix) */
+#if TF_SIMD
+#define TF_QPIX 8    /* output pixels of one GEMM block (rows of the patch matrix) */
+#else
+#define TF_QPIX 4
+#endif
 #if TF_SIMD || TF_THREADS
 #define TF_QCO 64    /* output channels of one GEMM block (4 vector panels of 16) */
 #define TF_QK 1024   /* patch bytes gathered at a time (a multiple of 4) */
@@ -1257,33 +1261,34 @@ static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at th
 /* vpdpbusd multiplies unsigned by signed bytes: x + 128 (x ^ 0x80) times w, so the sum holds 128 *
  * wsum more, taken off with the zero point. */
 #define TF_QOFF 128
-/* nj panels of 16 output channels (a constant in each caller, so the accumulators stay in registers). */
+/* np pixels x nj panels of 16 output channels (constants in each caller, so the accumulators stay
+ * in registers: 8 x 2 or 4 x 4 of AVX-512's 32). */
 static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *const *rows, long nk, const int8_t *wp,
                                                                long cout, long co0, long nco,
-                                                               int32_t acc[TF_QPIX][TF_QCO], const int nj) {
-    __m512i c[TF_QPIX][4];
+                                                               int32_t (*acc)[TF_QCO], const int np, const int nj) {
+    __m512i c[8][4];
     __mmask16 mk[4];
     for (int j = 0; j < nj; j++) {
         const long left = nco - 16 * j;
         mk[j] = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int p = 0; p < TF_QPIX; p++) c[p][j] = _mm512_setzero_si512();
+        for (int p = 0; p < np; p++) c[p][j] = _mm512_setzero_si512();
     }
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
     const long full = nk / 4;
     for (long g = 0; g <= full; g++) {
         if (g == full && nk % 4 == 0) break;
-        __m512i xb[TF_QPIX];
-        for (int p = 0; p < TF_QPIX; p++) {
+        __m512i xb[8];
+        for (int p = 0; p < np; p++) {
             const int32_t v = g < full ? qword(rows[p] + 4 * g) : load4(rows[p] + 4 * g, nk - 4 * g);
             xb[p] = _mm512_xor_si512(_mm512_set1_epi32(v), flip);
         }
         const int8_t *wg = wp + (g * cout + co0) * 4;
         for (int j = 0; j < nj; j++) {
             const __m512i w = _mm512_maskz_loadu_epi32(mk[j], wg + 64 * j);
-            for (int p = 0; p < TF_QPIX; p++) c[p][j] = _mm512_dpbusd_epi32(c[p][j], xb[p], w);
+            for (int p = 0; p < np; p++) c[p][j] = _mm512_dpbusd_epi32(c[p][j], xb[p], w);
         }
     }
-    for (int p = 0; p < TF_QPIX; p++)
+    for (int p = 0; p < np; p++)
         for (int j = 0; j < nj; j++) {
             int32_t part[16];
             _mm512_storeu_si512((void *)part, c[p][j]);
@@ -1294,10 +1299,16 @@ static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *con
 static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
                         int32_t acc[TF_QPIX][TF_QCO]) {
     switch ((nco + 15) / 16) {
-    case 1: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 1); break;
-    case 2: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 2); break;
-    case 3: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 3); break;
-    default: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4); break;
+    case 1: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 8, 1); break;
+    case 2: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 8, 2); break;
+    case 3:
+        qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4, 3);
+        qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, 4, 3);
+        break;
+    default:
+        qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4, 4);
+        qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, 4, 4);
+        break;
     }
 }
 #else
