@@ -1197,21 +1197,28 @@ static long round4(long k) { return (k + 3) / 4 * 4; }
 #include <immintrin.h>
 #endif
 
+#if TF_SIMD && defined(__AVX512F__)
+/* requant's arithmetic on 16 channels (k: those that exist) of a channel run: the sum plus base, its
+ * float product by m, clamped, rounded half to even (vcvtps2dq in the default rounding mode, as
+ * nearbyintf), plus the zero point. */
+static inline __attribute__((always_inline)) void qstore16(int8_t *out, __m512i sum, const int32_t *base, const float *m,
+                                                           __mmask16 k, int yz, int lo, int hi) {
+    const __m512 a = _mm512_set1_ps((float)(lo - yz)), b = _mm512_set1_ps((float)(hi - yz));
+    sum = _mm512_add_epi32(sum, _mm512_maskz_loadu_epi32(k, base));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_maskz_loadu_ps(k, m));
+    v = _mm512_min_ps(_mm512_max_ps(v, a), b);
+    _mm512_mask_cvtepi32_storeu_epi8(out, k, _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(yz)));
+}
+#endif
+
 /* requant of a block of channels, stored with stride sc (bias and the zero-point sums in base). */
 static void qstore(int8_t *out, long sc, const int32_t *acc, const int32_t *base, const float *m, long count,
                    int yz, int lo, int hi) {
 #if TF_SIMD && defined(__AVX512F__)
-    /* requant's arithmetic 16 channels at a time: the float product, clamped, rounded half to even
-     * (vcvtps2dq in the default rounding mode, as nearbyintf), plus the zero point; masked at the end. */
     if (sc == 1) {
-        const __m512 a = _mm512_set1_ps((float)(lo - yz)), b = _mm512_set1_ps((float)(hi - yz));
-        const __m512i z = _mm512_set1_epi32(yz);
         for (long c = 0; c < count; c += 16) {
             const __mmask16 k = count - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count - c)) - 1);
-            const __m512i sum = _mm512_add_epi32(_mm512_maskz_loadu_epi32(k, acc + c), _mm512_maskz_loadu_epi32(k, base + c));
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_maskz_loadu_ps(k, m + c));
-            v = _mm512_min_ps(_mm512_max_ps(v, a), b);
-            _mm512_mask_cvtepi32_storeu_epi8(out + c, k, _mm512_add_epi32(_mm512_cvtps_epi32(v), z));
+            qstore16(out + c, _mm512_maskz_loadu_epi32(k, acc + c), base + c, m + c, k, yz, lo, hi);
         }
         return;
     }
@@ -1263,9 +1270,17 @@ static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at th
 #define TF_QOFF 128
 /* np pixels x nj panels of 16 output channels (constants in each caller, so the accumulators stay
  * in registers: 8 x 2 or 4 x 4 of AVX-512's 32). */
+/* Where a whole sum goes straight from the registers: requantized (as qstore) into each pixel's
+ * channel run (channels-last output). */
+typedef struct { int8_t *out[TF_QPIX]; const int32_t *base; const float *m; int yz, lo, hi; long np; } qsink;
+
+static inline __attribute__((always_inline)) void qsink_store(const qsink *o, int p, int j, __m512i sum, __mmask16 k) {
+    qstore16(o->out[p] + 16 * j, sum, o->base + 16 * j, o->m + 16 * j, k, o->yz, o->lo, o->hi);
+}
+
 static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *const *rows, long nk, const int8_t *wp,
-                                                               long cout, long co0, long nco,
-                                                               int32_t (*acc)[TF_QCO], const int np, const int nj) {
+                                                               long cout, long co0, long nco, int32_t (*acc)[TF_QCO],
+                                                               const qsink *o, const int np, const int nj) {
     __m512i c[8][4];
     __mmask16 mk[4];
     for (int j = 0; j < nj; j++) {
@@ -1288,6 +1303,12 @@ static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *con
             for (int p = 0; p < np; p++) c[p][j] = _mm512_dpbusd_epi32(c[p][j], xb[p], w);
         }
     }
+    if (o) {
+        for (int p = 0; p < np; p++)
+            if (p < o->np)
+                for (int j = 0; j < nj; j++) qsink_store(o, p, j, c[p][j], mk[j]);
+        return;
+    }
     for (int p = 0; p < np; p++)
         for (int j = 0; j < nj; j++) {
             int32_t part[16];
@@ -1296,20 +1317,40 @@ static inline __attribute__((always_inline)) void qgemm_panels(const int8_t *con
         }
 }
 
-static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
-                        int32_t acc[TF_QPIX][TF_QCO]) {
+/* The block's sums into acc, or (o not NULL, the sums whole) requantized and stored. */
+static inline __attribute__((always_inline)) void qgemm_any(const int8_t *const *rows, long nk, const int8_t *wp,
+                                                            long cout, long co0, long nco, int32_t acc[TF_QPIX][TF_QCO],
+                                                            const qsink *o) {
+    qsink half;
     switch ((nco + 15) / 16) {
-    case 1: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 8, 1); break;
-    case 2: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 8, 2); break;
-    case 3:
-        qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4, 3);
-        qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, 4, 3);
-        break;
-    default:
-        qgemm_panels(rows, nk, wp, cout, co0, nco, acc, 4, 4);
-        qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, 4, 4);
+    case 1: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, o, 8, 1); break;
+    case 2: qgemm_panels(rows, nk, wp, cout, co0, nco, acc, o, 8, 2); break;
+    default: /* 4 pixels at a time: 16 accumulators */
+        if (o) {
+            half = *o;
+            half.np = o->np - 4;
+            memmove(half.out, o->out + 4, 4 * sizeof half.out[0]);
+        }
+        if (nco > 48) {
+            qgemm_panels(rows, nk, wp, cout, co0, nco, acc, o, 4, 4);
+            if (!o || o->np > 4) qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, o ? &half : NULL, 4, 4);
+        } else {
+            qgemm_panels(rows, nk, wp, cout, co0, nco, acc, o, 4, 3);
+            if (!o || o->np > 4) qgemm_panels(rows + 4, nk, wp, cout, co0, nco, acc + 4, o ? &half : NULL, 4, 3);
+        }
         break;
     }
+}
+
+static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        int32_t acc[TF_QPIX][TF_QCO]) {
+    qgemm_any(rows, nk, wp, cout, co0, nco, acc, NULL);
+}
+
+#define TF_QSINK 1
+static void qgemm_store(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        const qsink *o) {
+    qgemm_any(rows, nk, wp, cout, co0, nco, NULL, o);
 }
 #else
 #define TF_QOFF 0
@@ -1342,6 +1383,22 @@ static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a,
     int8_t patch[TF_QPIX][TF_QK];
     const int8_t *rows[TF_QPIX];
     int32_t acc[TF_QPIX][TF_QCO];
+#ifdef TF_QSINK
+    if (y->sc == 1 && (direct || K4 <= TF_QK)) { /* one pass over K: the sums requantized from registers */
+        qsink o = {{0}, base, wts + a->m + co0, a->yz, a->lo, a->hi, np};
+        for (int p = 0; p < TF_QPIX; p++) {
+            const long ox = ox0 + (p < np ? p : np - 1); /* a short block repeats its last pixel */
+            if (direct) rows[p] = q8(arena, x->off + n * x->sn + oy * a->sh * x->sh + ox * a->sw * x->sw);
+            else {
+                if (p < np) gather_patch(patch[p], arena, a, n, oy, ox, 0, K4, K);
+                rows[p] = patch[p < np ? p : np - 1];
+            }
+            o.out[p] = q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + co0);
+        }
+        qgemm_store(rows, direct ? K : K4, wp, cout, co0, nco, &o);
+        return;
+    }
+#endif
     memset(acc, 0, sizeof acc);
     if (direct) { /* 1x1, no padding, channels-last: each pixel's channels are its patch */
         for (int p = 0; p < TF_QPIX; p++) {
@@ -1382,9 +1439,10 @@ static void qconv_dense(float *arena, const float *wts, const tf_qconv_args *a) 
 
 #if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 /* Channels [c0, c0 + nc) of one channels-last output pixel, nc <= 64: four panels of 16 int32
- * accumulators in registers across the taps (masked past nc), then stored to acc. */
-static void qdw_avx512(int32_t *acc, float *arena, const tf_qconv_args *a, const int8_t *w, const window *t, long n,
-                       long c0, long nc) {
+ * accumulators in registers across the taps (masked past nc), from the biases in acc; requantized
+ * and stored to out where y is channels-last, else back to acc. */
+static void qdw_avx512(int32_t *acc, int8_t *out, float *arena, const tf_qconv_args *a, const int8_t *w, const float *m,
+                       const window *t, long n, long c0, long nc) {
     const tf_view *x = &a->x;
     __m512i s[4];
     __mmask16 k[4];
@@ -1403,6 +1461,11 @@ static void qdw_avx512(int32_t *acc, float *arena, const tf_qconv_args *a, const
             const __m512i wv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k[j], wr + 16 * j));
             s[j] = _mm512_add_epi32(s[j], _mm512_mullo_epi32(_mm512_sub_epi32(xv, xz), wv));
         }
+    }
+    static const int32_t zero[16];
+    if (out) {
+        for (int j = 0; j < 4 && 16 * j < nc; j++) qstore16(out + 16 * j, s[j], zero, m + c0 + 16 * j, k[j], a->yz, a->lo, a->hi);
+        return;
     }
     for (int j = 0; j < 4; j++) _mm512_mask_storeu_epi32(acc + 16 * j, k[j], s[j]);
 }
@@ -1423,7 +1486,11 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
             const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
             for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
 #if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-            if (xc == 1) qdw_avx512(acc, arena, a, w, &t, n, c0, nc);
+            if (xc == 1 && y->sc == 1) {
+                qdw_avx512(acc, q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0), arena, a, w, m, &t, n, c0, nc);
+                continue;
+            }
+            if (xc == 1) qdw_avx512(acc, NULL, arena, a, w, m, &t, n, c0, nc);
             else
 #endif
             for (long ky = t.ky0; ky < t.ky1; ky++)
