@@ -1352,6 +1352,49 @@ static void qgemm_store(const int8_t *const *rows, long nk, const int8_t *wp, lo
                         const qsink *o) {
     qgemm_any(rows, nk, wp, cout, co0, nco, NULL, o);
 }
+#elif TF_SIMD && defined(__AVX2__)
+#include <immintrin.h>
+#define TF_QOFF 0
+/* AVX2 (no VNNI): vpmaddwd on int16-widened bytes. Each group of 4 inputs times the 4 weights of 4
+ * output channels gives 8 int32, two per channel (x0 w0 + x1 w1, x2 w2 + x3 w3: each under 2^15, so
+ * exact); the pairs are summed at the end. */
+static inline __m256i qw16(const int8_t *p, long left) { /* the 4 weights of 4 channels (left: channels there) */
+    if (left >= 4) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
+    int8_t b[16] = {0};
+    if (left > 0) memcpy(b, p, (size_t)(4 * left));
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)b));
+}
+
+static inline __m256i qx16(const int8_t *row, long g, long full, long nk) { /* 4 inputs, widened, 4 times */
+    const int32_t v = g < full ? qword(row + 4 * g) : load4(row + 4 * g, nk - 4 * g);
+    return _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(v)));
+}
+
+static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        int32_t acc[TF_QPIX][TF_QCO]) {
+    const long full = nk / 4, groups = (nk + 3) / 4;
+    for (int p = 0; p < TF_QPIX; p += 2)
+    for (long c = 0; c < nco; c += 16) { /* 2 pixels x 16 channels: 8 accumulators */
+        __m256i s[2][4];
+        for (int j = 0; j < 4; j++) s[0][j] = s[1][j] = _mm256_setzero_si256();
+        for (long g = 0; g < groups; g++) {
+            const __m256i x0 = qx16(rows[p], g, full, nk), x1 = qx16(rows[p + 1], g, full, nk);
+            const int8_t *wg = wp + (g * cout + co0 + c) * 4;
+            for (int j = 0; j < 4; j++) {
+                const __m256i w = qw16(wg + 16 * j, nco - c - 4 * j);
+                s[0][j] = _mm256_add_epi32(s[0][j], _mm256_madd_epi16(x0, w));
+                s[1][j] = _mm256_add_epi32(s[1][j], _mm256_madd_epi16(x1, w));
+            }
+        }
+        for (int q = 0; q < 2; q++) {
+            int32_t sums[16];
+            /* hadd pairs the channels' two halves, lane-wise: (0 1 4 5 | 2 3 6 7); 0xD8 orders them */
+            _mm256_storeu_si256((__m256i *)(void *)sums, _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[q][0], s[q][1]), 0xD8));
+            _mm256_storeu_si256((__m256i *)(void *)(sums + 8), _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[q][2], s[q][3]), 0xD8));
+            for (long i = 0; i < 16 && c + i < nco; i++) acc[p + q][c + i] += sums[i];
+        }
+    }
+}
 #else
 #define TF_QOFF 0
 static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
