@@ -13,6 +13,7 @@ import pytest
 
 from tightfit import api
 from tightfit.cli import main
+from tightfit.export import linux
 from tightfit.files import load_plan
 from tightfit.frontend.onnx_import import load_onnx
 from tightfit.plan.check import check_plan
@@ -69,3 +70,17 @@ def test_variable_batch_size_gives_each_samples_unsplit_output(cnn_path):
 
 def test_reuse_parts_and_tiling_on_the_qoperator_form(tmp_path):
     _split_runs_equal(quantize(small_cnn(), tmp_path / "qop.onnx", per_channel=True, qoperator=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(linux.toolchain_problem("aarch64-linux") is not None, reason="no aarch64 toolchain or qemu-aarch64")
+@pytest.mark.parametrize("cflags", ["-std=c99 -O2 -march=armv8.2-a+dotprod", "-std=c99 -O2 -DTF_SIMD=0"],
+                         ids=["sdot", "portable"])
+def test_int8_parts_plan_on_aarch64_equals_the_executor(cnn_path, tmp_path, cflags, capsys):
+    """The int8 GEMM's NEON sdot path (armv8.2 dot product) and the portable one, under qemu-aarch64:
+    the host executor's outputs exactly."""
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(cnn_path), "--method", "parts", "--rows", "2", "--out", str(plan)]) == 0
+    assert main(["export", str(plan), "--target", "aarch64-linux", "--out", str(tmp_path / "a64"), "--check",
+                 "--cflags", cflags]) == 0
+    assert "outputs match (max abs diff 0," in capsys.readouterr().out

@@ -1352,6 +1352,43 @@ static void qgemm_store(const int8_t *const *rows, long nk, const int8_t *wp, lo
                         const qsink *o) {
     qgemm_any(rows, nk, wp, cout, co0, nco, NULL, o);
 }
+#elif TF_SIMD && defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#define TF_QOFF 0
+/* NEON's sdot: 4 signed bytes of x times the 4 weights of each of 4 output channels, summed into
+ * their 4 int32 lanes (the packed layout's groups as they are); 2 pixels x 16 channels a pass. */
+static inline int8x16_t qw16(const int8_t *p, long left) { /* the 4 weights of 4 channels (left: channels there) */
+    if (left >= 4) return vld1q_s8(p);
+    int8_t b[16] = {0};
+    if (left > 0) memcpy(b, p, (size_t)(4 * left));
+    return vld1q_s8(b);
+}
+
+static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
+                        int32_t acc[TF_QPIX][TF_QCO]) {
+    const long full = nk / 4, groups = (nk + 3) / 4;
+    for (int p = 0; p < TF_QPIX; p += 2)
+    for (long c = 0; c < nco; c += 16) {
+        int32x4_t s[2][4];
+        for (int j = 0; j < 4; j++) s[0][j] = s[1][j] = vdupq_n_s32(0);
+        for (long g = 0; g < groups; g++) {
+            const int32_t v0 = g < full ? qword(rows[p] + 4 * g) : load4(rows[p] + 4 * g, nk - 4 * g);
+            const int32_t v1 = g < full ? qword(rows[p + 1] + 4 * g) : load4(rows[p + 1] + 4 * g, nk - 4 * g);
+            const int8x16_t x0 = vreinterpretq_s8_s32(vdupq_n_s32(v0)), x1 = vreinterpretq_s8_s32(vdupq_n_s32(v1));
+            const int8_t *wg = wp + (g * cout + co0 + c) * 4;
+            for (int j = 0; j < 4; j++) {
+                const int8x16_t w = qw16(wg + 16 * j, nco - c - 4 * j);
+                s[0][j] = vdotq_s32(s[0][j], x0, w);
+                s[1][j] = vdotq_s32(s[1][j], x1, w);
+            }
+        }
+        for (int q = 0; q < 2; q++) {
+            int32_t sums[16];
+            for (int j = 0; j < 4; j++) vst1q_s32(sums + 4 * j, s[q][j]);
+            for (long i = 0; i < 16 && c + i < nco; i++) acc[p + q][c + i] += sums[i];
+        }
+    }
+}
 #elif TF_SIMD && defined(__AVX2__)
 #include <immintrin.h>
 #define TF_QOFF 0
