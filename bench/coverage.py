@@ -75,6 +75,8 @@ class Row:
     tiling_bytes: int = 0
     tiling_ok: bool = False
     fit: str = ""
+    convs: int = 0  # with every splittable layer at one row per phase: the most bytes a step of the others needs
+    blocks: int = 0  # ... and the most a whole step needs (attention, layer norm, dense: no plan splits them)
     seconds: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -212,11 +214,28 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
             except Exception as e:  # a planner's bug: shown in the table, the other stages still run
                 row.problems.append(f"{kind}: {type(e).__name__}: {str(e)[:120]}")
             row.seconds[kind] = time.perf_counter() - t0
+    if split:
+        t0 = time.perf_counter()
+        row.convs, row.blocks = row_floors(model)
+        row.seconds["floors"] = time.perf_counter() - t0
     if fit:
         t0 = time.perf_counter()
         row.fit = fit_half(path, row.half)
         row.seconds["fit"] = time.perf_counter() - t0
     return row
+
+
+def row_floors(model: PlannedModel) -> tuple[int, int]:
+    """(run memory of the split steps, of the whole steps) of the parts plan that computes every
+    splittable layer one row per phase: what the convolutional stages need at their finest split,
+    and what the layers no plan splits need. Where the second is larger, the whole-step blocks
+    set the floor of every split plan (parts and tiling end a group at them)."""
+    from tightfit.analysis.memory import whole_step_peaks
+    from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
+
+    phases, source = phases_for_rows(model.graph, 1)
+    peaks = whole_step_peaks(plan_parts(model, phases, source), [model.graph])
+    return peaks.split, peaks.blocks
 
 
 def fit_half(path: Path, budget: int) -> str:
@@ -251,12 +270,14 @@ def line(row: Row) -> str:
     tiling = f"{_mb(row.tiling_bytes):>7} {half(row.tiling_bytes)} {'ok' if row.tiling_ok else 'DIFF'}" if row.tiling_bytes else f"{'-':>16}"
     return (f"{row.name:<30} {row.opset:>2} {row.layers:>6} {row.ops:>4} {row.params / 1e6:>8.3f} {params:>12}  "
             f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f} {_mb(row.reuse_run):>7}  "
-            f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
+            f"{parts}  {tiling}  {_mb(row.convs) if row.convs else '-':>7} {_mb(row.blocks) if row.blocks else '-':>7}  "
+            f"{row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
             + "".join(f"\n{'':<33}{p}" for p in row.problems))
 
 
 HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'torch':>12}  {'onnxruntime':<11}  "
-        f"{'reuse MB':>7} {'/LB':>6} {'run MB':>7}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'fit':<6} {'s':>6}")
+        f"{'reuse MB':>7} {'/LB':>6} {'run MB':>7}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'convs MB':>7} {'blocks MB':>7}  "
+        f"{'fit':<6} {'s':>6}")
 
 
 def main(argv: list[str] | None = None) -> int:
