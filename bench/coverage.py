@@ -4,6 +4,7 @@ at opset 17 (and 11 with --opsets 17,11), through every stage tightfit has.
     python bench/coverage.py                      # the whole corpus, opset 17
     python bench/coverage.py resnet18 crnn        # some models
     python bench/coverage.py --opsets 17,11 --fit # both exports, and `fit --budget` (half the reuse arena)
+    python bench/coverage.py --hybrids --opsets 17,11 # issue 38's hybrids beside their pure-CNN peers
 
 Columns: layers (after fusion) and distinct ops; parameters counted by `inspect` against torch's
 count (parameters and batch-norm statistics); the reference executor against onnxruntime; the
@@ -15,7 +16,10 @@ out of their reach, of the smallest plan they found (">1/2"), and whether that p
 matches the reference executor; with --fit, `tightfit fit --budget <half the reuse arena>
 --best-effort`: "ok" (a plan within half ran and verified) or "smallest N MB" (nothing fits half:
 its smallest plan ran and verified). A model that does not import shows its error (the
-unsupported ops and the first node of each).
+unsupported ops and the first node of each). 'convs' and 'blocks': in the parts plan that splits
+every layer it can at one row per phase, the most bytes live at a step outside, and while, a
+tensor a whole step reads or writes is live: what the convolutional stages need at their finest
+split, and what the layers no plan splits (attention over all tokens, dense) hold.
 
 The searches' times come from a stand-in (one unit per step, within SEARCH_SECONDS of search),
 so they measure nothing and the table does not depend on the machine's load; `fit` uses the
@@ -49,6 +53,11 @@ from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 from tightfit.reference import run_reference
 from tightfit.runtime.reference import random_input  # noqa: E402
 from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
+
+# Issue 38: each hybrid CNN + attention model beside a pure CNN of its class (MobileViT's paper
+# compares with MobileNetV2; EfficientFormer-L1 runs as fast as the small EfficientNets; SVTR is
+# CRNN's trunk with attention blocks).
+PEERS = {"mobilevit_xxs": "mobilenet_v2", "efficientformer_l1": "efficientnet_b0", "svtr": "crnn"}
 
 SEARCH_SECONDS = 60.0  # the parts search's limit and fit's --time-limit (a stopped search answers with its best so far)
 
@@ -280,13 +289,34 @@ HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'tor
         f"{'fit':<6} {'s':>6}")
 
 
+def peer_table(rows: list[Row]) -> str:
+    """The hybrids beside their pure-CNN peers (issue 38): reuse, the smallest parts and tiling
+    plans, and what the whole steps cost a split plan: the convolutional stages at one row per
+    phase ('convs') against the steps that keep a whole-step layer's tensors whole ('blocks')."""
+    by = {(r.name, r.opset): r for r in rows if not r.error}
+    out = [f"{'hybrid / peer':<22} {'op':>2} {'params M':>8} {'reuse MB':>8} {'parts MB':>8} {'tiling MB':>9} "
+           f"{'convs MB':>8} {'blocks MB':>9}  whole steps bind"]
+    for (name, opset), r in by.items():
+        peer = by.get((PEERS.get(name, ""), opset))
+        if name not in PEERS:
+            continue
+        for x in (r, peer) if peer else (r,):
+            binds = "yes" if x.blocks > x.convs else "no"
+            out.append(f"{x.name:<22} {x.opset:>2} {x.params / 1e6:>8.3f} {_mb(x.reuse):>8} {_mb(x.parts_bytes):>8} "
+                       f"{_mb(x.tiling_bytes):>9} {_mb(x.convs):>8} {_mb(x.blocks) if x.blocks else '-':>9}  {binds}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help=f"corpus models (default: all {len(corpus.names())})")
     ap.add_argument("--opsets", default="17", help="comma-separated export opsets (17, 11)")
     ap.add_argument("--fit", action="store_true", help="also `tightfit fit --budget` half the reuse arena")
     ap.add_argument("--no-split", action="store_true", help="skip the parts and tiling searches")
+    ap.add_argument("--hybrids", action="store_true", help="only the hybrid models and their pure-CNN peers (issue 38)")
     args = ap.parse_args(argv)
+    if args.hybrids:
+        args.models = [m for pair in PEERS.items() for m in pair]
     header("corpus coverage (issue 22): import, onnxruntime, reuse vs lower bound, parts and tiling at half the reuse arena")
     print("params: the ONNX file's weights as inspect counts them (M; 'fileN': N more than the file holds); torch: the PyTorch\n"
           "path's count against torch's parameters + batch-norm statistics ('=' equal; 'DIFF': its run differs from the module's)")
@@ -300,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(line(row), flush=True)
             print(f"{name} {opset}: " + ", ".join(f"{k} {v:.0f} s" for k, v in row.seconds.items()), file=sys.stderr, flush=True)
+    if any(r.name in PEERS for r in rows) and not args.no_split:
+        print("\nhybrids beside their pure-CNN peers: convs / blocks = the most bytes live at a step of the parts plan at one\n"
+              "row per phase outside / while a tensor of a whole step (attention over all tokens, dense) is live\n")
+        print(peer_table(rows))
     ok = [r for r in rows if not r.error]
     print(f"\n{len(ok)} of {len(rows)} exports import; {sum(r.ort_ok for r in ok)} match onnxruntime; "
           f"{sum(r.reuse == r.lower_bound for r in ok)} reuse plans at the lower bound")
