@@ -195,6 +195,30 @@ def test_attention_splits_by_bands_of_query_tokens(imported):
     assert check_plan(split, [g]).arena_bytes < check_plan(whole, [g]).arena_bytes
 
 
+def test_what_the_whole_steps_cost_a_split_plan(imported):
+    """analysis.memory.whole_step_peaks: the steps are told apart by whether a tensor of a whole
+    step is live; the busier of the two is the plan's peak of live bytes and scratch, and running
+    the attention whole costs the blocks more than running it by bands of query tokens."""
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.analysis.memory import whole_step_peaks
+    from tightfit.plan.lifetimes import lifetimes
+    from tightfit.techniques.parts.planner import phases_for_rows
+
+    _, g = imported
+    model = PlannedModel(g, "hybrid")
+    phases, source = phases_for_rows(g, 1)
+    banded = {l.id for l in g.layers if l.op in ("matmul", "softmax_axis")}
+    split = plan_parts(model, phases, source)
+    whole = plan_parts(model, {k: v for k, v in phases.items() if k not in banded}, source)
+    for plan in (split, whole):
+        peaks = whole_step_peaks(plan, [g])
+        life = lifetimes(plan, [g], conflicts=False)
+        assert max(peaks.blocks, peaks.split) == max(n + k for n, k in zip(life.live_bytes(), life.step_scratch))
+        assert peaks.whole_steps == sum(s.kind == "compute" and needs_whole_input(g, g.layers[s.layer]) for s in plan.steps())
+        assert 0 < peaks.split and 0 < peaks.blocks
+    assert whole_step_peaks(split, [g]).blocks < whole_step_peaks(whole, [g]).blocks
+
+
 def test_a_band_of_rows_of_an_op_that_needs_whole_rows_is_refused(imported):
     """The checker refuses a step of a row-banded op over part of the columns (its kernel works
     along the last axis: a part of it would be normalised or multiplied alone)."""
