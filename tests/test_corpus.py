@@ -121,6 +121,27 @@ def test_a_hybrid_model_end_to_end(opset, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["check"]["ok"]
 
 
+HYBRIDS = ("svtr", "mobilevit_xxs", "efficientformer_l1")  # issue 38: convolutions with attention blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opset", [pytest.param(n, o, id=f"{n}-opset{o}") for o in corpus.OPSETS for n in HYBRIDS])
+def test_hybrid_export_check(name, opset, tmp_path, capsys):
+    """The C export of each hybrid's split plan (parts, two rows per phase: the convolutions
+    and the token rows by bands, attention over all tokens whole) builds and matches."""
+    import json
+
+    from tightfit.cli import main
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for export --check")
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(corpus.onnx_path(name, opset)), "--method", "parts", "--rows", "2", "--out", str(plan_file)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "c"), "--check", "--cflags", "-std=c99 -O1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["check"]["ok"]
+
+
 def test_a_corpus_model_with_constant_weights_and_a_renamed_output(tmp_path, capsys):
     """The same CNN in the form some converters write: every weight in a Constant node, the
     output reached through Identity nodes under a name of its own. `inspect` counts the same
