@@ -2,8 +2,11 @@
 LogSoftmax over any axis, LayerNormalization over the last axis, ReduceMean / ReduceSum /
 ReduceMax / ReduceL2 over any axes, and Gather of one index along a non-batch axis.
 
-Each works on a whole axis (a sequence of tokens, a row of scores), so a step of one needs its
-whole input: these ops are not splittable, and the planners end a group of rows or tiles at them.
+Each works on a whole axis (a sequence of tokens, a row of scores). On rank-4 data worked on
+along its last axis, the rows (dim 2: the query tokens of attention's scores, the tokens of
+(N, windows, T, C)) are independent: MatMul, Softmax / LayerNorm over the last axis split by bands
+of rows (`splits_rows`; parts runs them by rows, tiling, which cuts columns too, ends a group
+there). Otherwise a step of one needs its whole input, and the planners end a group at it.
 Their tensors have rank 2 to 4 (the kernels' views hold 4 dims; the batch is dim 0 and free).
 The ONNX types stay with the ops that import their older forms (MatMul with gemm, Softmax with
 softmax, LayerNormalization with channel_norm, ReduceMean / ReduceMax with global_pool); those
