@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import header  # noqa: E402
+from benchlib import add_write_docs, docs_section, header  # noqa: E402
 from tightfit.errors import TightfitError, UnsupportedOpsError  # noqa: E402
 from tightfit.frontend import corpus  # noqa: E402
 from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
@@ -314,14 +314,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="also `tightfit fit --budget` half the reuse arena")
     ap.add_argument("--no-split", action="store_true", help="skip the parts and tiling searches")
     ap.add_argument("--hybrids", action="store_true", help="only the hybrid models and their pure-CNN peers (issue 38)")
+    add_write_docs(ap)
     args = ap.parse_args(argv)
     if args.hybrids:
         args.models = [m for pair in PEERS.items() for m in pair]
+    shown = "python bench/coverage.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-docs")
+    # The whole corpus is one section, the hybrids beside their peers another.
+    with docs_section("coverage-hybrids" if args.hybrids else "coverage", args.write_docs, shown.strip()):
+        table(args)
+    return 0
+
+
+def table(args: argparse.Namespace) -> None:
     header("corpus coverage (issue 22): import, onnxruntime, reuse vs lower bound, parts and tiling at half the reuse arena")
     print("params: the ONNX file's weights as inspect counts them (M; 'fileN': N more than the file holds); torch: the PyTorch\n"
           "path's count against torch's parameters + batch-norm statistics ('=' equal; 'DIFF': its run differs from the module's)")
     print("parts / tiling: run memory (MB = 1e6 bytes) of the plan picked within half the reuse arena ('<=1/2'), or of the\n"
-          "smallest found where half is out of reach ('>1/2'), and that plan run against the reference executor\n")
+          "smallest found where half is out of reach ('>1/2'), and that plan run against the reference executor; convs /\n"
+          "blocks: see the hybrids' table below\n")
     print(HEAD, flush=True)
     rows = []
     for name in args.models or corpus.names():
@@ -331,13 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             print(line(row), flush=True)
             print(f"{name} {opset}: " + ", ".join(f"{k} {v:.0f} s" for k, v in row.seconds.items()), file=sys.stderr, flush=True)
     if any(r.name in PEERS for r in rows) and not args.no_split:
-        print("\nhybrids beside their pure-CNN peers: convs / blocks = the most bytes live at a step of the parts plan at one\n"
-              "row per phase outside / while a tensor of a whole step (attention over all tokens, dense) is live\n")
+        print("\nhybrids beside their pure-CNN peers: convs / blocks = the most bytes live (and scratch) at a step of the\n"
+              "parts plan at one row per phase, outside / while a tensor of a whole step (attention over all tokens,\n"
+              "a dense layer, a squeeze-excitation product) is live; 'whole steps bind': blocks above convs\n")
         print(peer_table(rows))
     ok = [r for r in rows if not r.error]
     print(f"\n{len(ok)} of {len(rows)} exports import; {sum(r.ort_ok for r in ok)} match onnxruntime; "
           f"{sum(r.reuse == r.lower_bound for r in ok)} reuse plans at the lower bound")
-    return 0
 
 
 if __name__ == "__main__":
