@@ -4,6 +4,7 @@ at opset 17 (and 11 with --opsets 17,11), through every stage tightfit has.
     python bench/coverage.py                      # the whole corpus, opset 17
     python bench/coverage.py resnet18 crnn        # some models
     python bench/coverage.py --opsets 17,11 --fit # both exports, and `fit --budget` (half the reuse arena)
+    python bench/coverage.py --hybrids --opsets 17,11 # issue 38's hybrids beside their pure-CNN peers
 
 Columns: layers (after fusion) and distinct ops; parameters counted by `inspect` against torch's
 count (parameters and batch-norm statistics); the reference executor against onnxruntime; the
@@ -15,7 +16,10 @@ out of their reach, of the smallest plan they found (">1/2"), and whether that p
 matches the reference executor; with --fit, `tightfit fit --budget <half the reuse arena>
 --best-effort`: "ok" (a plan within half ran and verified) or "smallest N MB" (nothing fits half:
 its smallest plan ran and verified). A model that does not import shows its error (the
-unsupported ops and the first node of each).
+unsupported ops and the first node of each). 'convs' and 'blocks': in the parts plan that splits
+every layer it can at one row per phase, the most bytes live at a step outside, and while, a
+tensor a whole step reads or writes is live: what the convolutional stages need at their finest
+split, and what the layers no plan splits (attention over all tokens, dense) hold.
 
 The searches' times come from a stand-in (one unit per step, within SEARCH_SECONDS of search),
 so they measure nothing and the table does not depend on the machine's load; `fit` uses the
@@ -38,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import header  # noqa: E402
+from benchlib import add_write_docs, docs_section, header  # noqa: E402
 from tightfit.errors import TightfitError, UnsupportedOpsError  # noqa: E402
 from tightfit.frontend import corpus  # noqa: E402
 from tightfit.frontend.onnx_import import load_onnx  # noqa: E402
@@ -49,6 +53,11 @@ from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 from tightfit.reference import run_reference
 from tightfit.runtime.reference import random_input  # noqa: E402
 from tightfit.verify import compare, verify_with_onnxruntime  # noqa: E402
+
+# Issue 38: each hybrid CNN + attention model beside a pure CNN of its class (MobileViT's paper
+# compares with MobileNetV2; EfficientFormer-L1 runs as fast as the small EfficientNets; SVTR is
+# CRNN's trunk with attention blocks).
+PEERS = {"mobilevit_xxs": "mobilenet_v2", "efficientformer_l1": "efficientnet_b0", "svtr": "crnn"}
 
 SEARCH_SECONDS = 60.0  # the parts search's limit and fit's --time-limit (a stopped search answers with its best so far)
 
@@ -75,6 +84,8 @@ class Row:
     tiling_bytes: int = 0
     tiling_ok: bool = False
     fit: str = ""
+    convs: int = 0  # with every splittable layer at one row per phase: the most bytes a step of the others needs
+    blocks: int = 0  # ... and the most a whole step needs (attention, layer norm, dense: no plan splits them)
     seconds: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -212,11 +223,28 @@ def check_model(name: str, opset: int = 17, fit: bool = False, split: bool = Tru
             except Exception as e:  # a planner's bug: shown in the table, the other stages still run
                 row.problems.append(f"{kind}: {type(e).__name__}: {str(e)[:120]}")
             row.seconds[kind] = time.perf_counter() - t0
+    if split:
+        t0 = time.perf_counter()
+        row.convs, row.blocks = row_floors(model)
+        row.seconds["floors"] = time.perf_counter() - t0
     if fit:
         t0 = time.perf_counter()
         row.fit = fit_half(path, row.half)
         row.seconds["fit"] = time.perf_counter() - t0
     return row
+
+
+def row_floors(model: PlannedModel) -> tuple[int, int]:
+    """(run memory of the split steps, of the whole steps) of the parts plan that computes every
+    splittable layer one row per phase: what the convolutional stages need at their finest split,
+    and what the layers no plan splits need. Where the second is larger, the whole-step blocks
+    set the floor of every split plan (parts and tiling end a group at them)."""
+    from tightfit.analysis.memory import whole_step_peaks
+    from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
+
+    phases, source = phases_for_rows(model.graph, 1)
+    peaks = whole_step_peaks(plan_parts(model, phases, source), [model.graph])
+    return peaks.split, peaks.blocks
 
 
 def fit_half(path: Path, budget: int) -> str:
@@ -251,12 +279,32 @@ def line(row: Row) -> str:
     tiling = f"{_mb(row.tiling_bytes):>7} {half(row.tiling_bytes)} {'ok' if row.tiling_ok else 'DIFF'}" if row.tiling_bytes else f"{'-':>16}"
     return (f"{row.name:<30} {row.opset:>2} {row.layers:>6} {row.ops:>4} {row.params / 1e6:>8.3f} {params:>12}  "
             f"{'ok' if row.ort_ok else 'DIFF'} {row.ort_diff:8.1e}  {_mb(row.reuse):>7} {row.reuse / max(row.lower_bound, 1):6.3f} {_mb(row.reuse_run):>7}  "
-            f"{parts}  {tiling}  {row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
+            f"{parts}  {tiling}  {_mb(row.convs) if row.convs else '-':>7} {_mb(row.blocks) if row.blocks else '-':>7}  "
+            f"{row.fit or '-':<6} {sum(row.seconds.values()):6.1f}"
             + "".join(f"\n{'':<33}{p}" for p in row.problems))
 
 
 HEAD = (f"{'model':<30} {'op':>2} {'layers':>6} {'ops':>4} {'params M':>8} {'torch':>12}  {'onnxruntime':<11}  "
-        f"{'reuse MB':>7} {'/LB':>6} {'run MB':>7}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'fit':<6} {'s':>6}")
+        f"{'reuse MB':>7} {'/LB':>6} {'run MB':>7}  {'parts MB':>7} {'':<5} {'run':<4}  {'tiling MB':>7} {'':<5} {'run':<4}  {'convs MB':>7} {'blocks MB':>7}  "
+        f"{'fit':<6} {'s':>6}")
+
+
+def peer_table(rows: list[Row]) -> str:
+    """The hybrids beside their pure-CNN peers (issue 38): reuse, the smallest parts and tiling
+    plans, and what the whole steps cost a split plan: the convolutional stages at one row per
+    phase ('convs') against the steps that keep a whole-step layer's tensors whole ('blocks')."""
+    by = {(r.name, r.opset): r for r in rows if not r.error}
+    out = [f"{'hybrid / peer':<22} {'op':>2} {'params M':>8} {'reuse MB':>8} {'parts MB':>8} {'tiling MB':>9} "
+           f"{'convs MB':>8} {'blocks MB':>9}  whole steps bind"]
+    for (name, opset), r in by.items():
+        peer = by.get((PEERS.get(name, ""), opset))
+        if name not in PEERS:
+            continue
+        for x in (r, peer) if peer else (r,):
+            binds = "yes" if x.blocks > x.convs else "no"
+            out.append(f"{x.name:<22} {x.opset:>2} {x.params / 1e6:>8.3f} {_mb(x.reuse):>8} {_mb(x.parts_bytes):>8} "
+                       f"{_mb(x.tiling_bytes):>9} {_mb(x.convs):>8} {_mb(x.blocks) if x.blocks else '-':>9}  {binds}")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,12 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--opsets", default="17", help="comma-separated export opsets (17, 11)")
     ap.add_argument("--fit", action="store_true", help="also `tightfit fit --budget` half the reuse arena")
     ap.add_argument("--no-split", action="store_true", help="skip the parts and tiling searches")
+    ap.add_argument("--hybrids", action="store_true", help="only the hybrid models and their pure-CNN peers (issue 38)")
+    add_write_docs(ap)
     args = ap.parse_args(argv)
+    if args.hybrids:
+        args.models = [m for pair in PEERS.items() for m in pair]
+    shown = "python bench/coverage.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-docs")
+    # The whole corpus is one section, the hybrids beside their peers another.
+    with docs_section("coverage-hybrids" if args.hybrids else "coverage", args.write_docs, shown.strip()):
+        table(args)
+    return 0
+
+
+def table(args: argparse.Namespace) -> None:
     header("corpus coverage (issue 22): import, onnxruntime, reuse vs lower bound, parts and tiling at half the reuse arena")
     print("params: the ONNX file's weights as inspect counts them (M; 'fileN': N more than the file holds); torch: the PyTorch\n"
           "path's count against torch's parameters + batch-norm statistics ('=' equal; 'DIFF': its run differs from the module's)")
     print("parts / tiling: run memory (MB = 1e6 bytes) of the plan picked within half the reuse arena ('<=1/2'), or of the\n"
-          "smallest found where half is out of reach ('>1/2'), and that plan run against the reference executor\n")
+          "smallest found where half is out of reach ('>1/2'), and that plan run against the reference executor; convs /\n"
+          "blocks: see the hybrids' table below\n")
     print(HEAD, flush=True)
     rows = []
     for name in args.models or corpus.names():
@@ -279,10 +340,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(line(row), flush=True)
             print(f"{name} {opset}: " + ", ".join(f"{k} {v:.0f} s" for k, v in row.seconds.items()), file=sys.stderr, flush=True)
+    if any(r.name in PEERS for r in rows) and not args.no_split:
+        print("\nhybrids beside their pure-CNN peers: convs / blocks = the most bytes live (and scratch) at a step of the\n"
+              "parts plan at one row per phase, outside / while a tensor of a whole step (attention over all tokens,\n"
+              "a dense layer, a squeeze-excitation product) is live; 'whole steps bind': blocks above convs\n")
+        print(peer_table(rows))
     ok = [r for r in rows if not r.error]
     print(f"\n{len(ok)} of {len(rows)} exports import; {sum(r.ort_ok for r in ok)} match onnxruntime; "
           f"{sum(r.reuse == r.lower_bound for r in ok)} reuse plans at the lower bound")
-    return 0
 
 
 if __name__ == "__main__":

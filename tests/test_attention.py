@@ -166,6 +166,80 @@ def test_parts_and_tiling_split_the_convolutions_and_run_the_block_whole(importe
     assert rows == {1}, rows  # the conv after the block still runs by rows
 
 
+def test_attention_splits_by_bands_of_query_tokens(imported):
+    """The row axis of rank-4 attention tensors: the scores (N, heads, T, T) and the weighted
+    values (N, heads, T, d) have the query tokens as rows, so q k^T, the softmax over the keys
+    and the product with v run by bands of query rows (k and v whole): parts at one row per
+    phase computes them in T steps each, holds less than the plan that runs them whole, and
+    matches it. Tiling cuts columns, which these ops cannot: no tileable group holds one."""
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.techniques.parts.planner import phases_for_rows
+    from tightfit.techniques.tiling.groups import tileable
+
+    _, g = imported
+    banded = [l for l in g.layers if l.op in ("matmul", "softmax_axis")]
+    assert banded and all(len(g.shape(l.output)) == 4 and not needs_whole_input(g, l) for l in banded)
+    assert not any(tileable(g, l.id) for l in banded)
+    model = PlannedModel(g, "hybrid")
+    phases, source = phases_for_rows(g, 1)
+    split = plan_parts(model, phases, source)
+    whole = plan_parts(model, {k: v for k, v in phases.items() if k not in {l.id for l in banded}}, source)
+    x = random_input(g)
+    want = run_reference(g, x)[g.outputs[0]]
+    for plan in (split, whole):
+        outs, _ = execute(plan, [g], [x], fill_nan=True)
+        np.testing.assert_allclose(outs[0][g.outputs[0]], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    for l in banded:
+        steps = [s for s in split.steps() if s.kind == "compute" and s.layer == l.id]
+        assert len(steps) == g.shape(l.output)[2] and all(s.out.region.h == 1 and s.out.region.w == g.shape(l.output)[3] for s in steps)
+    assert check_plan(split, [g]).arena_bytes < check_plan(whole, [g]).arena_bytes
+
+
+def test_what_the_whole_steps_cost_a_split_plan(imported):
+    """analysis.memory.whole_step_peaks: the steps are told apart by whether a tensor of a whole
+    step is live; the busier of the two is the plan's peak of live bytes and scratch, and running
+    the attention whole costs the blocks more than running it by bands of query tokens."""
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.analysis.memory import whole_step_peaks
+    from tightfit.plan.lifetimes import lifetimes
+    from tightfit.techniques.parts.planner import phases_for_rows
+
+    _, g = imported
+    model = PlannedModel(g, "hybrid")
+    phases, source = phases_for_rows(g, 1)
+    banded = {l.id for l in g.layers if l.op in ("matmul", "softmax_axis")}
+    split = plan_parts(model, phases, source)
+    whole = plan_parts(model, {k: v for k, v in phases.items() if k not in banded}, source)
+    for plan in (split, whole):
+        peaks = whole_step_peaks(plan, [g])
+        life = lifetimes(plan, [g], conflicts=False)
+        assert max(peaks.blocks, peaks.split) == max(n + k for n, k in zip(life.live_bytes(), life.step_scratch))
+        assert peaks.whole_steps == sum(s.kind == "compute" and needs_whole_input(g, g.layers[s.layer]) for s in plan.steps())
+        assert 0 < peaks.split and 0 < peaks.blocks
+    assert whole_step_peaks(split, [g]).blocks < whole_step_peaks(whole, [g]).blocks
+
+
+def test_a_band_of_rows_of_an_op_that_needs_whole_rows_is_refused(imported):
+    """The checker refuses a step of a row-banded op over part of the columns (its kernel works
+    along the last axis: a part of it would be normalised or multiplied alone)."""
+    from dataclasses import replace
+
+    from tightfit.ops.base import Region
+    from tightfit.plan.schema import PlanError
+    from tightfit.techniques.parts.planner import phases_for_rows
+
+    _, g = imported
+    plan = plan_parts(PlannedModel(g, "hybrid"), *phases_for_rows(g, 1))
+    soft = next(l.id for l in g.layers if l.op == "softmax_axis")
+    i, step = next((i, s) for i, s in enumerate(plan.steps()) if s.kind == "compute" and s.layer == soft)
+    r = step.out.region
+    cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 0, r.w - 1)))
+    part = plan.partitions[0]
+    bad = replace(plan, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + plan.partitions[1:])
+    with pytest.raises(PlanError, match="needs whole rows"):
+        check_plan(bad, [g])
+
+
 def test_the_exported_c_program_runs_a_split_plan(imported, tmp_path):
     """The split plan as a C program (the same kernels: matmul, reduce, softmax and norms over
     permuted views, gathers as copies), built and run: its output is the reference's."""

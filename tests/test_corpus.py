@@ -5,7 +5,8 @@ Default run: a fast subset (a small classifier at opset 17, the CRNN trunk at op
 dynamic batch): import, the reuse plan at the lower bound, the reference executor against
 onnxruntime, and one split plan (parts, 4 rows per phase) run by the arena executor against
 the reference; the same CNN with its weights in Constant nodes and its output renamed behind
-Identity nodes through `inspect` and `run --verify`. Slow: the whole corpus at opsets 17 and 11,
+Identity nodes through `inspect` and `run --verify`; one hybrid (MobileViT at half width, 64x64)
+at both opsets through import, `inspect`, `run --verify`, a split plan and `export --check`. Slow: the whole corpus at opsets 17 and 11,
 with the PyTorch path and the parts and tiling plans the searches pick within half the reuse
 arena (the smallest they reach where half is out of reach, said), each case on its own; and
 `fit --budget` half the reuse arena, a case of its own per model and export."""
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import sys
 from pathlib import Path
 
@@ -49,7 +51,8 @@ def test_corpus_lists_the_issue_models():
               "inception_v3", "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small",
               "regnet_x_400mf", "regnet_y_400mf", "resnet18", "resnet50", "resnext50_32x4d", "shufflenet_v2_x1_0",
               "squeezenet1_1", "vgg11_bn", "wide_resnet50_2", "fcn_resnet50", "deeplabv3_mobilenet_v3_large",
-              "lraspp_mobilenet_v3_large", "yolov5n", "unet", "dbnet", "crnn"}
+              "lraspp_mobilenet_v3_large", "yolov5n", "unet", "dbnet", "crnn",
+              "svtr", "mobilevit_xxs", "mobilevit_tiny", "efficientformer_l1"}  # issue 38: hybrids
     assert wanted <= set(corpus.names())
     assert corpus.entry("yolov5n").input_shape == (1, 3, 640, 640)
     assert corpus.entry("crnn").input_shape == (1, 3, 32, 320)
@@ -71,6 +74,72 @@ def test_fast_subset(name, opset):
     parts = plan_parts(model, phases, source)
     assert check_plan(parts, [g]).peak_bytes < report.peak_bytes
     assert coverage.matches_reference(parts, g, x, want)
+
+
+@pytest.mark.parametrize("opset", corpus.OPSETS)
+def test_a_hybrid_model_end_to_end(opset, tmp_path, capsys):
+    """Issue 38's default-run hybrid: MobileViT-XXS's layer table at half width on 64x64 (MobileNetV2
+    blocks, MobileViT blocks that unfold the map into 2x2 patches, run attention over them and
+    fold back), exported at opset 17 and at the older opset (LayerNormalization spelled out, a
+    dynamic batch). `inspect` counts every weight of the file; `run --verify` matches
+    onnxruntime; reuse is at the lower bound; parts at one row per phase splits the
+    convolutions and the token rows of the layer norms and Linears, runs whole steps only for
+    attention over all patches, holds less than reuse and matches; `export --check` builds it
+    as C and matches."""
+    import json
+
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.cli import main
+
+    path, g = coverage.load("mobilevit_tiny", opset)
+    ops = {l.op for l in g.layers}
+    assert {"conv", "matmul", "softmax_axis", "layer_norm", "gemm"} <= ops, ops
+    assert main(["inspect", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["original_param_bytes"] == 4 * coverage.file_parameters(path)
+    assert main(["run", str(path), "--verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verify"]["ok"]
+    model = PlannedModel(g, str(path))
+    reuse = check_plan(plan_reuse(model, "improve"), [g])
+    assert reuse.arena_bytes == reuse.lower_bound
+    phases, source = phases_for_rows(g, 1)
+    whole = [l for l in g.layers if needs_whole_input(g, l)]
+    # whole steps: attention over all patches (its q, k, v taken apart, the scores of rank 5),
+    # the unfold and fold, and the classifier; the token rows of norms, Linears and adds split
+    assert {l.op for l in whole} <= {"matmul", "softmax_axis", "gather", "reshape", "transpose", "global_pool", "gemm"}
+    assert all(len(g.shape(l.output)) == 2 for l in whole if l.op == "gemm")
+    assert any(g.layers[l].op == "layer_norm" for l in phases) and any(g.layers[l].op == "gemm" for l in phases)
+    parts = plan_parts(model, phases, source)
+    assert check_plan(parts, [g]).peak_bytes < reuse.peak_bytes
+    x = random_input(g)
+    assert coverage.matches_reference(parts, g, x, run_reference(g, x))
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for export --check")
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--method", "parts", "--rows", "1", "--out", str(plan_file)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "c"), "--check", "--cflags", "-std=c99 -O1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["check"]["ok"]
+
+
+HYBRIDS = ("svtr", "mobilevit_xxs", "efficientformer_l1")  # issue 38: convolutions with attention blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opset", [pytest.param(n, o, id=f"{n}-opset{o}") for o in corpus.OPSETS for n in HYBRIDS])
+def test_hybrid_export_check(name, opset, tmp_path, capsys):
+    """The C export of each hybrid's split plan (parts, two rows per phase: the convolutions
+    and the token rows by bands, attention over all tokens whole) builds and matches."""
+    import json
+
+    from tightfit.cli import main
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler for export --check")
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(corpus.onnx_path(name, opset)), "--method", "parts", "--rows", "2", "--out", str(plan_file)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "c"), "--check", "--cflags", "-std=c99 -O1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["check"]["ok"]
 
 
 def test_a_corpus_model_with_constant_weights_and_a_renamed_output(tmp_path, capsys):

@@ -153,7 +153,7 @@ def needs_whole_input(graph: Graph, layer: Layer) -> bool:
     """True for layers that must see their whole input at once and so have one phase: ops that
     are not splittable (dense, global pooling, softmax, flatten, ...) and the squeeze-excitation
     product (an elementwise layer with a second, data-dependent operand broadcast over the rows)."""
-    if not get_op(layer.op).splittable:
+    if not get_op(layer.op).splits_rows(layer, [graph.shape(t) for t in layer.inputs], graph.shape(layer.output)):
         return True
     out_h = _rows(graph.shape(layer.output))
     return len(layer.inputs) > 1 and out_h > 1 and any(_rows(graph.shape(t)) == 1 for t in layer.inputs)

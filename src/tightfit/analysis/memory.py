@@ -10,12 +10,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+from tightfit.analysis.csdf import needs_whole_input
 from tightfit.errors import OptionError
 from tightfit.graph.ir import Graph, itemsize, last_reads
 from tightfit.ops import WORKSPACE_MODELS, get_op
 from tightfit.ops.registry import step_workspace
 from tightfit.ops.base import Region
+from tightfit.plan.lifetimes import lifetimes
+from tightfit.plan.schema import Plan
 
 
 @dataclass(frozen=True)
@@ -96,3 +100,32 @@ def layer_peak(graph: Graph, rows: tuple[LayerMemory, ...] | list[LayerMemory], 
             if last.get(t) == layer.id:
                 live.pop(t, None)
     return peak
+
+
+@dataclass(frozen=True)
+class WholeStepPeaks:
+    """What the layers no plan splits (attention over all tokens, a layer norm, a dense layer:
+    each a whole step) cost a plan. `blocks`: the most bytes live (with that step's scratch) at a
+    step while a buffer a whole step reads or writes is live (the whole step itself, and the
+    split steps around it that must keep its tensors whole); `split`: the most at any other step
+    (the convolutional stages). Where `blocks` is the plan's peak, the whole steps set its arena
+    and splitting the other layers further gains nothing."""
+
+    blocks: int
+    split: int
+    whole_steps: int
+
+
+def whole_step_peaks(plan: Plan, graphs: Sequence[Graph]) -> WholeStepPeaks:
+    life = lifetimes(plan, graphs, conflicts=False)
+    live = life.live_bytes()
+    steps = plan.steps()
+    whole = [s.kind == "compute" and needs_whole_input(graphs[s.model], graphs[s.model].layers[s.layer]) for s in steps]
+    held = {a.buffer for s, w in zip(steps, whole) if w for a in (s.out, *s.inputs)}
+    in_block = [False] * len(steps)
+    for (b, _), r in zip(life.keys, life.reqs):
+        if b in held:
+            in_block[r.first_use:r.last_use + 1] = [True] * (r.last_use + 1 - r.first_use)
+    blocks = max((n + k for n, k, b in zip(live, life.step_scratch, in_block) if b), default=0)
+    split = max((n + k for n, k, b in zip(live, life.step_scratch, in_block) if not b), default=0)
+    return WholeStepPeaks(blocks, split, sum(whole))

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from tightfit.cache import cache_dir
+from tightfit.frontend.hybrids import EfficientFormer, MobileViT
 from tightfit.frontend.torch_import import require_torch
 
 torch = require_torch("the corpus", torchvision=True)
@@ -358,6 +359,11 @@ _MAKERS: dict[str, tuple[Callable[[], nn.Module], tuple[int, int, int, int], str
     "crnn": (CRNNTrunk, (1, 3, 32, 320), "table", "CRNN recogniser trunk with a 1x1 class head"),
     # issue 38: convolutions with attention blocks
     "svtr": (SVTR, (1, 3, 32, 320), "table", "SVTR-style recogniser: CRNN trunk, 2 attention blocks, CTC head"),
+    "mobilevit_xxs": (MobileViT, (1, 3, 256, 256), "table", "MobileViT-XXS: MobileNetV2 blocks, unfold / attention / fold"),
+    "mobilevit_tiny": (functools.partial(MobileViT, classes=10, width=0.5), (1, 3, 64, 64), "table",
+                       "MobileViT-XXS at half width, 10 classes, 64x64 (the default run's hybrid)"),
+    "efficientformer_l1": (EfficientFormer, (1, 3, 224, 224), "table",
+                           "EfficientFormer-L1: 4-D conv stages, then a 3-D attention stage"),
 }
 
 # Small, quick members for the default test run.

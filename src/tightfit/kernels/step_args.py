@@ -724,7 +724,9 @@ def _dims_strides(v: View, shape: Sequence[int]) -> tuple[list[int], list[int]]:
     """The dims of a tensor of logical `shape` as view `v` holds them (its batch the view's) and
     their element strides; a tensor above rank 4 is held contiguous (folded into W)."""
     dims = [v.dims[0], *shape[1:]]
-    if len(shape) <= 4:
+    if len(shape) == 4:  # a region's view: a band of rows of a rank-4 tensor (ops over its last axis)
+        return list(v.dims), list(v.strides)
+    if len(shape) < 4:
         return dims, list(v.strides[: len(shape)])
     return dims, _contiguous_strides(dims)
 

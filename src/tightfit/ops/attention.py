@@ -2,8 +2,11 @@
 LogSoftmax over any axis, LayerNormalization over the last axis, ReduceMean / ReduceSum /
 ReduceMax / ReduceL2 over any axes, and Gather of one index along a non-batch axis.
 
-Each works on a whole axis (a sequence of tokens, a row of scores), so a step of one needs its
-whole input: these ops are not splittable, and the planners end a group of rows or tiles at them.
+Each works on a whole axis (a sequence of tokens, a row of scores). On rank-4 data worked on
+along its last axis, the rows (dim 2: the query tokens of attention's scores, the tokens of
+(N, windows, T, C)) are independent: MatMul, Softmax / LayerNorm over the last axis split by bands
+of rows (`splits_rows`; parts runs them by rows, tiling, which cuts columns too, ends a group
+there). Otherwise a step of one needs its whole input, and the planners end a group at it.
 Their tensors have rank 2 to 4 (the kernels' views hold 4 dims; the batch is dim 0 and free).
 The ONNX types stay with the ops that import their older forms (MatMul with gemm, Softmax with
 softmax, LayerNormalization with channel_norm, ReduceMean / ReduceMax with global_pool); those
@@ -47,6 +50,32 @@ class _WholeSamples(Op):
 
     def kernel_bytes(self, layer, graph, itemsize) -> int:
         return 0
+
+
+def _rows_of(r: Region, shape: Shape) -> Region:
+    """Rows r.h0..r.h1 of every column of a rank-4 tensor of `shape`."""
+    return Region(r.n0, r.n1, r.h0, r.h1, 0, shape[3])
+
+
+def _over_last_of_4(layer: Layer, in_shapes, out_shape: Shape) -> bool:
+    """Rank-4 data worked on along its last axis (W): its rows (H: tokens, or query tokens of
+    attention's scores) are independent, so a band of rows reads the same band of the input."""
+    return len(out_shape) == 4 and all(len(s) == 4 for s in in_shapes)
+
+
+class _RowsOfLast(_WholeSamples):
+    """An op along the last axis: on rank-4 data a band of rows (every column) reads that band."""
+
+    def splits_rows(self, layer: Layer, in_shapes, out_shape: Shape) -> bool:
+        return _over_last_of_4(layer, in_shapes, out_shape) and self._along_last(layer, out_shape)
+
+    def _along_last(self, layer: Layer, out_shape: Shape) -> bool:
+        return True
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        if len(in_shapes[0]) != 4:
+            return super().input_windows(layer, out, in_shapes)
+        return (InputWindow(_rows_of(out, in_shapes[0])),)
 
 
 MATMUL_RANK = 6  # batch dims beyond the view's two are merged (they lie one after the other)
@@ -93,6 +122,17 @@ class MatMul(_WholeSamples):
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return out.numel(out_shape) * _matrices(layer, in_shapes)[0][1]
 
+    def splits_rows(self, layer: Layer, in_shapes, out_shape: Shape) -> bool:
+        """Rank 4 (N, heads, rows, cols), a not transposed: a band of rows of y is that band of a
+        times the whole of b (attention's q k^T and weights v, by bands of query tokens)."""
+        return _over_last_of_4(layer, in_shapes, out_shape) and not layer.attrs.get("trans_a")
+
+    def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        whole = super().input_windows(layer, out, in_shapes)
+        if len(in_shapes[0]) != 4 or layer.attrs.get("trans_a"):
+            return whole
+        return (InputWindow(_rows_of(out, in_shapes[0])), whole[1])
+
 
 def matmul_spec(node: OnnxNode) -> OnnxSpec:
     """The matmul layer of a MatMul node of two activations (gemm's from_onnx hands it here)."""
@@ -127,7 +167,7 @@ def einsum_spec(node: OnnxNode) -> OnnxSpec:
 
 
 @register
-class SoftmaxAxis(_WholeSamples):
+class SoftmaxAxis(_RowsOfLast):
     """Softmax / LogSoftmax over one axis other than C of an NCHW map (the scores of attention,
     over the last axis): softmax's kernel over a view whose C is that axis."""
 
@@ -146,6 +186,9 @@ class SoftmaxAxis(_WholeSamples):
     def output_shape(self, layer: Layer, in_shapes, graph=None) -> Shape:
         return tuple(in_shapes[0])
 
+    def _along_last(self, layer: Layer, out_shape: Shape) -> bool:
+        return layer.attrs["axis"] == len(out_shape) - 1
+
     def macs(self, layer, out, in_shapes, out_shape) -> int:
         return 3 * out.numel(out_shape)
 
@@ -156,7 +199,7 @@ def softmax_axis_spec(node: OnnxNode, axis: int) -> OnnxSpec:
 
 
 @register
-class LayerNorm(_WholeSamples):
+class LayerNorm(_RowsOfLast):
     """LayerNormalization over the last axis (of tokens N x T x C, or of any rank 2-4 tensor):
     channel_norm's kernel over a view whose C is that axis; scale and bias one value per element
     of it."""

@@ -185,6 +185,13 @@ class Op:
         Default: one input."""
         expect(len(in_shapes) == 1, f"takes one data input, got {len(in_shapes)}")
 
+    def splits_rows(self, layer: Layer, in_shapes: Sequence[Shape], out_shape: Shape) -> bool:
+        """Whether a step may compute a band of the output's rows (every column): `splittable`
+        ops, and ops over the last axis of a rank-4 tensor whose rows are independent (attention's
+        scores: a band of query tokens reads its band of q and all of k and v). Such an op that is
+        not `splittable` is split by parts only (tiling cuts columns: it ends a group there)."""
+        return self.splittable
+
     def input_windows(self, layer: Layer, out: Region, in_shapes: Sequence[Shape]) -> tuple[InputWindow, ...]:
         """Default: elementwise, each input needs the same region (broadcast dims whole)."""
         return tuple(InputWindow(_broadcast_region(out, s)) for s in in_shapes)

@@ -62,10 +62,19 @@ class Gemm(Op):
             return tuple(in_shapes[0][:-1]) + (layer.attrs["out_features"],)
         return (in_shapes[0][0], layer.attrs["out_features"])
 
+    def splits_rows(self, layer: Layer, in_shapes, out_shape: Shape) -> bool:
+        """A Linear over the last axis of rank-4 tokens (N, windows, T, C): each row of tokens
+        on its own, so a band of rows reads that band."""
+        return bool(layer.attrs.get("last_axis")) and len(in_shapes[0]) == 4
+
     def input_windows(self, layer: Layer, out: Region, in_shapes) -> tuple[InputWindow, ...]:
+        if layer.attrs.get("last_axis") and len(in_shapes[0]) == 4:
+            return (InputWindow(Region(out.n0, out.n1, out.h0, out.h1, 0, in_shapes[0][3])),)
         return (InputWindow(Region.whole(in_shapes[0]).with_samples(out.n0, out.n1)),)
 
     def macs(self, layer, out, in_shapes, out_shape) -> int:
+        if layer.attrs.get("last_axis"):  # per token: its features times the outputs
+            return out.numel(out_shape) * int(in_shapes[0][-1])
         return out.n * int(np.prod(in_shapes[0][1:])) * layer.attrs["out_features"]
 
 

@@ -292,9 +292,13 @@ def _check_compute(g: Graph, s: Step, where: str) -> None:
     if s.out.tensor != layer.output or tuple(a.tensor for a in s.inputs) != layer.inputs:
         raise PlanError(f"{where}: layer {s.layer} ({layer.name}) reads {layer.inputs} and writes {layer.output!r}")
     op = get_op(layer.op)
-    if not op.splittable and (s.out.region.h, s.out.region.w) != spatial(g.shape(layer.output)):
-        raise PlanError(f"{where}: layer {s.layer} ({layer.op}) needs whole samples")
     in_shapes = [g.shape(t) for t in layer.inputs]
+    h, w = spatial(g.shape(layer.output))
+    if not op.splittable and (s.out.region.h, s.out.region.w) != (h, w):
+        if not op.splits_rows(layer, in_shapes, g.shape(layer.output)):
+            raise PlanError(f"{where}: layer {s.layer} ({layer.op}) needs whole samples")
+        if s.out.region.w != w:
+            raise PlanError(f"{where}: layer {s.layer} ({layer.op}) needs whole rows")
     for a, win in zip(s.inputs, op.input_windows(layer, s.out.region, in_shapes)):
         if a.region != win.region:
             raise PlanError(f"{where}: layer {s.layer} ({layer.name}) needs {_fmt(win.region)} of {a.tensor!r}, the plan reads {_fmt(a.region)}")
