@@ -28,6 +28,8 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
     spec = str(model)
     if spec in zoo.names():
         return zoo.load(spec, input_shape)
+    if spec.endswith(".tflite"):
+        return _load_tflite(spec, input_shape, nchw_shape)
     if spec.endswith(".onnx") or Path(spec).exists():
         from tightfit.frontend.onnx_import import load_onnx
 
@@ -38,6 +40,14 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
             raise OptionError(f"{spec} is a PyTorch module: give --input-shape, e.g. 1x3x224x224")
         return torch_import.from_module(module, input_shape, spec.partition(":")[2])
     raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
+
+
+def _load_tflite(spec: str, input_shape: Sequence[int] | None, nchw_shape: bool) -> Graph:
+    try:
+        from tightfit.frontend.tflite_import import load_tflite
+    except ImportError as e:  # the flatbuffer schema package is a dependency; a broken install is one line
+        raise ModelLoadError(f"reading {spec} needs the `tflite` package (pip install tflite): {e}") from None
+    return load_tflite(spec, input_shape, nchw_shape=nchw_shape)
 
 
 def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, where: str = "the plan") -> Graph:
@@ -54,7 +64,8 @@ def names_code(spec: str) -> bool:
     """Whether loading `spec` would import a module and call it (not a zoo name, not a file)."""
     from tightfit.frontend import zoo
 
-    return ":" in spec and spec not in zoo.names() and not spec.endswith(".onnx") and not Path(spec).exists()
+    return (":" in spec and spec not in zoo.names() and not spec.endswith((".onnx", ".tflite"))
+            and not Path(spec).exists())
 
 
 def named_in_file(spec: object, where: str, allow_code: bool) -> None:

@@ -1158,11 +1158,40 @@ static int8_t quantize1(float x, float s, int z) {
 
 static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
 
+/* TFLite's fixed-point arithmetic, as its reference kernels and TFLite Micro build it (gemmlowp's
+ * SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT: two roundings, not one). */
+static int32_t tfl_high_mul(int32_t a, int32_t b) {
+    if (a == b && a == INT32_MIN) return INT32_MAX;
+    const int64_t ab = (int64_t)a * (int64_t)b;
+    const int64_t nudge = ab >= 0 ? ((int64_t)1 << 30) : 1 - ((int64_t)1 << 30);
+    return (int32_t)((ab + nudge) / ((int64_t)1 << 31)); /* C's division truncates, as C++'s */
+}
+
+static int32_t tfl_div_pot(int32_t x, int e) {
+    const int32_t mask = (int32_t)(((int64_t)1 << e) - 1), rem = x & mask, threshold = (mask >> 1) + (x < 0 ? 1 : 0);
+    return (x >> e) + (rem > threshold ? 1 : 0);
+}
+
+/* MultiplyByQuantizedMultiplier: x * m * 2^shift, m a Q31 fraction in [0.5, 1). */
+static int32_t tfl_scale(int32_t x, int32_t m, int shift) {
+    const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
+    return tfl_div_pot(tfl_high_mul((int32_t)((int64_t)x * ((int64_t)1 << left)), m), right);
+}
+
+/* An int32 accumulator of output channel c to int8, as the step's runtime rounds it: m holds a
+ * float multiplier per channel (onnxruntime) or TFLite's multiplier and shift words. */
+static int8_t requant_acc(int32_t acc, const float *wts, long m, long c, int round, int z, int lo, int hi) {
+    if (round == TF_ROUND_TFLITE) {
+        const int32_t v = tfl_scale(acc, word_i32(wts, m + 2 * c), word_i32(wts, m + 2 * c + 1)) + z;
+        return (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+    }
+    return requant((float)acc * wts[m + c], z, lo, hi);
+}
+
 static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     const long cig = x->c / a->groups, cog = y->c / a->groups, taps = a->kh * a->kw * cig;
     const int8_t *w = (const int8_t *)(wts + a->w);
-    const float *m = wts + a->m;
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
@@ -1189,7 +1218,7 @@ static void qconv(float *arena, const float *wts, const tf_qconv_args *a) {
                     for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
                 }
             }
-            out[co * y->sc] = requant((float)acc * m[co], a->yz, a->lo, a->hi);
+            out[co * y->sc] = requant_acc(acc, wts, a->m, co, a->round, a->yz, a->lo, a->hi);
         }
     }
 }
@@ -1208,7 +1237,7 @@ static void qgemm(float *arena, const float *wts, const tf_qgemm_args *a) {
         for (long k = 0; k < x->w; k++, i++)
             acc += ((int32_t)*q8(arena, x->off + n * x->sn + c * x->sc + h * x->sh + k * x->sw) - a->xz) * (int32_t)wo[i];
         const long oc = o / (y->h * y->w), oh = o / y->w % y->h, ow = o % y->w;
-        *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) = requant((float)acc * wts[a->m + o], a->yz, a->lo, a->hi);
+        *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) = requant_acc(acc, wts, a->m, o, a->round, a->yz, a->lo, a->hi);
     }
 }
 
@@ -1218,12 +1247,26 @@ static int qat(float *arena, const tf_view *v, long n, long c, long h, long w) {
                + (v->w > 1 ? w * v->sw : 0));
 }
 
+/* TFLite's int8 ADD: each input less its zero point, shifted left 20, scaled to twice the larger
+ * input scale; the sum scaled to the output's; the zero point added; clamped. */
+static int8_t tfl_add1(int qa, int qb, const tf_qadd_args *a) {
+    const int32_t va = tfl_scale((qa - a->za) * (1 << 20), a->tq[0], a->tq[1]);
+    const int32_t vb = tfl_scale((qb - a->zb) * (1 << 20), a->tq[2], a->tq[3]);
+    const int32_t v = tfl_scale(va + vb, a->tq[4], a->tq[5]) + a->zy;
+    return (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
+}
+
 static void qadd(float *arena, const tf_qadd_args *a) {
     const tf_view *y = &a->y;
     for (long n = 0; n < y->n; n++)
     for (long c = 0; c < y->c; c++)
     for (long h = 0; h < y->h; h++)
     for (long w = 0; w < y->w; w++) {
+        if (a->round == TF_ROUND_TFLITE) {
+            *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) =
+                tfl_add1(qat(arena, &a->a, n, c, h, w), qat(arena, &a->b, n, c, h, w), a);
+            continue;
+        }
         volatile float va = dequantize1(qat(arena, &a->a, n, c, h, w), a->sa, a->za);
         volatile float vb = dequantize1(qat(arena, &a->b, n, c, h, w), a->sb, a->zb);
         int8_t v = quantize1(va + vb, a->sy, a->zy);
@@ -1233,6 +1276,18 @@ static void qadd(float *arena, const tf_qadd_args *a) {
 }
 
 static int same_q(const tf_qparams *q) { return q->xs == q->ys && q->xz == q->yz; }
+
+/* TFLite's int8 average: the int32 sum of the window's inputs (padding not counted) over their
+ * count, rounded half away from zero (x and y are quantized alike). */
+static int8_t tfl_average(float *arena, const tf_view *x, long n, long c, const window *t, const tf_pool_args *a) {
+    int32_t acc = 0, count = 0;
+    for (long ky = t->ky0; ky < t->ky1; ky++)
+    for (long kx = t->kx0; kx < t->kx1; kx++, count++)
+        acc += *q8(arena, x->off + n * x->sn + c * x->sc + (t->iy + ky * a->dh) * x->sh + (t->ix + kx * a->dw) * x->sw);
+    if (count == 0) return 0;
+    acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
+    return (int8_t)(acc < -128 ? -128 : (acc > 127 ? 127 : acc));
+}
 
 static void qpool(float *arena, const tf_qpool_args *qa) {
     const tf_pool_args *a = &qa->p;
@@ -1268,7 +1323,8 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
                 sum += col;
             }
             int8_t r;
-            if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
+            if (avg && qa->mode == 3) r = tfl_average(arena, x, n, c, &t, a);
+            else if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
                 float s = 0.0f;
                 for (long ky = t.ky0; ky < t.ky1; ky++)
                 for (long kx = t.kx0; kx < t.kx1; kx++) {
@@ -1304,7 +1360,10 @@ static void qglobal(float *arena, const tf_qglobal_args *a) {
         }
         int8_t r;
         if (a->kind == TF_GLOBAL_MAX) r = same_q(q) ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
-        else r = requant((float)(acc - (int32_t)(x->h * x->w) * q->xz) * a->m, q->yz, -128, 127);
+        else if (a->round == TF_ROUND_TFLITE) { /* TFLite's MEAN */
+            const int32_t v = tfl_scale(acc - (int32_t)(x->h * x->w) * q->xz, a->qm, a->qs) + q->yz;
+            r = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
+        } else r = requant((float)(acc - (int32_t)(x->h * x->w) * q->xz) * a->m, q->yz, -128, 127);
         *q8(arena, y->off + n * y->sn + c * y->sc) = r;
     }
 }
@@ -1367,7 +1426,10 @@ static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
     for (long w = 0; w < y->w; w++) {
         const long xi = x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw;
         const long yi = y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw;
-        if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
+        if (kind == TF_STEP_QUANTIZE && a->round == TF_ROUND_TFLITE) { /* TFLite rounds half away from zero */
+            const float v = roundf(arena[xi] / a->q.ys) + (float)a->q.yz;
+            *q8(arena, yi) = (int8_t)(v < -128.0f ? -128 : (v > 127.0f ? 127 : (int)v));
+        } else if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
         else arena[yi] = dequantize1(*q8(arena, xi), a->q.xs, a->q.xz);
     }
 }

@@ -44,6 +44,7 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
        TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
+enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
 typedef struct { tf_int off, n, c, h, w, sn, sc, sh, sw; } tf_view;
@@ -109,27 +110,35 @@ typedef struct { tf_view x, y; tf_int taps, rows, cols, row_w, col_w; } tf_inter
 /* An int8 step's input (x) and output (y) scale and zero point: real = (q - z) * s. */
 typedef struct { float xs; int xz; float ys; int yz; } tf_qparams;
 /* int8 convolution (dense, depthwise, grouped): weight (C_out, kh, kw, C_in/groups) int8,
- * bias int32 (b < 0: none), m: one float multiplier per output channel (x_scale * w_scale /
- * y_scale); acc = bias + sum (x - xz) * w in int32, y = clamp(round_even(acc * m) + yz, lo, hi). */
-typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, pt, pl; int xz, yz, lo, hi;
-       } tf_qconv_args;
+ * bias int32 (b < 0: none); acc = bias + sum (x - xz) * w in int32. TF_ROUND_ONNXRUNTIME: m is
+ * one float multiplier per output channel (x_scale * w_scale / y_scale), y = clamp(round_even(
+ * acc * m) + yz, lo, hi); TF_ROUND_TFLITE: m is two int32 words per output channel (TFLite's
+ * fixed-point multiplier and shift), y = clamp(MultiplyByQuantizedMultiplier(acc) + yz, lo, hi). */
+typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, pt, pl; int xz, yz, lo, hi,
+       round; } tf_qconv_args;
 /* int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args. */
-typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi; } tf_qgemm_args;
-/* int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized. */
-typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi;
+typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi, round; } tf_qgemm_args;
+/* int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,
+ * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled
+ * by its fixed-point multiplier and shift tq[0], tq[1] / tq[2], tq[3], the sum by tq[4], tq[5]). */
+typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi, round, tq[6];
        } tf_qadd_args;
 /* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
  * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its
- * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks). */
+ * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks);
+ * mode 3: TFLite's int8 AVERAGE_POOL_2D (an int32 sum over the window's inputs, divided by their
+ * count rounding half away from zero; x and y quantized alike). */
 typedef struct { tf_pool_args p; tf_qparams q; int mode; } tf_qpool_args;
-/* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max. */
-typedef struct { tf_view x, y; int kind; float m; tf_qparams q; } tf_qglobal_args;
+/* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W) (TF_ROUND_TFLITE:
+ * TFLite's MEAN, the sum less H * W * xz scaled by the fixed-point multiplier qm and shift qs); max. */
+typedef struct { tf_view x, y; int kind; float m; tf_qparams q; int round, qm, qs; } tf_qglobal_args;
 /* int8 concatenation along C; input i requantized by q[i] where its scale differs. */
 typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } tf_qconcat_args;
 /* QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in
  * logical order (a reshape, a transpose by strides), requantized where q's scales differ and
- * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). */
-typedef struct { tf_view x, y; tf_qparams q; int lo, hi; } tf_quant_args;
+ * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). QUANTIZE rounds
+ * half to even (TF_ROUND_ONNXRUNTIME) or half away from zero (TF_ROUND_TFLITE). */
+typedef struct { tf_view x, y; tf_qparams q; int lo, hi, round; } tf_quant_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
