@@ -668,7 +668,7 @@ def _qadd(b, layer, xs, y):
     (sa, za), (sb, zb), (sy, zy) = (_tq(b, t) for t in (*layer.inputs, layer.output))
     lo, hi = _qclamp(layer, sy, zy)
     return "qadd", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi, _rounding(layer),
-                                    _tflite_add(sa, sb, sy) if _tflite(layer) else (0,) * 6]
+                                    *(_tflite_add(sa, sb, sy) if _tflite(layer) else (0,) * 6)]
 
 
 def _tflite_add(sa: float, sb: float, sy: float) -> tuple[int, ...]:

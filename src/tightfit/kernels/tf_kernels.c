@@ -1250,9 +1250,9 @@ static int qat(float *arena, const tf_view *v, long n, long c, long h, long w) {
 /* TFLite's int8 ADD: each input less its zero point, shifted left 20, scaled to twice the larger
  * input scale; the sum scaled to the output's; the zero point added; clamped. */
 static int8_t tfl_add1(int qa, int qb, const tf_qadd_args *a) {
-    const int32_t va = tfl_scale((qa - a->za) * (1 << 20), a->tq[0], a->tq[1]);
-    const int32_t vb = tfl_scale((qb - a->zb) * (1 << 20), a->tq[2], a->tq[3]);
-    const int32_t v = tfl_scale(va + vb, a->tq[4], a->tq[5]) + a->zy;
+    const int32_t va = tfl_scale((qa - a->za) * (1 << 20), a->am, a->ash);
+    const int32_t vb = tfl_scale((qb - a->zb) * (1 << 20), a->bm, a->bsh);
+    const int32_t v = tfl_scale(va + vb, a->ym, a->ysh) + a->zy;
     return (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
 }
 

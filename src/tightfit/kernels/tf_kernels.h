@@ -120,9 +120,9 @@ typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, p
 typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi, round; } tf_qgemm_args;
 /* int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,
  * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled
- * by its fixed-point multiplier and shift tq[0], tq[1] / tq[2], tq[3], the sum by tq[4], tq[5]). */
-typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi, round, tq[6];
-       } tf_qadd_args;
+ * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh). */
+typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi, round, am,
+       ash, bm, bsh, ym, ysh; } tf_qadd_args;
 /* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
  * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its
  * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks);

@@ -141,10 +141,11 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                        ("yz", N), ("lo", N), ("hi", N), ("round", N)],
                       "int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args."),
     "tf_qadd_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("sa", F), ("za", N), ("sb", F), ("zb", N), ("sy", F),
-                      ("zy", N), ("lo", N), ("hi", N), ("round", N), ("tq", ("int", 6))],
+                      ("zy", N), ("lo", N), ("hi", N), ("round", N), ("am", N), ("ash", N), ("bm", N),
+                      ("bsh", N), ("ym", N), ("ysh", N)],
                      "int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,\n"
                      " * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled\n"
-                     " * by its fixed-point multiplier and shift tq[0], tq[1] / tq[2], tq[3], the sum by tq[4], tq[5])."),
+                     " * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh)."),
     "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("mode", N)],
                       "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values\n"
                       " * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its\n"
