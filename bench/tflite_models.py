@@ -4,7 +4,11 @@ int8 converter on random calibration data (full integer quantization, int8 input
 Needs tensorflow (tensorflow-cpu) only to MAKE a file; tightfit reads .tflite without it. The
 files are cached under ~/.cache/tightfit/tflite (or $TIGHTFIT_CACHE/tflite), keyed by name.
 
-    python bench/tflite_models.py small OUT.tflite     # the test model (tests/data/small_int8.tflite)
+    python bench/tflite_models.py small tests/data/small_int8.tflite tests/data/small_int8_tflm.npz
+        (the test model, and TFLite Micro's outputs on seeded int8 inputs, which tests/test_tflite.py
+        compares against where the interpreter is not installed)
+    python bench/tflite_models.py tanh tests/data/tanh_int8.tflite        # an op tightfit does not import
+    python bench/tflite_models.py float16 tests/data/float16.tflite       # float16 weights
 """
 from __future__ import annotations
 
@@ -86,6 +90,25 @@ def small(seed: int = 0):
     return model
 
 
+def tiny_tanh(seed: int = 0):
+    """A conv then a TANH, an op the importer does not take (tests/data/tanh_int8.tflite)."""
+    import tensorflow as tf
+
+    x = inp = tf.keras.Input((8, 8, 3), batch_size=1)
+    x = tf.keras.layers.Activation("tanh")(tf.keras.layers.Conv2D(4, 3)(x))
+    return tf.keras.Model(inp, x)
+
+
+def to_float16_tflite(model) -> bytes:
+    """The model with float16 weights (TFLite's float16 quantization): a file tightfit refuses."""
+    import tensorflow as tf
+
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.target_spec.supported_types = [tf.float16]
+    return conv.convert()
+
+
 def mobilenet_v2(alpha: float, size: int, seed: int = 0):
     """Keras MobileNetV2 without its top (Keras' own top adds a Shape/StridedSlice/Pack reshape on
     which TFLite Micro's interpreter aborts), then global average pool + Dense(1000)."""
@@ -113,6 +136,7 @@ def _headed(base, seed: int, classes: int = 1000):
 
 MODELS: dict[str, Callable] = {
     "small": small,
+    "tanh": tiny_tanh,
     "mv2-1.0-224": lambda: mobilenet_v2(1.0, 224),
     "mv2-0.35-144": lambda: mobilenet_v2(0.35, 144),
     "mv2-0.35-128": lambda: mobilenet_v2(0.35, 128),
@@ -132,10 +156,26 @@ def cached(name: str) -> Path:
     return path
 
 
+def write_expected(path: Path, out: Path, seeds: int = 4) -> None:
+    """TFLite Micro's outputs for seeded int8 inputs, stored beside the test file, so that the
+    test compares against them where the interpreter is not installed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from tightfit.frontend.tflite_import import load_tflite
+
+    g = load_tflite(path)
+    data = path.read_bytes()
+    xs = np.stack([random_int8(g, seed) for seed in range(seeds)])
+    ys = np.stack([tflm_outputs(data, x) for x in xs])
+    np.savez_compressed(out, x=xs, y=ys)
+
+
 if __name__ == "__main__":
     name, out = sys.argv[1], Path(sys.argv[2])
-    out.write_bytes(to_tflite(MODELS[name]()))
+    out.write_bytes(to_float16_tflite(tiny_tanh()) if name == "float16" else to_tflite(MODELS[name]()))
     print(f"wrote {out} ({out.stat().st_size} bytes)")
+    if len(sys.argv) > 3:  # the TFLite Micro outputs to compare against (needs tflite-micro)
+        write_expected(out, Path(sys.argv[3]))
+        print(f"wrote {sys.argv[3]}")
 
 
 # --- running a .tflite: TFLite Micro's interpreter, and tightfit on the same int8 values ----------

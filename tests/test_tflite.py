@@ -1,0 +1,168 @@
+""".tflite import (issue 40): an int8 file made by TensorFlow's converter imports into int8 layers
+that requantize as TFLite Micro does, runs bit-exact against TFLite Micro's interpreter (and against
+its outputs stored beside the file, so the test compares something where the interpreter is not
+installed), plans by parts at half its reuse arena with the same outputs, and exports a C program
+that gives them. Bad files are one line and exit 2.
+
+The files in tests/data are remade by bench/tflite_models.py (needs tensorflow; see its docstring)."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tflite", reason="the `tflite` flatbuffer schema package is not installed")
+
+from tightfit import api  # noqa: E402
+from tightfit.cli import main  # noqa: E402
+from tightfit.errors import ModelLoadError  # noqa: E402
+from tightfit.frontend.load import load  # noqa: E402
+from tightfit.kernels.step_args import quantize_multiplier  # noqa: E402
+from tightfit.plan.check import check_plan  # noqa: E402
+from tightfit.reference import run_reference  # noqa: E402
+from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import tflite_models as tm  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+SMALL = DATA / "small_int8.tflite"
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load(str(SMALL))
+
+
+def _ours(g, x_q: np.ndarray) -> np.ndarray:
+    return tm.as_int8_output(g, run_reference(g, tm.as_float_input(g, x_q))[g.outputs[0]])
+
+
+def test_every_layer_is_int8_with_tflite_rounding(small):
+    ops = [l.op for l in small.layers]
+    assert ops[0] == "quantize" and ops[-1] == "dequantize"
+    inner = small.layers[1:-1]
+    assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in inner)
+    assert {"conv", "add", "avgpool", "maxpool", "concat", "global_pool", "gemm"} <= {l.op for l in inner}
+    assert any(l.attrs["groups"] > 1 for l in inner if l.op == "conv")  # the depthwise convolution
+    assert small.input_forms[0][1] == "nhwc" and small.input_forms[0][2] == (1, 32, 32, 3)
+    assert small.shape(small.inputs[0]) == (1, 3, 32, 32)
+
+
+def test_equals_stored_tflite_micro_outputs(small):
+    """Always runs: TFLite Micro's outputs on seeded int8 inputs, stored when the file was made."""
+    stored = np.load(DATA / "small_int8_tflm.npz")
+    assert len(stored["x"]) >= 4
+    for x, y in zip(stored["x"], stored["y"]):
+        assert np.array_equal(_ours(small, x), y.reshape(-1, y.shape[-1]))
+
+
+def test_equals_tflite_micro_bit_for_bit(small):
+    pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
+    data = SMALL.read_bytes()
+    for seed in range(10, 16):
+        x = tm.random_int8(small, seed)
+        assert np.array_equal(_ours(small, x), tm.tflm_outputs(data, x).reshape(1, -1)), seed
+
+
+def test_onnxruntime_rounding_would_differ(small):
+    """The rounding mode is what makes the run exact: the same layers requantized as onnxruntime
+    does are off on some outputs (so the comparisons above can fail)."""
+    import dataclasses
+
+    plain = dataclasses.replace(small, layers=tuple(
+        dataclasses.replace(l, attrs={k: v for k, v in l.attrs.items() if k != "rounding"}) for l in small.layers))
+    stored = np.load(DATA / "small_int8_tflm.npz")
+    off = sum(int((_ours(plain, x) != y.reshape(1, -1)).sum()) for x, y in zip(stored["x"], stored["y"]))
+    assert off > 0
+
+
+def test_quantize_multiplier_is_tflites():
+    """QuantizeMultiplier's known values: 0.5 -> 2^30 with shift 0; 1 -> 2^30 with shift 1; a
+    fraction rounding up to 2^31 moves to the next shift; tiny ones flush to zero."""
+    assert quantize_multiplier(0.5) == (1 << 30, 0)
+    assert quantize_multiplier(1.0) == (1 << 30, 1)
+    assert quantize_multiplier(0.75) == (3 << 29, 0)
+    assert quantize_multiplier(1 - 2.0 ** -40) == (1 << 30, 1)
+    assert quantize_multiplier(2.0 ** -40) == (0, 0)
+    assert quantize_multiplier(0.0) == (0, 0)
+
+
+def test_parts_at_half_the_reuse_arena_equals_the_unsplit_run(small):
+    reuse, gs = api.plan(str(SMALL), method="reuse")
+    whole_arena = check_plan(reuse, gs).arena_bytes
+    x = tm.as_float_input(small, tm.random_int8(small, 3))
+    whole = ArenaExecutor(reuse, gs, fill_nan=True).run(x)[0][small.outputs[0]].copy()
+    parts, gs = api.plan(str(SMALL), method="parts", rows=1)
+    assert check_plan(parts, gs).arena_bytes <= whole_arena // 2
+    assert np.array_equal(ArenaExecutor(parts, gs, fill_nan=True).run(x)[0][small.outputs[0]], whole)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+def test_exported_program_equals_the_executor(tmp_path):
+    from tightfit.api import check_export
+    from tightfit.export import export
+
+    plan, graphs = api.plan(str(SMALL), method="parts", rows=1)
+    sources = export(plan, graphs, tmp_path / "out")
+    c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
+    assert c.ok and c.max_abs_diff == 0.0, c.lines()
+
+
+def test_cli_inspect_plan_and_run(tmp_path, capsys):
+    assert main(["inspect", str(SMALL)]) == 0
+    assert "0 fp32 layers" in capsys.readouterr().out
+    out = tmp_path / "p.json"
+    assert main(["plan", str(SMALL), "--method", "parts", "--rows", "1", "--out", str(out)]) == 0
+    assert main(["run", str(out), "--verify"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+# --- bad files: one line, exit 2 ------------------------------------------------------------------
+
+def _one_line(path: Path, words: str, capsys) -> None:
+    with pytest.raises(ModelLoadError, match=words):
+        load(str(path))
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+
+
+def test_unknown_op_is_one_line(capsys):
+    _one_line(DATA / "tanh_int8.tflite", "op TANH is not imported", capsys)
+
+
+def test_float16_tensors_are_one_line(capsys):
+    _one_line(DATA / "float16.tflite", "float16", capsys)
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9, 0.99])
+def test_truncated_file_is_one_line(tmp_path, cut, capsys):
+    data = SMALL.read_bytes()
+    path = tmp_path / "cut.tflite"
+    path.write_bytes(data[: int(len(data) * cut)])
+    _one_line(path, "truncated|corrupt", capsys)
+
+
+def test_not_a_flatbuffer_is_one_line(tmp_path, capsys):
+    path = tmp_path / "x.tflite"
+    path.write_bytes(b"\x00" * 64)
+    _one_line(path, "TFL3", capsys)
+
+
+def test_int4_tensor_is_one_line(tmp_path, capsys):
+    """A tensor type patched to INT4 (TensorType 17) in the flatbuffer: refused by name."""
+    import tflite
+
+    data = bytearray(SMALL.read_bytes())
+    sg = tflite.Model.GetRootAs(data, 0).Subgraphs(0)
+    t = next(sg.Tensors(i) for i in range(sg.TensorsLength()) if sg.Tensors(i).Type() == 9)
+    pos = t._tab.Offset(6)  # the `type` field's slot (vtable entry 6: shape 4, type 6, buffer 8, ...)
+    assert pos and data[t._tab.Pos + pos] == 9  # INT8
+    data[t._tab.Pos + pos] = 17
+    path = tmp_path / "int4.tflite"
+    path.write_bytes(bytes(data))
+    _one_line(path, "int4", capsys)
