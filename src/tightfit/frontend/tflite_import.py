@@ -30,6 +30,7 @@ import tflite
 from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.errors import ModelLoadError
+from tightfit.frontend.onnx_import import import_model
 from tightfit.graph.ir import Graph
 
 OPS = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
@@ -62,8 +63,6 @@ class _Op:
 def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name: str | None = None,
                 nchw_shape: bool = False) -> Graph:
     """Import a .tflite file as an int8 graph. `input_shape`: NHWC (the file's), or NCHW with `nchw_shape`."""
-    from tightfit.frontend.onnx_import import import_model
-
     path = Path(path)
     tensors, ops, inputs, outputs = read(path)
     model = _Converter(tensors, ops, path.name).model(inputs, outputs)

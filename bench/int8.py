@@ -1,0 +1,180 @@
+"""int8 memory beside TFLite Micro and the published records (issue 40, point 6: the memory part).
+
+Models: Keras MobileNetV2 1.0 at 224, 0.35 at 144 and 128, MobileNetV1 0.25 at 96 (random weights,
+global average pool + Dense head), converted to int8 .tflite files by TensorFlow's converter on
+random calibration data (bench/tflite_models.py; made once with tensorflow and cached under
+~/.cache/tightfit/tflite). For each, on the same file:
+
+- TFLite Micro's smallest arena: `arena_size` bisected (to 16 bytes) with the `tflite-micro`
+  interpreter until it no longer allocates;
+- tightfit's plans of the imported graph: reuse (whole tensors) and parts (one output row per phase
+  everywhere), the arena as the checker counts it. tightfit runs a .tflite on a float input that its
+  first step quantizes (the file's own scale), so the plan as run holds that fp32 input too; the
+  "int8 in" columns plan the same graph taking the file's int8 input as TFLite Micro does (the
+  quantize step left out) and are the figures comparable to TFLite Micro's arena. A parts plan reads
+  its input by row bands from outside the arena (input excluded, as MCUNetV2 counts);
+- bit-exactness: the int8 outputs of tightfit's run against TFLite Micro's, on a seeded input.
+
+Verdicts: ours (int8 in, reuse alone) <= TFLite Micro's arena on every model; MobileNetV2-224 by
+parts below MCUNetV2's 172 kB (input excluded).
+
+    python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96] [--write-docs]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import numpy as np  # noqa: E402
+
+import tflite_models as tm  # noqa: E402
+from benchlib import add_write_docs, docs_section, header, verdict  # noqa: E402
+from tightfit.frontend.tflite_import import load_tflite  # noqa: E402
+from tightfit.graph.ir import Graph  # noqa: E402
+from tightfit.plan.check import check_plan  # noqa: E402
+from tightfit.reference import run_reference  # noqa: E402
+from tightfit.techniques.interface import Config, PlannedModel  # noqa: E402
+from tightfit.techniques.parts import draft as parts_draft  # noqa: E402
+from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
+
+MODELS = ("mv2-1.0-224", "mv2-0.35-144", "mv2-0.35-128", "mv1-0.25-96")
+KB, KIB = 1000, 1024
+MCUNETV2_224 = 172 * KB  # MCUNetV2, MobileNetV2-224 int8 by patches, input excluded
+# The published records of issue 40, per model (what each counts).
+RECORDS = {
+    "mv2-1.0-224": "MCUNetV2: 1372 kB layer by layer, 172 kB by patches (input excluded)",
+    "mv2-0.35-144": "TinyEngine / X-CUBE-AI 7.3 on STM32H743: 295 / 296 kB layer by layer; msf-CNN: 8.6 kB at 1.68x MACs",
+    "mv2-0.35-128": "STM32Cube.AI 10: 237 KiB activations (input and output included)",
+    "mv1-0.25-96": "TFLite Micro's person detection example (its own model): a 136 KiB arena",
+}
+GRANULE = 16  # bytes: the bisection's resolution
+
+
+def tflm_smallest_arena(data: bytes) -> int | None:
+    """The smallest `arena_size` with which TFLite Micro's interpreter allocates the model."""
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        return None
+
+    def fits(n: int) -> bool:
+        with _quiet():  # the interpreter's C++ prints each failed allocation
+            try:
+                runtime.Interpreter.from_bytes(data, arena_size=n)
+                return True
+            except Exception:  # it raises on a failed allocation
+                return False
+
+    lo, hi = 0, 1 << 16
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > GRANULE:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+@contextlib.contextmanager
+def _quiet():
+    """stdout and stderr (the file descriptors, which C++ writes to) sent to /dev/null."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+def int8_input(g: Graph) -> Graph:
+    """The graph taking the file's int8 input (its input quantize layer left out), as TFLite
+    Micro holds it: for planning memory only (tightfit's executor takes fp32 inputs)."""
+    q = g.layers[0]
+    assert q.op == "quantize" and q.inputs == g.inputs, "a .tflite graph starts with its input's quantize layer"
+    layers = tuple(dataclasses.replace(l, id=l.id - 1) for l in g.layers[1:])
+    tensors = {k: v for k, v in g.tensors.items() if k != g.inputs[0]}
+    return dataclasses.replace(g, layers=layers, tensors=tensors, inputs=(q.output,), input_forms=())
+
+
+def arenas(g: Graph, name: str) -> tuple[int, int]:
+    """(reuse, parts one row per phase) arena bytes, as the checker counts them."""
+    model = PlannedModel(g, name)
+    reuse = check_plan(plan_reuse(model, "improve"), [g]).arena_bytes
+    parts = check_plan(parts_draft(model, Config(settings={"rows": 1})), [g]).arena_bytes
+    return reuse, parts
+
+
+def exact(g: Graph, data: bytes) -> str:
+    """Whether tightfit's int8 outputs equal TFLite Micro's on a seeded input."""
+    try:
+        x = tm.random_int8(g, 0)
+        ref = tm.tflm_outputs(data, x).reshape(-1)
+    except ImportError:
+        return "n/a"
+    ours = tm.as_int8_output(g, run_reference(g, tm.as_float_input(g, x))[g.outputs[0]]).reshape(-1)
+    off = ours != ref
+    return "yes" if not off.any() else f"{off.mean():.2%} off (max {np.abs(ours.astype(int) - ref).max()} LSB)"
+
+
+def one_model(name: str) -> dict:
+    path = tm.cached(name)
+    data = path.read_bytes()
+    g = load_tflite(path)
+    run_reuse, run_parts = arenas(g, name)
+    in_reuse, in_parts = arenas(int8_input(g), name)
+    return {"model": name, "tflm": tflm_smallest_arena(data), "reuse": in_reuse, "parts": in_parts,
+            "run_reuse": run_reuse, "run_parts": run_parts, "exact": exact(g, data)}
+
+
+def kib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / KIB:.1f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ("model", "TFLM arena", "reuse int8-in", "parts int8-in", "reuse as run", "parts as run", "bit-exact vs TFLM")
+    print(f"{cols[0]:<14}" + "".join(f"{c:>16}" for c in cols[1:-1]) + f"  {cols[-1]}")
+    print("(KiB; int8-in: the file's int8 input as TFLite Micro holds it; as run: tightfit's fp32 input and its quantize step)")
+    for r in rows:
+        cells = (r["tflm"], r["reuse"], r["parts"], r["run_reuse"], r["run_parts"])
+        print(f"{r['model']:<14}" + "".join(f"{kib(v):>16}" for v in cells) + f"  {r['exact']}")
+    print("\npublished records (each paper's own model and counting, not these files):")
+    for r in rows:
+        print(f"  {r['model']}: {RECORDS[r['model']]}")
+    print("\nverdicts:")
+    for r in rows:
+        if r["tflm"] is not None:
+            ok = verdict([(r["reuse"] <= r["tflm"], "reuse above TFLite Micro's arena")])
+            print(f"  {r['model']}: reuse alone {kib(r['reuse'])} KiB <= TFLite Micro's {kib(r['tflm'])} KiB: {ok}; "
+                  f"by parts {r['tflm'] / r['parts']:.1f}x below it")
+        if r["model"] == "mv2-1.0-224":
+            ok = verdict([(r["parts"] < MCUNETV2_224, "parts not below 172 kB")])
+            print(f"  {r['model']}: parts {r['parts'] / KB:.1f} kB (input excluded) < MCUNetV2's 172 kB: {ok}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    add_write_docs(ap)
+    args = ap.parse_args()
+    with docs_section("int8", args.write_docs, f"python bench/int8.py --models {args.models}"):
+        header("int8 .tflite models: tightfit's arena beside TFLite Micro's smallest", profile_id="- (memory only)")
+        rows = []
+        for name in args.models.split(","):
+            rows.append(one_model(name))
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
