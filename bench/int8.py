@@ -6,7 +6,8 @@ random calibration data (bench/tflite_models.py; made once with tensorflow and c
 ~/.cache/tightfit/tflite). For each, on the same file:
 
 - TFLite Micro's smallest arena: `arena_size` bisected (to 16 bytes) with the `tflite-micro`
-  interpreter until it no longer allocates;
+  interpreter until it no longer allocates (each try in a child process: the interpreter crashes on
+  some arenas too small for its persistent data);
 - tightfit's plans of the imported graph: reuse (whole tensors) and parts (one output row per phase
   everywhere), the arena as the checker counts it. tightfit runs a .tflite on a float input that its
   first step quantizes (the file's own scale), so the plan as run holds that fp32 input too; the
@@ -23,9 +24,8 @@ parts below MCUNetV2's 172 kB (input excluded).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,20 +56,28 @@ RECORDS = {
 GRANULE = 16  # bytes: the bisection's resolution
 
 
-def tflm_smallest_arena(data: bytes) -> int | None:
+# One allocation try in a child process: TFLite Micro's interpreter crashes (a null pointer) on
+# some arenas too small for its persistent data instead of failing, which must not end the bench.
+_TRY = """
+import sys
+from tflite_micro.python.tflite_micro import runtime
+try:
+    runtime.Interpreter.from_bytes(open(sys.argv[1], "rb").read(), arena_size=int(sys.argv[2]))
+except Exception:
+    sys.exit(1)
+"""
+
+
+def tflm_smallest_arena(path: Path) -> int | None:
     """The smallest `arena_size` with which TFLite Micro's interpreter allocates the model."""
     try:
-        from tflite_micro.python.tflite_micro import runtime
+        import tflite_micro  # noqa: F401
     except ImportError:
         return None
 
     def fits(n: int) -> bool:
-        with _quiet():  # the interpreter's C++ prints each failed allocation
-            try:
-                runtime.Interpreter.from_bytes(data, arena_size=n)
-                return True
-            except Exception:  # it raises on a failed allocation
-                return False
+        run = subprocess.run([sys.executable, "-c", _TRY, str(path), str(n)], capture_output=True, timeout=300)
+        return run.returncode == 0
 
     lo, hi = 0, 1 << 16
     while not fits(hi):
@@ -78,24 +86,6 @@ def tflm_smallest_arena(data: bytes) -> int | None:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
-
-
-@contextlib.contextmanager
-def _quiet():
-    """stdout and stderr (the file descriptors, which C++ writes to) sent to /dev/null."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
 
 
 def int8_input(g: Graph) -> Graph:
@@ -134,7 +124,7 @@ def one_model(name: str) -> dict:
     g = load_tflite(path)
     run_reuse, run_parts = arenas(g, name)
     in_reuse, in_parts = arenas(int8_input(g), name)
-    return {"model": name, "tflm": tflm_smallest_arena(data), "reuse": in_reuse, "parts": in_parts,
+    return {"model": name, "tflm": tflm_smallest_arena(path), "reuse": in_reuse, "parts": in_parts,
             "run_reuse": run_reuse, "run_parts": run_parts, "exact": exact(g, data)}
 
 
