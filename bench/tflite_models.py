@@ -7,6 +7,7 @@ files are cached under ~/.cache/tightfit/tflite (or $TIGHTFIT_CACHE/tflite), key
     python bench/tflite_models.py small tests/data/small_int8.tflite tests/data/small_int8_tflm.npz
         (the test model, and TFLite Micro's outputs on seeded int8 inputs, which tests/test_tflite.py
         compares against where the interpreter is not installed)
+    python bench/tflite_models.py softmax tests/data/softmax_int8.tflite tests/data/softmax_int8_tflm.npz
     python bench/tflite_models.py tanh tests/data/tanh_int8.tflite        # an op tightfit does not import
     python bench/tflite_models.py float16 tests/data/float16.tflite       # float16 weights
 """
@@ -65,7 +66,7 @@ def small(seed: int = 0):
     """A small CNN with every op the importer takes: a ZeroPadding2D before a stride-2 conv (PAD),
     CONV_2D with RELU6 and RELU, DEPTHWISE_CONV_2D, an inverted-residual ADD, MAX_POOL_2D,
     AVERAGE_POOL_2D (SAME padding: windows clipped at the border), CONCATENATION, a global average
-    (MEAN), FULLY_CONNECTED; a flatten of a 2x2 map into a second dense layer (RESHAPE)."""
+    (MEAN), FULLY_CONNECTED; a flatten of a 2x2 map into a second dense layer (RESHAPE); SOFTMAX."""
     import tensorflow as tf
 
     L = tf.keras.layers
@@ -85,7 +86,7 @@ def small(seed: int = 0):
     g = L.GlobalAveragePooling2D()(x)
     f = L.Flatten()(L.AveragePooling2D(2)(x))
     x = L.Concatenate()([L.Dense(10)(g), L.Dense(6, activation="relu")(f)])
-    model = tf.keras.Model(inp, x)
+    model = tf.keras.Model(inp, L.Softmax()(x))
     _randomize(model, seed)
     return model
 
@@ -97,6 +98,21 @@ def tiny_tanh(seed: int = 0):
     x = inp = tf.keras.Input((8, 8, 3), batch_size=1)
     x = tf.keras.layers.Activation("tanh")(tf.keras.layers.Conv2D(4, 3)(x))
     return tf.keras.Model(inp, x)
+
+
+def dense_softmax(seed: int = 0):
+    """Dense logits spread over about +-12 (weights scaled up) into a SOFTMAX: differences across
+    the whole range of TFLite's fixed-point exp, some below its cut-off (tests/data/softmax_int8.tflite)."""
+    import tensorflow as tf
+
+    x = inp = tf.keras.Input((1, 1, 32), batch_size=1)
+    dense = tf.keras.layers.Dense(120)
+    x = tf.keras.layers.Softmax()(dense(tf.keras.layers.Flatten()(x)))
+    model = tf.keras.Model(inp, x)
+    w, bias = dense.get_weights()
+    rng = np.random.default_rng(seed)
+    dense.set_weights([rng.normal(0.0, 2.0, w.shape).astype(np.float32), bias])
+    return model
 
 
 def to_float16_tflite(model) -> bytes:
@@ -137,6 +153,7 @@ def _headed(base, seed: int, classes: int = 1000):
 MODELS: dict[str, Callable] = {
     "small": small,
     "tanh": tiny_tanh,
+    "softmax": dense_softmax,
     "mv2-1.0-224": lambda: mobilenet_v2(1.0, 224),
     "mv2-0.35-144": lambda: mobilenet_v2(0.35, 144),
     "mv2-0.35-128": lambda: mobilenet_v2(0.35, 128),
@@ -198,16 +215,20 @@ def edge_quant(graph) -> tuple[tuple[float, int], tuple[float, int]]:
 
 
 def random_int8(graph, seed: int = 0) -> np.ndarray:
-    """A random int8 input in the file's NHWC layout."""
-    n, c, h, w = graph.shape(graph.inputs[0])
-    return np.random.default_rng(seed).integers(-128, 128, (n, h, w, c), dtype=np.int8)
+    """A random int8 input in the file's layout (NHWC for an image)."""
+    shape = graph.shape(graph.inputs[0])
+    if len(shape) == 4:
+        n, c, h, w = shape
+        shape = (n, h, w, c)
+    return np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
 
 
 def as_float_input(graph, x_q: np.ndarray) -> np.ndarray:
     """The int8 NHWC input as the graph's float NCHW input: exactly its real values, which the
     input's quantize step gives back as the same integers."""
     (s, z), _ = edge_quant(graph)
-    return ((x_q.astype(np.float32) - np.float32(z)) * np.float32(s)).transpose(0, 3, 1, 2).copy()
+    x = (x_q.astype(np.float32) - np.float32(z)) * np.float32(s)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
 
 
 def as_int8_output(graph, y: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ int8 layers (frontend/qdq.py), and every layer that came from the file is marked
 multiplier and shift; kernels/step_args.py), so that outputs equal TFLite Micro's bit for bit.
 
 Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN (over
-H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (run in float
-between a dequantize and a quantize, as a layer with no int8 kernel is), QUANTIZE (float to int8),
+H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (over C, beta
+1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
 DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. A model's 4-D output is NCHW here (TFLite's is NHWC).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.errors import ModelLoadError
 from tightfit.frontend.onnx_import import import_model
-from tightfit.graph.ir import Graph
+from tightfit.graph.ir import Graph, Layer
 
 OPS = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
 TYPES = {v: k.lower() for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
@@ -66,10 +66,31 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     path = Path(path)
     tensors, ops, inputs, outputs = read(path)
     model = _Converter(tensors, ops, path.name).model(inputs, outputs)
-    graph = import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape)
+    graph = _int8_softmax(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
     return dataclasses.replace(graph, layers=layers)
+
+
+def _int8_softmax(g: Graph) -> Graph:
+    """A softmax between a dequantize and a quantize layer (as the ONNX importer leaves it: an ONNX
+    model's int8 softmax is onnxruntime's, which no kernel here runs) becomes TFLite's int8 softmax."""
+    gone: set[int] = set()
+    new: dict[int, Layer] = {}
+    for l in g.layers:
+        dq, q = g.producer(l.inputs[0]) if l.op == "softmax" else None, g.consumers(l.output)
+        if (dq is None or dq.op != "dequantize" or len(g.consumers(dq.output)) != 1 or len(q) != 1
+                or q[0].op != "quantize" or l.attrs.get("log") or l.output in g.outputs):
+            continue
+        gone |= {dq.id, q[0].id}
+        new[l.id] = dataclasses.replace(l, inputs=dq.inputs, output=q[0].output, nodes=dq.nodes + l.nodes + q[0].nodes,
+                                        attrs={**l.attrs, "quant": "int8"})
+    if not new:
+        return g
+    kept = [new.get(l.id, l) for l in g.layers if l.id not in gone]
+    layers = tuple(dataclasses.replace(l, id=i) for i, l in enumerate(kept))
+    used = {t for l in layers for t in (*l.inputs, l.output)} | set(g.inputs)
+    return dataclasses.replace(g, layers=layers, tensors={k: v for k, v in g.tensors.items() if k in used})
 
 
 # --- reading the flatbuffer ----------------------------------------------------------------------

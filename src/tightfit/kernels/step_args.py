@@ -760,11 +760,27 @@ def _qactivation(b, layer, xs, y):
                                       _ROUND_ORT]
 
 
+def _qsoftmax(b, layer, xs, y):
+    """TFLite's int8 SOFTMAX (softmax_common.cc's CalculateSoftmaxParams, beta 1): the input scale
+    times 2^26 (differences in Q5.26) as a multiplier and left shift, and the smallest difference
+    that still counts."""
+    if not _tflite(layer):
+        raise KernelError(f"layer {layer.id} ({layer.name}): an int8 softmax runs as TFLite's only (rounding tflite)")
+    (xs_, _), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    _expect(ys == 1.0 / 256 and yz == -128, layer, f"an int8 softmax output of scale {ys}, zero point {yz} "
+                                                   "(TFLite's is 1/256, -128)")
+    real = min(float(layer.attrs.get("beta", 1.0)) * float(np.float32(xs_)) * (1 << 26), (1 << 31) - 1.0)
+    m, shift = quantize_multiplier(real)
+    diff_min = -math.floor(31.0 * (1 << 26) / (1 << shift))  # CalculateInputRadius(5, shift)
+    return "qsoftmax", "tf_qsoftmax_args", [xs[0], y, m, shift, int(diff_min)]
+
+
 BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
 # Ops with an int8 kernel: a layer the importer marked quantized (ops/quant.quantized) binds here.
 INT8_BINDERS = {
     "conv": _qconv, "gemm": _qgemm, "add": _qadd, "maxpool": _qpool, "avgpool": _qpool, "global_pool": _qglobal,
     "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
+    "softmax": _qsoftmax,
 }
 # --- end int8 ---------------------------------------------------------------------------------------
 

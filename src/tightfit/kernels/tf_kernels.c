@@ -1434,6 +1434,75 @@ static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
     }
 }
 
+/* TFLite's int8 softmax (reference_ops::Softmax), on gemmlowp's fixed-point numbers: a raw int32
+ * with I integer bits stands for raw / 2^(31 - I). */
+static int32_t fx_mul_pot(int32_t x, int e) { /* SaturatingRoundingMultiplyByPOT<e> */
+    if (e < 0) return tfl_div_pot(x, -e);
+    const int32_t threshold = (int32_t)((1u << (31 - e)) - 1);
+    return x > threshold ? INT32_MAX : (x < -threshold ? INT32_MIN : (int32_t)((uint32_t)x << e));
+}
+
+/* exp(a) for a in [-1/4, 0), Q0.31: a Taylor expansion around -1/8. */
+static int32_t fx_exp_quarter(int32_t a) {
+    const int32_t c = 1895147668, third = 715827883; /* exp(-1/8), 1/3 */
+    const int32_t x = a + (1 << 28), x2 = tfl_high_mul(x, x), x3 = tfl_high_mul(x2, x), x4 = tfl_high_mul(x2, x2);
+    const int32_t x4_4 = fx_mul_pot(x4, -2);
+    const int32_t poly = fx_mul_pot(tfl_high_mul(x4_4 + x3, third) + x2, -1);
+    return c + tfl_high_mul(c, x + poly);
+}
+
+/* exp(a) for a <= 0 given in Q5.26, as Q0.31 (gemmlowp's exp_on_negative_values). */
+static int32_t fx_exp_negative(int32_t a) {
+    static const int32_t mult[7] = {1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242};
+    const int32_t quarter = 1 << 24, mod = (a & (quarter - 1)) - quarter;
+    int32_t r = fx_exp_quarter(fx_mul_pot(mod, 5));
+    const int32_t rem = mod - a;
+    for (int e = -2; e <= 4; e++) /* exp(-2^e) for each bit of the remainder */
+        if (rem & (1 << (26 + e))) r = tfl_high_mul(r, mult[e + 2]);
+    return a == 0 ? INT32_MAX : r;
+}
+
+/* 1 / (1 + x) for x in [0, 1), Q0.31: Newton-Raphson in Q2.29. */
+static int32_t fx_one_over_one_plus(int32_t a) {
+    const int64_t sum = (int64_t)a + INT32_MAX;
+    const int32_t half = (int32_t)((sum + (sum >= 0 ? 1 : -1)) / 2); /* RoundingHalfSum(a, 1) */
+    int32_t x = 1515870810 + tfl_high_mul(half, -1010580540); /* 48/17 - 32/17 d */
+    for (int i = 0; i < 3; i++) x = x + fx_mul_pot(tfl_high_mul(x, (1 << 29) - tfl_high_mul(half, x)), 2);
+    return fx_mul_pot(x, 1);
+}
+
+static void qsoftmax(float *arena, const tf_qsoftmax_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const int8_t *in = q8(arena, x->off + n * x->sn + h * x->sh + w * x->sw);
+        int8_t *out = q8(arena, y->off + n * y->sn + h * y->sh + w * y->sw);
+        int best = -128;
+        for (long c = 0; c < x->c; c++) best = in[c * x->sc] > best ? in[c * x->sc] : best;
+        int32_t sum = 0; /* Q12.19 */
+        for (long c = 0; c < x->c; c++) {
+            const int32_t d = in[c * x->sc] - best;
+            if (d >= a->diff_min) sum += tfl_div_pot(fx_exp_negative(tfl_high_mul(d * (1 << a->shift), a->m)), 12);
+        }
+        int lz = 0; /* GetReciprocal: the sum's leading zeros */
+        while (lz < 32 && !((uint32_t)sum & (0x80000000u >> lz))) lz++;
+        const int over_unit = 12 - lz;
+        const int32_t scale = fx_one_over_one_plus((int32_t)(((uint32_t)sum << lz) - 0x80000000u));
+        const int exponent = over_unit + 31 - 8;
+        for (long c = 0; c < x->c; c++) {
+            const int32_t d = in[c * x->sc] - best;
+            int32_t v = -128;
+            if (d >= a->diff_min) {
+                const int32_t e = fx_exp_negative(tfl_high_mul(d * (1 << a->shift), a->m));
+                v = tfl_div_pot(tfl_high_mul(scale, e), exponent) - 128;
+                v = v > 127 ? 127 : (v < -128 ? -128 : v);
+            }
+            out[c * y->sc] = (int8_t)v;
+        }
+    }
+}
+
 /* One int8 step; 0 if `kind` is not one. */
 static int run_int8(float *arena, const float *weights, int kind, const void *p) {
     switch (kind) {
@@ -1443,6 +1512,7 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
     case TF_STEP_QPOOL: qpool(arena, (const tf_qpool_args *)p); return 1;
     case TF_STEP_QGLOBAL: qglobal(arena, (const tf_qglobal_args *)p); return 1;
     case TF_STEP_QCONCAT: qconcat(arena, (const tf_qconcat_args *)p); return 1;
+    case TF_STEP_QSOFTMAX: qsoftmax(arena, (const tf_qsoftmax_args *)p); return 1;
     case TF_STEP_QUANTIZE: case TF_STEP_DEQUANTIZE: case TF_STEP_QCOPY:
         quantize_step(arena, (const tf_quant_args *)p, kind); return 1;
     default: return 0;

@@ -42,7 +42,8 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_DECONV = 15, TF_STEP_INTERP = 16, TF_STEP_CHANNEL_NORM = 17, TF_STEP_INSTANCE_NORM = 18,
        TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
-       TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31 };
+       TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31,
+       TF_STEP_QSOFTMAX = 32 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
@@ -139,6 +140,10 @@ typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } 
  * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). QUANTIZE rounds
  * half to even (TF_ROUND_ONNXRUNTIME) or half away from zero (TF_ROUND_TFLITE). */
 typedef struct { tf_view x, y; tf_qparams q; int lo, hi, round; } tf_quant_args;
+/* TFLite's int8 SOFTMAX over C (y's scale 1/256, zero point -128): the differences from the
+ * largest input scaled by the multiplier m << shift into Q5.26, gemmlowp's fixed-point exp,
+ * the sum's reciprocal; differences below diff_min give -128. */
+typedef struct { tf_view x, y; int m, shift, diff_min; } tf_qsoftmax_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views

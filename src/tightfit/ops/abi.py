@@ -29,7 +29,7 @@ STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", 
 # issue 38 (attention blocks): products of two activations, reductions over any axes.
 STEP_KINDS += ("matmul", "reduce", "linear")
 # --- int8 (quantized layers, issue 40): their step kinds follow the float ones ------------------
-INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy")
+INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy", "qsoftmax")
 STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
 # --- end int8 ------------------------------------------------------------------------------------
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
@@ -163,6 +163,10 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                       " * logical order (a reshape, a transpose by strides), requantized where q's scales differ and\n"
                       " * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). QUANTIZE rounds\n"
                       " * half to even (TF_ROUND_ONNXRUNTIME) or half away from zero (TF_ROUND_TFLITE)."),
+    "tf_qsoftmax_args": ([("x", VIEW), ("y", VIEW), ("m", N), ("shift", N), ("diff_min", N)],
+                         "TFLite's int8 SOFTMAX over C (y's scale 1/256, zero point -128): the differences from the\n"
+                         " * largest input scaled by the multiplier m << shift into Q5.26, gemmlowp's fixed-point exp,\n"
+                         " * the sum's reciprocal; differences below diff_min give -128."),
     # --- end int8 ----------------------------------------------------------------------------------
     "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
 }
