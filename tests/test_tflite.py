@@ -118,6 +118,18 @@ def test_exported_program_equals_the_executor(tmp_path):
     assert c.ok and c.max_abs_diff == 0.0, c.lines()
 
 
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("arm-none-eabi-gcc", "qemu-system-arm")),
+                    reason="no Cortex-M toolchain or qemu")
+def test_runs_on_an_emulated_cortex_m7(tmp_path, capsys):
+    """By parts within 256 KiB of RAM, exported for a Cortex-M7 and run under qemu: the executor's
+    outputs exactly (so TFLite Micro's)."""
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(SMALL), "--method", "parts", "--rows", "1", "--out", str(plan_file)]) == 0
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "m7"), "--target", "cortex-m7", "--ram", "256KiB",
+                 "--flash", "1MiB", "--check"]) == 0
+    assert "outputs match (max abs diff 0," in capsys.readouterr().out
+
+
 def test_cli_inspect_plan_and_run(tmp_path, capsys):
     assert main(["inspect", str(SMALL)]) == 0
     assert "0 fp32 layers" in capsys.readouterr().out
@@ -125,6 +137,14 @@ def test_cli_inspect_plan_and_run(tmp_path, capsys):
     assert main(["plan", str(SMALL), "--method", "parts", "--rows", "1", "--out", str(out)]) == 0
     assert main(["run", str(out), "--verify"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
+def test_cli_run_verify_against_tflite_micro(name, capsys):
+    pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
+    assert main(["run", str(DATA / f"{name}.tflite"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "TFLite Micro" in out and "OK (max abs diff 0," in out, out
 
 
 # --- bad files: one line, exit 2 ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Output checks against an independent runtime (onnxruntime on the same ONNX model)."""
+"""Output checks against an independent runtime (onnxruntime on the same ONNX model; TFLite Micro's
+interpreter on the same .tflite file)."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +9,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tightfit.errors import ModelLoadError
+from tightfit.errors import ModelLoadError, OptionError
 from tightfit.frontend import zoo
 from tightfit.graph.ir import Graph
 from tightfit.ops import Region, get_op
@@ -76,6 +77,8 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
     """Our outputs against onnxruntime's. Where they differ, onnx's reference evaluator (numpy,
     independent of both) runs the model in float64 and decides: onnxruntime sums in float32 as it
     goes, which over millions of values drifts (a GlobalAveragePool over 21 M values read 1% off)."""
+    if spec.lower().endswith(".tflite"):
+        return verify_with_tflite_micro(spec, graph, x, outputs)
     model = spec if spec not in zoo.names() and spec.lower().endswith(".onnx") and Path(spec).is_file() else onnx_bytes_for(spec, input_shape)
     x_np = model_input(graph, x)
     if any(t.dtype != "fp32" for t in graph.tensors.values()):
@@ -93,6 +96,37 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
         return verdict
     return replace(ours, against=f"float64 (onnx's reference evaluator; onnxruntime's float32 differs from it by "
                                  f"{theirs.max_abs_diff:.3g}, from tightfit by {verdict.max_abs_diff:.3g})")
+
+
+def verify_with_tflite_micro(spec: str, graph: Graph, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
+    """Our outputs against TFLite Micro's interpreter on the same .tflite file, bit for bit: the
+    input quantized as the graph's first step does (TFLite's rounding, half away from zero), the
+    int8 outputs dequantized as its last steps do."""
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise OptionError("--verify of a .tflite file runs TFLite Micro's interpreter: pip install tflite-micro") from None
+    interp = runtime.Interpreter.from_bytes(Path(spec).read_bytes())
+    x = np.asarray(x, np.float32)
+    if interp.get_input_details(0)["dtype"] == np.int8:
+        q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
+        v = x / np.float32(q.attrs["scale"])
+        x = np.clip(np.sign(v) * np.floor(np.abs(v.astype(np.float64)) + 0.5) + q.attrs["zero_point"], -128, 127)
+    interp.set_input(model_input(graph, x).astype(interp.get_input_details(0)["dtype"]), 0)
+    interp.invoke()
+    found = []
+    for i, name in enumerate(graph.outputs):
+        want = interp.get_output(i)
+        layer = graph.producer(name)
+        if want.dtype == np.int8 and layer is not None and layer.op == "dequantize":
+            want = (want.astype(np.float32) - np.float32(layer.attrs["zero_point"])) * np.float32(layer.attrs["scale"])
+        got = np.asarray(outputs[name], np.float64)
+        want = np.asarray(want, np.float64)
+        want = want.transpose(0, 3, 1, 2) if want.ndim == 4 else want.reshape(got.shape)
+        diff = float(np.abs(got - want).max(initial=0))
+        found.append(Comparison(diff == 0.0, diff, float(np.abs(want).max(initial=0)), 0.0,
+                                "TFLite Micro's interpreter (tflite-micro) on the same file, bit for bit"))
+    return worst(found)
 
 
 def graph_macs(graph: Graph) -> int:
