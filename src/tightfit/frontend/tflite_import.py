@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.errors import ModelLoadError
 from tightfit.frontend.onnx_import import import_model
-from tightfit.graph.ir import Graph, Layer
+from tightfit.graph.ir import Graph, Layer, Tensor
 
 OPS = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
 TYPES = {v: k.lower() for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
@@ -69,7 +69,11 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     graph = _int8_softmax(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
-    return dataclasses.replace(graph, layers=layers)
+    # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
+    own = tuple(Tensor(t.name, (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if len(t.shape) == 4 else t.shape,
+                       "int8" if t.dtype == "int8" else "fp32") for t in tensors if t.data is None and t.shape)
+    params = sum(int(t.data.size) for t in tensors if t.data is not None and t.dtype in ("int8", "int32"))
+    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params)
 
 
 def _int8_softmax(g: Graph) -> Graph:
@@ -190,7 +194,7 @@ def _same_pads(size: int, k: int, stride: int, dilation: int) -> tuple[int, int]
 
 class _Converter:
     def __init__(self, tensors: list[_Tensor], ops: list[_Op], label: str):
-        self.t, self.ops, self.label = tensors, ops, label
+        self.t, self.ops, self.label = list(tensors), ops, label  # (a MEAN adds a tensor of its own)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.alias: dict[int, int] = {}  # a tensor that is another (a folded PAD, a same-shape RESHAPE)
