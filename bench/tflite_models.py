@@ -8,6 +8,7 @@ files are cached under ~/.cache/tightfit/tflite (or $TIGHTFIT_CACHE/tflite), key
         (the test model, and TFLite Micro's outputs on seeded int8 inputs, which tests/test_tflite.py
         compares against where the interpreter is not installed)
     python bench/tflite_models.py softmax tests/data/softmax_int8.tflite tests/data/softmax_int8_tflm.npz
+    python bench/tflite_models.py small-float-io tests/data/small_float_io.tflite tests/data/small_float_io_tflm.npz
     python bench/tflite_models.py tanh tests/data/tanh_int8.tflite        # an op tightfit does not import
     python bench/tflite_models.py float16 tests/data/float16.tflite       # float16 weights
 """
@@ -28,8 +29,9 @@ def cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "tightfit") / "tflite"
 
 
-def to_tflite(model, seed: int = 0) -> bytes:
-    """A Keras model as an int8 .tflite (int8 input and output)."""
+def to_tflite(model, seed: int = 0, float_io: bool = False) -> bytes:
+    """A Keras model as an int8 .tflite (int8 input and output; with `float_io` float32 ones, the
+    file quantizing its input and dequantizing its output, and dense layers per tensor)."""
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
@@ -43,8 +45,11 @@ def to_tflite(model, seed: int = 0) -> bytes:
     conv.optimizations = [tf.lite.Optimize.DEFAULT]
     conv.representative_dataset = calibration
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = tf.int8
-    conv.inference_output_type = tf.int8
+    if float_io:
+        conv._experimental_disable_per_channel_quantization_for_dense_layers = True
+    else:
+        conv.inference_input_type = tf.int8
+        conv.inference_output_type = tf.int8
     return conv.convert()
 
 
@@ -179,16 +184,24 @@ def write_expected(path: Path, out: Path, seeds: int = 4) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from tightfit.frontend.tflite_import import load_tflite
 
+    from tflite_micro.python.tflite_micro import runtime
+
     g = load_tflite(path)
     data = path.read_bytes()
-    xs = np.stack([random_int8(g, seed) for seed in range(seeds)])
+    float_io = runtime.Interpreter.from_bytes(data).get_input_details(0)["dtype"] == np.float32
+    xs = np.stack([random_float(g, seed) if float_io else random_int8(g, seed) for seed in range(seeds)])
     ys = np.stack([tflm_outputs(data, x) for x in xs])
     np.savez_compressed(out, x=xs, y=ys)
 
 
 if __name__ == "__main__":
     name, out = sys.argv[1], Path(sys.argv[2])
-    out.write_bytes(to_float16_tflite(tiny_tanh()) if name == "float16" else to_tflite(MODELS[name]()))
+    if name == "float16":
+        out.write_bytes(to_float16_tflite(tiny_tanh()))
+    elif name == "small-float-io":
+        out.write_bytes(to_tflite(small(), float_io=True))
+    else:
+        out.write_bytes(to_tflite(MODELS[name]()))
     print(f"wrote {out} ({out.stat().st_size} bytes)")
     if len(sys.argv) > 3:  # the TFLite Micro outputs to compare against (needs tflite-micro)
         write_expected(out, Path(sys.argv[3]))
@@ -221,6 +234,12 @@ def random_int8(graph, seed: int = 0) -> np.ndarray:
         n, c, h, w = shape
         shape = (n, h, w, c)
     return np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
+
+
+def random_float(graph, seed: int = 0) -> np.ndarray:
+    """A random float32 input in the file's NHWC layout, a little beyond the calibration range."""
+    n, c, h, w = graph.shape(graph.inputs[0])
+    return np.random.default_rng(seed).uniform(-1.2, 1.2, (n, h, w, c)).astype(np.float32)
 
 
 def as_float_input(graph, x_q: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ that gives them. Bad files are one line and exit 2.
 The files in tests/data are remade by bench/tflite_models.py (needs tensorflow; see its docstring)."""
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -137,6 +138,24 @@ def test_cli_inspect_plan_and_run(tmp_path, capsys):
     assert main(["plan", str(SMALL), "--method", "parts", "--rows", "1", "--out", str(out)]) == 0
     assert main(["run", str(out), "--verify"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_float_input_and_output_files():
+    """A file that takes float32 and quantizes it itself (QUANTIZE ... DEQUANTIZE; dense layers per
+    tensor): the same floats out as TFLite Micro's, from the stored outputs (and the live
+    interpreter where installed)."""
+    path = DATA / "small_float_io.tflite"
+    g = load(str(path))
+    assert [l.op for l in g.layers][:: len(g.layers) - 1] == ["quantize", "dequantize"]
+    assert any(l.op == "gemm" and len(l.attrs["w_scale"]) == 1 for l in g.layers)
+    stored = np.load(DATA / "small_float_io_tflm.npz")
+    for x, y in zip(stored["x"], stored["y"]):
+        ours = run_reference(g, np.ascontiguousarray(x.transpose(0, 3, 1, 2)))[g.outputs[0]]
+        assert np.array_equal(ours, y.reshape(ours.shape))
+    if importlib.util.find_spec("tflite_micro") is not None:
+        x = tm.random_float(g, 9)
+        ours = run_reference(g, np.ascontiguousarray(x.transpose(0, 3, 1, 2)))[g.outputs[0]]
+        assert np.array_equal(ours, tm.tflm_outputs(path.read_bytes(), x).reshape(ours.shape))
 
 
 @pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
