@@ -211,3 +211,25 @@ def test_int4_tensor_is_one_line(tmp_path, capsys):
     path = tmp_path / "int4.tflite"
     path.write_bytes(bytes(data))
     _one_line(path, "int4", capsys)
+
+
+def test_damaged_files_load_or_fail_in_one_line(tmp_path):
+    """Cut anywhere, or with bytes overwritten: the file loads (a changed weight) or fails as a
+    TightfitError (one line), never with another exception."""
+    from tightfit.errors import TightfitError
+
+    data = SMALL.read_bytes()
+    rng = np.random.default_rng(0)
+    cases = [data[:n] for n in range(8, len(data), len(data) // 25)]
+    for _ in range(40):
+        b = bytearray(data)
+        for i in rng.integers(8, len(b), 3):
+            b[i] = int(rng.integers(0, 256))
+        cases.append(bytes(b))
+    for k, case in enumerate(cases):
+        path = tmp_path / f"case{k}.tflite"
+        path.write_bytes(case)
+        try:
+            load(str(path))
+        except TightfitError:
+            pass

@@ -37,6 +37,8 @@ OPS = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith
 TYPES = {v: k.lower() for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
 NUMPY = {"int8": np.int8, "int32": np.int32, "float32": np.float32, "int64": np.int64}
 TAKEN_TYPES = ("int8", "int32", "float32", "int64")  # activations int8 (or float at the edges), biases and shapes int32
+# What reading a damaged flatbuffer raises (offsets past the end, garbage values, absent tables).
+CORRUPT = (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, AttributeError, OverflowError, KeyError)
 ACTIVATIONS = {0: None, 1: "relu", 2: "relu_n1_to_1", 3: "relu6"}
 TO_NCHW = (0, 3, 1, 2)
 
@@ -65,7 +67,10 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     """Import a .tflite file as an int8 graph. `input_shape`: NHWC (the file's), or NCHW with `nchw_shape`."""
     path = Path(path)
     tensors, ops, inputs, outputs = read(path)
-    model = _Converter(tensors, ops, path.name).model(inputs, outputs)
+    try:  # the options tables are read lazily, here: a corrupt one fails now
+        model = _Converter(tensors, ops, path.name).model(inputs, outputs)
+    except CORRUPT as e:
+        raise ModelLoadError(f"{path} is a corrupt .tflite file ({type(e).__name__} converting it: {e})") from None
     graph = _int8_softmax(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
@@ -116,7 +121,7 @@ def read(path: Path) -> tuple[list[_Tensor], list[_Op], list[int], list[int]]:
         inputs, outputs = [int(i) for i in sg.InputsAsNumpy()], [int(i) for i in sg.OutputsAsNumpy()]
     except ModelLoadError:
         raise
-    except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, AttributeError, OverflowError) as e:
+    except CORRUPT as e:
         raise ModelLoadError(f"{path} is a truncated or corrupt .tflite file ({type(e).__name__} reading it)") from None
     for i in inputs + outputs + [t for op in ops for t in op.inputs + op.outputs if t >= 0]:
         if not 0 <= i < len(tensors):
