@@ -69,8 +69,10 @@ def int8_lines(graph) -> list[str]:
     int8 = [l for l in graph.layers if l.attrs.get("quant") == "int8"]
     moves = [l for l in graph.layers if l.op in ("quantize", "dequantize")]
     floats = [l for l in graph.layers if l not in int8 and l not in moves]
+    tflite = int8 and all(l.attrs.get("rounding") == "tflite" for l in int8)
     lines = [f"int8 model: {len(int8)} int8 layers, {len(moves)} quantize/dequantize layers, "
-             f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"]
+             f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"
+             + ("; requantized as TFLite Micro does (its fixed-point multipliers and roundings)" if tflite else "")]
     lines += [f"  fp32 (no int8 kernel; runs between a dequantize and a quantize): {l.id} {l.op} {l.name!r}" for l in floats]
     return lines
 
