@@ -69,7 +69,7 @@ def _randomize(model, seed: int) -> None:
 
 def small(seed: int = 0):
     """A small CNN with every op the importer takes: a ZeroPadding2D before a stride-2 conv (PAD),
-    CONV_2D with RELU6 and RELU, DEPTHWISE_CONV_2D, an inverted-residual ADD, MAX_POOL_2D,
+    CONV_2D with RELU6 and RELU, DEPTHWISE_CONV_2D, an ADD (with a fused RELU), MAX_POOL_2D,
     AVERAGE_POOL_2D (SAME padding: windows clipped at the border), CONCATENATION, a global average
     (MEAN), FULLY_CONNECTED; a flatten of a 2x2 map into a second dense layer (RESHAPE); SOFTMAX."""
     import tensorflow as tf
@@ -83,7 +83,7 @@ def small(seed: int = 0):
     y = L.DepthwiseConv2D(3, padding="same")(x)
     y = L.ReLU()(y)
     y = L.Conv2D(16, 1)(y)
-    x = L.Add()([x, y])
+    x = L.ReLU()(L.Add()([x, y]))  # an ADD with a fused RELU
     a = L.MaxPooling2D(2)(x)
     b = L.AveragePooling2D(3, strides=2, padding="same")(x)
     x = L.Concatenate()([a, b])

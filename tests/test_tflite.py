@@ -49,6 +49,7 @@ def test_every_layer_is_int8_with_tflite_rounding(small):
     assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in inner)
     assert {"conv", "add", "avgpool", "maxpool", "concat", "global_pool", "gemm", "softmax"} <= {l.op for l in inner}
     assert any(l.attrs["groups"] > 1 for l in inner if l.op == "conv")  # the depthwise convolution
+    assert any(l.attrs.get("act") for l in inner if l.op == "add")  # an ADD with a fused RELU, int8 too
     assert small.input_forms[0][1] == "nhwc" and small.input_forms[0][2] == (1, 32, 32, 3)
     assert small.shape(small.inputs[0]) == (1, 3, 32, 32)
 

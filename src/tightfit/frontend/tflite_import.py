@@ -71,7 +71,7 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
         model = _Converter(tensors, ops, path.name).model(inputs, outputs)
     except CORRUPT as e:
         raise ModelLoadError(f"{path} is a corrupt .tflite file ({type(e).__name__} converting it: {e})") from None
-    graph = _int8_softmax(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
+    graph = _fold_int8(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
     # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
@@ -81,22 +81,39 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params)
 
 
-def _int8_softmax(g: Graph) -> Graph:
-    """A softmax between a dequantize and a quantize layer (as the ONNX importer leaves it: an ONNX
-    model's int8 softmax is onnxruntime's, which no kernel here runs) becomes TFLite's int8 softmax."""
+def _foldable(layer: Layer) -> bool:
+    """A layer the QDQ folding leaves in float whose TFLite int8 kernel is here: a softmax (an ONNX
+    model's int8 softmax is onnxruntime's, which no kernel here runs), an add with a fused ReLU or
+    RELU6 (onnxruntime's QDQ add takes no activation; TFLite's clamps its int8 output)."""
+    act = tuple(layer.attrs.get("act", ()))
+    if layer.op == "softmax":
+        return not layer.attrs.get("log")
+    return (layer.op == "add" and len(layer.inputs) == 2 and not layer.params
+            and len(act) <= 1 and all(a[0] in ("relu", "clip") for a in act))
+
+
+def _fold_int8(g: Graph) -> Graph:
+    """Each foldable layer between dequantize layers and one quantize layer becomes an int8 layer
+    reading and writing the int8 tensors; the dequantize and quantize layers nothing reads go."""
     gone: set[int] = set()
     new: dict[int, Layer] = {}
     for l in g.layers:
-        dq, q = g.producer(l.inputs[0]) if l.op == "softmax" else None, g.consumers(l.output)
-        if (dq is None or dq.op != "dequantize" or len(g.consumers(dq.output)) != 1 or len(q) != 1
-                or q[0].op != "quantize" or l.attrs.get("log") or l.output in g.outputs):
+        dqs, q = [g.producer(t) for t in l.inputs], g.consumers(l.output)
+        if (not _foldable(l) or any(d is None or d.op != "dequantize" for d in dqs) or len(q) != 1
+                or q[0].op != "quantize" or l.output in g.outputs):
             continue
-        gone |= {dq.id, q[0].id}
-        new[l.id] = dataclasses.replace(l, inputs=dq.inputs, output=q[0].output, nodes=dq.nodes + l.nodes + q[0].nodes,
-                                        attrs={**l.attrs, "quant": "int8"})
+        gone.add(q[0].id)
+        new[l.id] = dataclasses.replace(l, inputs=tuple(d.inputs[0] for d in dqs), output=q[0].output,
+                                        nodes=l.nodes + q[0].nodes, attrs={**l.attrs, "quant": "int8"})
     if not new:
         return g
     kept = [new.get(l.id, l) for l in g.layers if l.id not in gone]
+    while True:  # dequantize layers no layer reads any more
+        read = {t for l in kept for t in l.inputs} | set(g.outputs)
+        left = [l for l in kept if l.op != "dequantize" or l.output in read]
+        if len(left) == len(kept):
+            break
+        kept = left
     layers = tuple(dataclasses.replace(l, id=i) for i, l in enumerate(kept))
     used = {t for l in layers for t in (*l.inputs, l.output)} | set(g.inputs)
     return dataclasses.replace(g, layers=layers, tensors={k: v for k, v in g.tensors.items() if k in used})
