@@ -170,12 +170,14 @@ def randomize_module(module: "torch.nn.Module", seed: int,
                 bns.append(m)
         module.eval()
         if calibrate_shape is not None and bns:
-            _calibrate(module, bns, torch.randn(tuple(calibrate_shape), generator=g))
+            # a module of several inputs (its `input_names`) gets a batch of its own for each
+            count = len(getattr(module, "input_names", ("input",)))
+            _calibrate(module, bns, tuple(torch.randn(tuple(calibrate_shape), generator=g) for _ in range(count)))
     return module
 
 
-def _calibrate(module: "torch.nn.Module", bns: list, x: "torch.Tensor") -> None:
-    """One forward pass on `x`, each batch norm's statistics scaled to its input just before it runs."""
+def _calibrate(module: "torch.nn.Module", bns: list, xs: "tuple[torch.Tensor, ...]") -> None:
+    """One forward pass on the inputs `xs`, each batch norm's statistics scaled to its input just before it runs."""
     from tightfit.frontend.weights import bn_scale
 
     torch = require_torch("a PyTorch module's random weights")
@@ -188,7 +190,7 @@ def _calibrate(module: "torch.nn.Module", bns: list, x: "torch.Tensor") -> None:
 
     hooks = [m.register_forward_pre_hook(calibrate) for m in bns]
     try:
-        module(x)
+        module(*xs)
     finally:
         for h in hooks:
             h.remove()
