@@ -23,8 +23,8 @@ def load(model: "str | Path | torch.nn.Module | Graph",
     if isinstance(model, Graph):
         return model
     spec = str(model)
-    if isinstance(input_shape, Mapping) and not (spec.endswith(".onnx") or Path(spec).exists()):
-        if len(input_shape) != 1:  # zoo models and modules take one input
+    if isinstance(input_shape, Mapping) and spec in zoo.names():
+        if len(input_shape) != 1:  # the zoo's models take one input
             from tightfit.errors import InputShapeError
 
             raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
