@@ -28,7 +28,7 @@ from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOpti
 from tightfit.plan.check import check_plan
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
-from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
+from tightfit.report import (io_line, model_io, export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
                              layout_map, linux_export_lines, mcu_export_lines, plan_report, plan_run_text, plan_text, run_report,
                              run_text, vbs_text)
 from tightfit.runtime.cost import CostModel
@@ -75,7 +75,9 @@ def inspect(o: InspectOptions) -> Result:
         raise OptionError("--batch must be at least 1")
     mem = account(graph, o.dtype, o.workspace, o.batch)
     int8 = int8_lines(graph)
-    return Result({**inspect_json(mem), **({"int8": int8} if int8 else {})}, "\n".join([inspect_table(mem)] + int8))
+    io = model_io(graph, o.batch)
+    return Result({**inspect_json(mem), **io, **({"int8": int8} if int8 else {})},
+                  "\n".join([inspect_table(mem), io_line(io)] + int8))
 
 
 def parse_phases(text: str) -> dict | str:

@@ -238,7 +238,7 @@ def phases_for_rows(graph: Graph, rows: int) -> tuple[dict[int, int], int]:
         h, _ = spatial(graph.shape(layer.output))
         if h > rows and not needs_whole_input(graph, layer):
             phases[layer.id] = -(-h // rows)
-    h_in, _ = spatial(graph.shape(graph.inputs[0]))
+    h_in = min(spatial(graph.shape(t))[0] for t in graph.inputs)  # source phases every input has rows for
     return phases, -(-h_in // rows)
 
 
