@@ -10,7 +10,10 @@ convs, 2x2 max pools, 2x2 stride-2 transposed convs, skip concats), a DB text de
 al.: a MobileNetV3-style backbone whose hard-swish is written `x * relu6(x + 3) / 6` as
 PaddleOCR writes it, an FPN neck, the binarization head of 3x3 conv and two 2x2 stride-2
 transposed convs with a sigmoid), and a CRNN recogniser trunk (Shi et al. Table 1: seven convs,
-max pools of 2x2 then (2, 1) stride, a 2x2 last conv) with a 1x1 class head, at 32x320.
+max pools of 2x2 then (2, 1) stride, a 2x2 last conv) with a 1x1 class head, at 32x320. Issue 38
+adds a model of two inputs and two outputs: a stereo matcher after DispNetC / StereoNet (one
+feature tower shared by both views, a cost volume of the two maps and their difference, a conv
+decoder, disparity and confidence heads) at 96x192, exported with inputs "left" and "right".
 
 Input sizes are those a user runs: classification at 224 (inception_v3 at 299), segmentation at
 520 (torchvision's evaluation size), the detector and text detector at 640x640, U-Net at 256x256,
