@@ -35,7 +35,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     graphs = []
     for ref in plan_.models:
         spec = _model_file(ref, p.parent)
-        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.input_shape, allow_code, f"plan {p}")
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.shapes(), allow_code, f"plan {p}")
         if fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan {p} was made for another model than {spec} (fingerprint {fingerprint(g)}, "
                                    f"the plan's {ref.fingerprint}): was it changed? plan it again")
@@ -84,33 +84,43 @@ def write_plan(plan_, path: str | Path) -> None:
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
-def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.ndarray]":
-    """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
-    raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
-    int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
-    path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
-    shown = " + ".join("x".join(map(str, s)) for s in shapes)
+def read_inputs(path: str | Path, shapes: Sequence) -> list:
+    """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
+    values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
+    each of them in its input order), NCHW, float32 (4 bytes a value) or int8 (1 byte a value; the
+    file's size tells which). `shapes`: per CNN its input shape, or {input name: shape}. Answers per
+    CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
+    path = Path(path)
+    flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
+    sizes = [int(np.prod(s)) for s in flat_shapes]
+    shown = " + ".join("x".join(map(str, s)) for s in flat_shapes)
     if not path.is_file():
         raise OptionError(f"--input {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
     if path.suffix == ".npy":
-        if len(shapes) > 1:
-            raise OptionError(f"--input {path}: the plan has {len(shapes)} CNNs; give their inputs as one raw float32 file")
+        if len(flat_shapes) > 1:
+            raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw float32 file")
         try:
             arr = np.load(path, allow_pickle=False)
         except (ValueError, OSError) as e:
             raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
         if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
             raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
-        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0])]
+        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(flat_shapes[0])]
     data = path.read_bytes()
     total = sum(sizes)
     if len(data) not in (4 * total, total):
         raise OptionError(f"--input {path}: expected {4 * total} bytes (float32, {shown}) or {total} (int8), got {len(data)}")
     flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
-    at, out = 0, []
-    for shape, size in zip(shapes, sizes):
-        out.append(flat[at: at + size].reshape(shape).copy())
+    at, arrays = 0, []
+    for shape, size in zip(flat_shapes, sizes):
+        arrays.append(flat[at: at + size].reshape(shape).copy())
         at += size
+    out: list = []
+    for per in shapes:
+        if isinstance(per, Mapping):
+            out.append({name: arrays.pop(0) for name in per})
+        else:
+            out.append(arrays.pop(0))
     return out
 
 

@@ -38,7 +38,7 @@ from tightfit.runtime.cost import CostModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import Measurement
 from tightfit.runtime.profiling import profiled_search
-from tightfit.runtime.reference import random_input
+from tightfit.runtime.reference import input_arrays, random_input
 from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, SearchOptions, search,
                                      select)
@@ -420,7 +420,7 @@ def _measuring(app: FitApp, measure: bool):
     # It measures while this process verifies: the cores are shared between the two (a core
     # oversubscribed by torch's threads runs many times slower).
     threads = max(1, (os.cpu_count() or 1) - 1)
-    measurement = Measurement(None, [(m.spec, m.ref().input_shape) for m in app.models], threads)
+    measurement = Measurement(None, [(m.spec, m.ref().shapes()) for m in app.models], threads)
     try:
         yield measurement
     finally:
@@ -584,7 +584,7 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     output of every CNN, in order), as float32 arrays."""
     inputs = plan_inputs(graphs, plan_, seed)
     refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]
-    return list(inputs), refs
+    return [a for g, x in zip(graphs, inputs) for a in input_arrays(g, x)], refs
 
 
 def check_export(plan_, graphs, sources, directory, build: BuildOptions = BuildOptions(), seed: int = 0,
@@ -612,9 +612,10 @@ def check_export_linux(plan_, graphs, sources, directory, target: str, build: Bu
 def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):
     """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
     inputs, refs = reference_io(plan_, graphs[:1], seed)
+    whole = np.concatenate([x.reshape(-1) for x in inputs])  # every input of CNN 0, one after another
     if keep_io is not None:
-        _keep_io(Path(keep_io), inputs[:1], refs[:1])
-    return check_mcu(built, inputs[0], refs[0])
+        _keep_io(Path(keep_io), [whole], refs[:1])
+    return check_mcu(built, whole, refs[0])
 
 
 def _keep_io(folder: Path, inputs, refs) -> None:

@@ -32,11 +32,18 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()
 
 
-def model_input(graph: Graph, x) -> np.ndarray:
+def model_input(graph: Graph, x) -> "np.ndarray | dict[str, np.ndarray]":
     """The graph's NCHW input as the model file takes it (channels-last where it starts with a
-    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW)."""
-    forms = {name: (form, shape) for name, form, shape in graph.input_forms}
-    form, shape = forms.get(graph.inputs[0], ("nchw", ()))
+    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW); a model of
+    several inputs: {input name: array}, each so."""
+    if isinstance(x, Mapping) or len(graph.inputs) > 1:
+        return {t: _file_form(graph, t, x[t]) for t in graph.inputs}
+    return _file_form(graph, graph.inputs[0], x)
+
+
+def _file_form(graph: Graph, name: str, x) -> np.ndarray:
+    forms = {n: (form, shape) for n, form, shape in graph.input_forms}
+    form, shape = forms.get(name, ("nchw", ()))
     x = np.asarray(x, dtype=np.float32)
     if form == "nhwc":
         return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
@@ -45,9 +52,14 @@ def model_input(graph: Graph, x) -> np.ndarray:
     return x
 
 
-def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence[str] = (),
+def _feed(names: Sequence[str], x) -> dict:
+    """{input name: array} from one array (the first input's) or from {input name: array}."""
+    return dict(x) if isinstance(x, Mapping) else {names[0]: x}
+
+
+def onnxruntime_outputs(model_bytes: bytes | str, x, extra: Sequence[str] = (),
                         level: str = "disable") -> dict[str, np.ndarray]:
-    """`model_bytes` may be a file path (a model with external data is opened where it lies);
+    """`x`: the input (an array), or {input name: array}. `model_bytes` may be a file path (a model with external data is opened where it lies);
     `extra`: inner tensors to return as well; `level` "all": onnxruntime's graph optimizations
     (its int8 fusions), else none."""
     import onnx
@@ -67,7 +79,7 @@ def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence
     try:
         sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
+        return dict(zip(names, sess.run(names, _feed([i.name for i in sess.get_inputs()], x))))
     except Exception as e:  # onnxruntime's own exception types: the model is one it rejects
         reason = " ".join(str(e).split())[:300]
         raise ModelLoadError(f"onnxruntime, the reference of --verify, rejects this model: {reason}") from None
@@ -134,7 +146,7 @@ def graph_macs(graph: Graph) -> int:
                                  graph.shape(l.output)) for l in graph.layers)
 
 
-def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] | None:
+def float64_outputs(model: bytes | str, x) -> dict[str, np.ndarray] | None:
     """The model's outputs by onnx's reference evaluator with every float32 tensor made float64;
     None where the evaluator cannot run it."""
     import onnx
@@ -157,7 +169,8 @@ def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] 
     try:
         evaluator = ReferenceEvaluator(m)
         names = [o.name for o in m.graph.output]
-        return dict(zip(names, evaluator.run(names, {m.graph.input[0].name: x.astype(np.float64)})))
+        feed = _feed([i.name for i in m.graph.input], x)
+        return dict(zip(names, evaluator.run(names, {k: np.asarray(v, np.float64) for k, v in feed.items()})))
     except Exception:  # an op or attribute form the evaluator lacks: onnxruntime's verdict stands
         return None
 
@@ -171,7 +184,7 @@ def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] 
 INT8_LSB_SHARE = 0.01
 
 
-def verify_int8(graph: Graph, model: bytes | str, x: np.ndarray, outputs: Mapping[str, np.ndarray]) -> Comparison:
+def verify_int8(graph: Graph, model: bytes | str, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
     ref = onnxruntime_outputs(model, x, level="all")
     found = []
     for name in graph.outputs:

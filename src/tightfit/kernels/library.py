@@ -64,6 +64,12 @@ INPUT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *([ctypes.c_long] * 6
                             *([ctypes.c_long] * 4))
 
 
+class Source(ctypes.Structure):
+    """tf_source: where one model input comes from (its tf_input_fn and that function's ctx)."""
+
+    _fields_ = [("fill", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
 class Tensor(ctypes.Structure):
     """tf_tensor: a whole contiguous (N, C, H, W) input."""
 
@@ -180,7 +186,7 @@ def library() -> ctypes.CDLL:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
     lib.tf_run.restype = ctypes.c_int
     lib.tf_simd.argtypes, lib.tf_simd.restype = [], ctypes.c_int
     lib.tf_threads.argtypes, lib.tf_threads.restype = [], ctypes.c_int

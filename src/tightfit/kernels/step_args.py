@@ -206,7 +206,8 @@ def step_args(ctx: Context, s: Step) -> Args:
     where = f"samples {r.n0}-{r.n1} rows {r.h0}-{r.h1} cols {r.w0}-{r.w1} of {s.out.tensor!r} -> buffer {s.out.buffer}"
     y = ctx.view(s.model, s.out)
     if s.kind == "input":
-        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0), f"input: {where}")
+        index = ctx.graphs[s.model].inputs.index(s.out.tensor)  # which of the model's sources fills it
+        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0, index), f"input: {where}")
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
         if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved

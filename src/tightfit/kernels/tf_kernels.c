@@ -1525,7 +1525,7 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
 
 /* One step; 0, or the input callback's status (-1: an unknown step kind). */
 static int run_step(float *arena, const float *weights, const int32_t *indices, const tf_step *step,
-                    tf_input_fn input, void *ctx) {
+                    const tf_source *inputs) {
     const void *p = step->args;
     switch (step->kind) {
     case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
@@ -1554,7 +1554,8 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
     case TF_STEP_INPUT: {
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;
-        return input(ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
+        const tf_source *src = &inputs[a->input];
+        return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
                      arena + y->off, y->sn, y->sc, y->sh, y->sw);
     }
     default:
@@ -1609,7 +1610,7 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
  * runs every other step (the input callback is called from the caller's thread only). */
 typedef struct {
     float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
-    tf_input_fn input; void *ctx;
+    const tf_source *inputs;
     pthread_mutex_t mu; pthread_cond_t cv;
     long arrived, generation, expected;
     int threads, status, said; /* said: the status when the last meeting ended */
@@ -1649,7 +1650,7 @@ static void walk(team *t, int id) {
         if (after_shared && meet(t)) return;
         after_shared = 0;
         if (id == 0 && !failed) {
-            const int status = run_step(t->arena, t->weights, t->indices, step, t->input, t->ctx);
+            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs);
             if (status) { /* said at the next meeting; the caller's thread runs nothing more */
                 pthread_mutex_lock(&t->mu);
                 t->status = status;
@@ -1670,12 +1671,12 @@ static void *worker(void *arg) {
 /* 1 when the steps ran on `threads` threads (their status in *status); 0 when no team could be
  * set up (the caller runs them on its own). */
 static int run_threads(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-                       tf_input_fn input, void *ctx, int threads, int *status) {
+                       const tf_source *inputs, int threads, int *status) {
     team t;
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.input = input, t.ctx = ctx, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.inputs = inputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
@@ -1703,20 +1704,20 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
 #endif
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx, int threads) {
+           const tf_source *inputs, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
     for (long i = 0; threads > 1 && i < count; i++) {
         int status;
         if (shared_step(&steps[i], threads)) {
-            if (run_threads(arena, weights, indices, steps, count, input, ctx, threads, &status)) return status;
+            if (run_threads(arena, weights, indices, steps, count, inputs, threads, &status)) return status;
             break;
         }
     }
 #endif
     (void)threads;
     for (long i = 0; i < count; i++) {
-        const int status = run_step(arena, weights, indices, &steps[i], input, ctx);
+        const int status = run_step(arena, weights, indices, &steps[i], inputs);
         if (status) return status;
     }
     return 0;

@@ -95,8 +95,8 @@ typedef struct { tf_view x, y; tf_int rows, cols; } tf_resize_args;
 typedef struct { tf_view x, y; } tf_copy_args;
 /* Channel shuffle in `groups`. */
 typedef struct { tf_view x, y; tf_int groups; } tf_shuffle_args;
-/* The model input's region from (n0, h0, w0), of y's size, into y (tf_input_fn). */
-typedef struct { tf_view y; tf_int n0, h0, w0; } tf_input_args;
+/* Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source). */
+typedef struct { tf_view y; tf_int n0, h0, w0; int input; } tf_input_args;
 /* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]
  * for each of `count` pairs (negative strides walk backwards), then the activations over y. */
 typedef struct { tf_view y; int count; const tf_view *x, *to; const tf_acts *act; } tf_moves_args;
@@ -162,6 +162,10 @@ typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;
 typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                            float *dst, long sn, long sc, long sh, long sw);
 
+/* Where one model input comes from: `fill` is asked for its regions, with `ctx`. A run takes one
+ * source per input of its model, in the model's input order (an input step names its index). */
+typedef struct { tf_input_fn fill; void *ctx; } tf_source;
+
 /* A whole input in memory, contiguous (N, C, H, W): tf_tensor_rows is its tf_input_fn (ctx: a
  * tf_tensor). */
 typedef struct { const float *x; long c, h, w; } tf_tensor;
@@ -170,11 +174,11 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
 
 /* Runs `count` steps on `threads` threads (the caller's and threads - 1 more, made for the run; a
  * convolution's or pooling's output rows are shared among them, every other step runs on the
- * caller's thread, and the outputs are the same bits for any count); returns 0, or the input
- * callback's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
+ * caller's thread, and the outputs are the same bits for any count); returns 0, or an input
+ * source's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
  * has no pthreads), every step runs on the caller's thread. */
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx, int threads);
+           const tf_source *inputs, int threads);
 /* The most threads tf_run uses (1: built without threads). */
 int tf_threads(void);
 /* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */

@@ -1,6 +1,6 @@
 /* main.c: tightfit's test program for an exported model (not part of the library).
  * usage: model [-p] [-t THREADS] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]
- * INPUT.bin holds every CNN's input, float32 NCHW, one after another; OUTPUT.bin gets every output
+ * INPUT.bin holds every CNN's inputs (a CNN of several: each in its input order), float32 NCHW, one after another; OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
  * from a file: by default weights.bin beside the program). With -p the input is read whole first
@@ -66,11 +66,12 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Every CNN's input, float32, one after another: the bytes INPUT.bin must hold. */
+/* Every CNN's inputs, float32, one after another: the bytes INPUT.bin must hold. */
 static long input_bytes(void) {
     long bytes = 0;
-    for (int m = 0; m < MODEL_CNNS; m++) {
-        const long *s = model_input_shape(m);
+    for (int m = 0; m < MODEL_CNNS; m++)
+    for (int k = 0; k < model_inputs(m); k++) {
+        const long *s = model_input_shape_of(m, k);
         bytes += s[0] * s[1] * s[2] * s[3] * (long)sizeof(float);
     }
     return bytes;
@@ -244,22 +245,29 @@ static int write_outputs(const char *path, const void *arena, long runs) {
 static int run_all(void *arena, const float *weights, FILE *in, const float *whole, const options *o, double *seconds) {
     const long runs = o->runs;
     const int threads = (int)o->threads;
-    file_source src[MODEL_CNNS];
-    long base = 0;
+    /* One source per input of each CNN: its rows read from where it lies in the file. */
+    file_source src[MODEL_CNNS][MODEL_MAX_INPUTS];
+    tf_source sources[MODEL_CNNS][MODEL_MAX_INPUTS];
+    long base = 0, first[MODEL_CNNS];
     for (int m = 0; m < MODEL_CNNS; m++) {
-        const long *shape = model_input_shape(m);
-        src[m].f = in;
-        src[m].base = base;
-        src[m].shape = shape;
-        base += shape[0] * shape[1] * shape[2] * shape[3] * (long)sizeof(float);
+        first[m] = base;
+        for (int k = 0; k < model_inputs(m); k++) {
+            const long *shape = model_input_shape_of(m, k);
+            src[m][k].f = in;
+            src[m][k].base = base;
+            src[m][k].shape = shape;
+            sources[m][k].fill = file_rows;
+            sources[m][k].ctx = &src[m][k];
+            base += shape[0] * shape[1] * shape[2] * shape[3] * (long)sizeof(float);
+        }
     }
     (void)weights;
     for (long r = 0; r < runs; r++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int m = 0; m < MODEL_CNNS; m++) {
-            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float), threads)
-                                     : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m], threads);
+            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + first[m] / (long)sizeof(float), threads)
+                                     : model_run_cnn(arena, WEIGHTS m, r, sources[m], threads);
             if (status) {
                 fprintf(stderr, "CNN %d stopped with status %d (%s)\n", m, status,
                         whole ? "a kernel failed" : "reading its input rows failed, or a kernel");
