@@ -10,14 +10,13 @@ random calibration data (bench/tflite_models.py; made once with tensorflow and c
   some arenas too small for its persistent data);
 - tightfit's plans of the imported graph: reuse (whole tensors), parts (one output row per phase
   everywhere) and the smallest fused tiling the tiling search reaches, the arena as the checker
-  counts it. tightfit runs a .tflite on a float input that its
-  first step quantizes (the file's own scale), so the plan as run holds that fp32 input too; the
-  "int8 in" columns plan the same graph taking the file's int8 input as TFLite Micro does (the
-  quantize step left out) and are the figures comparable to TFLite Micro's arena. A parts plan reads
-  its input by row bands from outside the arena (input excluded, as MCUNetV2 counts);
+  counts it, of the plans as they run: the graph takes the file's int8 input as TFLite Micro does
+  (no quantize step; the arena holds the int8 input), so the figures compare with TFLite Micro's
+  arena. A parts plan reads its input by row bands from outside the arena (input excluded, as
+  MCUNetV2 counts);
 - bit-exactness: the int8 outputs of tightfit's run against TFLite Micro's, on a seeded input.
 
-Verdicts: ours (int8 in, reuse alone) <= TFLite Micro's arena on every model; MobileNetV2-224 split
+Verdicts: ours (reuse alone) <= TFLite Micro's arena on every model; MobileNetV2-224 split
 (parts or tiling, the smaller) below MCUNetV2's 172 kB (input excluded).
 
     python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96] [--write-docs]
@@ -25,7 +24,6 @@ Verdicts: ours (int8 in, reuse alone) <= TFLite Micro's arena on every model; Mo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -92,16 +90,6 @@ def tflm_smallest_arena(path: Path) -> int | None:
     return hi
 
 
-def int8_input(g: Graph) -> Graph:
-    """The graph taking the file's int8 input (its input quantize layer left out), as TFLite
-    Micro holds it: for planning memory only (tightfit's executor takes fp32 inputs)."""
-    q = g.layers[0]
-    assert q.op == "quantize" and q.inputs == g.inputs, "a .tflite graph starts with its input's quantize layer"
-    layers = tuple(dataclasses.replace(l, id=l.id - 1) for l in g.layers[1:])
-    tensors = {k: v for k, v in g.tensors.items() if k != g.inputs[0]}
-    return dataclasses.replace(g, layers=layers, tensors=tensors, inputs=(q.output,), input_forms=())
-
-
 def arenas(g: Graph, name: str) -> tuple[int, int]:
     """(reuse, parts one row per phase) arena bytes, as the checker counts them."""
     model = PlannedModel(g, name)
@@ -125,7 +113,7 @@ def exact(g: Graph, data: bytes) -> str:
         ref = tm.tflm_outputs(data, x).reshape(-1)
     except ImportError:
         return "n/a"
-    ours = tm.as_int8_output(g, run_reference(g, tm.as_float_input(g, x))[g.outputs[0]]).reshape(-1)
+    ours = tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x))[g.outputs[0]]).reshape(-1)
     off = ours != ref
     return "yes" if not off.any() else f"{off.mean():.2%} off (max {np.abs(ours.astype(int) - ref).max()} LSB)"
 
@@ -134,11 +122,10 @@ def one_model(name: str) -> dict:
     path = tm.cached(name)
     data = path.read_bytes()
     g = load_tflite(path)
-    run_reuse, run_parts = arenas(g, name)
-    in_reuse, in_parts = arenas(int8_input(g), name)
-    return {"model": name, "tflm": tflm_smallest_arena(path), "reuse": in_reuse, "parts": in_parts,
-            "tiling": smallest_tiling(int8_input(g), name),
-            "run_reuse": run_reuse, "run_parts": run_parts, "exact": exact(g, data)}
+    assert g.tensors[g.inputs[0]].dtype == "int8", "these files take int8 input, as the graph does"
+    reuse, parts = arenas(g, name)
+    return {"model": name, "tflm": tflm_smallest_arena(path), "reuse": reuse, "parts": parts,
+            "tiling": smallest_tiling(g, name), "exact": exact(g, data)}
 
 
 def kib(n: int | None) -> str:
@@ -146,12 +133,12 @@ def kib(n: int | None) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ("model", "TFLM arena", "reuse int8-in", "parts int8-in", "tiling int8-in", "reuse as run", "parts as run",
-            "bit-exact vs TFLM")
+    cols = ("model", "TFLM arena", "reuse", "parts", "tiling", "bit-exact vs TFLM")
     print(f"{cols[0]:<14}" + "".join(f"{c:>16}" for c in cols[1:-1]) + f"  {cols[-1]}")
-    print("(KiB; int8-in: the file's int8 input as TFLite Micro holds it; as run: tightfit's fp32 input and its quantize step)")
+    print("(KiB, the plans as run: the file's int8 input in the arena as TFLite Micro holds it; parts and tiling "
+          "read it by row bands)")
     for r in rows:
-        cells = (r["tflm"], r["reuse"], r["parts"], r["tiling"], r["run_reuse"], r["run_parts"])
+        cells = (r["tflm"], r["reuse"], r["parts"], r["tiling"])
         print(f"{r['model']:<14}" + "".join(f"{kib(v):>16}" for v in cells) + f"  {r['exact']}")
     print("\npublished records (each paper's own model and counting, not these files):")
     for r in rows:

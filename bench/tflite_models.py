@@ -221,10 +221,16 @@ def tflm_outputs(data: bytes, x_q: np.ndarray, arena_size: int | None = None) ->
 
 
 def edge_quant(graph) -> tuple[tuple[float, int], tuple[float, int]]:
-    """(scale, zero point) of the graph's input quantize and output dequantize layers."""
-    q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
+    """(scale, zero point) of the graph's int8 input (its Quant, or its input quantize layer's for
+    a float input) and of its output dequantize layer."""
+    t = graph.tensors[graph.inputs[0]]
+    if t.dtype == "int8":
+        first = (t.quant.scale[0], t.quant.zero_point[0])
+    else:
+        q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
+        first = (q.attrs["scale"], q.attrs["zero_point"])
     d = next(l for l in graph.layers if l.op == "dequantize" and l.output == graph.outputs[0])
-    return (q.attrs["scale"], q.attrs["zero_point"]), (d.attrs["scale"], d.attrs["zero_point"])
+    return first, (d.attrs["scale"], d.attrs["zero_point"])
 
 
 def random_int8(graph, seed: int = 0) -> np.ndarray:
@@ -242,12 +248,15 @@ def random_float(graph, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1.2, 1.2, (n, h, w, c)).astype(np.float32)
 
 
-def as_float_input(graph, x_q: np.ndarray) -> np.ndarray:
-    """The int8 NHWC input as the graph's float NCHW input: exactly its real values, which the
-    input's quantize step gives back as the same integers."""
+def as_graph_input(graph, x_q: np.ndarray) -> np.ndarray:
+    """The int8 NHWC input as the graph's NCHW input: the same int8 values where the graph takes
+    the file's int8 input, else (a float graph input) exactly their real values, which the input's
+    quantize step gives back as the same integers."""
+    x = x_q.transpose(0, 3, 1, 2) if x_q.ndim == 4 else x_q
+    if graph.tensors[graph.inputs[0]].dtype == "int8":
+        return np.ascontiguousarray(x, dtype=np.int8)
     (s, z), _ = edge_quant(graph)
-    x = (x_q.astype(np.float32) - np.float32(z)) * np.float32(s)
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
+    return np.ascontiguousarray((x.astype(np.float32) - np.float32(z)) * np.float32(s))
 
 
 def as_int8_output(graph, y: np.ndarray) -> np.ndarray:

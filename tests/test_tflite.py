@@ -39,13 +39,15 @@ def small():
 
 
 def _ours(g, x_q: np.ndarray) -> np.ndarray:
-    return tm.as_int8_output(g, run_reference(g, tm.as_float_input(g, x_q))[g.outputs[0]])
+    return tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x_q))[g.outputs[0]])
 
 
 def test_every_layer_is_int8_with_tflite_rounding(small):
     ops = [l.op for l in small.layers]
-    assert ops[0] == "quantize" and ops[-1] == "dequantize"
-    inner = small.layers[1:-1]
+    assert "quantize" not in ops and ops[-1] == "dequantize"  # the file's int8 input is the graph's
+    x = small.tensors[small.inputs[0]]
+    assert x.dtype == "int8" and x.quant.per_tensor and small.layers[0].inputs == (x.name,)
+    inner = small.layers[:-1]
     assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in inner)
     assert {"conv", "add", "avgpool", "maxpool", "concat", "global_pool", "gemm", "softmax"} <= {l.op for l in inner}
     assert any(l.attrs["groups"] > 1 for l in inner if l.op == "conv")  # the depthwise convolution
@@ -102,7 +104,7 @@ def test_quantize_multiplier_is_tflites():
 def test_parts_at_half_the_reuse_arena_equals_the_unsplit_run(small):
     reuse, gs = api.plan(str(SMALL), method="reuse")
     whole_arena = check_plan(reuse, gs).arena_bytes
-    x = tm.as_float_input(small, tm.random_int8(small, 3))
+    x = tm.as_graph_input(small, tm.random_int8(small, 3))
     whole = ArenaExecutor(reuse, gs, fill_nan=True).run(x)[0][small.outputs[0]].copy()
     parts, gs = api.plan(str(SMALL), method="parts", rows=1)
     assert check_plan(parts, gs).arena_bytes <= whole_arena // 2

@@ -84,37 +84,25 @@ def write_plan(plan_, path: str | Path) -> None:
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
-def read_inputs(path: str | Path, shapes: Sequence) -> list:
+def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] | None" = None) -> list:
     """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
     values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
-    each of them in its input order), NCHW, float32 (4 bytes a value) or int8 (1 byte a value; the
-    file's size tells which). `shapes`: per CNN its input shape, or {input name: shape}. Answers per
-    CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
+    each of them in its input order), NCHW. `dtypes`: every input's element type in that order
+    (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
+    file's size tells which); an int8 input (a .tflite taking int8) is int8 values, in a .npy of
+    integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. Answers
+    per CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
     path = Path(path)
     flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
-    sizes = [int(np.prod(s)) for s in flat_shapes]
-    shown = " + ".join("x".join(map(str, s)) for s in flat_shapes)
+    kinds = [np.dtype(d) for d in dtypes] if dtypes is not None else [np.dtype(np.float32)] * len(flat_shapes)
     if not path.is_file():
         raise OptionError(f"--input {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
     if path.suffix == ".npy":
         if len(flat_shapes) > 1:
-            raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw float32 file")
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
-        if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
-            raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
-        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(flat_shapes[0])]
-    data = path.read_bytes()
-    total = sum(sizes)
-    if len(data) not in (4 * total, total):
-        raise OptionError(f"--input {path}: expected {4 * total} bytes (float32, {shown}) or {total} (int8), got {len(data)}")
-    flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
-    at, arrays = 0, []
-    for shape, size in zip(flat_shapes, sizes):
-        arrays.append(flat[at: at + size].reshape(shape).copy())
-        at += size
+            raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw file")
+        arrays = [_npy_input(path, flat_shapes[0], kinds[0])]
+    else:
+        arrays = _raw_inputs(path, flat_shapes, kinds)
     out: list = []
     for per in shapes:
         if isinstance(per, Mapping):
@@ -122,6 +110,40 @@ def read_inputs(path: str | Path, shapes: Sequence) -> list:
         else:
             out.append(arrays.pop(0))
     return out
+
+
+def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype) -> np.ndarray:
+    """A .npy input: float32 (from any numbers) or int8 (from integers in int8's range)."""
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
+    shown = "x".join(map(str, shape))
+    if arr.size != int(np.prod(shape)) or arr.dtype.kind not in "fiu":
+        raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
+    if kind == np.int8 and (arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 127))):
+        raise OptionError(f"--input {path}: holds {arr.dtype}; the model's input is int8 {shown}: give int8 values "
+                          "(quantized with the input's scale and zero point, as `inspect` lists them)")
+    return np.ascontiguousarray(arr, dtype=kind).reshape(shape)
+
+
+def _raw_inputs(path: Path, flat_shapes: list, kinds: list[np.dtype]) -> list[np.ndarray]:
+    """Raw inputs one after another, each in its element type (float inputs: all float32 or all int8)."""
+    sizes = [int(np.prod(s)) for s in flat_shapes]
+    data = path.read_bytes()
+    as_typed = sum(z * k.itemsize for z, k in zip(sizes, kinds))
+    floats_as_int8 = len(data) != as_typed and len(data) == sum(sizes)  # a float model fed int8 bytes
+    if len(data) != as_typed and not floats_as_int8:
+        shown = " + ".join(f"{'x'.join(map(str, s))} {'int8' if k == np.int8 else 'float32'}"
+                           for s, k in zip(flat_shapes, kinds))
+        also = f" or {sum(sizes)} (all int8)" if any(k != np.int8 for k in kinds) else ""
+        raise OptionError(f"--input {path}: expected {as_typed} bytes ({shown}){also}, got {len(data)}")
+    at, arrays = 0, []
+    for shape, size, kind in zip(flat_shapes, sizes, kinds):
+        stored = np.dtype(np.int8) if floats_as_int8 or kind == np.int8 else np.dtype("<f4")
+        arrays.append(np.frombuffer(data, stored, size, at).astype(kind).reshape(shape))
+        at += size * stored.itemsize
+    return arrays
 
 
 def write_outputs(path: str | Path, outputs: "Sequence[tuple[str, np.ndarray]]") -> str:

@@ -34,7 +34,7 @@ from tightfit.report import (io_line, model_io, export_lines, exported_lines, fi
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.enforce import MARGIN, require_available
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import input_shapes, random_input
+from tightfit.runtime.reference import input_dtype, input_shapes, random_input
 from tightfit.stages import (FitOutcome, check_batch, check_export, check_export_linux, check_export_mcu, execute, load_fit_app, param_bytes,
                              plan_for_budget, plan_inputs, run_model)
 from tightfit.stages import fit as search_fit
@@ -243,7 +243,7 @@ def run(o: RunOptions) -> Result:
     # onnxruntime (--verify) holds the model's weights and activations a second time.
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if o.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if o.verify else ""))
-    x = read_inputs(o.input, [input_shapes(graph)])[0] if o.input else random_input(graph)
+    x = read_inputs(o.input, [input_shapes(graph)], _dtypes([graph]))[0] if o.input else random_input(graph)
     result = run_model(graph, x, threads=o.threads)
     report = run_report(graph, result)
     if o.output:
@@ -257,6 +257,11 @@ def run(o: RunOptions) -> Result:
                               "uncertainty_bytes": m.uncertainty_bytes}
         report["analysed_layer_peak_bytes"] = need.layer_peak_bytes
     return Result(report, run_text(report), 1 if o.verify and not report["verify"]["ok"] else 0)
+
+
+def _dtypes(graphs) -> list:
+    """Every CNN's inputs' element types in their order (int8 for an int8 graph input)."""
+    return [input_dtype(g, t) for g in graphs for t in g.inputs]
 
 
 def _json_shape(shape) -> "list[int] | dict[str, list[int]] | None":
@@ -281,7 +286,7 @@ def run_plan(o: RunOptions) -> Result:
     elif o.limit:
         raise OptionError("--limit goes with --enforce")
     shapes = [input_shapes(g, ref.batch) for g, ref in zip(graphs, plan_.models)]
-    xs = read_inputs(o.input, shapes) if o.input else plan_inputs(graphs, plan_)
+    xs = read_inputs(o.input, shapes, _dtypes(graphs)) if o.input else plan_inputs(graphs, plan_)
     outs, seconds = execute(plan_, graphs, xs, threads=o.threads)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o_ in enumerate(outs) for k, v in o_.items()}

@@ -11,6 +11,7 @@ import numpy as np
 from tightfit.graph.ir import Graph
 from tightfit.kernels.step_args import Context
 from tightfit.runtime.executor import ArenaExecutor, typed, view_array
+from tightfit.runtime.reference import input_dtype
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.reuse.planner import plan_reuse
 
@@ -18,11 +19,12 @@ from tightfit.techniques.reuse.planner import plan_reuse
 def run_reference(graph: Graph, inputs, keep: Iterable[str] = (), threads: int = 1) -> dict[str, np.ndarray]:
     """Run the graph on one input (an array, or {input name: array}) on `threads` threads; return
     its outputs (in the model's order) and any tensors named in `keep`, as arrays of their own."""
+    # Each input as the executor takes it (float32, or an int8 input's int8 values, checked there).
     if isinstance(inputs, Mapping):
-        x = {t: np.ascontiguousarray(np.asarray(inputs[t], dtype=np.float32)) for t in graph.inputs}
+        x = {t: _as_input(inputs[t], graph, t) for t in graph.inputs}
         batch = int(x[graph.inputs[0]].shape[0])
     else:
-        x = np.ascontiguousarray(np.asarray(inputs, dtype=np.float32))
+        x = _as_input(inputs, graph, graph.inputs[0])
         batch = int(x.shape[0])
     wanted = dict.fromkeys(list(graph.outputs) + list(keep))
     # Tensors asked for besides the outputs each keep a buffer of their own (the naive plan);
@@ -42,3 +44,8 @@ def run_reference(graph: Graph, inputs, keep: Iterable[str] = (), threads: int =
             arena = typed(ex.arena, plan.buffers[written[t].buffer].itemsize)
             result[t] = view_array(arena, ctx.view(0, written[t]), shape).copy()
     return result
+
+
+def _as_input(a, graph: Graph, tensor: str) -> np.ndarray:
+    a = np.asarray(a)
+    return np.ascontiguousarray(a if input_dtype(graph, tensor) == np.int8 else a.astype(np.float32, copy=False))

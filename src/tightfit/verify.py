@@ -111,16 +111,19 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
 
 
 def verify_with_tflite_micro(spec: str, graph: Graph, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
-    """Our outputs against TFLite Micro's interpreter on the same .tflite file, bit for bit: the
-    input quantized as the graph's first step does (TFLite's rounding, half away from zero), the
-    int8 outputs dequantized as its last steps do."""
+    """Our outputs against TFLite Micro's interpreter on the same .tflite file, bit for bit: an
+    int8 graph input fed to it as it is (the same int8 values), a float one quantized as the
+    graph's first step does (TFLite's rounding, half away from zero); int8 outputs dequantized as
+    the graph's last steps do."""
     try:
         from tflite_micro.python.tflite_micro import runtime
     except ImportError:
         raise OptionError("--verify of a .tflite file runs TFLite Micro's interpreter: pip install tflite-micro") from None
     interp = runtime.Interpreter.from_bytes(Path(spec).read_bytes())
     x = np.asarray(x, np.float32)
-    if interp.get_input_details(0)["dtype"] == np.int8:
+    if graph.tensors[graph.inputs[0]].dtype == "int8":  # the file's int8 input: the same values fed to both
+        x = np.asarray(x, np.int8)
+    elif interp.get_input_details(0)["dtype"] == np.int8:
         q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
         v = x / np.float32(q.attrs["scale"])
         x = np.clip(np.sign(v) * np.floor(np.abs(v.astype(np.float64)) + 0.5) + q.attrs["zero_point"], -128, 127)

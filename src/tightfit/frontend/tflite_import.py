@@ -72,6 +72,8 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     except CORRUPT as e:
         raise ModelLoadError(f"{path} is a corrupt .tflite file ({type(e).__name__} converting it: {e})") from None
     graph = _fold_int8(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
+    if tensors[inputs[0]].dtype == "int8":
+        graph = _int8_input(graph)
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
     # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
@@ -117,6 +119,20 @@ def _fold_int8(g: Graph) -> Graph:
     layers = tuple(dataclasses.replace(l, id=i) for i, l in enumerate(kept))
     used = {t for l in layers for t in (*l.inputs, l.output)} | set(g.inputs)
     return dataclasses.replace(g, layers=layers, tensors={k: v for k, v in g.tensors.items() if k in used})
+
+
+def _int8_input(g: Graph) -> Graph:
+    """The graph taking the file's int8 input as TFLite Micro does: its input quantize layer left
+    out, the graph input the int8 tensor (scale and zero point its Quant) that layer wrote, in the
+    file's form (the NHWC form moves to it). The arena then holds the input's int8 bytes alone."""
+    x = g.inputs[0]
+    q = g.layers[0]
+    if q.op != "quantize" or q.inputs != (x,) or len(g.consumers(x)) != 1:
+        return g  # the file's input feeds more than its quantization: the float input stays
+    layers = tuple(dataclasses.replace(l, id=l.id - 1) for l in g.layers[1:])
+    tensors = {k: v for k, v in g.tensors.items() if k != x}
+    forms = tuple((q.output if t == x else t, form, shape) for t, form, shape in g.input_forms)
+    return dataclasses.replace(g, layers=layers, tensors=tensors, inputs=(q.output,), input_forms=forms)
 
 
 # --- reading the flatbuffer ----------------------------------------------------------------------

@@ -71,9 +71,10 @@ class Source(ctypes.Structure):
 
 
 class Tensor(ctypes.Structure):
-    """tf_tensor: a whole contiguous (N, C, H, W) input."""
+    """tf_tensor: a whole contiguous (N, C, H, W) input of `item` bytes per element."""
 
-    _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long)]
+    _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long),
+                ("item", ctypes.c_int)]
 
 
 DTYPES = {name: np.dtype(cls) for name, cls in STRUCTS.items()}  # the same layouts as numpy records

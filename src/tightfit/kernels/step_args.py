@@ -207,7 +207,8 @@ def step_args(ctx: Context, s: Step) -> Args:
     y = ctx.view(s.model, s.out)
     if s.kind == "input":
         index = ctx.graphs[s.model].inputs.index(s.out.tensor)  # which of the model's sources fills it
-        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0, index), f"input: {where}")
+        item = ctx.plan.buffers[s.out.buffer].itemsize  # an int8 input arrives as its int8 elements
+        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0, index, item), f"input: {where}")
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
         if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved

@@ -1555,8 +1555,9 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;
         const tf_source *src = &inputs[a->input];
+        void *dst = a->item == 1 ? (void *)q8(arena, y->off) : (void *)(arena + y->off);
         return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
-                     arena + y->off, y->sn, y->sc, y->sh, y->sw);
+                     dst, y->sn, y->sc, y->sh, y->sw);
     }
     default:
         if (!run_int8(arena, weights, step->kind, p)) return -1;
@@ -1736,15 +1737,16 @@ void tf_read(const float *arena, const tf_view *v, long first, long count, float
 }
 
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                   float *dst, long sn, long sc, long sh, long sw) {
+                   void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;
+    const size_t item = (size_t)t->item;
     for (long n = n0; n < n1; n++)
     for (long c = 0; c < t->c; c++)
     for (long h = h0; h < h1; h++) {
-        const float *src = t->x + ((n * t->c + c) * t->h + h) * t->w;
-        float *out = dst + (n - n0) * sn + c * sc + (h - h0) * sh;
-        if (sw == 1) memcpy(out, src + w0, (size_t)(w1 - w0) * sizeof(float));
-        else for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];
+        const char *src = (const char *)t->x + (size_t)(((n * t->c + c) * t->h + h) * t->w) * item;
+        char *out = (char *)dst + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
+        if (sw == 1) memcpy(out, src + (size_t)w0 * item, (size_t)(w1 - w0) * item);
+        else for (long w = w0; w < w1; w++) memcpy(out + (size_t)((w - w0) * sw) * item, src + (size_t)w * item, item);
     }
     return 0;
 }

@@ -95,8 +95,9 @@ typedef struct { tf_view x, y; tf_int rows, cols; } tf_resize_args;
 typedef struct { tf_view x, y; } tf_copy_args;
 /* Channel shuffle in `groups`. */
 typedef struct { tf_view x, y; tf_int groups; } tf_shuffle_args;
-/* Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source). */
-typedef struct { tf_view y; tf_int n0, h0, w0; int input; } tf_input_args;
+/* Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source);
+ * item: bytes per element (4 float32, 1 int8: y's offset counts such elements). */
+typedef struct { tf_view y; tf_int n0, h0, w0; int input, item; } tf_input_args;
 /* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]
  * for each of `count` pairs (negative strides walk backwards), then the activations over y. */
 typedef struct { tf_view y; int count; const tf_view *x, *to; const tf_acts *act; } tf_moves_args;
@@ -158,19 +159,20 @@ typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;
 /* END GENERATED */
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
- * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. */
+ * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. dst holds the input's
+ * own elements: float for a float32 input, int8_t for an int8 one (the strides count them). */
 typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                           float *dst, long sn, long sc, long sh, long sw);
+                           void *dst, long sn, long sc, long sh, long sw);
 
 /* Where one model input comes from: `fill` is asked for its regions, with `ctx`. A run takes one
  * source per input of its model, in the model's input order (an input step names its index). */
 typedef struct { tf_input_fn fill; void *ctx; } tf_source;
 
-/* A whole input in memory, contiguous (N, C, H, W): tf_tensor_rows is its tf_input_fn (ctx: a
- * tf_tensor). */
-typedef struct { const float *x; long c, h, w; } tf_tensor;
+/* A whole input in memory, contiguous (N, C, H, W), of `item` bytes per element (4 float32, 1 int8):
+ * tf_tensor_rows is its tf_input_fn (ctx: a tf_tensor). */
+typedef struct { const void *x; long c, h, w; int item; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                   float *dst, long sn, long sc, long sh, long sw);
+                   void *dst, long sn, long sc, long sh, long sw);
 
 /* Runs `count` steps on `threads` threads (the caller's and threads - 1 more, made for the run; a
  * convolution's or pooling's output rows are shared among them, every other step runs on the

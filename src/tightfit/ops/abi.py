@@ -109,8 +109,9 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                      "y = x in logical order (a reshape when the shapes differ; a transpose is x with permuted\n"
                      " * strides); x and y may overlap in one buffer with the same shape and strides (a shift)."),
     "tf_shuffle_args": ([("x", VIEW), ("y", VIEW), ("groups", I)], "Channel shuffle in `groups`."),
-    "tf_input_args": ([("y", VIEW), ("n0", I), ("h0", I), ("w0", I), ("input", N)],
-                      "Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source)."),
+    "tf_input_args": ([("y", VIEW), ("n0", I), ("h0", I), ("w0", I), ("input", N), ("item", N)],
+                      "Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source);\n"
+                      " * item: bytes per element (4 float32, 1 int8: y's offset counts such elements)."),
     "tf_moves_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("to", "const tf_view *"),
                        ("act", ACT_P)],
                       "Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]\n"

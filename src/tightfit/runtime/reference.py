@@ -13,22 +13,35 @@ def input_shapes(graph: Graph, batch: int | None = None) -> "tuple[int, ...] | d
     return shapes[graph.inputs[0]] if len(shapes) == 1 else shapes
 
 
+def input_dtype(graph: Graph, tensor: str) -> np.dtype:
+    """The element type a model input arrives in: int8 for an int8 graph input (a .tflite whose
+    input is int8: its integers, as TFLite Micro takes them), else float32."""
+    return np.dtype(np.int8 if graph.tensors[tensor].dtype == "int8" else np.float32)
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if dtype == np.int8:
+        return rng.integers(-128, 128, shape, dtype=np.int8)
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
 def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> "np.ndarray | dict[str, np.ndarray]":
     """Seeded random input: an array, or {input name: array} for a model of several inputs (the
-    first drawn from `seed` alone, as a model of one input is)."""
+    first drawn from `seed` alone, as a model of one input is); an int8 input's are random int8."""
     shapes = input_shapes(graph, batch)
     if not isinstance(shapes, dict):
-        return np.random.default_rng(seed).standard_normal(shapes, dtype=np.float32)
-    return {t: np.random.default_rng(seed if k == 0 else [seed, k]).standard_normal(s, dtype=np.float32)
+        return _draw(np.random.default_rng(seed), shapes, input_dtype(graph, graph.inputs[0]))
+    return {t: _draw(np.random.default_rng(seed if k == 0 else [seed, k]), s, input_dtype(graph, t))
             for k, (t, s) in enumerate(shapes.items())}
 
 
 def input_arrays(graph: Graph, x) -> list[np.ndarray]:
-    """A model's input(s) as arrays in its input order (how a file or a C program holds them:
-    one after another)."""
+    """A model's input(s) as arrays in its input order, each in its own element type (how a file or
+    a C program holds them: one after another)."""
     from collections.abc import Mapping
 
-    return [np.asarray(x[t], np.float32) for t in graph.inputs] if isinstance(x, Mapping) else [np.asarray(x, np.float32)]
+    xs = [x[t] for t in graph.inputs] if isinstance(x, Mapping) else [x]
+    return [np.asarray(v, input_dtype(graph, t)) for v, t in zip(xs, graph.inputs)]
 
 
 def run_layer(layer, inputs, params, out) -> None:
