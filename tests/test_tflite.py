@@ -24,7 +24,8 @@ from tightfit.frontend.load import load  # noqa: E402
 from tightfit.kernels.step_args import quantize_multiplier  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
-from tightfit.runtime.executor import ArenaExecutor  # noqa: E402
+from tightfit.errors import InputDataError  # noqa: E402
+from tightfit.runtime.executor import ArenaExecutor, RowSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import tflite_models as tm  # noqa: E402
@@ -111,6 +112,49 @@ def test_parts_at_half_the_reuse_arena_equals_the_unsplit_run(small):
     assert np.array_equal(ArenaExecutor(parts, gs, fill_nan=True).run(x)[0][small.outputs[0]], whole)
 
 
+def test_the_arena_holds_the_int8_input_alone(small):
+    """TFLite Micro's arena holds the file's int8 input; so does ours: no float copy, no quantize step."""
+    plan, gs = api.plan(str(SMALL), method="reuse")
+    step = next(s for s in plan.steps() if s.kind == "input")
+    assert plan.buffers[step.out.buffer].itemsize == 1
+    assert plan.buffers[step.out.buffer].nbytes == int(np.prod(small.shape(small.inputs[0])))
+
+
+def test_int8_rows_from_a_source_equal_the_whole_input(small):
+    """A parts plan reads the int8 input by row bands (int8 rows into the arena); floats for an
+    int8 input are refused, not cast."""
+    plan, gs = api.plan(str(SMALL), method="parts", rows=1)
+    x = tm.as_graph_input(small, tm.random_int8(small, 5))
+    assert x.dtype == np.int8
+    ex = ArenaExecutor(plan, gs, fill_nan=True)
+    whole = ex.run(x)[0][small.outputs[0]].copy()
+    banded = ex.run(RowSource(x.shape, lambda h0, h1: x[:, :, h0:h1]))[0][small.outputs[0]]
+    assert np.array_equal(banded, whole)
+    assert np.array_equal(whole, run_reference(small, x)[small.outputs[0]])
+    with pytest.raises(InputDataError, match="int8"):
+        ex.run(x.astype(np.float32) + 0.5)
+    with pytest.raises(InputDataError, match="int8"):
+        ex.run(RowSource(x.shape, lambda h0, h1: x[:, :, h0:h1].astype(np.float32)))
+
+
+def test_cli_runs_an_int8_input_file(small, tmp_path, capsys):
+    """`run --input`: a .npy of int8 in the file's NHWC layout, or raw int8 NCHW bytes, gives TFLite
+    Micro's stored outputs; a float .npy for the int8 input is one line, exit 2."""
+    stored = np.load(DATA / "small_int8_tflm.npz")
+    x, want = stored["x"][1], stored["y"][1].reshape(-1)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x.transpose(0, 3, 1, 2)).tobytes())
+    for given in ("x.npy", "x.bin"):
+        out = tmp_path / f"{given}.y.npy"
+        assert main(["run", str(SMALL), "--input", str(tmp_path / given), "--output", str(out)]) == 0
+        assert np.array_equal(tm.as_int8_output(small, np.load(out)).reshape(-1), want), given
+    capsys.readouterr()
+    np.save(tmp_path / "f.npy", x.astype(np.float32) / 100)
+    assert main(["run", str(SMALL), "--input", str(tmp_path / "f.npy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "int8" in err[0] and "Traceback" not in err[0], err
+
+
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
 def test_exported_program_equals_the_executor(tmp_path):
     from tightfit.api import check_export
@@ -118,6 +162,8 @@ def test_exported_program_equals_the_executor(tmp_path):
 
     plan, graphs = api.plan(str(SMALL), method="parts", rows=1)
     sources = export(plan, graphs, tmp_path / "out")
+    header = next(h for h in (tmp_path / "out").glob("*.h") if h.name != "tf_kernels.h").read_text()
+    assert "_INPUT_ITEM 1 " in header  # the program takes the file's int8 input, 1 byte a value
     c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
     assert c.ok and c.max_abs_diff == 0.0, c.lines()
 

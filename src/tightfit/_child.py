@@ -23,7 +23,7 @@ from tightfit.frontend.load import load, load_ref
 from tightfit.reference import run_reference
 from tightfit.runtime.executor import ArenaExecutor, RowSource
 from tightfit.runtime.measure import measure_in_this_process, release_pages
-from tightfit.runtime.reference import random_input
+from tightfit.runtime.reference import input_dtype, random_input
 from tightfit.stages import plan_inputs
 
 
@@ -80,7 +80,8 @@ def _sources(g, batch: int, m: int, x, windowed: set) -> object:
     """Model `m`'s input: each windowed input as seeded row bands, the others as loaded arrays."""
     def one(t: str, k: int, a):
         seed = m if k == 0 else m + 1000 * k
-        return RowSource.seeded((batch,) + tuple(g.shape(t)[1:]), seed) if (m, t) in windowed else a
+        shape = (batch,) + tuple(g.shape(t)[1:])
+        return RowSource.seeded(shape, seed, input_dtype(g, t)) if (m, t) in windowed else a
 
     if len(g.inputs) == 1:
         return one(g.inputs[0], 0, x)

@@ -84,14 +84,17 @@ def write_plan(plan_, path: str | Path) -> None:
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
-def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] | None" = None) -> list:
+def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] | None" = None,
+                nhwc: "Sequence[tuple[int, ...] | None] | None" = None) -> list:
     """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
     values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
     each of them in its input order), NCHW. `dtypes`: every input's element type in that order
     (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
     file's size tells which); an int8 input (a .tflite taking int8) is int8 values, in a .npy of
-    integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. Answers
-    per CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
+    integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. `nhwc`:
+    every input's shape in its model file where the file takes it channels-last (a .tflite), else
+    None: a .npy of that shape is the file's NHWC layout, transposed. Answers per CNN an array, or
+    {input name: array}. OptionError: one line saying what was expected."""
     path = Path(path)
     flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
     kinds = [np.dtype(d) for d in dtypes] if dtypes is not None else [np.dtype(np.float32)] * len(flat_shapes)
@@ -100,7 +103,7 @@ def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] 
     if path.suffix == ".npy":
         if len(flat_shapes) > 1:
             raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw file")
-        arrays = [_npy_input(path, flat_shapes[0], kinds[0])]
+        arrays = [_npy_input(path, flat_shapes[0], kinds[0], nhwc[0] if nhwc else None)]
     else:
         arrays = _raw_inputs(path, flat_shapes, kinds)
     out: list = []
@@ -112,8 +115,9 @@ def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] 
     return out
 
 
-def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype) -> np.ndarray:
-    """A .npy input: float32 (from any numbers) or int8 (from integers in int8's range)."""
+def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype, nhwc: "tuple[int, ...] | None") -> np.ndarray:
+    """A .npy input: float32 (from any numbers) or int8 (from integers in int8's range); in the
+    model file's NHWC layout where its shape is that (`nhwc`), else NCHW."""
     try:
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as e:
@@ -124,6 +128,8 @@ def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype) -> np.ndarray:
     if kind == np.int8 and (arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 127))):
         raise OptionError(f"--input {path}: holds {arr.dtype}; the model's input is int8 {shown}: give int8 values "
                           "(quantized with the input's scale and zero point, as `inspect` lists them)")
+    if nhwc is not None and tuple(arr.shape) == tuple(nhwc) and tuple(nhwc) != tuple(shape):
+        arr = arr.transpose(0, 3, 1, 2)
     return np.ascontiguousarray(arr, dtype=kind).reshape(shape)
 
 

@@ -243,7 +243,7 @@ def run(o: RunOptions) -> Result:
     # onnxruntime (--verify) holds the model's weights and activations a second time.
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if o.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if o.verify else ""))
-    x = read_inputs(o.input, [input_shapes(graph)], _dtypes([graph]))[0] if o.input else random_input(graph)
+    x = read_inputs(o.input, [input_shapes(graph)], _dtypes([graph]), _nhwc([graph]))[0] if o.input else random_input(graph)
     result = run_model(graph, x, threads=o.threads)
     report = run_report(graph, result)
     if o.output:
@@ -262,6 +262,12 @@ def run(o: RunOptions) -> Result:
 def _dtypes(graphs) -> list:
     """Every CNN's inputs' element types in their order (int8 for an int8 graph input)."""
     return [input_dtype(g, t) for g in graphs for t in g.inputs]
+
+
+def _nhwc(graphs) -> list:
+    """Every CNN's inputs' shapes in their model files where a file takes one channels-last, else None."""
+    forms = [{t: shape for t, form, shape in g.input_forms if form == "nhwc"} for g in graphs]
+    return [f.get(t) for g, f in zip(graphs, forms) for t in g.inputs]
 
 
 def _json_shape(shape) -> "list[int] | dict[str, list[int]] | None":
@@ -286,7 +292,7 @@ def run_plan(o: RunOptions) -> Result:
     elif o.limit:
         raise OptionError("--limit goes with --enforce")
     shapes = [input_shapes(g, ref.batch) for g, ref in zip(graphs, plan_.models)]
-    xs = read_inputs(o.input, shapes, _dtypes(graphs)) if o.input else plan_inputs(graphs, plan_)
+    xs = read_inputs(o.input, shapes, _dtypes(graphs), _nhwc(graphs)) if o.input else plan_inputs(graphs, plan_)
     outs, seconds = execute(plan_, graphs, xs, threads=o.threads)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o_ in enumerate(outs) for k, v in o_.items()}

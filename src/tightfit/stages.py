@@ -25,6 +25,7 @@ import numpy as np
 from tightfit.analysis.memory import account
 from tightfit.errors import BudgetError, OptionError, VerificationFailed
 from tightfit.export import BuildOptions, check, check_mcu
+from tightfit.export.build import input_bytes
 from tightfit.export.linux import check_for
 from tightfit.frontend.app import AppError, is_app_file, load_app
 from tightfit.frontend.load import load
@@ -619,5 +620,5 @@ def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | 
 
 
 def _keep_io(folder: Path, inputs, refs) -> None:
-    (folder / "input.bin").write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+    (folder / "input.bin").write_bytes(b"".join(input_bytes(x) for x in inputs))
     (folder / "reference.bin").write_bytes(b"".join(np.ascontiguousarray(r, dtype="<f4").tobytes() for r in refs))

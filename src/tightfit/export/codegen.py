@@ -226,13 +226,16 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     for m, (g, ref) in enumerate(zip(graphs, plan.models)):
         shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
         shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
-        lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW float32) */")
+        kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
+        lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}) */")
         lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
         lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
         lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
         lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
         for k, sh in enumerate(shapes):
             lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
+            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
+                         f"{_input_kind(g, g.inputs[k])} */")
         for k, t in enumerate(g.outputs):
             oshape = (ref.batch,) + g.shape(t)[1:]
             lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} */")
@@ -244,9 +247,12 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"#define {upper}_MAX_INPUTS {max(len(g.inputs) for g in graphs)}",
         f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
+        f"#define {upper}_INPUT_ITEM {_input_item(g0, g0.inputs[0])} /* CNN 0's first input: bytes a value "
+        f"({_input_kind(g0, g0.inputs[0])}) */",
         "",
-        "/* CNN 0 on its whole NCHW input(s) (several: one after another), on the caller's thread; 0 on success. */",
-        f"int {name}_run(void *arena, {w}const float *input);",
+        "/* CNN 0 on its whole NCHW input(s) (several: one after another, each of its own type: float32, or",
+        " * int8 for an int8 input), on the caller's thread; 0 on success. */",
+        f"int {name}_run(void *arena, {w}const void *input);",
         *(["/* CNN 0 on an input delivered by parts: `fill` is asked for the rows (and columns) each step needs. */",
             f"int {name}_run_rows(void *arena, {w}tf_input_fn fill, void *ctx);"] if rows else []),
         "/* CNN `cnn`'s partitions in order, on frame `frame` (pipelined partitions alternate frame copies),",
@@ -262,16 +268,27 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"const long *{name}_input_shape(int cnn);",
         f"int {name}_inputs(int cnn);",
         f"const long *{name}_input_shape_of(int cnn, int k);",
+        f"/* Bytes a value of CNN `cnn`'s input `k`: 4 (float32), or 1 (int8: a fill callback writes int8_t). */",
+        f"int {name}_input_item(int cnn, int k);",
         f"int {name}_outputs(int cnn);",
         f"long {name}_output_elems(int cnn, int k);",
         f"/* The first output of CNN 0, whole. */",
         f"void {name}_read_output(const void *arena, float *dst);",
         "/* CNN `cnn` on its whole NCHW input(s), one after another (the frame picks the copies pipelined",
         " * partitions use). */",
-        f"int {name}_run_tensor(void *arena, {w}int cnn, long frame, const float *input, int threads);",
+        f"int {name}_run_tensor(void *arena, {w}int cnn, long frame, const void *input, int threads);",
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _input_item(g: Graph, tensor: str) -> int:
+    """Bytes a value of a model input as the program takes it: 1 for an int8 graph input, else 4."""
+    return 1 if g.tensors[tensor].dtype == "int8" else 4
+
+
+def _input_kind(g: Graph, tensor: str) -> str:
+    return "int8" if _input_item(g, tensor) == 1 else "float32"
 
 
 def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_arg: str) -> list[str]:
@@ -280,6 +297,7 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
     for g in graphs:
         first.append(first[-1] + len(g.inputs))
     shapes = ", ".join(f"{upper}_CNN{m}_INPUT{k}_SHAPE" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
+    items = ", ".join(f"{upper}_CNN{m}_INPUT{k}_ITEM" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
     rows = [
         f"int {name}_run_rows(void *arena, {w_param}tf_input_fn fill, void *ctx) {{",
         "    const tf_source source = {fill, ctx};",
@@ -289,19 +307,22 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
         f"static const int model_first_input[{len(first)}] = {{{', '.join(map(str, first))}}};",
         f"int {name}_inputs(int cnn) {{ return model_first_input[cnn + 1] - model_first_input[cnn]; }}",
         f"const long *{name}_input_shape_of(int cnn, int k) {{ return model_input_shapes[model_first_input[cnn] + k]; }}",
-        f"const long *{name}_input_shape(int cnn) {{ return model_input_shapes[model_first_input[cnn]]; }}", "",
-        f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const float *input, int threads) {{",
+        f"const long *{name}_input_shape(int cnn) {{ return model_input_shapes[model_first_input[cnn]]; }}",
+        f"static const int model_input_items[{first[-1]}] = {{{items}}};",
+        f"int {name}_input_item(int cnn, int k) {{ return model_input_items[model_first_input[cnn] + k]; }}", "",
+        f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const void *input, int threads) {{",
         f"    if (cnn < 0 || cnn >= {len(graphs)}) return -1;",
         f"    tf_tensor tensors[{upper}_MAX_INPUTS];",
         f"    tf_source sources[{upper}_MAX_INPUTS];",
         f"    for (int k = 0; k < {name}_inputs(cnn); k++) {{",
         f"        const long *s = {name}_input_shape_of(cnn, k);",
-        "        tensors[k] = (tf_tensor){input, s[1], s[2], s[3]};",
+        f"        const int item = {name}_input_item(cnn, k);",
+        "        tensors[k] = (tf_tensor){input, s[1], s[2], s[3], item};",
         "        sources[k] = (tf_source){tf_tensor_rows, &tensors[k]};",
-        "        input += s[0] * s[1] * s[2] * s[3];",
+        "        input = (const char *)input + s[0] * s[1] * s[2] * s[3] * item;",
         "    }",
         f"    return {name}_run_cnn(arena, {w_arg}cnn, frame, sources, threads);", "}", "",
-        f"int {name}_run(void *arena, {w_param}const float *input) {{",
+        f"int {name}_run(void *arena, {w_param}const void *input) {{",
         f"    return {name}_run_tensor(arena, {w_arg}0, 0, input, 1);", "}", "",
         *rows,
     ]
