@@ -229,6 +229,9 @@ def edge_quant(graph) -> tuple[tuple[float, int], tuple[float, int]]:
     else:
         q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
         first = (q.attrs["scale"], q.attrs["zero_point"])
+    y = graph.tensors[graph.outputs[0]]
+    if y.dtype == "int8":
+        return first, (y.quant.scale[0], y.quant.zero_point[0])
     d = next(l for l in graph.layers if l.op == "dequantize" and l.output == graph.outputs[0])
     return first, (d.attrs["scale"], d.attrs["zero_point"])
 
@@ -260,6 +263,9 @@ def as_graph_input(graph, x_q: np.ndarray) -> np.ndarray:
 
 
 def as_int8_output(graph, y: np.ndarray) -> np.ndarray:
-    """The graph's float output (a dequantized int8 tensor) as its integers again (exact)."""
+    """The graph's output as the file's integers: an int8 output as it is, a float one (a
+    dequantized int8 tensor) quantized again (exact)."""
+    if graph.tensors[graph.outputs[0]].dtype == "int8":
+        return np.asarray(y, np.int8)
     _, (s, z) = edge_quant(graph)
     return np.clip(np.rint(y / np.float32(s)) + z, -128, 127).astype(np.int8)

@@ -45,10 +45,11 @@ def _ours(g, x_q: np.ndarray) -> np.ndarray:
 
 def test_every_layer_is_int8_with_tflite_rounding(small):
     ops = [l.op for l in small.layers]
-    assert "quantize" not in ops and ops[-1] == "dequantize"  # the file's int8 input is the graph's
-    x = small.tensors[small.inputs[0]]
+    assert "quantize" not in ops and "dequantize" not in ops  # the file's int8 input and output are the graph's
+    x, y = small.tensors[small.inputs[0]], small.tensors[small.outputs[0]]
     assert x.dtype == "int8" and x.quant.per_tensor and small.layers[0].inputs == (x.name,)
-    inner = small.layers[:-1]
+    assert y.dtype == "int8" and small.layers[-1].output == y.name == "StatefulPartitionedCall_1:0"
+    inner = small.layers
     assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in inner)
     assert {"conv", "add", "avgpool", "maxpool", "concat", "global_pool", "gemm", "softmax"} <= {l.op for l in inner}
     assert any(l.attrs["groups"] > 1 for l in inner if l.op == "conv")  # the depthwise convolution
@@ -147,7 +148,7 @@ def test_cli_runs_an_int8_input_file(small, tmp_path, capsys):
     for given in ("x.npy", "x.bin"):
         out = tmp_path / f"{given}.y.npy"
         assert main(["run", str(SMALL), "--input", str(tmp_path / given), "--output", str(out)]) == 0
-        assert np.array_equal(tm.as_int8_output(small, np.load(out)).reshape(-1), want), given
+        assert np.load(out).dtype == np.int8 and np.array_equal(np.load(out).reshape(-1), want), given
     capsys.readouterr()
     np.save(tmp_path / "f.npy", x.astype(np.float32) / 100)
     assert main(["run", str(SMALL), "--input", str(tmp_path / "f.npy")]) == 2
@@ -182,7 +183,8 @@ def test_runs_on_an_emulated_cortex_m7(tmp_path, capsys):
 
 def test_cli_inspect_plan_and_run(tmp_path, capsys):
     assert main(["inspect", str(SMALL)]) == 0
-    assert "0 fp32 layers" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "0 fp32 layers" in said and "is int8 (scale" in said and "NHWC 1x32x32x3" in said
     out = tmp_path / "p.json"
     assert main(["plan", str(SMALL), "--method", "parts", "--rows", "1", "--out", str(out)]) == 0
     assert main(["run", str(out), "--verify"]) == 0

@@ -140,10 +140,13 @@ def _raw_inputs(path: Path, flat_shapes: list, kinds: list[np.dtype]) -> list[np
     as_typed = sum(z * k.itemsize for z, k in zip(sizes, kinds))
     floats_as_int8 = len(data) != as_typed and len(data) == sum(sizes)  # a float model fed int8 bytes
     if len(data) != as_typed and not floats_as_int8:
+        shapes = " + ".join("x".join(map(str, s)) for s in flat_shapes)
+        if all(k == np.float32 for k in kinds):
+            raise OptionError(f"--input {path}: expected {as_typed} bytes (float32, {shapes}) or {sum(sizes)} (int8), "
+                              f"got {len(data)}")
         shown = " + ".join(f"{'x'.join(map(str, s))} {'int8' if k == np.int8 else 'float32'}"
                            for s, k in zip(flat_shapes, kinds))
-        also = f" or {sum(sizes)} (all int8)" if any(k != np.int8 for k in kinds) else ""
-        raise OptionError(f"--input {path}: expected {as_typed} bytes ({shown}){also}, got {len(data)}")
+        raise OptionError(f"--input {path}: expected {as_typed} bytes ({shown}), got {len(data)}")
     at, arrays = 0, []
     for shape, size, kind in zip(flat_shapes, sizes, kinds):
         stored = np.dtype(np.int8) if floats_as_int8 or kind == np.int8 else np.dtype("<f4")
@@ -154,12 +157,15 @@ def _raw_inputs(path: Path, flat_shapes: list, kinds: list[np.dtype]) -> list[np
 
 def write_outputs(path: str | Path, outputs: "Sequence[tuple[str, np.ndarray]]") -> str:
     """The outputs (name, tensor) into a file, whole or not at all: .npy (one output), .npz (every
-    output by name), else raw float32, every output one after another (as the exported program
-    writes them). Returns what was written, for the report."""
+    output by name), each in its type (float32, or int8 for an int8 output), else raw float32, every
+    output one after another (as the exported program writes them: an int8 output's integers as
+    floats). Returns what was written, for the report."""
     path = Path(path)
     if path.is_dir():
         raise OptionError(f"--output {path} is a folder: name a file (.npy, .npz or raw float32)")
-    arrays = [(name, np.asarray(t, dtype=np.float32)) for name, t in outputs]
+    # An int8 output (a .tflite's) stays int8 in .npy and .npz; raw files are float32 throughout.
+    arrays = [(name, np.asarray(t) if np.asarray(t).dtype == np.int8 else np.asarray(t, dtype=np.float32))
+              for name, t in outputs]
     buf = io.BytesIO()
     if path.suffix == ".npy":
         if len(arrays) != 1:

@@ -74,6 +74,18 @@ def int8_lines(graph) -> list[str]:
              f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"
              + ("; requantized as TFLite Micro does (its fixed-point multipliers and roundings)" if tflite else "")]
     lines += [f"  fp32 (no int8 kernel; runs between a dequantize and a quantize): {l.id} {l.op} {l.name!r}" for l in floats]
+    forms = {t: shape for t, form, shape in graph.input_forms if form == "nhwc"}
+    for t in graph.inputs:
+        q = graph.tensors[t].quant
+        if graph.tensors[t].dtype == "int8" and q is not None:  # what `run --input` and the C program take
+            layout = f"the file's NHWC {'x'.join(map(str, forms[t]))} in a .npy, or NCHW" if t in forms else "NCHW"
+            lines.append(f"  input {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}): give its int8 "
+                         f"values ({layout}), 1 byte each")
+    for t in graph.outputs:
+        q = graph.tensors[t].quant
+        if graph.tensors[t].dtype == "int8" and q is not None:
+            lines.append(f"  output {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}), "
+                         f"{'NCHW' if len(graph.shape(t)) == 4 else 'as the file has it'}")
     return lines
 
 

@@ -136,10 +136,6 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
         raise ExportError(f"weights {weights!r}: choose c, file or auto")
     name = c_name(name)
     upper = name.upper()
-    for g in graphs:  # the program reads and compares its outputs as floats
-        if any(g.tensors[t].dtype != "fp32" for t in g.outputs):
-            raise ExportError(f"{g.name}: an int8 output ({', '.join(t for t in g.outputs if g.tensors[t].dtype != 'fp32')}); "
-                              "the exported program writes float outputs (end the model with a DequantizeLinear)")
     copies = max((b.copies for b in plan.buffers), default=1)
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
@@ -261,8 +257,12 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, const tf_source *inputs, int threads);",
         "/* One partition: partitions of a pipeline may run in threads of their own, one frame apart. */",
         f"int {name}_run_partition(void *arena, {w}int partition, long frame, const tf_source *inputs, int threads);",
-        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`. */",
+        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`, as",
+        " * floats (an int8 output's integers); _read_int8: an int8 output's int8 values (output_item 1). */",
         f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst);",
+        f"void {name}_read_int8(const void *arena, int cnn, int k, long frame, long first, long count, int8_t *dst);",
+        f"/* Bytes a value of CNN `cnn`'s output `k`: 4 (float32), or 1 (int8). */",
+        f"int {name}_output_item(int cnn, int k);",
         f"/* CNN `cnn`'s first input's shape (N, C, H, W), its number of inputs, input `k`'s shape, its",
         " * number of outputs, and output `k`'s elements. */",
         f"const long *{name}_input_shape(int cnn);",
@@ -280,6 +280,28 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
+    """Reading outputs: as floats (an int8 output's integers exactly), or an int8 output's int8 values."""
+    items = ", ".join(str(_input_item(graphs[m], t)) for m, t, _ in outputs[0]) or "4"
+    view = f"&model_outputs[frame % {copies}][model_first_output[cnn] + k]"
+    return [
+        f"static const int model_output_items[{max(len(outputs[0]), 1)}] = {{{items}}};",
+        f"int {name}_output_item(int cnn, int k) {{ return model_output_items[model_first_output[cnn] + k]; }}",
+        f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst) {{",
+        f"    if ({name}_output_item(cnn, k) == 4) {{",
+        f"        tf_read((const float *)arena, {view}, first, count, dst);",
+        "        return;", "    }",
+        "    int8_t q[64]; /* an int8 output: its integers as floats */",
+        "    for (long i = 0; i < count; i += 64) {",
+        "        const long m = count - i < 64 ? count - i : 64;",
+        f"        tf_read_int8((const float *)arena, {view}, first + i, m, q);",
+        "        for (long j = 0; j < m; j++) dst[i + j] = (float)q[j];",
+        "    }", "}", "",
+        f"void {name}_read_int8(const void *arena, int cnn, int k, long frame, long first, long count, int8_t *dst) {{",
+        f"    tf_read_int8((const float *)arena, {view}, first, count, dst);", "}", "",
+    ]
 
 
 def _input_item(g: Graph, tensor: str) -> int:
@@ -377,8 +399,7 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         "    }",
         "    return 0;", "}", "",
         *_inputs_c(graphs, name, upper, w_param, w_arg),
-        f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst) {{",
-        f"    tf_read((const float *)arena, &model_outputs[frame % {copies}][model_first_output[cnn] + k], first, count, dst);", "}", "",
+        *_reads_c(graphs, outputs, name, copies),
         f"static const long model_output_elems[{max(len(outputs[0]), 1)}] = {{"
         + ", ".join(str(v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3]) for _, _, v in outputs[0]) + "};",
         f"int {name}_outputs(int cnn) {{ return model_first_output[cnn + 1] - model_first_output[cnn]; }}",

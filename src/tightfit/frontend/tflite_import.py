@@ -15,6 +15,8 @@ Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, AVERAGE_POOL_2D, MAX_PO
 H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (over C, beta
 1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
 DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. A model's 4-D output is NCHW here (TFLite's is NHWC).
+The graph takes and gives int8 where the file does (its int8 input and outputs, TFLite Micro's
+integers): no quantize step on the way in, no dequantize on the way out.
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     graph = _fold_int8(import_model(model, input_shape, name or path.stem, nchw_shape=nchw_shape))
     if tensors[inputs[0]].dtype == "int8":
         graph = _int8_input(graph)
+    graph = _int8_outputs(graph, {graph.outputs[k] for k, i in enumerate(outputs) if tensors[i].dtype == "int8"})
     layers = tuple(dataclasses.replace(l, attrs={**l.attrs, "rounding": "tflite"})
                    if l.attrs.get("quant") == "int8" or l.op in ("quantize", "dequantize") else l for l in graph.layers)
     # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
@@ -129,10 +132,33 @@ def _int8_input(g: Graph) -> Graph:
     q = g.layers[0]
     if q.op != "quantize" or q.inputs != (x,) or len(g.consumers(x)) != 1:
         return g  # the file's input feeds more than its quantization: the float input stays
-    layers = tuple(dataclasses.replace(l, id=l.id - 1) for l in g.layers[1:])
-    tensors = {k: v for k, v in g.tensors.items() if k != x}
-    forms = tuple((q.output if t == x else t, form, shape) for t, form, shape in g.input_forms)
-    return dataclasses.replace(g, layers=layers, tensors=tensors, inputs=(q.output,), input_forms=forms)
+    # Named as the file names its input (the int8 tensor's ":q" suffix dropped where that is free).
+    new = q.output.removesuffix(":q") if q.output.removesuffix(":q") not in g.tensors else q.output
+    layers = tuple(dataclasses.replace(l, id=l.id - 1, inputs=tuple(new if t == q.output else t for t in l.inputs))
+                   for l in g.layers[1:])
+    tensors = {k: v for k, v in g.tensors.items() if k not in (x, q.output)}
+    tensors[new] = dataclasses.replace(g.tensors[q.output], name=new)
+    forms = tuple((new if t == x else t, form, shape) for t, form, shape in g.input_forms)
+    return dataclasses.replace(g, layers=layers, tensors=tensors, inputs=(new,), input_forms=forms)
+
+
+def _int8_outputs(g: Graph, names: set[str]) -> Graph:
+    """Each output the file gives as int8 given as int8 too: its dequantize layer left out, the
+    int8 tensor taking the output's name (TFLite Micro's output integers, bit for bit)."""
+    rename: dict[str, str] = {}
+    gone: set[int] = set()
+    for t in names:
+        d = g.producer(t)
+        if d is not None and d.op == "dequantize" and d.inputs[0] not in g.inputs and not g.consumers(t):
+            rename[d.inputs[0]], gone = t, gone | {d.id}
+    if not rename:
+        return g
+    kept = [l for l in g.layers if l.id not in gone]
+    layers = tuple(dataclasses.replace(l, id=i, output=rename.get(l.output, l.output),
+                                       inputs=tuple(rename.get(t, t) for t in l.inputs)) for i, l in enumerate(kept))
+    tensors = {k: v for k, v in g.tensors.items() if k not in rename.values() and k not in rename}
+    tensors.update({new: dataclasses.replace(g.tensors[old], name=new) for old, new in rename.items()})
+    return dataclasses.replace(g, layers=layers, tensors=tensors)
 
 
 # --- reading the flatbuffer ----------------------------------------------------------------------

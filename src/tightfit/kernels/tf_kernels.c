@@ -1736,6 +1736,13 @@ void tf_read(const float *arena, const tf_view *v, long first, long count, float
     for (long i = 0; i < count; i++) dst[i] = *at((float *)arena, v, first + i);
 }
 
+void tf_read_int8(const float *arena, const tf_view *v, long first, long count, int8_t *dst) {
+    for (long i = first; i < first + count; i++) {
+        const long w = i % v->w, h = i / v->w % v->h, c = i / (v->w * v->h) % v->c, n = i / (v->w * v->h * v->c);
+        dst[i - first] = *q8((float *)arena, v->off + n * v->sn + c * v->sc + h * v->sh + w * v->sw);
+    }
+}
+
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;

@@ -185,6 +185,8 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
 int tf_threads(void);
 /* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */
 void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst);
+/* The same of an int8 view (its offset and strides in int8 elements). */
+void tf_read_int8(const float *arena, const tf_view *v, long first, long count, int8_t *dst);
 /* The vector path this build took: 0 portable, else the floats per register (16 AVX-512, 8 AVX2,
  * 4 NEON). */
 int tf_simd(void);

@@ -66,7 +66,7 @@ class _Partition:
     table: StepTable
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
     bands: dict
-    input_dtypes: tuple[np.dtype, ...] = ()  # each input's elements (int8 for an int8 graph input)
+    input_dtypes: tuple[np.dtype, ...]  # each input's elements (int8 for an int8 graph input)
 
 
 class ArenaExecutor:

@@ -79,8 +79,16 @@ static long input_bytes(void) {
     return bytes;
 }
 
-/* 0 when `path` is a regular file of exactly `want` bytes; else says why in one line. */
-static int check_file(const char *what, const char *path, long want) {
+/* What INPUT.bin's values are: float32, int8, or both (inputs of either type). */
+static const char *input_kind(void) {
+    int items = 0;
+    for (int m = 0; m < MODEL_CNNS; m++)
+        for (int k = 0; k < model_inputs(m); k++) items |= model_input_item(m, k);
+    return items == 1 ? "int8" : items == 4 ? "float32" : "int8 and float32";
+}
+
+/* 0 when `path` is a regular file of exactly `want` bytes (of `kind` values); else says why in one line. */
+static int check_file(const char *what, const char *path, long want, const char *kind) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "cannot read %s %s: %s\n", what, path, strerror(errno));
@@ -91,7 +99,7 @@ static int check_file(const char *what, const char *path, long want) {
         return 2;
     }
     if ((long)st.st_size != want) {
-        fprintf(stderr, "%s %s: expected %ld bytes, got %ld\n", what, path, want, (long)st.st_size);
+        fprintf(stderr, "%s %s: expected %ld bytes (%s), got %ld\n", what, path, want, kind, (long)st.st_size);
         return 2;
     }
     return 0;
@@ -199,7 +207,7 @@ static int parse(int argc, char **argv, options *o, char *weights_path, size_t p
 #ifdef MODEL_WEIGHTS_FILE
 /* The weights from their file into `weights` (MODEL_WEIGHT_BYTES); one line on failure. */
 static int read_weights(const char *path, void *weights) {
-    int status = check_file("weights", path, (long)MODEL_WEIGHT_BYTES);
+    int status = check_file("weights", path, (long)MODEL_WEIGHT_BYTES, "float32");
     if (status) return status;
     FILE *f = fopen(path, "rb");
     if (!f || fread(weights, 1, MODEL_WEIGHT_BYTES, f) != MODEL_WEIGHT_BYTES) {
@@ -289,7 +297,7 @@ int main(int argc, char **argv) {
     int status = parse(argc, argv, &o, weights_path, sizeof weights_path);
     if (status) return status;
     const long in_bytes = input_bytes();
-    status = check_file("input", o.input, in_bytes);
+    status = check_file("input", o.input, in_bytes, input_kind());
     if (status) return status;
     const size_t need = (size_t)MODEL_ARENA_BYTES + WEIGHT_FILE_BYTES + (o.preload ? (size_t)in_bytes : 0)
                         + (size_t)o.runs * sizeof(double);
