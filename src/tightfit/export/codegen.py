@@ -240,7 +240,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     n, c, h, wd = _dims4((ref0.batch,) + g0.shape(g0.inputs[0])[1:])
     rows = len(g0.inputs) == 1  # streaming by one callback: a CNN 0 of one input
     lines += [
-        f"#define {upper}_INPUT_ELEMS {upper}_CNN0_INPUT_ELEMS /* CNN 0's, every input */",
+        f"#define {upper}_INPUT_ELEMS {sum(prod((ref0.batch,) + g0.shape(t)[1:]) for t in g0.inputs)} /* CNN 0's, every input */",
         f"#define {upper}_MAX_INPUTS {max(len(g.inputs) for g in graphs)}",
         f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
