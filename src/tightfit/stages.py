@@ -67,7 +67,7 @@ def check_batch(batch: int) -> None:
         raise OptionError(f"--batch {batch} must be 1-{MAX_BATCH}")
 
 
-def load_models(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+def load_models(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None" = None, batch: int = 1,
                 allow_code: bool = False) -> FitApp:
     """A model (zoo name, .onnx, module:factory) or an application file (its CNNs by
     module:factory only with `allow_code`), `batch` samples per request for every CNN: the CNNs,
@@ -80,7 +80,7 @@ def load_models(spec: str, input_shape: Sequence[int] | None = None, batch: int 
     return FitApp.single(PlannedModel(load(spec, input_shape), spec, batch))
 
 
-def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+def load_fit_app(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None" = None, batch: int = 1,
                  allow_code: bool = False) -> FitApp:
     """`load_models` for `fit`, where a missing application file is named as one."""
     if not is_app_file(spec) and spec.lower().endswith((".yaml", ".yml", ".json")):
