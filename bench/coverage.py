@@ -122,11 +122,12 @@ def torch_path(name: str) -> tuple[int, int, bool]:
 
     module = corpus.module(name)
     shape = corpus.entry(name).input_shape
-    g = from_module(module, shape, name)
+    names = getattr(module, "input_names", None)  # a model of several inputs: each of the entry's shape
+    g = from_module(module, {n: shape for n in names} if names else shape, name)
     x = random_input(g)
     got = run_reference(g, x)
-    with torch.no_grad():
-        want = module(torch.as_tensor(x))  # random_input gives numpy since read_inputs does
+    with torch.no_grad():  # random_input gives numpy since read_inputs does
+        want = module(*[torch.as_tensor(x[n]) for n in names]) if names else module(torch.as_tensor(x))
     want = want if isinstance(want, (tuple, list)) else (want,)
     ok = len(want) == len(g.outputs) and all(compare(got[t], w).ok for t, w in zip(g.outputs, want))
     return corpus.parameter_count(name), g.original_param_count, ok

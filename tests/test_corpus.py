@@ -6,7 +6,9 @@ dynamic batch): import, the reuse plan at the lower bound, the reference executo
 onnxruntime, and one split plan (parts, 4 rows per phase) run by the arena executor against
 the reference; the same CNN with its weights in Constant nodes and its output renamed behind
 Identity nodes through `inspect` and `run --verify`; one hybrid (MobileViT at half width, 64x64)
-at both opsets through import, `inspect`, `run --verify`, a split plan and `export --check`. Slow: the whole corpus at opsets 17 and 11,
+at both opsets through import, `inspect`, `run --verify`, a split plan and `export --check`; the
+two-input stereo model (issue 38) through import, `run --verify`, reuse, a parts plan and its C
+export checked. Slow: the whole corpus at opsets 17 and 11,
 with the PyTorch path and the parts and tiling plans the searches pick within half the reuse
 arena (the smallest they reach where half is out of reach, said), each case on its own; and
 `fit --budget` half the reuse arena, a case of its own per model and export."""
@@ -139,6 +141,38 @@ def test_hybrid_export_check(name, opset, tmp_path, capsys):
     assert main(["plan", str(corpus.onnx_path(name, opset)), "--method", "parts", "--rows", "2", "--out", str(plan_file)]) == 0
     capsys.readouterr()
     assert main(["export", str(plan_file), "--out", str(tmp_path / "c"), "--check", "--cflags", "-std=c99 -O1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["check"]["ok"]
+
+
+def test_the_two_input_model_end_to_end(tmp_path, capsys):
+    """Issue 38's two-input corpus model (a stereo pair: shared-weight towers, a cost volume, two
+    heads) in the default run: import (every parameter of the file), `run --verify` against
+    onnxruntime on both outputs, the reuse plan at the lower bound, a parts plan run by the arena
+    executor against the reference, and the C export of that plan built and checked."""
+    import json
+
+    from tightfit.cli import main
+
+    path = corpus.onnx_path("stereonet", 17)
+    g = load_onnx(path)
+    assert g.inputs == ("left", "right") and g.outputs == ("disparity", "confidence")
+    assert g.original_param_count == coverage.file_parameters(path)
+    assert main(["run", str(path), "--verify", "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["verify"]["ok"] and list(ran["outputs"]) == ["disparity", "confidence"], ran
+    model = PlannedModel(g, str(path))
+    report = check_plan(plan_reuse(model, "improve"), [g])
+    assert report.arena_bytes == report.lower_bound, report.ratio
+    x = random_input(g)
+    want = run_reference(g, x)
+    phases, source = phases_for_rows(g, 8)
+    parts = plan_parts(model, phases, source)
+    assert check_plan(parts, [g]).peak_bytes < report.peak_bytes
+    assert coverage.matches_reference(parts, g, x, want)
+    plan_path = tmp_path / "parts.json"
+    assert main(["plan", str(path), "--method", "parts", "--rows", "8", "--out", str(plan_path)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan_path), "--out", str(tmp_path / "c"), "--check", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["check"]["ok"]
 
 

@@ -23,7 +23,7 @@ from tightfit.frontend.load import load, load_ref
 from tightfit.reference import run_reference
 from tightfit.runtime.executor import ArenaExecutor, RowSource
 from tightfit.runtime.measure import measure_in_this_process, release_pages
-from tightfit.runtime.reference import random_input
+from tightfit.runtime.reference import input_dtype, random_input
 from tightfit.stages import plan_inputs
 
 
@@ -64,9 +64,9 @@ def _plan_job(job: dict) -> Job:
     # A plan that holds only a window of its input gets it as row bands, so the whole input
     # never exists during the run; a plan that holds the whole input gets a loaded tensor (the
     # caller's frame, outside the arena, as in any other run).
-    windowed = {s.model for s in plan.steps() if s.kind == "input" and s.out.region.h < graphs[s.model].shape(graphs[s.model].inputs[0])[2]}
-    xs = [RowSource.seeded((ref.batch,) + g.shape(g.inputs[0])[1:], i) if i in windowed else x
-          for i, (g, ref, x) in enumerate(zip(graphs, plan.models, plan_inputs(graphs, plan)))]
+    windowed = {(s.model, s.out.tensor) for s in plan.steps()
+                if s.kind == "input" and s.out.region.h < graphs[s.model].shape(s.out.tensor)[2]}
+    xs = [_sources(g, ref.batch, i, x, windowed) for i, (g, ref, x) in enumerate(zip(graphs, plan.models, plan_inputs(graphs, plan)))]
     executor = ArenaExecutor(plan, graphs)
     # One run before the baseline: the kernel library's code pages a run touches are the program's
     # code, loaded like any library (a first run in the measured window counted up to 448 KiB of
@@ -74,6 +74,18 @@ def _plan_job(job: dict) -> Job:
     # run counts them again.
     executor.run(xs)
     return Job(lambda: executor.run(xs), lambda: release_pages(executor.arena), executor.arena.nbytes)
+
+
+def _sources(g, batch: int, m: int, x, windowed: set) -> object:
+    """Model `m`'s input: each windowed input as seeded row bands, the others as loaded arrays."""
+    def one(t: str, k: int, a):
+        seed = m if k == 0 else m + 1000 * k
+        shape = (batch,) + tuple(g.shape(t)[1:])
+        return RowSource.seeded(shape, seed, input_dtype(g, t)) if (m, t) in windowed else a
+
+    if len(g.inputs) == 1:
+        return one(g.inputs[0], 0, x)
+    return {t: one(t, k, x[t]) for k, t in enumerate(g.inputs)}
 
 
 JOBS = {"reference": _reference_job, "alloc": _alloc_job, "plan": _plan_job}
@@ -87,7 +99,8 @@ def _preload(models: list) -> None:
     for spec, shape in models:
         try:
             # The caller names what it loaded already (its own command line or a file it vetted).
-            PRELOADED[(spec, tuple(shape))] = load_ref(spec, shape, allow_code=True)
+            first = next(iter(shape.values())) if isinstance(shape, dict) else shape  # a plan's input_shape: the first
+            PRELOADED[(spec, tuple(first))] = load_ref(spec, shape, allow_code=True)
         except Exception:  # the job loads it again, and reports what fails then
             pass
 

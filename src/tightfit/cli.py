@@ -75,7 +75,8 @@ SEED = _number(int, f"a whole number from 0 to {2**32 - 1}", 0, 2**32 - 1)
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (see `tightfit zoo`), path to .onnx, or package.module:factory")
-    p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs)")
+    p.add_argument("--input-shape", help="NCHW input shape, e.g. 1x3x224x224 (needed for dynamic inputs); a model of "
+                   "several inputs: NAME=SHAPE,NAME=SHAPE")
     _allow_code_arg(p)
 
 
@@ -304,8 +305,22 @@ def _print(args: argparse.Namespace, pipeline) -> int:
     return result.status
 
 
-def _input_shape(args: argparse.Namespace) -> tuple[int, ...] | None:
-    return _shape(args.input_shape) if args.input_shape else None
+def _input_shape(args: argparse.Namespace) -> "tuple[int, ...] | dict[str, tuple[int, ...]] | None":
+    """One shape (`1x3x224x224`), or each input's by name (`left=1x3x96x192,right=1x3x96x192`)."""
+    if not args.input_shape:
+        return None
+    if "=" not in args.input_shape:
+        return _shape(args.input_shape)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in args.input_shape.split(","):
+        name, eq, text = item.partition("=")
+        if not eq or not name.strip() or not text:
+            raise OptionError(f"cannot read --input-shape {args.input_shape!r}: write NAME=SHAPE,NAME=SHAPE, "
+                              "e.g. left=1x3x96x192,right=1x3x96x192")
+        if name.strip() in shapes:
+            raise OptionError(f"--input-shape names input {name.strip()!r} twice")
+        shapes[name.strip()] = _shape(text)
+    return shapes
 
 
 def _size(text: str | None) -> int | None:

@@ -25,6 +25,10 @@ class InputShapeError(TightfitError):
     """The input shape is dynamic and not given, or the given one does not fit the model."""
 
 
+class InputDataError(TightfitError):
+    """An input's values do not fit the model's input type (floats for an int8 input)."""
+
+
 class OptionError(TightfitError):
     """A command-line option or API argument is malformed."""
 

@@ -35,7 +35,7 @@ def load_plan(path: str | Path, loaded: Mapping[tuple[str, tuple[int, ...]], Gra
     graphs = []
     for ref in plan_.models:
         spec = _model_file(ref, p.parent)
-        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.input_shape, allow_code, f"plan {p}")
+        g = (loaded or {}).get((ref.spec, tuple(ref.input_shape))) or load_ref(spec, ref.shapes(), allow_code, f"plan {p}")
         if fingerprint(g) != ref.fingerprint:
             raise schema.PlanError(f"plan {p} was made for another model than {spec} (fingerprint {fingerprint(g)}, "
                                    f"the plan's {ref.fingerprint}): was it changed? plan it again")
@@ -84,44 +84,88 @@ def write_plan(plan_, path: str | Path) -> None:
     atomic.write_text(path, schema.dumps(portable(plan_, path.parent)))
 
 
-def read_inputs(path: str | Path, shapes: Sequence[Sequence[int]]) -> "list[np.ndarray]":
-    """Every CNN's input from a file: .npy (one CNN; its shape, or the same number of values), or
-    raw bytes holding every CNN's input one after another, NCHW, float32 (4 bytes a value) or
-    int8 (1 byte a value; the file's size tells which). OptionError: one line saying what was expected."""
-    path, sizes = Path(path), [int(np.prod(s)) for s in shapes]
-    shown = " + ".join("x".join(map(str, s)) for s in shapes)
+def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] | None" = None,
+                nhwc: "Sequence[tuple[int, ...] | None] | None" = None) -> list:
+    """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
+    values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
+    each of them in its input order), NCHW. `dtypes`: every input's element type in that order
+    (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
+    file's size tells which); an int8 input (a .tflite taking int8) is int8 values, in a .npy of
+    integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. `nhwc`:
+    every input's shape in its model file where the file takes it channels-last (a .tflite), else
+    None: a .npy of that shape is the file's NHWC layout, transposed. Answers per CNN an array, or
+    {input name: array}. OptionError: one line saying what was expected."""
+    path = Path(path)
+    flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
+    kinds = [np.dtype(d) for d in dtypes] if dtypes is not None else [np.dtype(np.float32)] * len(flat_shapes)
     if not path.is_file():
         raise OptionError(f"--input {path}: " + ("is a folder, not a file" if path.is_dir() else "no such file"))
     if path.suffix == ".npy":
-        if len(shapes) > 1:
-            raise OptionError(f"--input {path}: the plan has {len(shapes)} CNNs; give their inputs as one raw float32 file")
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
-        if arr.size != sizes[0] or arr.dtype.kind not in "fiu":
-            raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
-        return [np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[0])]
-    data = path.read_bytes()
-    total = sum(sizes)
-    if len(data) not in (4 * total, total):
-        raise OptionError(f"--input {path}: expected {4 * total} bytes (float32, {shown}) or {total} (int8), got {len(data)}")
-    flat = np.frombuffer(data, dtype="<f4" if len(data) == 4 * total else np.int8).astype(np.float32)
-    at, out = 0, []
-    for shape, size in zip(shapes, sizes):
-        out.append(flat[at: at + size].reshape(shape).copy())
-        at += size
+        if len(flat_shapes) > 1:
+            raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw file")
+        arrays = [_npy_input(path, flat_shapes[0], kinds[0], nhwc[0] if nhwc else None)]
+    else:
+        arrays = _raw_inputs(path, flat_shapes, kinds)
+    out: list = []
+    for per in shapes:
+        if isinstance(per, Mapping):
+            out.append({name: arrays.pop(0) for name in per})
+        else:
+            out.append(arrays.pop(0))
     return out
+
+
+def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype, nhwc: "tuple[int, ...] | None") -> np.ndarray:
+    """A .npy input: float32 (from any numbers) or int8 (from integers in int8's range); in the
+    model file's NHWC layout where its shape is that (`nhwc`), else NCHW."""
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise OptionError(f"--input {path}: not a readable .npy file ({e})") from None
+    shown = "x".join(map(str, shape))
+    if arr.size != int(np.prod(shape)) or arr.dtype.kind not in "fiu":
+        raise OptionError(f"--input {path}: holds {arr.dtype} {'x'.join(map(str, arr.shape))}; the model takes {shown} numbers")
+    if kind == np.int8 and (arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 127))):
+        raise OptionError(f"--input {path}: holds {arr.dtype}; the model's input is int8 {shown}: give int8 values "
+                          "(quantized with the input's scale and zero point, as `inspect` lists them)")
+    if nhwc is not None and tuple(arr.shape) == tuple(nhwc) and tuple(nhwc) != tuple(shape):
+        arr = arr.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(arr, dtype=kind).reshape(shape)
+
+
+def _raw_inputs(path: Path, flat_shapes: list, kinds: list[np.dtype]) -> list[np.ndarray]:
+    """Raw inputs one after another, each in its element type (float inputs: all float32 or all int8)."""
+    sizes = [int(np.prod(s)) for s in flat_shapes]
+    data = path.read_bytes()
+    as_typed = sum(z * k.itemsize for z, k in zip(sizes, kinds))
+    floats_as_int8 = len(data) != as_typed and len(data) == sum(sizes)  # a float model fed int8 bytes
+    if len(data) != as_typed and not floats_as_int8:
+        shapes = " + ".join("x".join(map(str, s)) for s in flat_shapes)
+        if all(k == np.float32 for k in kinds):
+            raise OptionError(f"--input {path}: expected {as_typed} bytes (float32, {shapes}) or {sum(sizes)} (int8), "
+                              f"got {len(data)}")
+        shown = " + ".join(f"{'x'.join(map(str, s))} {'int8' if k == np.int8 else 'float32'}"
+                           for s, k in zip(flat_shapes, kinds))
+        raise OptionError(f"--input {path}: expected {as_typed} bytes ({shown}), got {len(data)}")
+    at, arrays = 0, []
+    for shape, size, kind in zip(flat_shapes, sizes, kinds):
+        stored = np.dtype(np.int8) if floats_as_int8 or kind == np.int8 else np.dtype("<f4")
+        arrays.append(np.frombuffer(data, stored, size, at).astype(kind).reshape(shape))
+        at += size * stored.itemsize
+    return arrays
 
 
 def write_outputs(path: str | Path, outputs: "Sequence[tuple[str, np.ndarray]]") -> str:
     """The outputs (name, tensor) into a file, whole or not at all: .npy (one output), .npz (every
-    output by name), else raw float32, every output one after another (as the exported program
-    writes them). Returns what was written, for the report."""
+    output by name), each in its type (float32, or int8 for an int8 output), else raw float32, every
+    output one after another (as the exported program writes them: an int8 output's integers as
+    floats). Returns what was written, for the report."""
     path = Path(path)
     if path.is_dir():
         raise OptionError(f"--output {path} is a folder: name a file (.npy, .npz or raw float32)")
-    arrays = [(name, np.asarray(t, dtype=np.float32)) for name, t in outputs]
+    # An int8 output (a .tflite's) stays int8 in .npy and .npz; raw files are float32 throughout.
+    arrays = [(name, np.asarray(t) if np.asarray(t).dtype == np.int8 else np.asarray(t, dtype=np.float32))
+              for name, t in outputs]
     buf = io.BytesIO()
     if path.suffix == ".npy":
         if len(arrays) != 1:

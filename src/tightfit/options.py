@@ -22,12 +22,16 @@ def silent(line: str) -> None:
     """The progress reporter of a command nobody watches."""
 
 
+# --input-shape: one shape, or each input's by name (a model of several inputs)
+InputShape = tuple[int, ...] | dict[str, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class InspectOptions:
     """`tightfit inspect`: per-layer memory accounting."""
 
     model: str
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     dtype: str = "fp32"
     workspace: str = "none"
     batch: int = 1
@@ -50,7 +54,7 @@ class PlanOptions:
     order: str = "imported"
     layout: str = "nhwc"
     batch: int = 1
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     phases: Mapping[int | str, int] | str | None = None
     rows: int | None = None
     budget: int | None = None
@@ -72,7 +76,7 @@ class CsdfOptions:
     """`tightfit csdf`: the model as a cyclo-static dataflow graph."""
 
     model: str
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     phases: str = ""
     source_rows: str = ""
     source_phases: int | None = None
@@ -85,7 +89,7 @@ class RunOptions:
     """`tightfit run`: a model on the reference executor, or a plan file on the arena executor."""
 
     model: str
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     verify: bool = False
     measure: bool = False
     enforce: bool = False
@@ -118,7 +122,7 @@ class FitOptions:
     best_effort: bool = False
     thorough: bool = False
     time_limit: float | None = None
-    input_shape: tuple[int, ...] | None = None
+    input_shape: InputShape | None = None
     batch: int = 1
     allow_code: bool = False
     out: str | None = None

@@ -28,13 +28,13 @@ from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOpti
 from tightfit.plan.check import check_plan
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
-from tightfit.report import (export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
+from tightfit.report import (io_line, model_io, export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
                              layout_map, linux_export_lines, mcu_export_lines, plan_report, plan_run_text, plan_text, run_report,
                              run_text, vbs_text)
 from tightfit.runtime.cost import CostModel
 from tightfit.runtime.enforce import MARGIN, require_available
 from tightfit.runtime.measure import measure_subprocess
-from tightfit.runtime.reference import random_input
+from tightfit.runtime.reference import input_dtype, input_shapes, random_input
 from tightfit.stages import (FitOutcome, check_batch, check_export, check_export_linux, check_export_mcu, execute, load_fit_app, param_bytes,
                              plan_for_budget, plan_inputs, run_model)
 from tightfit.stages import fit as search_fit
@@ -75,7 +75,9 @@ def inspect(o: InspectOptions) -> Result:
         raise OptionError("--batch must be at least 1")
     mem = account(graph, o.dtype, o.workspace, o.batch)
     int8 = int8_lines(graph)
-    return Result({**inspect_json(mem), **({"int8": int8} if int8 else {})}, "\n".join([inspect_table(mem)] + int8))
+    io = model_io(graph, o.batch)
+    return Result({**inspect_json(mem), **io, **({"int8": int8} if int8 else {})},
+                  "\n".join([inspect_table(mem), io_line(io)] + int8))
 
 
 def parse_phases(text: str) -> dict | str:
@@ -241,7 +243,7 @@ def run(o: RunOptions) -> Result:
     # onnxruntime (--verify) holds the model's weights and activations a second time.
     require_available((need.layer_peak_bytes + need.param_bytes) * (2 if o.verify else 1),
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if o.verify else ""))
-    x = read_inputs(o.input, [graph.shape(graph.inputs[0])])[0] if o.input else random_input(graph)
+    x = read_inputs(o.input, [input_shapes(graph)], _dtypes([graph]), _nhwc([graph]))[0] if o.input else random_input(graph)
     result = run_model(graph, x, threads=o.threads)
     report = run_report(graph, result)
     if o.output:
@@ -250,11 +252,29 @@ def run(o: RunOptions) -> Result:
         report["verify"] = verify_with_onnxruntime(o.model, o.input_shape, graph, x, result.outputs).as_dict()
     if o.measure:
         m = measure_subprocess({"kind": "reference", "model": o.model,
-                                "input_shape": list(o.input_shape) if o.input_shape else None})
+                                "input_shape": _json_shape(o.input_shape)})
         report["measured"] = {"baseline_bytes": m.baseline_bytes, "run_bytes": m.run_bytes, "seconds": m.seconds,
                               "uncertainty_bytes": m.uncertainty_bytes}
         report["analysed_layer_peak_bytes"] = need.layer_peak_bytes
     return Result(report, run_text(report), 1 if o.verify and not report["verify"]["ok"] else 0)
+
+
+def _dtypes(graphs) -> list:
+    """Every CNN's inputs' element types in their order (int8 for an int8 graph input)."""
+    return [input_dtype(g, t) for g in graphs for t in g.inputs]
+
+
+def _nhwc(graphs) -> list:
+    """Every CNN's inputs' shapes in their model files where a file takes one channels-last, else None."""
+    forms = [{t: shape for t, form, shape in g.input_forms if form == "nhwc"} for g in graphs]
+    return [f.get(t) for g, f in zip(graphs, forms) for t in g.inputs]
+
+
+def _json_shape(shape) -> "list[int] | dict[str, list[int]] | None":
+    """--input-shape as a child process is told it: one shape, or {input name: shape}."""
+    if not shape:
+        return None
+    return {k: list(v) for k, v in shape.items()} if isinstance(shape, dict) else list(shape)
 
 
 def run_plan(o: RunOptions) -> Result:
@@ -271,8 +291,8 @@ def run_plan(o: RunOptions) -> Result:
         report["enforced_run_bytes"] = m.run_bytes
     elif o.limit:
         raise OptionError("--limit goes with --enforce")
-    shapes = [(ref.batch,) + g.shape(g.inputs[0])[1:] for g, ref in zip(graphs, plan_.models)]
-    xs = read_inputs(o.input, shapes) if o.input else plan_inputs(graphs, plan_)
+    shapes = [input_shapes(g, ref.batch) for g, ref in zip(graphs, plan_.models)]
+    xs = read_inputs(o.input, shapes, _dtypes(graphs), _nhwc(graphs)) if o.input else plan_inputs(graphs, plan_)
     outs, seconds = execute(plan_, graphs, xs, threads=o.threads)
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o_ in enumerate(outs) for k, v in o_.items()}

@@ -69,10 +69,41 @@ def int8_lines(graph) -> list[str]:
     int8 = [l for l in graph.layers if l.attrs.get("quant") == "int8"]
     moves = [l for l in graph.layers if l.op in ("quantize", "dequantize")]
     floats = [l for l in graph.layers if l not in int8 and l not in moves]
+    tflite = int8 and all(l.attrs.get("rounding") == "tflite" for l in int8)
     lines = [f"int8 model: {len(int8)} int8 layers, {len(moves)} quantize/dequantize layers, "
-             f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"]
+             f"{len(floats)} fp32 layers; int8 tensors take 1 byte per element"
+             + ("; requantized as TFLite Micro does (its fixed-point multipliers and roundings)" if tflite else "")]
     lines += [f"  fp32 (no int8 kernel; runs between a dequantize and a quantize): {l.id} {l.op} {l.name!r}" for l in floats]
+    forms = {t: shape for t, form, shape in graph.input_forms if form == "nhwc"}
+    for t in graph.inputs:
+        q = graph.tensors[t].quant
+        if graph.tensors[t].dtype == "int8" and q is not None:  # what `run --input` and the C program take
+            layout = f"the file's NHWC {'x'.join(map(str, forms[t]))} in a .npy, or NCHW" if t in forms else "NCHW"
+            lines.append(f"  input {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}): give its int8 "
+                         f"values ({layout}), 1 byte each")
+    for t in graph.outputs:
+        q = graph.tensors[t].quant
+        if graph.tensors[t].dtype == "int8" and q is not None:
+            lines.append(f"  output {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}), "
+                         f"{'NCHW' if len(graph.shape(t)) == 4 else 'as the file has it'}")
     return lines
+
+
+def model_io(graph, batch: int | None = None) -> dict[str, dict[str, list[int]]]:
+    """The model's inputs and outputs by name, each with its NCHW shape (`batch` samples)."""
+    def shape(t: str) -> list[int]:
+        s = graph.shape(t)
+        return list(s) if batch is None else [batch, *s[1:]]
+
+    return {"inputs": {t: shape(t) for t in graph.inputs}, "outputs": {t: shape(t) for t in graph.outputs}}
+
+
+def io_line(io: dict[str, dict[str, list[int]]]) -> str:
+    """`inputs: a 1x3x96x192, b ...; outputs: ...` in one line."""
+    def named(d: dict[str, list[int]]) -> str:
+        return ", ".join(f"{t} {'x'.join(map(str, s))}" for t, s in d.items())
+
+    return f"inputs: {named(io['inputs'])}; outputs: {named(io['outputs'])}"
 
 
 def run_report(graph, result) -> dict[str, Any]:
@@ -80,11 +111,14 @@ def run_report(graph, result) -> dict[str, Any]:
     for name, t in result.outputs.items():
         outs[name] = {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()) if t.size > 1 else 0.0,
                       "argmax": int(t.reshape(t.shape[0], -1).argmax(1)[0])}
-    return {"model": graph.name, "layers": len(graph.layers), "seconds": result.seconds, "outputs": outs}
+    return {"model": graph.name, "layers": len(graph.layers), "seconds": result.seconds, "outputs": outs,
+            "inputs": model_io(graph)["inputs"]}
 
 
 def run_text(report: dict[str, Any]) -> str:
     lines = [f"{report['model']}: {report['layers']} layers, reference executor {report['seconds'] * 1e3:.1f} ms"]
+    for name, shape in report.get("inputs", {}).items():
+        lines.append(f"  input {name}: shape {'x'.join(map(str, shape))}")
     for name, o in report["outputs"].items():
         lines.append(f"  output {name}: shape {'x'.join(map(str, o['shape']))}, mean {o['mean']:.4g}, std {o['std']:.4g}, argmax {o['argmax']}")
     if "verify" in report:
@@ -116,6 +150,7 @@ def plan_report(plan, graphs, analysis, seconds: float) -> dict[str, Any]:
         "arena_bytes": analysis.arena_bytes, "ratio_to_lower_bound": analysis.ratio,
         "scratch_peak_bytes": analysis.scratch_peak, "analysed_peak_bytes": analysis.peak_bytes,
         "planning_seconds": seconds,
+        "io": [model_io(g, m.batch) for g, m in zip(graphs, plan.models)],
     }
 
 
@@ -129,6 +164,8 @@ def plan_text(r: dict[str, Any]) -> str:
              f"  kernel temporaries (largest step, outside the arena): {human(r['scratch_peak_bytes'])}",
              f"  analysed run memory (arena + temporaries):    {human(r['analysed_peak_bytes'])}",
              f"  planning time: {r['planning_seconds'] * 1e3:.0f} ms"]
+    for m, io in enumerate(r.get("io", [])):
+        lines.insert(1, f"  {'CNN ' + str(m) + ' ' if len(r['io']) > 1 else ''}{io_line(io)}")
     if "predicted_seconds" in k and k.get("method") == "tiling":
         lines.insert(1, f"  tiling within {human(k['budget'])}: {k['tiling'] or 'layer by layer'}, predicted "
                         f"{k['predicted_seconds'] * 1e3:.1f} ms per run (cost profile {k['cost_profile']})")

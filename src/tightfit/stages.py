@@ -25,6 +25,7 @@ import numpy as np
 from tightfit.analysis.memory import account
 from tightfit.errors import BudgetError, OptionError, VerificationFailed
 from tightfit.export import BuildOptions, check, check_mcu
+from tightfit.export.build import input_bytes
 from tightfit.export.linux import check_for
 from tightfit.frontend.app import AppError, is_app_file, load_app
 from tightfit.frontend.load import load
@@ -38,7 +39,7 @@ from tightfit.runtime.cost import CostModel
 from tightfit.runtime.executor import ArenaExecutor
 from tightfit.runtime.measure import Measurement
 from tightfit.runtime.profiling import profiled_search
-from tightfit.runtime.reference import random_input
+from tightfit.runtime.reference import input_arrays, random_input
 from tightfit.techniques.deadline import Deadline
 from tightfit.techniques.fit import (Constraints, FitApp, FitError, FitPoint, FitProblem, FitSearch, SearchOptions, search,
                                      select)
@@ -66,7 +67,7 @@ def check_batch(batch: int) -> None:
         raise OptionError(f"--batch {batch} must be 1-{MAX_BATCH}")
 
 
-def load_models(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+def load_models(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None" = None, batch: int = 1,
                 allow_code: bool = False) -> FitApp:
     """A model (zoo name, .onnx, module:factory) or an application file (its CNNs by
     module:factory only with `allow_code`), `batch` samples per request for every CNN: the CNNs,
@@ -79,7 +80,7 @@ def load_models(spec: str, input_shape: Sequence[int] | None = None, batch: int 
     return FitApp.single(PlannedModel(load(spec, input_shape), spec, batch))
 
 
-def load_fit_app(spec: str, input_shape: Sequence[int] | None = None, batch: int = 1,
+def load_fit_app(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None" = None, batch: int = 1,
                  allow_code: bool = False) -> FitApp:
     """`load_models` for `fit`, where a missing application file is named as one."""
     if not is_app_file(spec) and spec.lower().endswith((".yaml", ".yml", ".json")):
@@ -420,7 +421,7 @@ def _measuring(app: FitApp, measure: bool):
     # It measures while this process verifies: the cores are shared between the two (a core
     # oversubscribed by torch's threads runs many times slower).
     threads = max(1, (os.cpu_count() or 1) - 1)
-    measurement = Measurement(None, [(m.spec, m.ref().input_shape) for m in app.models], threads)
+    measurement = Measurement(None, [(m.spec, m.ref().shapes()) for m in app.models], threads)
     try:
         yield measurement
     finally:
@@ -584,7 +585,7 @@ def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     output of every CNN, in order), as float32 arrays."""
     inputs = plan_inputs(graphs, plan_, seed)
     refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]
-    return list(inputs), refs
+    return [a for g, x in zip(graphs, inputs) for a in input_arrays(g, x)], refs
 
 
 def check_export(plan_, graphs, sources, directory, build: BuildOptions = BuildOptions(), seed: int = 0,
@@ -612,11 +613,12 @@ def check_export_linux(plan_, graphs, sources, directory, target: str, build: Bu
 def check_export_mcu(plan_, graphs, built, seed: int = 0, keep_io: str | Path | None = None):
     """A microcontroller build run under qemu on CNN 0's seeded input, compared with the reference."""
     inputs, refs = reference_io(plan_, graphs[:1], seed)
+    whole = np.concatenate([x.reshape(-1) for x in inputs])  # every input of CNN 0, one after another
     if keep_io is not None:
-        _keep_io(Path(keep_io), inputs[:1], refs[:1])
-    return check_mcu(built, inputs[0], refs[0])
+        _keep_io(Path(keep_io), [whole], refs[:1])
+    return check_mcu(built, whole, refs[0])
 
 
 def _keep_io(folder: Path, inputs, refs) -> None:
-    (folder / "input.bin").write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+    (folder / "input.bin").write_bytes(b"".join(input_bytes(x) for x in inputs))
     (folder / "reference.bin").write_bytes(b"".join(np.ascontiguousarray(r, dtype="<f4").tobytes() for r in refs))

@@ -1,4 +1,5 @@
-"""Output checks against an independent runtime (onnxruntime on the same ONNX model)."""
+"""Output checks against an independent runtime (onnxruntime on the same ONNX model; TFLite Micro's
+interpreter on the same .tflite file)."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +9,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tightfit.errors import ModelLoadError
+from tightfit.errors import ModelLoadError, OptionError
 from tightfit.frontend import zoo
 from tightfit.graph.ir import Graph
 from tightfit.ops import Region, get_op
@@ -31,11 +32,18 @@ def onnx_bytes_for(spec: str, input_shape: Sequence[int] | None) -> bytes:
     return export_onnx(getattr(importlib.import_module(mod), attr)(), input_shape).SerializeToString()
 
 
-def model_input(graph: Graph, x) -> np.ndarray:
+def model_input(graph: Graph, x) -> "np.ndarray | dict[str, np.ndarray]":
     """The graph's NCHW input as the model file takes it (channels-last where it starts with a
-    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW)."""
-    forms = {name: (form, shape) for name, form, shape in graph.input_forms}
-    form, shape = forms.get(graph.inputs[0], ("nchw", ()))
+    Transpose from NHWC; in the file's shape where it starts with reshapes to NCHW); a model of
+    several inputs: {input name: array}, each so."""
+    if isinstance(x, Mapping) or len(graph.inputs) > 1:
+        return {t: _file_form(graph, t, x[t]) for t in graph.inputs}
+    return _file_form(graph, graph.inputs[0], x)
+
+
+def _file_form(graph: Graph, name: str, x) -> np.ndarray:
+    forms = {n: (form, shape) for n, form, shape in graph.input_forms}
+    form, shape = forms.get(name, ("nchw", ()))
     x = np.asarray(x, dtype=np.float32)
     if form == "nhwc":
         return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
@@ -44,9 +52,14 @@ def model_input(graph: Graph, x) -> np.ndarray:
     return x
 
 
-def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence[str] = (),
+def _feed(names: Sequence[str], x) -> dict:
+    """{input name: array} from one array (the first input's) or from {input name: array}."""
+    return dict(x) if isinstance(x, Mapping) else {names[0]: x}
+
+
+def onnxruntime_outputs(model_bytes: bytes | str, x, extra: Sequence[str] = (),
                         level: str = "disable") -> dict[str, np.ndarray]:
-    """`model_bytes` may be a file path (a model with external data is opened where it lies);
+    """`x`: the input (an array), or {input name: array}. `model_bytes` may be a file path (a model with external data is opened where it lies);
     `extra`: inner tensors to return as well; `level` "all": onnxruntime's graph optimizations
     (its int8 fusions), else none."""
     import onnx
@@ -66,7 +79,7 @@ def onnxruntime_outputs(model_bytes: bytes | str, x: np.ndarray, extra: Sequence
     try:
         sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
+        return dict(zip(names, sess.run(names, _feed([i.name for i in sess.get_inputs()], x))))
     except Exception as e:  # onnxruntime's own exception types: the model is one it rejects
         reason = " ".join(str(e).split())[:300]
         raise ModelLoadError(f"onnxruntime, the reference of --verify, rejects this model: {reason}") from None
@@ -76,6 +89,8 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
     """Our outputs against onnxruntime's. Where they differ, onnx's reference evaluator (numpy,
     independent of both) runs the model in float64 and decides: onnxruntime sums in float32 as it
     goes, which over millions of values drifts (a GlobalAveragePool over 21 M values read 1% off)."""
+    if spec.lower().endswith(".tflite"):
+        return verify_with_tflite_micro(spec, graph, x, outputs)
     model = spec if spec not in zoo.names() and spec.lower().endswith(".onnx") and Path(spec).is_file() else onnx_bytes_for(spec, input_shape)
     x_np = model_input(graph, x)
     if any(t.dtype != "fp32" for t in graph.tensors.values()):
@@ -95,12 +110,46 @@ def verify_with_onnxruntime(spec: str, input_shape, graph: Graph, x, outputs: Ma
                                  f"{theirs.max_abs_diff:.3g}, from tightfit by {verdict.max_abs_diff:.3g})")
 
 
+def verify_with_tflite_micro(spec: str, graph: Graph, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
+    """Our outputs against TFLite Micro's interpreter on the same .tflite file, bit for bit: an
+    int8 graph input fed to it as it is (the same int8 values), a float one quantized as the
+    graph's first step does (TFLite's rounding, half away from zero); int8 outputs dequantized as
+    the graph's last steps do."""
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise OptionError("--verify of a .tflite file runs TFLite Micro's interpreter: pip install tflite-micro") from None
+    interp = runtime.Interpreter.from_bytes(Path(spec).read_bytes())
+    x = np.asarray(x, np.float32)
+    if graph.tensors[graph.inputs[0]].dtype == "int8":  # the file's int8 input: the same values fed to both
+        x = np.asarray(x, np.int8)
+    elif interp.get_input_details(0)["dtype"] == np.int8:
+        q = next(l for l in graph.layers if l.op == "quantize" and l.inputs[0] == graph.inputs[0])
+        v = x / np.float32(q.attrs["scale"])
+        x = np.clip(np.sign(v) * np.floor(np.abs(v.astype(np.float64)) + 0.5) + q.attrs["zero_point"], -128, 127)
+    interp.set_input(model_input(graph, x).astype(interp.get_input_details(0)["dtype"]), 0)
+    interp.invoke()
+    found = []
+    for i, name in enumerate(graph.outputs):
+        want = interp.get_output(i)
+        layer = graph.producer(name)
+        if want.dtype == np.int8 and layer is not None and layer.op == "dequantize":
+            want = (want.astype(np.float32) - np.float32(layer.attrs["zero_point"])) * np.float32(layer.attrs["scale"])
+        got = np.asarray(outputs[name], np.float64)
+        want = np.asarray(want, np.float64)
+        want = want.transpose(0, 3, 1, 2) if want.ndim == 4 else want.reshape(got.shape)
+        diff = float(np.abs(got - want).max(initial=0))
+        found.append(Comparison(diff == 0.0, diff, float(np.abs(want).max(initial=0)), 0.0,
+                                "TFLite Micro's interpreter (tflite-micro) on the same file, bit for bit"))
+    return worst(found)
+
+
 def graph_macs(graph: Graph) -> int:
     return sum(get_op(l.op).macs(l, Region.whole(graph.shape(l.output)), [graph.shape(t) for t in l.inputs],
                                  graph.shape(l.output)) for l in graph.layers)
 
 
-def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] | None:
+def float64_outputs(model: bytes | str, x) -> dict[str, np.ndarray] | None:
     """The model's outputs by onnx's reference evaluator with every float32 tensor made float64;
     None where the evaluator cannot run it."""
     import onnx
@@ -123,7 +172,8 @@ def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] 
     try:
         evaluator = ReferenceEvaluator(m)
         names = [o.name for o in m.graph.output]
-        return dict(zip(names, evaluator.run(names, {m.graph.input[0].name: x.astype(np.float64)})))
+        feed = _feed([i.name for i in m.graph.input], x)
+        return dict(zip(names, evaluator.run(names, {k: np.asarray(v, np.float64) for k, v in feed.items()})))
     except Exception:  # an op or attribute form the evaluator lacks: onnxruntime's verdict stands
         return None
 
@@ -137,7 +187,7 @@ def float64_outputs(model: bytes | str, x: np.ndarray) -> dict[str, np.ndarray] 
 INT8_LSB_SHARE = 0.01
 
 
-def verify_int8(graph: Graph, model: bytes | str, x: np.ndarray, outputs: Mapping[str, np.ndarray]) -> Comparison:
+def verify_int8(graph: Graph, model: bytes | str, x, outputs: Mapping[str, np.ndarray]) -> Comparison:
     ref = onnxruntime_outputs(model, x, level="all")
     found = []
     for name in graph.outputs:

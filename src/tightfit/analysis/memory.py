@@ -91,9 +91,11 @@ def account(graph: Graph, dtype: str = "fp32", workspace: str = "none", batch: i
 
 def layer_peak(graph: Graph, rows: tuple[LayerMemory, ...] | list[LayerMemory], dtype: str, batch: int) -> int:
     last = last_reads(graph) | {t: len(graph.layers) for t in graph.outputs}
-    live = {t: graph.tensors[t].nbytes(dtype, batch) for t in graph.inputs}
+    live: dict[str, int] = {}
     peak = 0
     for layer, row in zip(graph.layers, rows):
+        # a model input is live from its first reader on (a second input read late is not held before)
+        live.update({t: graph.tensors[t].nbytes(dtype, batch) for t in layer.inputs if t in graph.inputs})
         live[layer.output] = row.output_bytes
         peak = max(peak, sum(live.values()) + row.workspace_bytes)
         for t in set(layer.inputs):

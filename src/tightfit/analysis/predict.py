@@ -426,12 +426,12 @@ def _footprint(plan: Plan, graphs: Sequence[Graph], step: Step, chunk: int) -> F
         nbytes = _view_bytes(plan, a)
         touched += nbytes
         blocks += _chunked(("arena",), *_arena_span(plan, a), nbytes, chunk)
-    if step.kind == "input":  # the band of the model's input it reads (rows of the input tensor)
+    if step.kind == "input":  # the band of the model input it reads (rows of that input tensor)
         g = graphs[step.model]
-        shape = g.shape(g.inputs[0])
+        shape = g.shape(step.out.tensor)
         row = prod(shape[1:]) * plan.buffers[step.out.buffer].itemsize // (shape[2] if len(shape) == 4 else 1)
         r = step.out.region
-        blocks += _chunked(("input", step.model), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
+        blocks += _chunked(("input", step.model, step.out.tensor), r.h0 * row, r.h1 * row, _view_bytes(plan, step.out), chunk)
     return touched, blocks
 
 

@@ -144,6 +144,12 @@ class Launch:
     threads: int = 1
 
 
+def input_bytes(x: np.ndarray) -> bytes:
+    """An input as the program reads it: float32 little-endian, or an int8 input's bytes."""
+    x = np.asarray(x)
+    return np.ascontiguousarray(x, dtype=np.int8 if x.dtype == np.int8 else "<f4").tobytes()
+
+
 def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int], runs: int = 1,
         weights: Path | None = None, timeout: float = 600, **launch) -> Ran:
     """Run the program on `inputs` (every CNN's input, in order) and read its outputs; `launch`
@@ -152,7 +158,7 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
     env, preload, launcher, threads = how.env, how.preload, how.launcher, how.threads
     with tempfile.TemporaryDirectory(prefix="tightfit-run-") as tmp:
         inp, out = Path(tmp) / "input.bin", Path(tmp) / "output.bin"
-        inp.write_bytes(b"".join(np.ascontiguousarray(x, dtype="<f4").tobytes() for x in inputs))
+        inp.write_bytes(b"".join(input_bytes(x) for x in inputs))
         options = (["-p"] if preload else []) + (["-t", str(threads)] if threads > 1 else [])
         cmd = [*launcher, str(binary), *options, str(inp), str(out), str(runs)] + ([str(weights)] if weights is not None else [])
         killed = threading.Event()

@@ -136,10 +136,6 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
         raise ExportError(f"weights {weights!r}: choose c, file or auto")
     name = c_name(name)
     upper = name.upper()
-    for g in graphs:  # the program reads and compares its outputs as floats
-        if any(g.tensors[t].dtype != "fp32" for t in g.outputs):
-            raise ExportError(f"{g.name}: an int8 output ({', '.join(t for t in g.outputs if g.tensors[t].dtype != 'fp32')}); "
-                              "the exported program writes float outputs (end the model with a DequantizeLinear)")
     copies = max((b.copies for b in plan.buffers), default=1)
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
@@ -224,43 +220,134 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     if in_file:
         lines.append(f"#define {upper}_WEIGHTS_FILE 1 /* the weights are read from weights.bin and passed in */")
     for m, (g, ref) in enumerate(zip(graphs, plan.models)):
-        shape = (ref.batch,) + g.shape(g.inputs[0])[1:]
-        lines.append(f"/* CNN {m}: {ref.spec}, input {'x'.join(map(str, shape))} (NCHW float32) */")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {prod(shape)}")
+        shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
+        shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
+        kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
+        lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}) */")
+        lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
+        lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
         lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shape)))}}}")
+        lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
+        for k, sh in enumerate(shapes):
+            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
+            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
+                         f"{_input_kind(g, g.inputs[k])} */")
         for k, t in enumerate(g.outputs):
             oshape = (ref.batch,) + g.shape(t)[1:]
             lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} */")
     g0, ref0 = graphs[0], plan.models[0]
     n, c, h, wd = _dims4((ref0.batch,) + g0.shape(g0.inputs[0])[1:])
+    rows = len(g0.inputs) == 1  # streaming by one callback: a CNN 0 of one input
     lines += [
-        f"#define {upper}_INPUT_ELEMS {n * c * h * wd} /* CNN 0's */",
+        f"#define {upper}_INPUT_ELEMS {sum(prod((ref0.batch,) + g0.shape(t)[1:]) for t in g0.inputs)} /* CNN 0's, every input */",
+        f"#define {upper}_MAX_INPUTS {max(len(g.inputs) for g in graphs)}",
         f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
+        f"#define {upper}_INPUT_ITEM {_input_item(g0, g0.inputs[0])} /* CNN 0's first input: bytes a value "
+        f"({_input_kind(g0, g0.inputs[0])}) */",
         "",
-        "/* CNN 0 on a whole NCHW input, on the caller's thread; 0 on success. */",
-        f"int {name}_run(void *arena, {w}const float *input);",
-        "/* CNN 0 on an input delivered by parts: `fill` is asked for the rows (and columns) each step needs. */",
-        f"int {name}_run_rows(void *arena, {w}tf_input_fn fill, void *ctx);",
+        "/* CNN 0 on its whole NCHW input(s) (several: one after another, each of its own type: float32, or",
+        " * int8 for an int8 input), on the caller's thread; 0 on success. */",
+        f"int {name}_run(void *arena, {w}const void *input);",
+        *(["/* CNN 0 on an input delivered by parts: `fill` is asked for the rows (and columns) each step needs. */",
+            f"int {name}_run_rows(void *arena, {w}tf_input_fn fill, void *ctx);"] if rows else []),
         "/* CNN `cnn`'s partitions in order, on frame `frame` (pipelined partitions alternate frame copies),",
-        " * on `threads` threads (tf_run: a convolution's rows are shared; the same outputs for any count). */",
-        f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, tf_input_fn fill, void *ctx, int threads);",
+        " * on `threads` threads (tf_run: a convolution's rows are shared; the same outputs for any count);",
+        " * `inputs`: one source per input of the CNN, in its input order (each asked for the rows it delivers). */",
+        f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, const tf_source *inputs, int threads);",
         "/* One partition: partitions of a pipeline may run in threads of their own, one frame apart. */",
-        f"int {name}_run_partition(void *arena, {w}int partition, long frame, tf_input_fn fill, void *ctx, int threads);",
-        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`. */",
+        f"int {name}_run_partition(void *arena, {w}int partition, long frame, const tf_source *inputs, int threads);",
+        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`, as",
+        " * floats (an int8 output's integers); _read_int8: an int8 output's int8 values (output_item 1). */",
         f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst);",
-        f"/* CNN `cnn`'s input shape (N, C, H, W), its number of outputs, and output `k`'s elements. */",
+        f"void {name}_read_int8(const void *arena, int cnn, int k, long frame, long first, long count, int8_t *dst);",
+        f"/* Bytes a value of CNN `cnn`'s output `k`: 4 (float32), or 1 (int8). */",
+        f"int {name}_output_item(int cnn, int k);",
+        f"/* CNN `cnn`'s first input's shape (N, C, H, W), its number of inputs, input `k`'s shape, its",
+        " * number of outputs, and output `k`'s elements. */",
         f"const long *{name}_input_shape(int cnn);",
+        f"int {name}_inputs(int cnn);",
+        f"const long *{name}_input_shape_of(int cnn, int k);",
+        f"/* Bytes a value of CNN `cnn`'s input `k`: 4 (float32), or 1 (int8: a fill callback writes int8_t). */",
+        f"int {name}_input_item(int cnn, int k);",
         f"int {name}_outputs(int cnn);",
         f"long {name}_output_elems(int cnn, int k);",
         f"/* The first output of CNN 0, whole. */",
         f"void {name}_read_output(const void *arena, float *dst);",
-        "/* CNN `cnn` on a whole NCHW input (the frame picks the copies pipelined partitions use). */",
-        f"int {name}_run_tensor(void *arena, {w}int cnn, long frame, const float *input, int threads);",
+        "/* CNN `cnn` on its whole NCHW input(s), one after another (the frame picks the copies pipelined",
+        " * partitions use). */",
+        f"int {name}_run_tensor(void *arena, {w}int cnn, long frame, const void *input, int threads);",
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
+    """Reading outputs: as floats (an int8 output's integers exactly), or an int8 output's int8 values."""
+    items = ", ".join(str(_input_item(graphs[m], t)) for m, t, _ in outputs[0]) or "4"
+    view = f"&model_outputs[frame % {copies}][model_first_output[cnn] + k]"
+    return [
+        f"static const int model_output_items[{max(len(outputs[0]), 1)}] = {{{items}}};",
+        f"int {name}_output_item(int cnn, int k) {{ return model_output_items[model_first_output[cnn] + k]; }}",
+        f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst) {{",
+        f"    if ({name}_output_item(cnn, k) == 4) {{",
+        f"        tf_read((const float *)arena, {view}, first, count, dst);",
+        "        return;", "    }",
+        "    int8_t q[64]; /* an int8 output: its integers as floats */",
+        "    for (long i = 0; i < count; i += 64) {",
+        "        const long m = count - i < 64 ? count - i : 64;",
+        f"        tf_read_int8((const float *)arena, {view}, first + i, m, q);",
+        "        for (long j = 0; j < m; j++) dst[i + j] = (float)q[j];",
+        "    }", "}", "",
+        f"void {name}_read_int8(const void *arena, int cnn, int k, long frame, long first, long count, int8_t *dst) {{",
+        f"    tf_read_int8((const float *)arena, {view}, first, count, dst);", "}", "",
+    ]
+
+
+def _input_item(g: Graph, tensor: str) -> int:
+    """Bytes a value of a model input as the program takes it: 1 for an int8 graph input, else 4."""
+    return 1 if g.tensors[tensor].dtype == "int8" else 4
+
+
+def _input_kind(g: Graph, tensor: str) -> str:
+    return "int8" if _input_item(g, tensor) == 1 else "float32"
+
+
+def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_arg: str) -> list[str]:
+    """Every CNN's inputs: their shapes, and the runs on whole inputs (each input a source of its own)."""
+    first = [0]
+    for g in graphs:
+        first.append(first[-1] + len(g.inputs))
+    shapes = ", ".join(f"{upper}_CNN{m}_INPUT{k}_SHAPE" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
+    items = ", ".join(f"{upper}_CNN{m}_INPUT{k}_ITEM" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
+    rows = [
+        f"int {name}_run_rows(void *arena, {w_param}tf_input_fn fill, void *ctx) {{",
+        "    const tf_source source = {fill, ctx};",
+        f"    return {name}_run_cnn(arena, {w_arg}0, 0, &source, 1);", "}", ""] if len(graphs[0].inputs) == 1 else []
+    return [
+        f"static const long model_input_shapes[{first[-1]}][4] = {{{shapes}}};",
+        f"static const int model_first_input[{len(first)}] = {{{', '.join(map(str, first))}}};",
+        f"int {name}_inputs(int cnn) {{ return model_first_input[cnn + 1] - model_first_input[cnn]; }}",
+        f"const long *{name}_input_shape_of(int cnn, int k) {{ return model_input_shapes[model_first_input[cnn] + k]; }}",
+        f"const long *{name}_input_shape(int cnn) {{ return model_input_shapes[model_first_input[cnn]]; }}",
+        f"static const int model_input_items[{first[-1]}] = {{{items}}};",
+        f"int {name}_input_item(int cnn, int k) {{ return model_input_items[model_first_input[cnn] + k]; }}", "",
+        f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const void *input, int threads) {{",
+        f"    if (cnn < 0 || cnn >= {len(graphs)}) return -1;",
+        f"    tf_tensor tensors[{upper}_MAX_INPUTS];",
+        f"    tf_source sources[{upper}_MAX_INPUTS];",
+        f"    for (int k = 0; k < {name}_inputs(cnn); k++) {{",
+        f"        const long *s = {name}_input_shape_of(cnn, k);",
+        f"        const int item = {name}_input_item(cnn, k);",
+        "        tensors[k] = (tf_tensor){input, s[1], s[2], s[3], item};",
+        "        sources[k] = (tf_source){tf_tensor_rows, &tensors[k]};",
+        "        input = (const char *)input + s[0] * s[1] * s[2] * s[3] * item;",
+        "    }",
+        f"    return {name}_run_cnn(arena, {w_arg}cnn, frame, sources, threads);", "}", "",
+        f"int {name}_run(void *arena, {w_param}const void *input) {{",
+        f"    return {name}_run_tensor(arena, {w_arg}0, 0, input, 1);", "}", "",
+        *rows,
+    ]
 
 
 def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file: bool, weights_arr: np.ndarray,
@@ -298,34 +385,23 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"static const tf_view model_outputs[{copies}][{len(outputs[0])}] = {{\n{outs}\n}};",
         f"static const int model_first_output[{len(first_out)}] = {{{', '.join(map(str, first_out))}}};",
         "",
-        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, tf_input_fn fill, void *ctx, int threads) {{",
+        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
         f"    if (partition < 0 || partition >= {len(plan.partitions)}) return -1;",
         f"    const model_partition *p = &model_partitions[partition];",
-        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count, fill, ctx, threads);",
+        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count, inputs, threads);",
         "}", "",
-        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, tf_input_fn fill, void *ctx, int threads) {{",
+        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
         f"    for (int i = 0; i < {len(order)}; i++) {{",
         f"        const int k = model_order[i];",
         f"        if (model_partitions[k].model != cnn) continue;",
-        f"        const int status = {name}_run_partition(arena, {w_arg}k, frame, fill, ctx, threads);",
+        f"        const int status = {name}_run_partition(arena, {w_arg}k, frame, inputs, threads);",
         f"        if (status) return status;",
         "    }",
         "    return 0;", "}", "",
-        f"static const long model_input_shapes[{len(graphs)}][4] = {{"
-        + ", ".join(f"{upper}_CNN{m}_INPUT_SHAPE" for m in range(len(graphs))) + "};", "",
-        f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const float *input, int threads) {{",
-        f"    if (cnn < 0 || cnn >= {len(graphs)}) return -1;",
-        "    tf_tensor t = {input, model_input_shapes[cnn][1], model_input_shapes[cnn][2], model_input_shapes[cnn][3]};",
-        f"    return {name}_run_cnn(arena, {w_arg}cnn, frame, tf_tensor_rows, &t, threads);", "}", "",
-        f"int {name}_run(void *arena, {w_param}const float *input) {{",
-        f"    return {name}_run_tensor(arena, {w_arg}0, 0, input, 1);", "}", "",
-        f"int {name}_run_rows(void *arena, {w_param}tf_input_fn fill, void *ctx) {{",
-        f"    return {name}_run_cnn(arena, {w_arg}0, 0, fill, ctx, 1);", "}", "",
-        f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst) {{",
-        f"    tf_read((const float *)arena, &model_outputs[frame % {copies}][model_first_output[cnn] + k], first, count, dst);", "}", "",
+        *_inputs_c(graphs, name, upper, w_param, w_arg),
+        *_reads_c(graphs, outputs, name, copies),
         f"static const long model_output_elems[{max(len(outputs[0]), 1)}] = {{"
         + ", ".join(str(v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3]) for _, _, v in outputs[0]) + "};",
-        f"const long *{name}_input_shape(int cnn) {{ return model_input_shapes[cnn]; }}",
         f"int {name}_outputs(int cnn) {{ return model_first_output[cnn + 1] - model_first_output[cnn]; }}",
         f"long {name}_output_elems(int cnn, int k) {{ return model_output_elems[model_first_output[cnn] + k]; }}", "",
         f"void {name}_read_output(const void *arena, float *dst) {{",

@@ -10,7 +10,10 @@ convs, 2x2 max pools, 2x2 stride-2 transposed convs, skip concats), a DB text de
 al.: a MobileNetV3-style backbone whose hard-swish is written `x * relu6(x + 3) / 6` as
 PaddleOCR writes it, an FPN neck, the binarization head of 3x3 conv and two 2x2 stride-2
 transposed convs with a sigmoid), and a CRNN recogniser trunk (Shi et al. Table 1: seven convs,
-max pools of 2x2 then (2, 1) stride, a 2x2 last conv) with a 1x1 class head, at 32x320.
+max pools of 2x2 then (2, 1) stride, a 2x2 last conv) with a 1x1 class head, at 32x320. Issue 38
+adds a model of two inputs and two outputs: a stereo matcher after DispNetC / StereoNet (one
+feature tower shared by both views, a cost volume of the two maps and their difference, a conv
+decoder, disparity and confidence heads) at 96x192, exported with inputs "left" and "right".
 
 Input sizes are those a user runs: classification at 224 (inception_v3 at 299), segmentation at
 520 (torchvision's evaluation size), the detector and text detector at 640x640, U-Net at 256x256,
@@ -303,6 +306,37 @@ class SVTR(nn.Module):
         return self.head(x.squeeze(2).permute(0, 2, 1))
 
 
+# --- a stereo pair (two inputs, two outputs; issue 38) ---------------------------------------------
+
+class StereoNet(nn.Module):
+    """A stereo matcher in the shape of DispNetC / StereoNet (Mayer et al. 2016; Khamis et al. 2018):
+    one feature tower whose weights both views share (3x3 convs, two stride 2, to 1/4 resolution),
+    a cost volume of the two feature maps side by side and their difference, a 3x3 conv decoder
+    and two 2x2 stride-2 transposed convs back to full resolution, ending in two heads: the
+    disparity (ReLU) and its confidence (sigmoid)."""
+
+    input_names = ("left", "right")
+    output_names = ("disparity", "confidence")
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+
+        def cbr(cin: int, cout: int, s: int = 1) -> nn.Module:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, s, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+        self.tower = nn.Sequential(cbr(3, c // 2, 2), cbr(c // 2, c), cbr(c, c, 2), cbr(c, c))
+        self.decode = nn.Sequential(cbr(3 * c, 2 * c), cbr(2 * c, c))
+        self.up = nn.Sequential(nn.ConvTranspose2d(c, c // 2, 2, 2), nn.ReLU(), nn.ConvTranspose2d(c // 2, c // 4, 2, 2),
+                                nn.ReLU())
+        self.disparity = nn.Conv2d(c // 4, 1, 3, 1, 1)
+        self.confidence = nn.Conv2d(c // 4, 1, 3, 1, 1)
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fl, fr = self.tower(left), self.tower(right)
+        x = self.up(self.decode(torch.cat((fl, fr, fl - fr), 1)))
+        return F.relu(self.disparity(x)), torch.sigmoid(self.confidence(x))
+
+
 # --- the corpus ----------------------------------------------------------------------------------
 
 def _tv(name: str, **kw) -> Callable[[], nn.Module]:
@@ -364,6 +398,8 @@ _MAKERS: dict[str, tuple[Callable[[], nn.Module], tuple[int, int, int, int], str
                        "MobileViT-XXS at half width, 10 classes, 64x64 (the default run's hybrid)"),
     "efficientformer_l1": (EfficientFormer, (1, 3, 224, 224), "table",
                            "EfficientFormer-L1: 4-D conv stages, then a 3-D attention stage"),
+    "stereonet": (StereoNet, (1, 3, 96, 192), "table", "stereo pair (two inputs: shared-weight towers, cost volume, "
+                  "disparity and confidence heads)"),
 }
 
 # Small, quick members for the default test run.
@@ -416,12 +452,15 @@ def export(name: str, opset: int) -> bytes:
     17: the static input shape; older opsets: a dynamic batch dimension named 'batch'."""
     e = entry(name)
     buf = io.BytesIO()
+    m = module(name)
     outputs = ["output"] if name not in ("yolov5n", "yolov5n_focus") else ["p3", "p4", "p5"]
-    dynamic = None if opset >= 17 else {"images": {0: "batch"}, **{o: {0: "batch"} for o in outputs}}
+    outputs = list(getattr(m, "output_names", outputs))
+    inputs = list(getattr(m, "input_names", ("images",)))  # a model of several inputs: each of the entry's shape
+    dynamic = None if opset >= 17 else {**{i: {0: "batch"} for i in inputs}, **{o: {0: "batch"} for o in outputs}}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module(name), (torch.zeros(*e.input_shape),), buf, dynamo=False, opset_version=opset,
-                          input_names=["images"], output_names=outputs, dynamic_axes=dynamic)
+        torch.onnx.export(m, tuple(torch.zeros(*e.input_shape) for _ in inputs), buf, dynamo=False, opset_version=opset,
+                          input_names=inputs, output_names=outputs, dynamic_axes=dynamic)
     return buf.getvalue()
 
 

@@ -3,7 +3,7 @@ or an nn.Module; the one place that knows these spellings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tightfit.errors import ModelLoadError, OptionError
 from tightfit.graph.ir import Graph
@@ -12,15 +12,23 @@ if TYPE_CHECKING:
     import torch
 
 
-def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[int] | None = None,
-         nchw_shape: bool = False) -> Graph:
+def load(model: "str | Path | torch.nn.Module | Graph",
+         input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None" = None, nchw_shape: bool = False) -> Graph:
     """A zoo name, an .onnx path, 'package.module:factory', or an nn.Module (with input_shape).
     `input_shape` is in the model input's own layout (NHWC for a file that takes NHWC), or the
-    graph's NCHW shape with `nchw_shape`. Only the PyTorch spellings need torch (the extra)."""
+    graph's NCHW shape with `nchw_shape`; an ONNX file of several inputs takes {input name: shape}.
+    Only the PyTorch spellings need torch (the extra)."""
     from tightfit.frontend import torch_import, zoo
 
     if isinstance(model, Graph):
         return model
+    spec = str(model)
+    if isinstance(input_shape, Mapping) and spec in zoo.names():
+        if len(input_shape) != 1:  # the zoo's models take one input
+            from tightfit.errors import InputShapeError
+
+            raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
+        input_shape = next(iter(input_shape.values()))
     if torch_import.is_module(model):
         if input_shape is None:
             raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
@@ -28,6 +36,8 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
     spec = str(model)
     if spec in zoo.names():
         return zoo.load(spec, input_shape)
+    if spec.endswith(".tflite"):
+        return _load_tflite(spec, input_shape, nchw_shape)
     if spec.endswith(".onnx") or Path(spec).exists():
         from tightfit.frontend.onnx_import import load_onnx
 
@@ -40,13 +50,31 @@ def load(model: "str | Path | torch.nn.Module | Graph", input_shape: Sequence[in
     raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
 
 
-def load_ref(spec: str, input_shape: Sequence[int], allow_code: bool = False, where: str = "the plan") -> Graph:
+def _load_tflite(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None",
+                 nchw_shape: bool) -> Graph:
+    try:
+        from tightfit.frontend.tflite_import import load_tflite
+    except ImportError as e:  # the flatbuffer schema package is a dependency; a broken install is one line
+        raise ModelLoadError(f"reading {spec} needs the `tflite` package (pip install tflite): {e}") from None
+    if isinstance(input_shape, Mapping):  # a .tflite here takes one input: its shape by name or alone
+        if len(input_shape) != 1:
+            from tightfit.errors import InputShapeError
+
+            raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
+        input_shape = next(iter(input_shape.values()))
+    return load_tflite(spec, input_shape, nchw_shape=nchw_shape)
+
+
+def load_ref(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]]", allow_code: bool = False,
+             where: str = "the plan") -> Graph:
     """A model as a plan names it: a zoo model at its default input shape is loaded by name alone.
     A file carries data, not code: `module:factory` only with `allow_code` (see `named_in_file`)."""
     from tightfit.frontend import zoo
 
     named_in_file(spec, where, allow_code)
     default = next((e.input_shape for e in zoo.entries() if e.name == spec), None)
+    if isinstance(input_shape, Mapping):  # a model of several inputs: each one's shape by name
+        return load(spec, input_shape, nchw_shape=True)
     return load(spec, None if default is not None and tuple(default) == tuple(input_shape) else input_shape, nchw_shape=True)
 
 
@@ -54,7 +82,8 @@ def names_code(spec: str) -> bool:
     """Whether loading `spec` would import a module and call it (not a zoo name, not a file)."""
     from tightfit.frontend import zoo
 
-    return ":" in spec and spec not in zoo.names() and not spec.endswith(".onnx") and not Path(spec).exists()
+    return (":" in spec and spec not in zoo.names() and not spec.endswith((".onnx", ".tflite"))
+            and not Path(spec).exists())
 
 
 def named_in_file(spec: object, where: str, allow_code: bool) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -161,67 +161,81 @@ class _Builder:
         self.windows: dict[str, int] = {}  # tensors held with windows folded into the batch (batch_axis)
 
     # --- inputs -------------------------------------------------------------------------
-    def set_inputs(self, input_shape: Sequence[int] | None, nchw_shape: bool = False) -> None:
-        """The input's shape, from the file or `input_shape` (in the input's own layout: NHWC for
+    def set_inputs(self, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None", nchw_shape: bool = False) -> None:
+        """Each input's shape, from the file or `input_shape` (in the input's own layout: NHWC for
         a model that starts with a Transpose from NHWC, whose graph input is then the NCHW
-        tensor that Transpose makes, so the first layers can still be split by rows)."""
+        tensor that Transpose makes, so the first layers can still be split by rows). A model with
+        several inputs takes `input_shape` as {input name: shape}; an input it leaves out keeps
+        the file's shape."""
         inputs = [i for i in self.model.graph.input if i.name not in self.consts]
-        if len(inputs) != 1:
-            raise ModelLoadError(f"tightfit takes models with one input; this one has {len(inputs)}")
-        inp = inputs[0]
+        if not inputs:
+            raise ModelLoadError(f"{self.name} has no input: nothing to run")
+        given = _shapes_by_input(input_shape, [i.name for i in inputs])
+        self.inputs: list[str] = []
+        self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+        self.absorbed: set[str] = set()  # outputs of the nodes that only change the input's form
+        for k, inp in enumerate(inputs):
+            declared = self._set_input(inp, given.get(inp.name), nchw_shape, several=len(inputs) > 1)
+            if k == 0:
+                self.declared_batch = declared
+        self.input = self.inputs[0]  # the batch every input shares (dim 0)
+        for name in self.inputs[1:]:
+            if self.shapes[name][0] != self.shapes[self.input][0]:
+                raise InputShapeError(f"input {name!r} has batch {self.shapes[name][0]} and input {self.input!r} "
+                                      f"{self.shapes[self.input][0]}; every input takes the same batch")
+
+    def _set_input(self, inp: onnx.ValueInfoProto, input_shape: Sequence[int] | None, nchw_shape: bool,
+                   several: bool) -> int | None:
+        """One input's NCHW shape into self.shapes; answers its declared batch (None: dynamic or reshaped)."""
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                 for d in inp.type.tensor_type.shape.dim]
-        self.nhwc_transpose = _nhwc_transpose(self.model.graph, inp.name) if len(dims) == 4 else None
-        layout = "NHWC" if self.nhwc_transpose is not None else "NCHW"
+        nhwc_transpose = _nhwc_transpose(self.model.graph, inp.name) if len(dims) == 4 else None
+        layout = "NHWC" if nhwc_transpose is not None else "NCHW"
         if nchw_shape and layout == "NHWC" and input_shape is not None and len(input_shape) == 4:
             n, c, h, w = input_shape
             input_shape = (n, h, w, c)
         elif nchw_shape and len(dims) != 4 and all(d is not None for d in dims):
             input_shape = None  # reshaped to NCHW in the file: its own shape (a fingerprint checks the result)
-        if input_shape is None:
-            if len(dims) > 1 and dims[0] is None and all(d is not None for d in dims[1:]):
-                dims[0] = 1
-                _say_once(f"tightfit: input {inp.name!r} of {self.name} has a dynamic batch dimension; using batch 1 "
-                          "(--input-shape gives another)")
-            if not dims or any(d is None for d in dims):
-                shown = "x".join("?" if d is None else str(d) for d in dims)
-                example = (1, 224, 224, 3) if layout == "NHWC" else (1, 3, 224, 224)
-                hint = [e if d is None or i == 0 else d for i, (d, e) in enumerate(zip(dims, example))] if len(dims) == 4 else example
-                raise InputShapeError(f"input {inp.name!r} has a dynamic shape ({shown}, {layout}); give --input-shape "
-                                      f"in that layout, e.g. {'x'.join(map(str, hint))}")
-            shape = tuple(dims)
-        else:
-            shape = tuple(int(d) for d in input_shape)
-            if len(shape) != len(dims) or any(s <= 0 for s in shape):
-                raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} does not fit input {inp.name!r} of rank {len(dims)}")
-            for i, (given, known) in enumerate(zip(shape, dims)):
-                if i > 0 and known is not None and given != known:
-                    raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {inp.name!r} dim {i} = {known}")
+        shape = self._file_shape(inp.name, dims, layout, several) if input_shape is None else _given_shape(inp.name, dims, input_shape)
         elem = inp.type.tensor_type.elem_type
         if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
             raise ModelLoadError(f"input {inp.name!r} holds {onnx.TensorProto.DataType.Name(elem).lower()}; tightfit takes float32 inputs")
         check_layer_shape(f"input {inp.name!r}", shape)
-        self.input = inp.name
-        self.declared_batch = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
-        self.input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-        self.absorbed: set[str] = set()  # outputs of the nodes that only change the input's form
+        self.inputs.append(inp.name)
+        declared = inp.type.tensor_type.shape.dim[0].dim_value or None if dims else None
         if len(shape) != 4:
             # A chain of reshapes to NCHW (a CHW or flat input): the graph's input is its end.
             chain = _reshape_chain(self.model.graph, inp.name, shape, self.consts, self.opset)
             if chain is None:
                 raise InputShapeError(f"input {inp.name!r} has rank {len(shape)}; tightfit takes NCHW images (rank 4)")
             nodes, nchw = chain
-            self.input_forms, self.declared_batch = ((inp.name, "reshape", shape),), None
+            self.input_forms, declared = self.input_forms + ((inp.name, "reshape", shape),), None
             self.alias[nodes[-1].output[0]] = inp.name
-            self.absorbed = {n.output[0] for n in nodes}
+            self.absorbed |= {n.output[0] for n in nodes}
             shape = nchw
-        elif self.nhwc_transpose is not None:
-            self.input_forms = ((inp.name, "nhwc", shape),)
+        elif nhwc_transpose is not None:
+            self.input_forms += ((inp.name, "nhwc", shape),)
             shape = (shape[0], shape[3], shape[1], shape[2])
-            self.alias[self.nhwc_transpose.output[0]] = inp.name
-            self.absorbed = {self.nhwc_transpose.output[0]}
+            self.alias[nhwc_transpose.output[0]] = inp.name
+            self.absorbed.add(nhwc_transpose.output[0])
         self.shapes[inp.name] = shape
         self.original.append(inp.name)
+        return declared
+
+    def _file_shape(self, name: str, dims: list[int | None], layout: str, several: bool) -> tuple[int, ...]:
+        """The input's shape as the file declares it (a dynamic batch taken as 1)."""
+        if len(dims) > 1 and dims[0] is None and all(d is not None for d in dims[1:]):
+            dims = [1] + dims[1:]
+            _say_once(f"tightfit: input {name!r} of {self.name} has a dynamic batch dimension; using batch 1 "
+                      "(--input-shape gives another)")
+        if not dims or any(d is None for d in dims):
+            shown = "x".join("?" if d is None else str(d) for d in dims)
+            example = (1, 224, 224, 3) if layout == "NHWC" else (1, 3, 224, 224)
+            hint = "x".join(map(str, [e if d is None or i == 0 else d for i, (d, e) in enumerate(zip(dims, example))]
+                                if len(dims) == 4 else example))
+            raise InputShapeError(f"input {name!r} has a dynamic shape ({shown}, {layout}); give --input-shape "
+                                  f"in that layout, e.g. {f'{name}={hint}' if several else hint}")
+        return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
     # --- support check before anything runs ---------------------------------------------
     def check_supported(self) -> None:
@@ -520,11 +534,11 @@ class _Builder:
         for i, p in enumerate(protos):
             layers.append(_freeze(p, i, params))
         _dedupe_names(layers)
-        used = {self.input} | {t for l in layers for t in l.inputs} | {l.output for l in layers}
+        used = set(self.inputs) | {t for l in layers for t in l.inputs} | {l.output for l in layers}
         tensors = {t: Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
                    for t in used}
         graph = Graph(
-            name=self.name, layers=tuple(layers), tensors=tensors, inputs=(self.input,),
+            name=self.name, layers=tuple(layers), tensors=tensors, inputs=tuple(self.inputs),
             outputs=tuple(outputs), params=params,
             original_tensors=tuple(Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
                                    for t in self.original),
@@ -566,7 +580,7 @@ class _Builder:
         outputs = []
         for name in declared:
             t = self.resolve(name)
-            if t == self.input:
+            if t in self.inputs:
                 raise ModelLoadError(f"model output {name!r} is the input itself; nothing to run")
             if t != name and t in self.shapes and t not in declared and t not in outputs:
                 self._rename(t, name)
@@ -636,6 +650,34 @@ def _say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
         print(line, file=sys.stderr)
+
+
+def _shapes_by_input(input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None",
+                     names: list[str]) -> dict[str, Sequence[int]]:
+    """{input name: shape} from one shape (a model with one input) or shapes by name."""
+    if input_shape is None:
+        return {}
+    if isinstance(input_shape, Mapping):
+        unknown = [k for k in input_shape if k not in names]
+        if unknown:
+            raise InputShapeError(f"--input-shape names {unknown[0]!r}, which is not an input of the model "
+                                  f"(its inputs: {', '.join(names)})")
+        return dict(input_shape)
+    if len(names) != 1:
+        raise InputShapeError(f"the model has {len(names)} inputs ({', '.join(names)}); give each input's shape by "
+                              f"name, e.g. --input-shape {names[0]}=SHAPE,{names[1]}=SHAPE")
+    return {names[0]: input_shape}
+
+
+def _given_shape(name: str, dims: list[int | None], input_shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape given for input `name`, checked against the dims the file fixes (the batch is free)."""
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) != len(dims) or any(s <= 0 for s in shape):
+        raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} does not fit input {name!r} of rank {len(dims)}")
+    for i, (given, known) in enumerate(zip(shape, dims)):
+        if i > 0 and known is not None and given != known:
+            raise InputShapeError(f"--input-shape {'x'.join(map(str, shape))} conflicts with input {name!r} dim {i} = {known}")
+    return shape
 
 
 def _nhwc_transpose(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:

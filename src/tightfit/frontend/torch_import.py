@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import warnings
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -47,25 +47,29 @@ def is_module(obj: object) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def export_onnx(module: "torch.nn.Module", input_shape: Sequence[int]) -> onnx.ModelProto:
+def export_onnx(module: "torch.nn.Module", input_shape: "Sequence[int] | Mapping[str, Sequence[int]]") -> onnx.ModelProto:
     """Export in eval mode, batch norms kept as nodes (the importer fuses them itself, and the
-    model's own tensors stay visible for naive accounting)."""
+    model's own tensors stay visible for naive accounting). A module of several inputs takes
+    {input name: shape}, in its forward's order."""
     torch = require_torch("importing a PyTorch module")
-    if len(input_shape) != 4 or any(int(d) <= 0 for d in input_shape):
-        raise InputShapeError(f"input shape {tuple(input_shape)} is not a positive NCHW shape")
     from tightfit.frontend.validate import check_layer_shape
 
-    check_layer_shape("input", tuple(int(d) for d in input_shape))  # refused before the export allocates it
+    shapes = dict(input_shape) if isinstance(input_shape, Mapping) else {"input": input_shape}
+    for name, shape in shapes.items():
+        if len(shape) != 4 or any(int(d) <= 0 for d in shape):
+            raise InputShapeError(f"input shape {tuple(shape)} is not a positive NCHW shape")
+        check_layer_shape(name, tuple(int(d) for d in shape))  # refused before the export allocates it
     module = module.eval()
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(module, (torch.zeros(*input_shape),), buf, dynamo=False, opset_version=OPSET,
-                              do_constant_folding=False, input_names=["input"], output_names=["output"])
+            torch.onnx.export(module, tuple(torch.zeros(*s) for s in shapes.values()), buf, dynamo=False, opset_version=OPSET,
+                              do_constant_folding=False, input_names=list(shapes), output_names=["output"])
         except (RuntimeError, ValueError, IndexError) as e:  # the module's forward rejects the shape
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise InputShapeError(f"the model does not run on input shape {'x'.join(map(str, input_shape))}: {reason}") from None
+            shown = ", ".join("x".join(map(str, s)) for s in shapes.values())
+            raise InputShapeError(f"the model does not run on input shape {shown}: {reason}") from None
     return _name_outputs(onnx.load_from_string(buf.getvalue()))
 
 
@@ -83,7 +87,8 @@ def _name_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def from_module(module: "torch.nn.Module", input_shape: Sequence[int], name: str = "module") -> Graph:
+def from_module(module: "torch.nn.Module", input_shape: "Sequence[int] | Mapping[str, Sequence[int]]",
+                name: str = "module") -> Graph:
     from tightfit.frontend.onnx_import import import_model
 
     return import_model(export_onnx(module, input_shape), input_shape, name)
@@ -170,12 +175,14 @@ def randomize_module(module: "torch.nn.Module", seed: int,
                 bns.append(m)
         module.eval()
         if calibrate_shape is not None and bns:
-            _calibrate(module, bns, torch.randn(tuple(calibrate_shape), generator=g))
+            # a module of several inputs (its `input_names`) gets a batch of its own for each
+            count = len(getattr(module, "input_names", ("input",)))
+            _calibrate(module, bns, tuple(torch.randn(tuple(calibrate_shape), generator=g) for _ in range(count)))
     return module
 
 
-def _calibrate(module: "torch.nn.Module", bns: list, x: "torch.Tensor") -> None:
-    """One forward pass on `x`, each batch norm's statistics scaled to its input just before it runs."""
+def _calibrate(module: "torch.nn.Module", bns: list, xs: "tuple[torch.Tensor, ...]") -> None:
+    """One forward pass on the inputs `xs`, each batch norm's statistics scaled to its input just before it runs."""
     from tightfit.frontend.weights import bn_scale
 
     torch = require_torch("a PyTorch module's random weights")
@@ -188,7 +195,7 @@ def _calibrate(module: "torch.nn.Module", bns: list, x: "torch.Tensor") -> None:
 
     hooks = [m.register_forward_pre_hook(calibrate) for m in bns]
     try:
-        module(x)
+        module(*xs)
     finally:
         for h in hooks:
             h.remove()

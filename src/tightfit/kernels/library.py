@@ -64,10 +64,17 @@ INPUT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *([ctypes.c_long] * 6
                             *([ctypes.c_long] * 4))
 
 
-class Tensor(ctypes.Structure):
-    """tf_tensor: a whole contiguous (N, C, H, W) input."""
+class Source(ctypes.Structure):
+    """tf_source: where one model input comes from (its tf_input_fn and that function's ctx)."""
 
-    _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long)]
+    _fields_ = [("fill", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class Tensor(ctypes.Structure):
+    """tf_tensor: a whole contiguous (N, C, H, W) input of `item` bytes per element."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long),
+                ("item", ctypes.c_int)]
 
 
 DTYPES = {name: np.dtype(cls) for name, cls in STRUCTS.items()}  # the same layouts as numpy records
@@ -180,7 +187,7 @@ def library() -> ctypes.CDLL:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
     lib.tf_run.restype = ctypes.c_int
     lib.tf_simd.argtypes, lib.tf_simd.restype = [], ctypes.c_int
     lib.tf_threads.argtypes, lib.tf_threads.restype = [], ctypes.c_int

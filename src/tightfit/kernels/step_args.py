@@ -206,11 +206,13 @@ def step_args(ctx: Context, s: Step) -> Args:
     where = f"samples {r.n0}-{r.n1} rows {r.h0}-{r.h1} cols {r.w0}-{r.w1} of {s.out.tensor!r} -> buffer {s.out.buffer}"
     y = ctx.view(s.model, s.out)
     if s.kind == "input":
-        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0), f"input: {where}")
+        index = ctx.graphs[s.model].inputs.index(s.out.tensor)  # which of the model's sources fills it
+        item = ctx.plan.buffers[s.out.buffer].itemsize  # an int8 input arrives as its int8 elements
+        return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0, index, item), f"input: {where}")
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
         if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved
-            return Args("qcopy", "tf_quant_args", (x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE),
+            return Args("qcopy", "tf_quant_args", (x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE, _ROUND_ORT),
                         f"int8 copy from buffer {s.inputs[0].buffer}: {where}")
         return Args("copy", "tf_copy_args", (x, y), f"copy from buffer {s.inputs[0].buffer}: {where}")
     g = ctx.graphs[s.model]
@@ -549,7 +551,33 @@ BINDERS = {
 
 # --- int8 (quantized layers, issue 40) -------------------------------------------------------------
 # Multipliers are computed in float32 in onnxruntime's order (x_scale * w_scale / y_scale), so the
-# kernels' requantization rounds the very float that onnxruntime's QLinearConv / QGemm rounds.
+# kernels' requantization rounds the very float that onnxruntime's QLinearConv / QGemm rounds. A layer
+# imported from a .tflite file (attrs["rounding"] == "tflite") requantizes as TFLite's reference
+# kernels and TFLite Micro do: a fixed-point multiplier and shift made by QuantizeMultiplier from the
+# scales in double precision, in the order TFLite Micro's Prepare functions multiply them.
+_ROUND_ORT = Code("ROUND", "onnxruntime")
+
+
+def _tflite(layer: Layer) -> bool:
+    return layer.attrs.get("rounding") == "tflite"
+
+
+def _rounding(layer: Layer) -> Code:
+    return Code("ROUND", "tflite" if _tflite(layer) else "onnxruntime")
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: real = q * 2^(shift - 31), q a Q31 fraction in [2^30, 2^31)
+    rounded half away from zero (std::round); below 2^-31 it flushes to zero."""
+    if real == 0.0:
+        return 0, 0
+    frac, shift = math.frexp(real)
+    q = math.floor(abs(frac) * (1 << 31) + 0.5) * (1 if frac >= 0 else -1)  # exact: frac * 2^31 is a double
+    if q == 1 << 31:
+        q, shift = q // 2, shift + 1
+    if shift < -31:
+        return 0, 0
+    return int(q), int(shift)
 
 def _tq(b: Bind, tensor: str) -> tuple[float, int]:
     """An int8 tensor's (scale, zero point)."""
@@ -576,15 +604,34 @@ def _qclamp(layer: Layer, ys: float, yz: int) -> tuple[int, int]:
     f32 = np.float32
 
     def q(v: float) -> int:
-        return int(np.clip(np.rint(f32(v) / f32(ys)) + yz, lo, hi)) if math.isfinite(v) else (lo if v < 0 else hi)
+        if not math.isfinite(v):
+            return lo if v < 0 else hi
+        r = f32(v) / f32(ys)  # TFLite's CalculateActivationRangeQuantized rounds half away from zero
+        rounded = math.copysign(math.floor(abs(float(r)) + 0.5), float(r)) if _tflite(layer) else float(np.rint(r))
+        return int(np.clip(rounded + yz, lo, hi))
 
     return max(lo, q(bounds[0])), min(hi, q(bounds[1]))
 
 
 def _multipliers(b: Bind, layer: Layer, outs: int) -> int:
     (xs, _), (ys, _) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    if _tflite(layer):
+        return b.weights.add_words((b.model, layer.id, "m"), lambda: _tflite_multipliers(layer, xs, ys, outs))
     ws = np.broadcast_to(np.asarray(layer.attrs["w_scale"], np.float32), (outs,))
     return b.weights.add((b.model, layer.id, "m"), lambda: (np.float32(xs) * ws) / np.float32(ys))
+
+
+def _tflite_multipliers(layer: Layer, xs: float, ys: float, outs: int) -> np.ndarray:
+    """(multiplier, shift) int32 pairs per output channel. Per channel, TFLite Micro multiplies the
+    scales in double (x * w / y); a per-tensor FULLY_CONNECTED multiplies x * w in float first
+    (GetQuantizedConvolutionMultipler)."""
+    ws = layer.attrs["w_scale"]
+    if layer.op == "gemm" and len(ws) == 1:
+        reals = [float(np.float32(xs) * np.float32(ws[0])) / float(np.float32(ys))] * outs
+    else:
+        wb = np.broadcast_to(np.asarray(ws, np.float32), (outs,))
+        reals = [float(np.float32(xs)) * float(w) / float(np.float32(ys)) for w in wb]
+    return np.asarray([quantize_multiplier(r) for r in reals], np.int32).reshape(-1)
 
 
 def _qbias(b: Bind, layer: Layer) -> int:
@@ -622,7 +669,8 @@ def _qconv(b, layer, xs, y):
     (_, xz), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
     lo, hi = _qclamp(layer, ys, yz)
     return ("qconv", "tf_qconv_args", [xs[0], y, w_off, _qbias(b, layer), _multipliers(b, layer, cout), a["groups"], kh, kw,
-                                       *a["stride"], *a["dilation"], win.pad[0], win.pad[2], xz, yz, lo, hi])
+                                       *a["stride"], *a["dilation"], win.pad[0], win.pad[2], xz, yz, lo, hi,
+                                       _rounding(layer)])
 
 
 def _qgemm(b, layer, xs, y):
@@ -633,13 +681,22 @@ def _qgemm(b, layer, xs, y):
     (_, xz), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
     lo, hi = _qclamp(layer, ys, yz)
     return ("qgemm", "tf_qgemm_args", [xs[0], y, w_off, _qbias(b, layer), _multipliers(b, layer, w.shape[0]), features,
-                                       xz, yz, lo, hi])
+                                       xz, yz, lo, hi, _rounding(layer)])
 
 
 def _qadd(b, layer, xs, y):
     (sa, za), (sb, zb), (sy, zy) = (_tq(b, t) for t in (*layer.inputs, layer.output))
     lo, hi = _qclamp(layer, sy, zy)
-    return "qadd", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi]
+    return "qadd", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi, _rounding(layer),
+                                    *(_tflite_add(sa, sb, sy) if _tflite(layer) else (0,) * 6)]
+
+
+def _tflite_add(sa: float, sb: float, sy: float) -> tuple[int, ...]:
+    """TFLite Micro's ADD multipliers (add_common.cc): inputs scaled to twice the larger input
+    scale after a left shift of 20, the sum to the output's scale."""
+    twice = 2.0 * float(max(np.float32(sa), np.float32(sb)))
+    reals = (float(np.float32(sa)) / twice, float(np.float32(sb)) / twice, twice / ((1 << 20) * float(np.float32(sy))))
+    return tuple(v for r in reals for v in quantize_multiplier(r))
 
 
 NCHWC_BLOCK = 16
@@ -652,6 +709,11 @@ def _qpool(b, layer, xs, y):
     a = layer.attrs
     fused = bool(a.get("ort_fused"))
     h, w = b.g.shape(layer.inputs[0])[2:]
+    if _tflite(layer):  # TFLite's pools: x and y quantized alike (the importer checks), an integer average
+        fields = _pool(b, layer, xs, y)[2]
+        fields[-1] = Acts(())
+        return ("qpool", "tf_qpool_args", [Struct("tf_pool_args", tuple(fields)),
+                                           _qparams(b, layer.inputs[0], layer.output), 3])
     if fused and layer.op == "avgpool" and tuple(a["kernel"]) == (h, w) and not any(a["pads"]):
         return _qglobal(b, layer, xs, y)
     # onnxruntime's float AveragePool (ORT_ENABLE_ALL, AVX-512 x86; found by experiment) sums a window
@@ -671,7 +733,17 @@ def _qglobal(b, layer, xs, y):
     h, w = b.g.shape(layer.inputs[0])[2:]
     m = float(np.float32(xs_) / (np.float32(ys) * np.float32(h * w)))  # MLAS: ScaleInput / (ScaleOutput * ImageSize)
     kind = Code("GLOBAL", "max" if layer.attrs.get("kind") == "max" else "mean")
-    return "qglobal", "tf_qglobal_args", [xs[0], y, kind, m, _qparams(b, layer.inputs[0], layer.output)]
+    qm, qs = _tflite_mean(xs_, ys, h * w) if _tflite(layer) else (0, 0)
+    return "qglobal", "tf_qglobal_args", [xs[0], y, kind, m, _qparams(b, layer.inputs[0], layer.output),
+                                          _rounding(layer), qm, qs]
+
+
+def _tflite_mean(xs: float, ys: float, count: int) -> tuple[int, int]:
+    """TFLite's MEAN (reference_ops::QuantizedMeanOrSum): the multiplier of xs / ys shifted left by
+    floor(log2 count) (at most 32 and 31 + its shift) and divided by the count, truncating."""
+    m, s = quantize_multiplier(float(np.float32(xs)) / float(np.float32(ys)))
+    shift = min(count.bit_length() - 1, 32, 31 + s)
+    return int((m << shift) // count) if m >= 0 else -int((-m << shift) // count), s - shift
 
 
 def _qconcat(b, layer, xs, y):
@@ -686,17 +758,17 @@ def _qcopy(b, layer, xs, y):
         if len(perm) > 4:
             raise KernelError(f"layer {layer.id} ({layer.name}): an int8 transpose of rank {len(perm)} (at most 4)")
         x = x.permuted(perm, y.dims)
-    return "qcopy", "tf_quant_args", [x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE]
+    return "qcopy", "tf_quant_args", [x, y, Struct("tf_qparams", (1.0, 0, 1.0, 0)), *INT8_RANGE, _ROUND_ORT]
 
 
 def _quantize(b, layer, xs, y):
     q = (1.0, 0, layer.attrs["scale"], layer.attrs["zero_point"])
-    return "quantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
+    return "quantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE, _rounding(layer)]
 
 
 def _dequantize(b, layer, xs, y):
     q = (layer.attrs["scale"], layer.attrs["zero_point"], 1.0, 0)
-    return "dequantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE]
+    return "dequantize", "tf_quant_args", [xs[0], y, Struct("tf_qparams", q), *INT8_RANGE, _ROUND_ORT]
 
 
 def _qactivation(b, layer, xs, y):
@@ -704,7 +776,23 @@ def _qactivation(b, layer, xs, y):
     in float and quantizes; the quantization is monotone, so that is requantizing and clamping at
     the bounds' quantized values."""
     (_, _), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
-    return "qcopy", "tf_quant_args", [xs[0], y, _qparams(b, layer.inputs[0], layer.output), *_qclamp(layer, ys, yz)]
+    return "qcopy", "tf_quant_args", [xs[0], y, _qparams(b, layer.inputs[0], layer.output), *_qclamp(layer, ys, yz),
+                                      _ROUND_ORT]
+
+
+def _qsoftmax(b, layer, xs, y):
+    """TFLite's int8 SOFTMAX (softmax_common.cc's CalculateSoftmaxParams, beta 1): the input scale
+    times 2^26 (differences in Q5.26) as a multiplier and left shift, and the smallest difference
+    that still counts."""
+    if not _tflite(layer):
+        raise KernelError(f"layer {layer.id} ({layer.name}): an int8 softmax runs as TFLite's only (rounding tflite)")
+    (xs_, _), (ys, yz) = _tq(b, layer.inputs[0]), _tq(b, layer.output)
+    _expect(ys == 1.0 / 256 and yz == -128, layer, f"an int8 softmax output of scale {ys}, zero point {yz} "
+                                                   "(TFLite's is 1/256, -128)")
+    real = min(float(layer.attrs.get("beta", 1.0)) * float(np.float32(xs_)) * (1 << 26), (1 << 31) - 1.0)
+    m, shift = quantize_multiplier(real)
+    diff_min = -math.floor(31.0 * (1 << 26) / (1 << shift))  # CalculateInputRadius(5, shift)
+    return "qsoftmax", "tf_qsoftmax_args", [xs[0], y, m, shift, int(diff_min)]
 
 
 BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
@@ -712,6 +800,7 @@ BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
 INT8_BINDERS = {
     "conv": _qconv, "gemm": _qgemm, "add": _qadd, "maxpool": _qpool, "avgpool": _qpool, "global_pool": _qglobal,
     "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
+    "softmax": _qsoftmax,
 }
 # --- end int8 ---------------------------------------------------------------------------------------
 

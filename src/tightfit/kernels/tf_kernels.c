@@ -1166,6 +1166,42 @@ static inline int8_t quantize1(float x, float s, int z) {
 
 static float dequantize1(int q, float s, int z) { return (float)(q - z) * s; }
 
+/* TFLite's fixed-point arithmetic, as its reference kernels and TFLite Micro build it (gemmlowp's
+ * SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT: two roundings, not one). */
+static int32_t tfl_high_mul(int32_t a, int32_t b) {
+    if (a == b && a == INT32_MIN) return INT32_MAX;
+    const int64_t ab = (int64_t)a * (int64_t)b;
+    const int64_t nudge = ab >= 0 ? ((int64_t)1 << 30) : 1 - ((int64_t)1 << 30);
+    return (int32_t)((ab + nudge) / ((int64_t)1 << 31)); /* C's division truncates, as C++'s */
+}
+
+static int32_t tfl_div_pot(int32_t x, int e) {
+    const int32_t mask = (int32_t)(((int64_t)1 << e) - 1), rem = x & mask, threshold = (mask >> 1) + (x < 0 ? 1 : 0);
+    return (x >> e) + (rem > threshold ? 1 : 0);
+}
+
+/* MultiplyByQuantizedMultiplier: x * m * 2^shift, m a Q31 fraction in [0.5, 1). */
+static int32_t tfl_scale(int32_t x, int32_t m, int shift) {
+    const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
+    return tfl_div_pot(tfl_high_mul((int32_t)((int64_t)x * ((int64_t)1 << left)), m), right);
+}
+
+/* The multipliers of channel c of a layer whose multiplier words start at m: a float per channel
+ * (onnxruntime), or TFLite's multiplier and shift words per channel. */
+static const float *qmul(const float *wts, long m, long c, int round) {
+    return wts + m + (round == TF_ROUND_TFLITE ? 2 * c : c);
+}
+
+/* An int32 accumulator of channel c to int8 as the step's runtime rounds it (m: qmul's words of
+ * channel 0). */
+static int8_t requant_acc(int32_t acc, const float *m, long c, int round, int z, int lo, int hi) {
+    if (round == TF_ROUND_TFLITE) {
+        const int32_t v = tfl_scale(acc, word_i32(m, 2 * c), word_i32(m, 2 * c + 1)) + z;
+        return (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+    }
+    return requant((float)acc * m[c], z, lo, hi);
+}
+
 /* int8 convolution as onnxruntime's QLinearConv computes it: acc = bias + sum (x - xz) * w in int32
  * (taps in the padding read the zero point, so they add nothing), y = requant(acc * m[co]).
  * Three loops over the same arithmetic, by the weight layout the binder packed (step_args._qconv):
@@ -1211,9 +1247,14 @@ static inline __attribute__((always_inline)) void qstore16(int8_t *out, __m512i 
 }
 #endif
 
-/* requant of a block of channels, stored with stride sc (bias and the zero-point sums in base). */
+/* requant_acc of a block of channels, stored with stride sc (bias and the zero-point sums in base; m:
+ * qmul's words of the block's first channel). */
 static void qstore(int8_t *out, long sc, const int32_t *acc, const int32_t *base, const float *m, long count,
-                   int yz, int lo, int hi) {
+                   int round, int yz, int lo, int hi) {
+    if (round == TF_ROUND_TFLITE) {
+        for (long c = 0; c < count; c++) out[c * sc] = requant_acc(acc[c] + base[c], m, c, round, yz, lo, hi);
+        return;
+    }
 #if TF_SIMD && defined(__AVX512F__)
     if (sc == 1) {
         for (long c = 0; c < count; c += 16) {
@@ -1464,7 +1505,8 @@ static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a,
     const int8_t *rows[TF_QPIX];
     int32_t acc[TF_QPIX][TF_QCO];
 #ifdef TF_QSINK
-    if (y->sc == 1 && (direct || K4 <= TF_QK)) { /* one pass over K: the sums requantized from registers */
+    /* one pass over K: the sums requantized from registers (onnxruntime's rounding: qstore16) */
+    if (y->sc == 1 && a->round != TF_ROUND_TFLITE && (direct || K4 <= TF_QK)) {
         qsink o = {{0}, base, wts + a->m + co0, a->yz, a->lo, a->hi, np};
         for (int p = 0; p < TF_QPIX; p++) {
             const long ox = ox0 + (p < np ? p : np - 1); /* a short block repeats its last pixel */
@@ -1496,7 +1538,7 @@ static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a,
     }
     for (long p = 0; p < np; p++)
         qstore(q8(arena, y->off + n * y->sn + oy * y->sh + (ox0 + p) * y->sw + co0 * y->sc), y->sc, acc[p], base,
-               wts + a->m + co0, nco, a->yz, a->lo, a->hi);
+               qmul(wts, a->m, co0, a->round), nco, a->round, a->yz, a->lo, a->hi);
 }
 
 /* Row by row; in a row, a block of output channels at a time over all its pixels (the block's
@@ -1556,7 +1598,6 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
     const tf_view *x = &a->x, *y = &a->y;
     const long C = y->c, xc = x->sc, xz = a->xz;
     const int8_t *w = (const int8_t *)(wts + a->w);
-    const float *m = wts + a->m;
     int32_t acc[TF_QCO] = {0}, zero[TF_QCO] = {0};
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
@@ -1566,11 +1607,12 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
             const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
             for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
 #if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-            if (xc == 1 && y->sc == 1) {
-                qdw_avx512(acc, q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0), arena, a, w, m, &t, n, c0, nc);
+            if (xc == 1 && y->sc == 1 && a->round != TF_ROUND_TFLITE) {
+                qdw_avx512(acc, q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0), arena, a, w, wts + a->m, &t, n, c0,
+                           nc);
                 continue;
             }
-            if (xc == 1) qdw_avx512(acc, NULL, arena, a, w, m, &t, n, c0, nc);
+            if (xc == 1) qdw_avx512(acc, NULL, arena, a, w, wts + a->m, &t, n, c0, nc);
             else
 #endif
             for (long ky = t.ky0; ky < t.ky1; ky++)
@@ -1583,8 +1625,8 @@ static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args 
                 else if (xc == 1) for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c] - xz) * (int32_t)wr[c];
                 else for (long c = 0; c < nc; c++) acc[c] += ((int32_t)in[c * xc] - xz) * (int32_t)wr[c];
             }
-            qstore(q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0 * y->sc), y->sc, acc, zero, m + c0, nc,
-                   a->yz, a->lo, a->hi);
+            qstore(q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0 * y->sc), y->sc, acc, zero,
+                   qmul(wts, a->m, c0, a->round), nc, a->round, a->yz, a->lo, a->hi);
         }
     }
 }
@@ -1594,7 +1636,6 @@ static void qconv_grouped(float *arena, const float *wts, const tf_qconv_args *a
     const tf_view *x = &a->x, *y = &a->y;
     const long cig = x->c / a->groups, cog = y->c / a->groups, taps = a->kh * a->kw * cig;
     const int8_t *w = (const int8_t *)(wts + a->w);
-    const float *m = wts + a->m;
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
@@ -1611,7 +1652,7 @@ static void qconv_grouped(float *arena, const float *wts, const tf_qconv_args *a
                 const int8_t *wr = wc + (ky * a->kw + kx) * cig;
                 for (long ci = 0; ci < cig; ci++) acc += ((int32_t)in[ci * x->sc] - a->xz) * (int32_t)wr[ci];
             }
-            out[co * y->sc] = requant((float)acc * m[co], a->yz, a->lo, a->hi);
+            out[co * y->sc] = requant_acc(acc, wts + a->m, co, a->round, a->yz, a->lo, a->hi);
         }
     }
 }
@@ -1672,7 +1713,7 @@ static void qgemm(float *arena, const float *wts, const tf_qgemm_args *a) {
         for (long o = 0; o < no; o++) {
             const long oi = o0 + o, oc = oi / (y->h * y->w), oh = oi / y->w % y->h, ow = oi % y->w;
             *q8(arena, y->off + n * y->sn + oc * y->sc + oh * y->sh + ow * y->sw) =
-                requant((float)acc[o] * wts[a->m + oi], a->yz, a->lo, a->hi);
+                requant_acc(acc[o], wts + a->m, oi, a->round, a->yz, a->lo, a->hi);
         }
     }
 }
@@ -1701,9 +1742,19 @@ static void qadd_run(int8_t *out, const int8_t *pa, const int8_t *pb, long c, co
     }
 }
 
+/* TFLite's int8 ADD: each input less its zero point, shifted left 20, scaled to twice the larger
+ * input scale; the sum scaled to the output's; the zero point added; clamped. */
+static int8_t tfl_add1(int qa, int qb, const tf_qadd_args *a) {
+    const int32_t va = tfl_scale((qa - a->za) * (1 << 20), a->am, a->ash);
+    const int32_t vb = tfl_scale((qb - a->zb) * (1 << 20), a->bm, a->bsh);
+    const int32_t v = tfl_scale(va + vb, a->ym, a->ysh) + a->zy;
+    return (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
+}
+
 static void qadd(float *arena, const tf_qadd_args *a) {
     const tf_view *y = &a->y;
-    if (same_shape(&a->a, y) && same_shape(&a->b, y) && a->a.sc == 1 && a->b.sc == 1 && y->sc == 1) {
+    if (a->round != TF_ROUND_TFLITE && same_shape(&a->a, y) && same_shape(&a->b, y) && a->a.sc == 1 && a->b.sc == 1
+        && y->sc == 1) {
         for (long n = 0; n < y->n; n++)
         for (long h = 0; h < y->h; h++)
         for (long w = 0; w < y->w; w++)
@@ -1715,6 +1766,11 @@ static void qadd(float *arena, const tf_qadd_args *a) {
     for (long c = 0; c < y->c; c++)
     for (long h = 0; h < y->h; h++)
     for (long w = 0; w < y->w; w++) {
+        if (a->round == TF_ROUND_TFLITE) {
+            *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) =
+                tfl_add1(qat(arena, &a->a, n, c, h, w), qat(arena, &a->b, n, c, h, w), a);
+            continue;
+        }
         volatile float va = dequantize1(qat(arena, &a->a, n, c, h, w), a->sa, a->za);
         volatile float vb = dequantize1(qat(arena, &a->b, n, c, h, w), a->sb, a->zb);
         int8_t v = quantize1(va + vb, a->sy, a->zy);
@@ -1744,6 +1800,18 @@ static void qmaxpool_last(float *arena, const tf_pool_args *a) {
             memcpy(q8(arena, y->off + n * y->sn + c0 + oy * y->sh + ox * y->sw), best, (size_t)nc);
         }
     }
+}
+
+/* TFLite's int8 average: the int32 sum of the window's inputs (padding not counted) over their
+ * count, rounded half away from zero (x and y are quantized alike). */
+static int8_t tfl_average(float *arena, const tf_view *x, long n, long c, const window *t, const tf_pool_args *a) {
+    int32_t acc = 0, count = 0;
+    for (long ky = t->ky0; ky < t->ky1; ky++)
+    for (long kx = t->kx0; kx < t->kx1; kx++, count++)
+        acc += *q8(arena, x->off + n * x->sn + c * x->sc + (t->iy + ky * a->dh) * x->sh + (t->ix + kx * a->dw) * x->sw);
+    if (count == 0) return 0;
+    acc = acc > 0 ? (acc + count / 2) / count : (acc - count / 2) / count;
+    return (int8_t)(acc < -128 ? -128 : (acc > 127 ? 127 : acc));
 }
 
 static void qpool(float *arena, const tf_qpool_args *qa) {
@@ -1784,7 +1852,8 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
                 sum += col;
             }
             int8_t r;
-            if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
+            if (avg && qa->mode == 3) r = tfl_average(arena, x, n, c, &t, a);
+            else if (avg && qa->mode == 1) { /* QLinearAveragePool: a row-major sum, y / ys + yz rounded */
                 float s = 0.0f;
                 for (long ky = t.ky0; ky < t.ky1; ky++)
                 for (long kx = t.kx0; kx < t.kx1; kx++) {
@@ -1808,6 +1877,10 @@ static void qpool(float *arena, const tf_qpool_args *qa) {
 static int8_t qglobal_one(const tf_qglobal_args *a, int32_t acc, int best) {
     const tf_qparams *q = &a->q;
     if (a->kind == TF_GLOBAL_MAX) return same_q(q) ? (int8_t)best : quantize1(dequantize1(best, q->xs, q->xz), q->ys, q->yz);
+    if (a->round == TF_ROUND_TFLITE) { /* TFLite's MEAN */
+        const int32_t v = tfl_scale(acc - (int32_t)(a->x.h * a->x.w) * q->xz, a->qm, a->qs) + q->yz;
+        return (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
+    }
     return requant((float)(acc - (int32_t)(a->x.h * a->x.w) * q->xz) * a->m, q->yz, -128, 127);
 }
 
@@ -1894,8 +1967,80 @@ static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
                    w = last ? i / y->c % y->w : i % y->w;
         const long xi = x->off + n * x->sn + c * x->sc + h * x->sh + w * x->sw;
         const long yi = y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw;
-        if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
+        if (kind == TF_STEP_QUANTIZE && a->round == TF_ROUND_TFLITE) { /* TFLite rounds half away from zero */
+            const float v = roundf(arena[xi] / a->q.ys) + (float)a->q.yz;
+            *q8(arena, yi) = (int8_t)(v < -128.0f ? -128 : (v > 127.0f ? 127 : (int)v));
+        } else if (kind == TF_STEP_QUANTIZE) *q8(arena, yi) = quantize1(arena[xi], a->q.ys, a->q.yz);
         else arena[yi] = dequantize1(*q8(arena, xi), a->q.xs, a->q.xz);
+    }
+}
+
+/* TFLite's int8 softmax (reference_ops::Softmax), on gemmlowp's fixed-point numbers: a raw int32
+ * with I integer bits stands for raw / 2^(31 - I). */
+static int32_t fx_mul_pot(int32_t x, int e) { /* SaturatingRoundingMultiplyByPOT<e> */
+    if (e < 0) return tfl_div_pot(x, -e);
+    const int32_t threshold = (int32_t)((1u << (31 - e)) - 1);
+    return x > threshold ? INT32_MAX : (x < -threshold ? INT32_MIN : (int32_t)((uint32_t)x << e));
+}
+
+/* exp(a) for a in [-1/4, 0), Q0.31: a Taylor expansion around -1/8. */
+static int32_t fx_exp_quarter(int32_t a) {
+    const int32_t c = 1895147668, third = 715827883; /* exp(-1/8), 1/3 */
+    const int32_t x = a + (1 << 28), x2 = tfl_high_mul(x, x), x3 = tfl_high_mul(x2, x), x4 = tfl_high_mul(x2, x2);
+    const int32_t x4_4 = fx_mul_pot(x4, -2);
+    const int32_t poly = fx_mul_pot(tfl_high_mul(x4_4 + x3, third) + x2, -1);
+    return c + tfl_high_mul(c, x + poly);
+}
+
+/* exp(a) for a <= 0 given in Q5.26, as Q0.31 (gemmlowp's exp_on_negative_values). */
+static int32_t fx_exp_negative(int32_t a) {
+    static const int32_t mult[7] = {1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242};
+    const int32_t quarter = 1 << 24, mod = (a & (quarter - 1)) - quarter;
+    int32_t r = fx_exp_quarter(fx_mul_pot(mod, 5));
+    const int32_t rem = mod - a;
+    for (int e = -2; e <= 4; e++) /* exp(-2^e) for each bit of the remainder */
+        if (rem & (1 << (26 + e))) r = tfl_high_mul(r, mult[e + 2]);
+    return a == 0 ? INT32_MAX : r;
+}
+
+/* 1 / (1 + x) for x in [0, 1), Q0.31: Newton-Raphson in Q2.29. */
+static int32_t fx_one_over_one_plus(int32_t a) {
+    const int64_t sum = (int64_t)a + INT32_MAX;
+    const int32_t half = (int32_t)((sum + (sum >= 0 ? 1 : -1)) / 2); /* RoundingHalfSum(a, 1) */
+    int32_t x = 1515870810 + tfl_high_mul(half, -1010580540); /* 48/17 - 32/17 d */
+    for (int i = 0; i < 3; i++) x = x + fx_mul_pot(tfl_high_mul(x, (1 << 29) - tfl_high_mul(half, x)), 2);
+    return fx_mul_pot(x, 1);
+}
+
+static void qsoftmax(float *arena, const tf_qsoftmax_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const int8_t *in = q8(arena, x->off + n * x->sn + h * x->sh + w * x->sw);
+        int8_t *out = q8(arena, y->off + n * y->sn + h * y->sh + w * y->sw);
+        int best = -128;
+        for (long c = 0; c < x->c; c++) best = in[c * x->sc] > best ? in[c * x->sc] : best;
+        int32_t sum = 0; /* Q12.19 */
+        for (long c = 0; c < x->c; c++) {
+            const int32_t d = in[c * x->sc] - best;
+            if (d >= a->diff_min) sum += tfl_div_pot(fx_exp_negative(tfl_high_mul(d * (1 << a->shift), a->m)), 12);
+        }
+        int lz = 0; /* GetReciprocal: the sum's leading zeros */
+        while (lz < 32 && !((uint32_t)sum & (0x80000000u >> lz))) lz++;
+        const int over_unit = 12 - lz;
+        const int32_t scale = fx_one_over_one_plus((int32_t)(((uint32_t)sum << lz) - 0x80000000u));
+        const int exponent = over_unit + 31 - 8;
+        for (long c = 0; c < x->c; c++) {
+            const int32_t d = in[c * x->sc] - best;
+            int32_t v = -128;
+            if (d >= a->diff_min) {
+                const int32_t e = fx_exp_negative(tfl_high_mul(d * (1 << a->shift), a->m));
+                v = tfl_div_pot(tfl_high_mul(scale, e), exponent) - 128;
+                v = v > 127 ? 127 : (v < -128 ? -128 : v);
+            }
+            out[c * y->sc] = (int8_t)v;
+        }
     }
 }
 
@@ -1908,6 +2053,7 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
     case TF_STEP_QPOOL: qpool(arena, (const tf_qpool_args *)p); return 1;
     case TF_STEP_QGLOBAL: qglobal(arena, (const tf_qglobal_args *)p); return 1;
     case TF_STEP_QCONCAT: qconcat(arena, (const tf_qconcat_args *)p); return 1;
+    case TF_STEP_QSOFTMAX: qsoftmax(arena, (const tf_qsoftmax_args *)p); return 1;
     case TF_STEP_QUANTIZE: case TF_STEP_DEQUANTIZE: case TF_STEP_QCOPY:
         quantize_step(arena, (const tf_quant_args *)p, kind); return 1;
     default: return 0;
@@ -1920,7 +2066,7 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
 
 /* One step; 0, or the input callback's status (-1: an unknown step kind). */
 static int run_step(float *arena, const float *weights, const int32_t *indices, const tf_step *step,
-                    tf_input_fn input, void *ctx) {
+                    const tf_source *inputs) {
     const void *p = step->args;
     switch (step->kind) {
     case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
@@ -1949,8 +2095,10 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
     case TF_STEP_INPUT: {
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;
-        return input(ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
-                     arena + y->off, y->sn, y->sc, y->sh, y->sw);
+        const tf_source *src = &inputs[a->input];
+        void *dst = a->item == 1 ? (void *)q8(arena, y->off) : (void *)(arena + y->off);
+        return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
+                     dst, y->sn, y->sc, y->sh, y->sw);
     }
     default:
         if (!run_int8(arena, weights, step->kind, p)) return -1;
@@ -2004,7 +2152,7 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
  * runs every other step (the input callback is called from the caller's thread only). */
 typedef struct {
     float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
-    tf_input_fn input; void *ctx;
+    const tf_source *inputs;
     pthread_mutex_t mu; pthread_cond_t cv;
     long arrived, generation, expected;
     int threads, status, said; /* said: the status when the last meeting ended */
@@ -2044,7 +2192,7 @@ static void walk(team *t, int id) {
         if (after_shared && meet(t)) return;
         after_shared = 0;
         if (id == 0 && !failed) {
-            const int status = run_step(t->arena, t->weights, t->indices, step, t->input, t->ctx);
+            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs);
             if (status) { /* said at the next meeting; the caller's thread runs nothing more */
                 pthread_mutex_lock(&t->mu);
                 t->status = status;
@@ -2065,12 +2213,12 @@ static void *worker(void *arg) {
 /* 1 when the steps ran on `threads` threads (their status in *status); 0 when no team could be
  * set up (the caller runs them on its own). */
 static int run_threads(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-                       tf_input_fn input, void *ctx, int threads, int *status) {
+                       const tf_source *inputs, int threads, int *status) {
     team t;
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.input = input, t.ctx = ctx, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.inputs = inputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
@@ -2098,20 +2246,20 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
 #endif
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx, int threads) {
+           const tf_source *inputs, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
     for (long i = 0; threads > 1 && i < count; i++) {
         int status;
         if (shared_step(&steps[i], threads)) {
-            if (run_threads(arena, weights, indices, steps, count, input, ctx, threads, &status)) return status;
+            if (run_threads(arena, weights, indices, steps, count, inputs, threads, &status)) return status;
             break;
         }
     }
 #endif
     (void)threads;
     for (long i = 0; i < count; i++) {
-        const int status = run_step(arena, weights, indices, &steps[i], input, ctx);
+        const int status = run_step(arena, weights, indices, &steps[i], inputs);
         if (status) return status;
     }
     return 0;
@@ -2129,16 +2277,24 @@ void tf_read(const float *arena, const tf_view *v, long first, long count, float
     for (long i = 0; i < count; i++) dst[i] = *at((float *)arena, v, first + i);
 }
 
+void tf_read_int8(const float *arena, const tf_view *v, long first, long count, int8_t *dst) {
+    for (long i = first; i < first + count; i++) {
+        const long w = i % v->w, h = i / v->w % v->h, c = i / (v->w * v->h) % v->c, n = i / (v->w * v->h * v->c);
+        dst[i - first] = *q8((float *)arena, v->off + n * v->sn + c * v->sc + h * v->sh + w * v->sw);
+    }
+}
+
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                   float *dst, long sn, long sc, long sh, long sw) {
+                   void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;
+    const size_t item = (size_t)t->item;
     for (long n = n0; n < n1; n++)
     for (long c = 0; c < t->c; c++)
     for (long h = h0; h < h1; h++) {
-        const float *src = t->x + ((n * t->c + c) * t->h + h) * t->w;
-        float *out = dst + (n - n0) * sn + c * sc + (h - h0) * sh;
-        if (sw == 1) memcpy(out, src + w0, (size_t)(w1 - w0) * sizeof(float));
-        else for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];
+        const char *src = (const char *)t->x + (size_t)(((n * t->c + c) * t->h + h) * t->w) * item;
+        char *out = (char *)dst + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
+        if (sw == 1) memcpy(out, src + (size_t)w0 * item, (size_t)(w1 - w0) * item);
+        else for (long w = w0; w < w1; w++) memcpy(out + (size_t)((w - w0) * sw) * item, src + (size_t)w * item, item);
     }
     return 0;
 }

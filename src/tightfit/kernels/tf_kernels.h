@@ -42,8 +42,10 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_DECONV = 15, TF_STEP_INTERP = 16, TF_STEP_CHANNEL_NORM = 17, TF_STEP_INSTANCE_NORM = 18,
        TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
-       TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31 };
+       TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31,
+       TF_STEP_QSOFTMAX = 32 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
+enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
  * start) and s* are element strides; any layout (NCHW, NHWC, a window, a tile) is a view. */
 typedef struct { tf_int off, n, c, h, w, sn, sc, sh, sw; } tf_view;
@@ -93,8 +95,9 @@ typedef struct { tf_view x, y; tf_int rows, cols; } tf_resize_args;
 typedef struct { tf_view x, y; } tf_copy_args;
 /* Channel shuffle in `groups`. */
 typedef struct { tf_view x, y; tf_int groups; } tf_shuffle_args;
-/* The model input's region from (n0, h0, w0), of y's size, into y (tf_input_fn). */
-typedef struct { tf_view y; tf_int n0, h0, w0; } tf_input_args;
+/* Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source);
+ * item: bytes per element (4 float32, 1 int8: y's offset counts such elements). */
+typedef struct { tf_view y; tf_int n0, h0, w0; int input, item; } tf_input_args;
 /* Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]
  * for each of `count` pairs (negative strides walk backwards), then the activations over y. */
 typedef struct { tf_view y; int count; const tf_view *x, *to; const tf_acts *act; } tf_moves_args;
@@ -109,27 +112,39 @@ typedef struct { tf_view x, y; tf_int taps, rows, cols, row_w, col_w; } tf_inter
 /* An int8 step's input (x) and output (y) scale and zero point: real = (q - z) * s. */
 typedef struct { float xs; int xz; float ys; int yz; } tf_qparams;
 /* int8 convolution (dense, depthwise, grouped): weight (C_out, kh, kw, C_in/groups) int8,
- * bias int32 (b < 0: none), m: one float multiplier per output channel (x_scale * w_scale /
- * y_scale); acc = bias + sum (x - xz) * w in int32, y = clamp(round_even(acc * m) + yz, lo, hi). */
-typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, pt, pl; int xz, yz, lo, hi;
-       } tf_qconv_args;
+ * bias int32 (b < 0: none); acc = bias + sum (x - xz) * w in int32. TF_ROUND_ONNXRUNTIME: m is
+ * one float multiplier per output channel (x_scale * w_scale / y_scale), y = clamp(round_even(
+ * acc * m) + yz, lo, hi); TF_ROUND_TFLITE: m is two int32 words per output channel (TFLite's
+ * fixed-point multiplier and shift), y = clamp(MultiplyByQuantizedMultiplier(acc) + yz, lo, hi). */
+typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, pt, pl; int xz, yz, lo, hi,
+       round; } tf_qconv_args;
 /* int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args. */
-typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi; } tf_qgemm_args;
-/* int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized. */
-typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi;
-       } tf_qadd_args;
+typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi, round; } tf_qgemm_args;
+/* int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,
+ * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled
+ * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh). */
+typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi, round, am,
+       ash, bm, bsh, ym, ysh; } tf_qadd_args;
 /* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
  * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its
- * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks). */
+ * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks);
+ * mode 3: TFLite's int8 AVERAGE_POOL_2D (an int32 sum over the window's inputs, divided by their
+ * count rounding half away from zero; x and y quantized alike). */
 typedef struct { tf_pool_args p; tf_qparams q; int mode; } tf_qpool_args;
-/* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max. */
-typedef struct { tf_view x, y; int kind; float m; tf_qparams q; } tf_qglobal_args;
+/* int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W) (TF_ROUND_TFLITE:
+ * TFLite's MEAN, the sum less H * W * xz scaled by the fixed-point multiplier qm and shift qs); max. */
+typedef struct { tf_view x, y; int kind; float m; tf_qparams q; int round, qm, qs; } tf_qglobal_args;
 /* int8 concatenation along C; input i requantized by q[i] where its scale differs. */
 typedef struct { tf_view y; int count; const tf_view *x; const tf_qparams *q; } tf_qconcat_args;
 /* QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in
  * logical order (a reshape, a transpose by strides), requantized where q's scales differ and
- * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). */
-typedef struct { tf_view x, y; tf_qparams q; int lo, hi; } tf_quant_args;
+ * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). QUANTIZE rounds
+ * half to even (TF_ROUND_ONNXRUNTIME) or half away from zero (TF_ROUND_TFLITE). */
+typedef struct { tf_view x, y; tf_qparams q; int lo, hi, round; } tf_quant_args;
+/* TFLite's int8 SOFTMAX over C (y's scale 1/256, zero point -128): the differences from the
+ * largest input scaled by the multiplier m << shift into Q5.26, gemmlowp's fixed-point exp,
+ * the sum's reciprocal; differences below diff_min give -128. */
+typedef struct { tf_view x, y; int m, shift, diff_min; } tf_qsoftmax_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
@@ -144,27 +159,34 @@ typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;
 /* END GENERATED */
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
- * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. */
+ * the (N, C, H, W) input into the view `dst` (its own origin) of the arena. dst holds the input's
+ * own elements: float for a float32 input, int8_t for an int8 one (the strides count them). */
 typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                           float *dst, long sn, long sc, long sh, long sw);
+                           void *dst, long sn, long sc, long sh, long sw);
 
-/* A whole input in memory, contiguous (N, C, H, W): tf_tensor_rows is its tf_input_fn (ctx: a
- * tf_tensor). */
-typedef struct { const float *x; long c, h, w; } tf_tensor;
+/* Where one model input comes from: `fill` is asked for its regions, with `ctx`. A run takes one
+ * source per input of its model, in the model's input order (an input step names its index). */
+typedef struct { tf_input_fn fill; void *ctx; } tf_source;
+
+/* A whole input in memory, contiguous (N, C, H, W), of `item` bytes per element (4 float32, 1 int8):
+ * tf_tensor_rows is its tf_input_fn (ctx: a tf_tensor). */
+typedef struct { const void *x; long c, h, w; int item; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                   float *dst, long sn, long sc, long sh, long sw);
+                   void *dst, long sn, long sc, long sh, long sw);
 
 /* Runs `count` steps on `threads` threads (the caller's and threads - 1 more, made for the run; a
  * convolution's or pooling's output rows are shared among them, every other step runs on the
- * caller's thread, and the outputs are the same bits for any count); returns 0, or the input
- * callback's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
+ * caller's thread, and the outputs are the same bits for any count); returns 0, or an input
+ * source's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
  * has no pthreads), every step runs on the caller's thread. */
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           tf_input_fn input, void *ctx, int threads);
+           const tf_source *inputs, int threads);
 /* The most threads tf_run uses (1: built without threads). */
 int tf_threads(void);
 /* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */
 void tf_read(const float *arena, const tf_view *v, long first, long count, float *dst);
+/* The same of an int8 view (its offset and strides in int8 elements). */
+void tf_read_int8(const float *arena, const tf_view *v, long first, long count, int8_t *dst);
 /* The vector path this build took: 0 portable, else the floats per register (16 AVX-512, 8 AVX2,
  * 4 NEON). */
 int tf_simd(void);

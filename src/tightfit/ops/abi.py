@@ -29,7 +29,7 @@ STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", 
 # issue 38 (attention blocks): products of two activations, reductions over any axes.
 STEP_KINDS += ("matmul", "reduce", "linear")
 # --- int8 (quantized layers, issue 40): their step kinds follow the float ones ------------------
-INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy")
+INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy", "qsoftmax")
 STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
 # --- end int8 ------------------------------------------------------------------------------------
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
@@ -38,11 +38,14 @@ POOL_KINDS = ("max", "avg")
 GLOBAL_KINDS = ("mean", "max")
 PAD_MODES = ("constant", "edge", "reflect")
 REDUCE_KINDS = ("mean", "sum", "max", "l2")  # issue 38
+# How an int8 step rounds: as onnxruntime's CPU kernels (float multipliers, half to even) or as
+# TFLite's reference kernels and TFLite Micro (fixed-point multiplier and shift, its own roundings).
+ROUNDINGS = ("onnxruntime", "tflite")
 
 # enum prefix -> names, in code order (C: TF_<PREFIX>_<NAME>).
 ENUMS: dict[str, Sequence[str]] = {
     "ACT": ("none",) + ACT_NAMES, "ELT": ELT_NAMES, "CONV": CONV_KINDS, "POOL": POOL_KINDS, "GLOBAL": GLOBAL_KINDS,
-    "PAD": PAD_MODES, "STEP": STEP_KINDS, "REDUCE": REDUCE_KINDS,
+    "PAD": PAD_MODES, "STEP": STEP_KINDS, "REDUCE": REDUCE_KINDS, "ROUND": ROUNDINGS,
 }
 
 
@@ -106,8 +109,9 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                      "y = x in logical order (a reshape when the shapes differ; a transpose is x with permuted\n"
                      " * strides); x and y may overlap in one buffer with the same shape and strides (a shift)."),
     "tf_shuffle_args": ([("x", VIEW), ("y", VIEW), ("groups", I)], "Channel shuffle in `groups`."),
-    "tf_input_args": ([("y", VIEW), ("n0", I), ("h0", I), ("w0", I)],
-                      "The model input's region from (n0, h0, w0), of y's size, into y (tf_input_fn)."),
+    "tf_input_args": ([("y", VIEW), ("n0", I), ("h0", I), ("w0", I), ("input", N), ("item", N)],
+                      "Model input `input`'s region from (n0, h0, w0), of y's size, into y (that input's tf_source);\n"
+                      " * item: bytes per element (4 float32, 1 int8: y's offset counts such elements)."),
     "tf_moves_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("to", "const tf_view *"),
                        ("act", ACT_P)],
                       "Block moves (slice, split, concatenation along H or W, depth <-> space): x[i] to to[i]\n"
@@ -128,28 +132,42 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                    "An int8 step's input (x) and output (y) scale and zero point: real = (q - z) * s."),
     "tf_qconv_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("m", I), ("groups", I), ("kh", I), ("kw", I),
                        ("sh", I), ("sw", I), ("dh", I), ("dw", I), ("pt", I), ("pl", I), ("xz", N), ("yz", N),
-                       ("lo", N), ("hi", N)],
+                       ("lo", N), ("hi", N), ("round", N)],
                       "int8 convolution (dense, depthwise, grouped): weight (C_out, kh, kw, C_in/groups) int8,\n"
-                      " * bias int32 (b < 0: none), m: one float multiplier per output channel (x_scale * w_scale /\n"
-                      " * y_scale); acc = bias + sum (x - xz) * w in int32, y = clamp(round_even(acc * m) + yz, lo, hi)."),
+                      " * bias int32 (b < 0: none); acc = bias + sum (x - xz) * w in int32. TF_ROUND_ONNXRUNTIME: m is\n"
+                      " * one float multiplier per output channel (x_scale * w_scale / y_scale), y = clamp(round_even(\n"
+                      " * acc * m) + yz, lo, hi); TF_ROUND_TFLITE: m is two int32 words per output channel (TFLite's\n"
+                      " * fixed-point multiplier and shift), y = clamp(MultiplyByQuantizedMultiplier(acc) + yz, lo, hi)."),
     "tf_qgemm_args": ([("x", VIEW), ("y", VIEW), ("w", I), ("b", I), ("m", I), ("in_features", I), ("xz", N),
-                       ("yz", N), ("lo", N), ("hi", N)],
+                       ("yz", N), ("lo", N), ("hi", N), ("round", N)],
                       "int8 y = x W^T + b: W (out, in) int8, requantized as tf_qconv_args."),
     "tf_qadd_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("sa", F), ("za", N), ("sb", F), ("zb", N), ("sy", F),
-                      ("zy", N), ("lo", N), ("hi", N)],
-                     "int8 sum (a dimension of size 1 broadcast): both dequantized to float, added, quantized."),
+                      ("zy", N), ("lo", N), ("hi", N), ("round", N), ("am", N), ("ash", N), ("bm", N),
+                      ("bsh", N), ("ym", N), ("ysh", N)],
+                     "int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,\n"
+                     " * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled\n"
+                     " * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh)."),
     "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("mode", N)],
                       "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values\n"
                       " * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its\n"
-                      " * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks)."),
-    "tf_qglobal_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("m", F), ("q", "tf_qparams")],
-                        "int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W); max."),
+                      " * QLinearAveragePool, 2 its float AveragePool summing rows (global, or NCHWc channel blocks);\n"
+                      " * mode 3: TFLite's int8 AVERAGE_POOL_2D (an int32 sum over the window's inputs, divided by their\n"
+                      " * count rounding half away from zero; x and y quantized alike)."),
+    "tf_qglobal_args": ([("x", VIEW), ("y", VIEW), ("kind", N), ("m", F), ("q", "tf_qparams"), ("round", N),
+                         ("qm", N), ("qs", N)],
+                        "int8 global pooling: mean as an int32 sum requantized by m = xs / (ys * H * W) (TF_ROUND_TFLITE:\n"
+                        " * TFLite's MEAN, the sum less H * W * xz scaled by the fixed-point multiplier qm and shift qs); max."),
     "tf_qconcat_args": ([("y", VIEW), ("count", N), ("x", "const tf_view *"), ("q", "const tf_qparams *")],
                         "int8 concatenation along C; input i requantized by q[i] where its scale differs."),
-    "tf_quant_args": ([("x", VIEW), ("y", VIEW), ("q", "tf_qparams"), ("lo", N), ("hi", N)],
+    "tf_quant_args": ([("x", VIEW), ("y", VIEW), ("q", "tf_qparams"), ("lo", N), ("hi", N), ("round", N)],
                       "QUANTIZE: fp32 x -> int8 y (ys, yz); DEQUANTIZE: int8 x (xs, xz) -> fp32 y; QCOPY: int8 y = x in\n"
                       " * logical order (a reshape, a transpose by strides), requantized where q's scales differ and\n"
-                      " * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear)."),
+                      " * clamped to [lo, hi] (a ReLU or Clip between DequantizeLinear and QuantizeLinear). QUANTIZE rounds\n"
+                      " * half to even (TF_ROUND_ONNXRUNTIME) or half away from zero (TF_ROUND_TFLITE)."),
+    "tf_qsoftmax_args": ([("x", VIEW), ("y", VIEW), ("m", N), ("shift", N), ("diff_min", N)],
+                         "TFLite's int8 SOFTMAX over C (y's scale 1/256, zero point -128): the differences from the\n"
+                         " * largest input scaled by the multiplier m << shift into Q5.26, gemmlowp's fixed-point exp,\n"
+                         " * the sum's reciprocal; differences below diff_min give -128."),
     # --- end int8 ----------------------------------------------------------------------------------
     "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
 }

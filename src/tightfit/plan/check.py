@@ -114,7 +114,8 @@ def _check_sanity(plan: Plan, graphs: Sequence[Graph]) -> None:
     if size is None:
         raise PlanError(f"plan dtype {plan.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     for m, (ref, g) in enumerate(zip(plan.models, graphs)):
-        if tuple(ref.input_shape) != tuple(g.shape(g.inputs[0])) or not 1 <= ref.batch <= 4096:
+        named = tuple((t, tuple(g.shape(t))) for t in g.inputs) if len(g.inputs) > 1 else ()
+        if tuple(ref.input_shape) != tuple(g.shape(g.inputs[0])) or ref.inputs != named or not 1 <= ref.batch <= 4096:
             raise PlanError(f"model {m}: input shape {ref.input_shape} or batch {ref.batch} does not fit {ref.spec!r}")
     # No buffer needs more than every tensor of every model together (a sanity bound that keeps a
     # malformed file from sizing huge arrays).

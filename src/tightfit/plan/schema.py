@@ -65,6 +65,13 @@ class ModelRef:
     fingerprint: str
     batch: int = 1
     location: str = ""
+    # A model of several inputs: (name, NCHW shape) of each, in its input order (`input_shape` is
+    # the first's); empty for a model of one input.
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def shapes(self) -> "tuple[int, ...] | dict[str, tuple[int, ...]]":
+        """The input shape(s) as a model is loaded with them: one shape, or {input name: shape}."""
+        return dict(self.inputs) if self.inputs else self.input_shape
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "format": FORMAT, "version": VERSION, "dtype": plan.dtype, "arena_bytes": plan.arena_bytes,
         "cost_profile": plan.cost_profile, "knobs": dict(plan.knobs),
         "models": [{"spec": m.spec, "input_shape": list(m.input_shape), "fingerprint": m.fingerprint, "batch": m.batch,
-                    **({"location": m.location} if m.location else {})} for m in plan.models],
+                    **({"location": m.location} if m.location else {}),
+                    **({"inputs": [{"name": n, "shape": list(sh)} for n, sh in m.inputs]} if m.inputs else {})}
+                   for m in plan.models],
         "buffers": [{"id": b.id, "kind": b.kind, "shape": list(b.shape), "layout": b.layout, "offsets": list(b.offsets),
                      "itemsize": b.itemsize, "mode": b.mode, "overlay": None if b.overlay is None else list(b.overlay)}
                     for b in plan.buffers],
@@ -210,7 +219,9 @@ def plan_from_json(d: Any) -> Plan:
         raise PlanError(f"plan format version {d.get('version')!r} is not supported (this tightfit reads {VERSION})")
     models = tuple(ModelRef(_need(m, "spec", str, "model"), _ints(_need(m, "input_shape", list, "model"), None, "model"),
                             _need(m, "fingerprint", str, "model"), _need(m, "batch", int, "model"),
-                            _need(m, "location", str, "model") if "location" in m else "")
+                            _need(m, "location", str, "model") if "location" in m else "",
+                            tuple((_need(i, "name", str, "model input"), _ints(_need(i, "shape", list, "model input"), 4, "model input"))
+                                  for i in _need(m, "inputs", list, "model")) if "inputs" in m else ())
                    for m in _need(d, "models", list, "top"))
     buffers = []
     for i, b in enumerate(_need(d, "buffers", list, "top")):

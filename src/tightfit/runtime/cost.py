@@ -296,16 +296,20 @@ class _Alone:
         self.args = args
         self.arena = np.random.default_rng(0).standard_normal(max(floats, 1), dtype=np.float32)
         self.weights, self.indices, self.x = weights, indices, x
-        self.source = None if x is None else kernels.Tensor(x.ctypes.data, *x.shape[1:4])
-        self.input_fn = kernels.tensor_input() if x is not None else None
+        self.tensor = None if x is None else kernels.Tensor(x.ctypes.data, *x.shape[1:4], x.itemsize)
+        # an input step's source: x, whichever input the step names (one source per index up to it;
+        # the step's fields end with that index and the bytes a value)
+        count = 1 + (int(args.fields[-2]) if args.kind == "input" else 0)
+        self.sources = None if x is None else (kernels.Source * count)(
+            *[kernels.Source(kernels.tensor_input(), ctypes.addressof(self.tensor))] * count)
         self.tables: dict[int, kernels.StepTable] = {}
 
     def runs(self, k: int) -> Callable[[], None]:
         """A call of tf_run over k copies of the step."""
         table = self.tables.setdefault(k, kernels.StepTable([self.args] * k))
-        run, ctx = kernels.library().tf_run, None if self.source is None else ctypes.addressof(self.source)
+        run, sources = kernels.library().tf_run, None if self.sources is None else ctypes.addressof(self.sources)
         pointers = (self.arena.ctypes.data, self.weights.ctypes.data, self.indices.ctypes.data)
-        call = functools.partial(run, *pointers, table.address, table.count, self.input_fn, ctx, 1)
+        call = functools.partial(run, *pointers, table.address, table.count, sources, 1)
         call.keep = self  # type: ignore[attr-defined]  # the arena and tables the pointers point into
         return call
 
@@ -324,8 +328,10 @@ def _bind_alone(plan: Plan, graphs: Sequence[Graph], step: Step) -> _Alone:
     x = None
     if step.kind == "input":
         g = graphs[step.model]
-        shape = _dims4((plan.models[step.model].batch,) + tuple(g.shape(g.inputs[0])[1:]))
-        x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32)
+        shape = _dims4((plan.models[step.model].batch,) + tuple(g.shape(step.out.tensor)[1:]))
+        rng = np.random.default_rng(1)
+        x = (rng.integers(-128, 128, shape, dtype=np.int8) if plan.buffers[step.out.buffer].itemsize == 1
+             else rng.standard_normal(shape, dtype=np.float32))  # an int8 input's values, as it arrives
     return _Alone(args, at // 4, ctx.weights.array(), ctx.indices.array(), x)
 
 
@@ -489,5 +495,5 @@ def _partition_overhead() -> float:
     ex.lib, ex._tensor_fn = kernels.library(), kernels.tensor_input()
     arena = np.zeros(1, np.float32)
     ex.arena, ex._pointers = arena, (arena.ctypes.data, arena.ctypes.data, arena.ctypes.data)
-    ex.frames, ex._outputs = [[_Partition(kernels.StepTable([]), tuple(x.shape), {})]], [[{}]]
+    ex.frames, ex._outputs = [[_Partition(kernels.StepTable([]), (("x", tuple(x.shape)),), {}, (x.dtype,))]], [[{}]]
     return _median_seconds(lambda: ex.run(x), 201, stir_bytes=0)

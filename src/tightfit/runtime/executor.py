@@ -12,16 +12,18 @@ import ctypes
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tightfit.errors import InputDataError
 from tightfit.kernels.step_args import Context, View, _aligned_empty, _dims4, step_args
 from tightfit.graph.ir import Graph
 from tightfit.ops.base import Region
 from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Buffer, Plan, Step
-from tightfit.kernels.library import INPUT_FN, StepTable, Tensor, library, tensor_input
+from tightfit.kernels.library import INPUT_FN, Source, StepTable, Tensor, library, tensor_input
+from tightfit.runtime.reference import input_dtype
 
 DTYPES = {"fp32": np.float32}
 
@@ -57,12 +59,14 @@ def view_array(arena: np.ndarray, v: View, shape: Sequence[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Partition:
-    """A partition's steps bound once: its table, the shape of the input its input steps read and,
-    per input region, the rows a RowSource is asked for at a time."""
+    """A partition's steps bound once: its table, (name, shape) of each input of its model (in the
+    model's input order, which its input steps' indices count) and, per input region, the rows a
+    RowSource is asked for at a time."""
 
     table: StepTable
-    input_shape: tuple[int, ...]
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
     bands: dict
+    input_dtypes: tuple[np.dtype, ...]  # each input's elements (int8 for an int8 graph input)
 
 
 class ArenaExecutor:
@@ -95,8 +99,9 @@ class ArenaExecutor:
     def _bind(self, p, ctx: Context) -> _Partition:
         graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
         table = StepTable([step_args(ctx, s) for s in p.steps])
-        bands = {_region_key(s.out.region): _rows_per_band(s, graph) for s in p.steps if s.kind == "input"}
-        return _Partition(table, (batch,) + tuple(graph.shape(graph.inputs[0])[1:]), bands)
+        bands = {(s.out.tensor,) + _region_key(s.out.region): _rows_per_band(s, graph) for s in p.steps if s.kind == "input"}
+        return _Partition(table, tuple((t, (batch,) + tuple(graph.shape(t)[1:])) for t in graph.inputs), bands,
+                          tuple(input_dtype(graph, t) for t in graph.inputs))
 
     def _output_views(self, ctx: Context) -> list[dict[str, np.ndarray]]:
         outs: list[dict[str, np.ndarray]] = [dict() for _ in self.graphs]
@@ -108,8 +113,9 @@ class ArenaExecutor:
 
     # --- running --------------------------------------------------------------------------------
     def run(self, inputs, frame: int = 0) -> list[dict[str, np.ndarray]]:
-        """One input per model (an array, anything numpy reads as one, or a RowSource); returns per
-        model its outputs as views into the arena (valid until the next run)."""
+        """One input per model (an array, anything numpy reads as one, or a RowSource; for a model
+        of several inputs {input name: one of those}); returns per model its outputs as views into
+        the arena (valid until the next run)."""
         xs = [inputs] if _single(inputs) else list(inputs)
         copy = frame % len(self.frames)
         for p, part in zip(self.plan.partitions, self.frames[copy]):
@@ -117,31 +123,40 @@ class ArenaExecutor:
         return self._outputs[copy]
 
     def run_partition(self, part: _Partition, x) -> None:
-        """One call of tf_run over the partition's table, its input steps reading `x`."""
+        """One call of tf_run over the partition's table, its input steps reading `x` (one source
+        per input of the model: each input's array, or its RowSource)."""
         arena, weights, indices = self._pointers
-        if isinstance(x, RowSource):
-            _INPUT.x, _INPUT.bands, _INPUT.error = x, part.bands, None
-            status = self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, self._rows_fn, None,
-                                     self.threads)
+        xs = _by_input(x, part.input_shapes)
+        if any(isinstance(v, RowSource) for v in xs):
+            _INPUT.xs, _INPUT.bands, _INPUT.error = xs, part.bands, None
+            _INPUT.names, _INPUT.dtypes = tuple(n for n, _ in part.input_shapes), part.input_dtypes
+            for k, v in enumerate(xs):  # whole arrays take the row path too: each input read as its kind
+                if not isinstance(v, RowSource):
+                    xs[k] = RowSource.of(_input_array(v, part.input_shapes[k], part.input_dtypes[k]))
+            sources = (Source * len(xs))(*[Source(ctypes.cast(self._rows_fn, ctypes.c_void_p).value, k) for k in range(len(xs))])
+            status = self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count,
+                                     ctypes.addressof(sources), self.threads)
             if status:
                 raise _INPUT.error if _INPUT.error is not None else RuntimeError(f"the input callback returned {status}")
             return
-        data = _input_array(x, part.input_shape)
-        _, c, h, w = _dims4(part.input_shape)
-        source = Tensor(data.ctypes.data, c, h, w)
-        self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, self._tensor_fn,
-                        ctypes.addressof(source), self.threads)
+        data = [_input_array(v, named, dt) for v, named, dt in zip(xs, part.input_shapes, part.input_dtypes)]
+        tensors = [Tensor(d.ctypes.data, *_dims4(d.shape)[1:], d.itemsize) for d in data]
+        sources = (Source * len(tensors))(*[Source(self._tensor_fn, ctypes.addressof(t)) for t in tensors])
+        self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, ctypes.addressof(sources),
+                        self.threads)
 
-    def _fill_rows(self, _ctx, n0, n1, h0, h1, w0, w1, dst, sn, sc, sh, sw) -> int:
-        """tf_input_fn over the RowSource of this thread's run: its rows into the arena at dst."""
+    def _fill_rows(self, index, n0, n1, h0, h1, w0, w1, dst, sn, sc, sh, sw) -> int:
+        """tf_input_fn over input `index` (its ctx) of this thread's run: its rows into the arena at dst."""
         try:
-            source = _INPUT.x
+            source = _INPUT.xs[index or 0]
             shape = (n1 - n0, source.shape[1], h1 - h0, w1 - w0)
-            item = self.arena.itemsize
-            out = np.lib.stride_tricks.as_strided(self.arena[(dst - self.arena.ctypes.data) // item :], shape=shape,
+            arena = typed(self.arena, _INPUT.dtypes[index or 0].itemsize)  # dst holds the input's own elements
+            item = arena.itemsize
+            out = np.lib.stride_tricks.as_strided(arena[(dst - arena.ctypes.data) // item :], shape=shape,
                                                   strides=(sn * item, sc * item, sh * item, sw * item))
             region = Region(n0, n1, h0, h1, w0, w1)
-            _load_rows(source, out, region, _INPUT.bands.get(_region_key(region), h1 - h0))
+            key = (_INPUT.names[index or 0],) + _region_key(region)
+            _load_rows(source, out, region, _INPUT.bands.get(key, h1 - h0))
             return 0
         except BaseException as e:  # raised again by run_partition, in the caller's thread
             _INPUT.error = e
@@ -162,16 +177,49 @@ class ArenaExecutor:
 
 
 def _single(inputs) -> bool:
-    """Whether `inputs` is one input (an array-like or a RowSource), not a sequence of them."""
-    return isinstance(inputs, RowSource) or hasattr(inputs, "__array__") or hasattr(inputs, "__array_interface__")
+    """Whether `inputs` is one model's input (an array-like, a RowSource, or {input name: either}),
+    not a sequence of them."""
+    return (isinstance(inputs, (RowSource, Mapping)) or hasattr(inputs, "__array__")
+            or hasattr(inputs, "__array_interface__"))
 
 
-def _input_array(x, shape: tuple[int, ...]) -> np.ndarray:
-    """The model input as a contiguous fp32 array of `shape` (more samples allowed)."""
-    data = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+def _by_input(x, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> list:
+    """A model's input(s) in its input order: {name: input} for any model, or the one input of a
+    model of one."""
+    if not isinstance(x, Mapping):
+        if len(shapes) != 1:
+            raise ValueError(f"the model has {len(shapes)} inputs ({', '.join(n for n, _ in shapes)}): "
+                             "give {input name: array}")
+        return [x]
+    missing = [n for n, _ in shapes if n not in x]
+    if missing:
+        raise ValueError(f"no array for input {missing[0]!r} (inputs: {', '.join(n for n, _ in shapes)})")
+    return [x[n] for n, _ in shapes]
+
+
+def _input_array(x, named: tuple[str, tuple[int, ...]], dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """Input `named` (its name, its shape) as a contiguous array of `dtype` (more samples allowed):
+    an int8 input takes int8 values (integers in [-128, 127]), never floats cast silently."""
+    name, shape = named
+    data = np.asarray(x)
+    if dtype == np.int8:
+        data = _int8_values(data, name)
+    data = np.ascontiguousarray(data, dtype=dtype)
     if data.shape[1:] != tuple(shape[1:]) or data.shape[0] < shape[0]:
         raise ValueError(f"an input of shape {tuple(data.shape)} for a plan whose input is {tuple(shape)}")
     return data
+
+
+def _int8_values(data: np.ndarray, name: str) -> np.ndarray:
+    """An int8 input's array as given: int8, or integers within int8's range (a float array is the
+    user's float data, which only the model's own quantization may turn into int8)."""
+    if data.dtype == np.int8:
+        return data
+    if data.dtype.kind not in "iu" or (data.size and (data.min() < -128 or data.max() > 127)):
+        raise InputDataError(f"input {name!r} is int8: give int8 values (an array of dtype {data.dtype}"
+                             f"{' out of [-128, 127]' if data.dtype.kind in 'iu' else ''}); quantize with its "
+                             "scale and zero point first (q = round(x / scale) + zero_point)")
+    return data.astype(np.int8)
 
 
 def _region_key(r) -> tuple[int, ...]:
@@ -179,7 +227,9 @@ def _region_key(r) -> tuple[int, ...]:
 
 
 class _InputSlot(threading.local):
-    x: "RowSource | None" = None
+    xs: "list[RowSource]" = []
+    names: tuple[str, ...] = ()
+    dtypes: tuple[np.dtype, ...] = ()
     bands: dict = {}
     error: BaseException | None = None
 
@@ -201,13 +251,21 @@ class RowSource:
         self.rows_into = rows_into
 
     @staticmethod
-    def seeded(shape: Sequence[int], seed: int = 0) -> "RowSource":
-        """Random rows, each row drawn from its own seed (so any band split gives the same input)."""
+    def of(x: np.ndarray) -> "RowSource":
+        """A whole array read by rows."""
+        return RowSource(x.shape, lambda h0, h1: x[:, :, h0:h1])
+
+    @staticmethod
+    def seeded(shape: Sequence[int], seed: int = 0, dtype: "np.dtype | type" = np.float32) -> "RowSource":
+        """Random rows, each row drawn from its own seed (so any band split gives the same input);
+        int8 rows for an int8 input."""
         n, c, _, w = shape
-        line = np.empty((n, c, 1, w), np.float32)
+        line = np.empty((n, c, 1, w), dtype)
 
         def draw(h: int) -> np.ndarray:
-            line[...] = np.random.default_rng(seed * 100003 + h).standard_normal((n, c, 1, w), dtype=np.float32)
+            rng = np.random.default_rng(seed * 100003 + h)
+            line[...] = (rng.integers(-128, 128, line.shape, dtype=np.int8) if line.dtype == np.int8
+                         else rng.standard_normal(line.shape, dtype=np.float32))
             return line
 
         def band(h0: int, h1: int) -> np.ndarray:
@@ -241,6 +299,8 @@ def _load_rows(x: RowSource, out: np.ndarray, region: Region, rows_per_band: int
     for h0 in range(region.h0, region.h1, rows_per_band):
         h1 = min(h0 + rows_per_band, region.h1)
         band = np.asarray(x.band(h0, h1))
+        if out.dtype == np.int8:  # an int8 input's rows: int8 values, as a whole int8 array is checked
+            band = _int8_values(band, "of the row source")
         out[:, :, h0 - region.h0 : h1 - region.h0] = band[region.n0 : region.n1, :, :, region.w0 : region.w1]
 
 

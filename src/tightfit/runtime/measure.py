@@ -162,6 +162,11 @@ def measure_subprocess(job: dict[str, Any], timeout: float = 900) -> Measured:
     return Measurement(job).result(timeout)
 
 
+def _shape_json(shape) -> "list[int] | dict[str, list[int]]":
+    """An input shape, or {input name: shape} (a model of several inputs), as JSON."""
+    return {k: list(v) for k, v in shape.items()} if isinstance(shape, dict) else list(shape)
+
+
 class Measurement:
     """`job` (see tightfit/_child.py) started in a fresh interpreter; the caller may work meanwhile
     (the peak is the measuring process's own), then wait for `result()` or `cancel()` it. With `job`
@@ -174,7 +179,7 @@ class Measurement:
         env = dict(os.environ, **MALLOC_ENV)
         env.setdefault("OMP_NUM_THREADS", str(threads or os.cpu_count() or 1))
         self.job = job
-        args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, list(x)] for s, x in preload])]
+        args = [json.dumps(job)] if job is not None else ["--preload", json.dumps([[s, _shape_json(x)] for s, x in preload])]
         self.proc = children.popen([sys.executable, "-m", "tightfit._child", *args],
                                    stdin=subprocess.PIPE if job is None else None,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -7,11 +7,41 @@ import numpy as np
 from tightfit.graph.ir import Graph
 
 
-def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> np.ndarray:
-    shape = graph.shape(graph.inputs[0])
-    if batch is not None:
-        shape = (batch,) + shape[1:]
-    return np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32)
+def input_shapes(graph: Graph, batch: int | None = None) -> "tuple[int, ...] | dict[str, tuple[int, ...]]":
+    """The model's input shape (`batch` samples), or {input name: shape} for a model of several."""
+    shapes = {t: tuple(graph.shape(t)) if batch is None else (batch,) + tuple(graph.shape(t)[1:]) for t in graph.inputs}
+    return shapes[graph.inputs[0]] if len(shapes) == 1 else shapes
+
+
+def input_dtype(graph: Graph, tensor: str) -> np.dtype:
+    """The element type a model input arrives in: int8 for an int8 graph input (a .tflite whose
+    input is int8: its integers, as TFLite Micro takes them), else float32."""
+    return np.dtype(np.int8 if graph.tensors[tensor].dtype == "int8" else np.float32)
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if dtype == np.int8:
+        return rng.integers(-128, 128, shape, dtype=np.int8)
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def random_input(graph: Graph, batch: int | None = None, seed: int = 0) -> "np.ndarray | dict[str, np.ndarray]":
+    """Seeded random input: an array, or {input name: array} for a model of several inputs (the
+    first drawn from `seed` alone, as a model of one input is); an int8 input's are random int8."""
+    shapes = input_shapes(graph, batch)
+    if not isinstance(shapes, dict):
+        return _draw(np.random.default_rng(seed), shapes, input_dtype(graph, graph.inputs[0]))
+    return {t: _draw(np.random.default_rng(seed if k == 0 else [seed, k]), s, input_dtype(graph, t))
+            for k, (t, s) in enumerate(shapes.items())}
+
+
+def input_arrays(graph: Graph, x) -> list[np.ndarray]:
+    """A model's input(s) as arrays in its input order, each in its own element type (how a file or
+    a C program holds them: one after another)."""
+    from collections.abc import Mapping
+
+    xs = [x[t] for t in graph.inputs] if isinstance(x, Mapping) else [x]
+    return [np.asarray(v, input_dtype(graph, t)) for v, t in zip(xs, graph.inputs)]
 
 
 def run_layer(layer, inputs, params, out) -> None:
@@ -45,7 +75,7 @@ def run_layer(layer, inputs, params, out) -> None:
     for t, a in arrays.items():
         arena[views[t].off : views[t].off + a.size] = a.reshape(-1)
     table, wts, idx = kernels.StepTable([args]), weights.array(), indices.array()
-    kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, None, 1)
+    kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, 1)
     v = views[layer.output]
     y[...] = arena[v.off : v.off + y.size].reshape(y.shape)
 

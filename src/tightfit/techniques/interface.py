@@ -39,7 +39,9 @@ class PlannedModel:
     batch: int = 1
 
     def ref(self) -> ModelRef:
-        return ModelRef(self.spec, tuple(self.graph.shape(self.graph.inputs[0])), self.graph_fingerprint, self.batch)
+        g = self.graph
+        inputs = tuple((t, tuple(g.shape(t))) for t in g.inputs) if len(g.inputs) > 1 else ()
+        return ModelRef(self.spec, tuple(g.shape(g.inputs[0])), self.graph_fingerprint, self.batch, inputs=inputs)
 
     @functools.cached_property
     def graph_fingerprint(self) -> str:  # hashing a large graph takes milliseconds; searches draft hundreds of plans

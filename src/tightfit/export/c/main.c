@@ -1,6 +1,7 @@
 /* main.c: tightfit's test program for an exported model (not part of the library).
  * usage: model [-p] [-t THREADS] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]
- * INPUT.bin holds every CNN's input, float32 NCHW, one after another; OUTPUT.bin gets every output
+ * INPUT.bin holds every CNN's inputs (a CNN of several: each in its input order), NCHW, one after another, each
+ * in its own type (float32; int8 for an int8 input: model_input_item says the bytes a value); OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
  * from a file: by default weights.bin beside the program). With -p the input is read whole first
@@ -29,22 +30,23 @@
 #define MAX_RUNS 1000000L
 #define MAX_THREADS 64L /* tf_run uses at most tf_threads() */
 
-typedef struct { FILE *f; long base; const long *shape; } file_source;
+/* One input's place in the file: its first byte, shape and bytes a value (item: 4 float32, 1 int8). */
+typedef struct { FILE *f; long base; const long *shape; int item; } file_source;
 
 static int file_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
-                     float *dst, long sn, long sc, long sh, long sw) {
+                     void *dst, long sn, long sc, long sh, long sw) {
     const file_source *s = (const file_source *)ctx;
-    const long c_ = s->shape[1], h_ = s->shape[2], w_ = s->shape[3];
-    float chunk[256];
+    const long c_ = s->shape[1], h_ = s->shape[2], w_ = s->shape[3], item = s->item;
+    unsigned char chunk[256 * sizeof(float)];
     for (long n = n0; n < n1; n++)
     for (long c = 0; c < c_; c++)
     for (long h = h0; h < h1; h++) {
-        if (fseek(s->f, s->base + (((n * c_ + c) * h_ + h) * w_ + w0) * (long)sizeof(float), SEEK_SET)) return 1;
+        if (fseek(s->f, s->base + (((n * c_ + c) * h_ + h) * w_ + w0) * item, SEEK_SET)) return 1;
         for (long w = w0; w < w1; w += 256) {
             const long k = w1 - w < 256 ? w1 - w : 256;
-            if (fread(chunk, sizeof(float), (size_t)k, s->f) != (size_t)k) return 1;
-            float *out = dst + (n - n0) * sn + c * sc + (h - h0) * sh + (w - w0) * sw;
-            for (long i = 0; i < k; i++) out[i * sw] = chunk[i];
+            if (fread(chunk, (size_t)item, (size_t)k, s->f) != (size_t)k) return 1;
+            unsigned char *out = (unsigned char *)dst + ((n - n0) * sn + c * sc + (h - h0) * sh + (w - w0) * sw) * item;
+            for (long i = 0; i < k; i++) memcpy(out + i * sw * item, chunk + i * item, (size_t)item);
         }
     }
     return 0;
@@ -66,18 +68,27 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Every CNN's input, float32, one after another: the bytes INPUT.bin must hold. */
+/* Every CNN's inputs, each in its own type, one after another: the bytes INPUT.bin must hold. */
 static long input_bytes(void) {
     long bytes = 0;
-    for (int m = 0; m < MODEL_CNNS; m++) {
-        const long *s = model_input_shape(m);
-        bytes += s[0] * s[1] * s[2] * s[3] * (long)sizeof(float);
+    for (int m = 0; m < MODEL_CNNS; m++)
+    for (int k = 0; k < model_inputs(m); k++) {
+        const long *s = model_input_shape_of(m, k);
+        bytes += s[0] * s[1] * s[2] * s[3] * (long)model_input_item(m, k);
     }
     return bytes;
 }
 
-/* 0 when `path` is a regular file of exactly `want` bytes; else says why in one line. */
-static int check_file(const char *what, const char *path, long want) {
+/* What INPUT.bin's values are: float32, int8, or both (inputs of either type). */
+static const char *input_kind(void) {
+    int items = 0;
+    for (int m = 0; m < MODEL_CNNS; m++)
+        for (int k = 0; k < model_inputs(m); k++) items |= model_input_item(m, k);
+    return items == 1 ? "int8" : items == 4 ? "float32" : "int8 and float32";
+}
+
+/* 0 when `path` is a regular file of exactly `want` bytes (of `kind` values); else says why in one line. */
+static int check_file(const char *what, const char *path, long want, const char *kind) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "cannot read %s %s: %s\n", what, path, strerror(errno));
@@ -88,7 +99,7 @@ static int check_file(const char *what, const char *path, long want) {
         return 2;
     }
     if ((long)st.st_size != want) {
-        fprintf(stderr, "%s %s: expected %ld bytes (float32), got %ld\n", what, path, want, (long)st.st_size);
+        fprintf(stderr, "%s %s: expected %ld bytes (%s), got %ld\n", what, path, want, kind, (long)st.st_size);
         return 2;
     }
     return 0;
@@ -196,7 +207,7 @@ static int parse(int argc, char **argv, options *o, char *weights_path, size_t p
 #ifdef MODEL_WEIGHTS_FILE
 /* The weights from their file into `weights` (MODEL_WEIGHT_BYTES); one line on failure. */
 static int read_weights(const char *path, void *weights) {
-    int status = check_file("weights", path, (long)MODEL_WEIGHT_BYTES);
+    int status = check_file("weights", path, (long)MODEL_WEIGHT_BYTES, "float32");
     if (status) return status;
     FILE *f = fopen(path, "rb");
     if (!f || fread(weights, 1, MODEL_WEIGHT_BYTES, f) != MODEL_WEIGHT_BYTES) {
@@ -241,25 +252,33 @@ static int write_outputs(const char *path, const void *arena, long runs) {
 #endif
 
 /* Every run, timed into seconds[]; 0, or 3 with the failing CNN said. */
-static int run_all(void *arena, const float *weights, FILE *in, const float *whole, const options *o, double *seconds) {
+static int run_all(void *arena, const float *weights, FILE *in, const char *whole, const options *o, double *seconds) {
     const long runs = o->runs;
     const int threads = (int)o->threads;
-    file_source src[MODEL_CNNS];
-    long base = 0;
+    /* One source per input of each CNN: its rows read from where it lies in the file. */
+    file_source src[MODEL_CNNS][MODEL_MAX_INPUTS];
+    tf_source sources[MODEL_CNNS][MODEL_MAX_INPUTS];
+    long base = 0, first[MODEL_CNNS];
     for (int m = 0; m < MODEL_CNNS; m++) {
-        const long *shape = model_input_shape(m);
-        src[m].f = in;
-        src[m].base = base;
-        src[m].shape = shape;
-        base += shape[0] * shape[1] * shape[2] * shape[3] * (long)sizeof(float);
+        first[m] = base;
+        for (int k = 0; k < model_inputs(m); k++) {
+            const long *shape = model_input_shape_of(m, k);
+            src[m][k].f = in;
+            src[m][k].base = base;
+            src[m][k].shape = shape;
+            src[m][k].item = model_input_item(m, k);
+            sources[m][k].fill = file_rows;
+            sources[m][k].ctx = &src[m][k];
+            base += shape[0] * shape[1] * shape[2] * shape[3] * (long)src[m][k].item;
+        }
     }
     (void)weights;
     for (long r = 0; r < runs; r++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int m = 0; m < MODEL_CNNS; m++) {
-            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + src[m].base / (long)sizeof(float), threads)
-                                     : model_run_cnn(arena, WEIGHTS m, r, file_rows, &src[m], threads);
+            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + first[m], threads)
+                                     : model_run_cnn(arena, WEIGHTS m, r, sources[m], threads);
             if (status) {
                 fprintf(stderr, "CNN %d stopped with status %d (%s)\n", m, status,
                         whole ? "a kernel failed" : "reading its input rows failed, or a kernel");
@@ -278,13 +297,13 @@ int main(int argc, char **argv) {
     int status = parse(argc, argv, &o, weights_path, sizeof weights_path);
     if (status) return status;
     const long in_bytes = input_bytes();
-    status = check_file("input", o.input, in_bytes);
+    status = check_file("input", o.input, in_bytes, input_kind());
     if (status) return status;
     const size_t need = (size_t)MODEL_ARENA_BYTES + WEIGHT_FILE_BYTES + (o.preload ? (size_t)in_bytes : 0)
                         + (size_t)o.runs * sizeof(double);
     if (!memory_allows(need, IMAGE_WEIGHTS)) return 4;
     void *arena = NULL, *weights = NULL;
-    float *whole = NULL;
+    char *whole = NULL;
     double *seconds = NULL;
     FILE *in = NULL;
     status = 4;

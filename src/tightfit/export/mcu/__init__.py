@@ -30,6 +30,7 @@ from string import Template
 import numpy as np
 
 from tightfit import children
+from tightfit.export.build import input_bytes
 from tightfit.export.errors import DoesNotFitError, ExportError, ToolchainMissingError
 from tightfit.units import human
 
@@ -570,12 +571,12 @@ def run_qemu_measured(build: McuBuild, input: np.ndarray, timeout_s: float = 60.
     problem = toolchain_available()
     if problem:
         raise ToolchainMissingError(f"{build.target}: cannot run: {problem}")
-    data = np.ascontiguousarray(input, dtype="<f4")
+    data = np.asarray(input)
     if data.size != build.input_elems:
         raise ExportError(f"{build.name}: the input has {data.size} values, the model takes {build.input_elems}")
     with tempfile.TemporaryDirectory(prefix="tightfit-mcu-") as tmp:
         workdir = Path(tmp)
-        data.tofile(workdir / "input.bin")
+        (workdir / "input.bin").write_bytes(input_bytes(data))  # float32, or an int8 input's bytes
         started = time.perf_counter()
         completed = _run_board(core, build.elf.resolve(), workdir, timeout_s)
         seconds = time.perf_counter() - started

@@ -171,18 +171,17 @@ def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int
 
 def _fixed_whole(g: Graph, partitions: Sequence[Sequence[int]]) -> tuple[set[int], bool]:
     """Layers that must stay whole because a tensor they write or read crosses partitions, and
-    whether the input crosses (then it arrives whole)."""
+    whether an input crosses (then the inputs arrive whole)."""
     if len(partitions) < 2:
         return set(), False
     part_of = {l: i for i, p in enumerate(partitions) for l in p}
     producer = {l.output: l.id for l in g.layers}
     fixed: set[int] = set()
-    input_parts = {part_of[l.id] for l in g.layers if g.inputs[0] in l.inputs}
     for layer in g.layers:
         for t in layer.inputs:
             if t in producer and part_of[producer[t]] != part_of[layer.id]:
                 fixed.update((producer[t], layer.id))
-    return fixed, len(input_parts) > 1
+    return fixed, any(len({part_of[l.id] for l in g.consumers(t)}) > 1 for t in g.inputs)
 
 
 def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
@@ -214,13 +213,13 @@ def split_partitions(plan: Plan, g: Graph, partitions: Sequence[Sequence[int]],
         return replace(plan, partitions=(replace(plan.partitions[0], layers=tuple(partitions[0])),))
     part_of = {l: i for i, p in enumerate(partitions) for l in p}
     producer = {l.output: l.id for l in g.layers}
-    first_use = min(part_of[l.id] for l in g.layers if g.inputs[0] in l.inputs)
+    first_use = {t: min(part_of[l.id] for l in g.consumers(t)) for t in g.inputs if g.consumers(t)}
     per: list[list[Step]] = [[] for _ in partitions]
     for s in plan.steps():
         if s.kind == "compute":
             k = part_of[s.layer]
         else:
-            k = part_of[producer[s.out.tensor]] if s.out.tensor in producer else first_use
+            k = part_of[producer[s.out.tensor]] if s.out.tensor in producer else first_use[s.out.tensor]
         per[k].append(s)
     parts = tuple(Partition(i, 0, tuple(l for l in plan.partitions[0].layers if part_of[l] == i), tuple(steps))
                   for i, steps in enumerate(per))

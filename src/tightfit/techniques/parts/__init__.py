@@ -24,7 +24,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     elif phases is None:  # (an empty dict: nothing split, as a search point may be)
         from tightfit.analysis.csdf import max_phases
 
-        phases, source = max_phases(g), g.shape(g.inputs[0])[2]
+        phases, source = max_phases(g), min(g.shape(t)[2] for t in g.inputs)  # phases every input has rows for
     options = PartsOptions(align=config.get("align", False), held=config.get("held", ()))
     if config.planner is None:
         return draft_parts(model, phases, source, config.layout, config.dtype, options)

@@ -295,7 +295,7 @@ def _smallest_by_memory(g: Graph, base: Point, settings: Iterable[tuple[dict[int
     for phases, source in settings:
         collect(phases, source)
     splittable = splittable_layers(g)
-    h_in = spatial(g.shape(g.inputs[0]))[0]
+    h_in = min(spatial(g.shape(t))[0] for t in g.inputs)
     top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
     p = 2
     while splittable and p <= 2 * top:
@@ -349,7 +349,7 @@ def ladder_settings(g: Graph) -> LadderSettings:
 
     layers = splittable_layers(g)
     return LadderSettings(layers, tuple(ladder(spatial(g.shape(g.layers[l].output))[0]) for l in layers),
-                          ladder(spatial(g.shape(g.inputs[0]))[0]))
+                          ladder(min(spatial(g.shape(t))[0] for t in g.inputs)))
 
 
 def _prefixes(g: Graph, ok: Callable[[Point], bool], shortest: bool, evaluate) -> list[Point]:
@@ -360,7 +360,7 @@ def _prefixes(g: Graph, ok: Callable[[Point], bool], shortest: bool, evaluate) -
     shorter prefix only get slower from there (each binary search plans about log2(layers)
     points, and a large P's points are the largest plans)."""
     splittable = splittable_layers(g)
-    h_in = spatial(g.shape(g.inputs[0]))[0]
+    h_in = min(spatial(g.shape(t))[0] for t in g.inputs)
     top = max([h_in] + [spatial(g.shape(l.output))[0] for l in g.layers])
     found = []
     p = 2

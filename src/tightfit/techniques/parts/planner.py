@@ -37,8 +37,12 @@ class _Window:
 
 @dataclass(frozen=True)
 class _Firing:
-    layer: int | None  # None: the input source
+    layer: int | None  # None: an input's source
     rows: tuple[int, int]
+    source: str = ""  # the model input a source firing delivers
+
+    def tensor(self, graph: Graph) -> str:
+        return self.source if self.layer is None else graph.layers[self.layer].output
 
 
 def _firings(csdf: CSDFGraph, held: Collection[int] = ()) -> list[_Firing]:
@@ -48,7 +52,8 @@ def _firings(csdf: CSDFGraph, held: Collection[int] = ()) -> list[_Firing]:
         if actor.kind == "sink":
             continue
         r0 = sum(actor.rows_per_phase[: phase - 1])
-        out.append(_Firing(actor.layer_id if actor.kind == "layer" else None, (r0, r0 + actor.rows_per_phase[phase - 1])))
+        out.append(_Firing(actor.layer_id if actor.kind == "layer" else None, (r0, r0 + actor.rows_per_phase[phase - 1]),
+                           actor.label if actor.kind == "source" else ""))
     return out
 
 
@@ -141,7 +146,7 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
                               "shift" if kind == "window" else ""))
     steps: list[Step] = []
     for i, f in enumerate(firings):
-        tensor = g.inputs[0] if f.layer is None else g.layers[f.layer].output
+        tensor = f.tensor(g)
         win = windows[tensor]
         low = min(lows[i - 1].get(tensor, win.produced) if i else 0, f.rows[0])
         steps.extend(_compact(g, tensor, win, low, f.rows, batch))
@@ -186,7 +191,7 @@ def _capacities(g: Graph, firings, needs, lows, slack: int) -> dict[str, int]:
     cap: dict[str, int] = {}
     produced: dict[str, int] = {}
     for i, f in enumerate(firings):
-        tensor = g.inputs[0] if f.layer is None else g.layers[f.layer].output
+        tensor = f.tensor(g)
         low = lows[i - 1].get(tensor, produced.get(tensor, 0)) if i else 0
         low = min(low, f.rows[0])
         cap[tensor] = max(cap.get(tensor, 0), f.rows[1] - low)
@@ -233,7 +238,7 @@ def phases_for_rows(graph: Graph, rows: int) -> tuple[dict[int, int], int]:
         h, _ = spatial(graph.shape(layer.output))
         if h > rows and not needs_whole_input(graph, layer):
             phases[layer.id] = -(-h // rows)
-    h_in, _ = spatial(graph.shape(graph.inputs[0]))
+    h_in = min(spatial(graph.shape(t))[0] for t in graph.inputs)  # source phases every input has rows for
     return phases, -(-h_in // rows)
 
 
@@ -245,8 +250,8 @@ def aligned_rows(graph: Graph, phases: Mapping[int, int], source_phases: int) ->
     plus the halo. A layer whose producers have other phase counts gets equal parts."""
     from tightfit.analysis.csdf import split_rows
 
-    inp = graph.inputs[0]
-    ends: dict[str, list[int]] = {inp: list(accumulate(split_rows(spatial(graph.shape(inp))[0], source_phases)))}
+    inp = graph.inputs[0]  # the rows per phase answered are its own (every input of one height takes them)
+    ends: dict[str, list[int]] = {t: list(accumulate(split_rows(spatial(graph.shape(t))[0], source_phases))) for t in graph.inputs}
     rows: dict[int, tuple[int, ...]] = {}
     for layer in graph.layers:  # producers come before their consumers
         p = phases.get(layer.id, 1)

@@ -35,13 +35,14 @@ def order_model(graph: Graph, dtype: str = "fp32"):
 
     producer = {l.output: l.id for l in graph.layers}
     deps = tuple(tuple(dict.fromkeys(producer[t] for t in l.inputs if t in producer)) for l in graph.layers)
-    inp = graph.inputs[0]
+    # Every input counted live from the start to the last layer reading any of them: an order
+    # search over a model of several inputs ranks orders by a bound above the plan's own.
     return OrderModel(
         deps=deps,
         out_bytes=tuple(graph.tensors[l.output].nbytes(dtype) for l in graph.layers),
         scratch=tuple(layer_workspace(graph, l.id, dtype) for l in graph.layers),
-        graph_inputs_bytes=graph.tensors[inp].nbytes(dtype),
-        input_consumers=tuple(l.id for l in graph.layers if inp in l.inputs),
+        graph_inputs_bytes=sum(graph.tensors[t].nbytes(dtype) for t in graph.inputs),
+        input_consumers=tuple(l.id for l in graph.layers if set(graph.inputs) & set(l.inputs)),
         outputs=frozenset(producer[t] for t in graph.outputs),
     )
 
@@ -52,14 +53,18 @@ def dense_nhwc(shape: tuple[int, ...], layout: str) -> bool:
 
 
 def whole_steps(model: PlannedModel, m: int, order: Sequence[int], buffer_of: dict[str, int], dtype: str,
-                layout: str = "nhwc") -> list[Step]:
-    """Input step then one compute step per layer, every tensor whole in its buffer."""
+                layout: str = "nhwc", loaded: set[str] | None = None) -> list[Step]:
+    """One compute step per layer, every tensor whole in its buffer, each model input's step just
+    before its first reader (so an input read late is not held from the start). `loaded`: the
+    inputs loaded already (by an earlier partition); the ones loaded here are added to it."""
     g, batch = model.graph, model.batch
-    inp = g.inputs[0]
-    whole_in = Region.whole(g.shape(inp), batch)
-    steps = [Step("input", m, -1, Access(inp, buffer_of[inp], whole_in, (0, 0, 0)))]
+    loaded = set() if loaded is None else loaded
+    steps = []
     for lid in order:
         layer = g.layers[lid]
+        for inp in dict.fromkeys(t for t in layer.inputs if t in g.inputs and t not in loaded):
+            steps.append(Step("input", m, -1, Access(inp, buffer_of[inp], Region.whole(g.shape(inp), batch), (0, 0, 0))))
+            loaded.add(inp)
         out_shape = (batch,) + g.shape(layer.output)[1:]
         region = Region.whole(out_shape)
         in_shapes = [(batch,) + g.shape(t)[1:] for t in layer.inputs]
@@ -112,21 +117,20 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
     buffers: list[tuple[tuple[int, ...], str, int]] = []
     index: dict[tuple[int, str], int] = {}
     parts = []
-    input_done: set[int] = set()
+    loaded: dict[int, set[str]] = {}  # per model, the inputs an earlier partition loaded
     for pid, (m, layer_ids) in enumerate(partitions):
         g, home = models[m].graph, homes[m]
         chosen = set(layer_ids)
         seq = tuple(i for i in orders[m] if i in chosen)
-        for t in ([g.inputs[0]] if m not in input_done else []) + [g.layers[i].output for i in seq]:
+        done = loaded.setdefault(m, set())
+        fresh = [t for t in g.inputs if t not in done and any(t in g.layers[i].inputs for i in seq)]
+        for t in fresh + [g.layers[i].output for i in seq]:
             if home[t] == t:
                 index[(m, t)] = len(buffers)
                 shape = (models[m].batch,) + g.shape(t)[1:]
                 buffers.append((shape, layout_for(shape, layout), g.tensors[t].item_bytes(dtype)))
         buffer_of = {t: index[(m, home[t])] for t in home if (m, home[t]) in index}
-        steps = whole_steps(models[m], m, seq, buffer_of, dtype, layout)
-        if m in input_done:
-            steps = steps[1:]
-        input_done.add(m)
+        steps = whole_steps(models[m], m, seq, buffer_of, dtype, layout, done)
         parts.append(Partition(pid, m, seq, tuple(steps)))
     copies = _fifo_copies(parts, concurrent, len(buffers))
     draft = Plan(tuple(mm.ref() for mm in models), dtype,

@@ -65,10 +65,18 @@ def cut_points(graph: Graph) -> tuple[int, ...]:
     exactly when first and last + 1 are cut points and every layer in it can be tiled; cut
     points are where MAFAT's `cut` may go, generalised to any graph."""
     last = tensor_last_use(graph)
-    live = {t for t in graph.inputs if last.get(t, -1) >= 0}
+    # A model input arrives just before its first reader (techniques/reuse/planner.whole_steps):
+    # a second input read late is not live before it.
+    first: dict[str, int] = {}
+    for layer in graph.layers:
+        for t in layer.inputs:
+            if t in graph.inputs:
+                first.setdefault(t, layer.id)
+    live = {t for t in graph.inputs if first.get(t) == 0}
     cuts = [0] if len(live) == 1 else []
     for layer in graph.layers:
         live.add(layer.output)
+        live |= {t for t in graph.inputs if first.get(t) == layer.id + 1}
         live = {t for t in live if last.get(t, -1) > layer.id}
         if len(live) == 1 and layer.output in live:
             cuts.append(layer.id + 1)

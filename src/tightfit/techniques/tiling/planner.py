@@ -218,6 +218,14 @@ def clear_edge(g: Graph, group: TileGroup, batch: int = 1) -> int:
     return 0
 
 
+def _streams(g: Graph, tiled: Sequence[TileGroup], t: str, batch: int) -> bool:
+    """Whether model input `t` can arrive tile by tile: the first layer reading it starts a group
+    whose tiles cover it, and no layer outside that group reads it."""
+    readers = [l.id for l in g.consumers(t)]
+    grp = next((x for x in tiled if readers and x.first == min(readers)), None)
+    return grp is not None and all(r in grp.layers for r in readers) and _tiles_cover_input(g, grp, batch)
+
+
 def _tiles_cover_input(g: Graph, group: TileGroup, batch: int) -> bool:
     """Whether the group's tiles read every row and column of its input (a stride larger than
     its kernel skips some): then the input can arrive tile by tile and is never whole."""
@@ -257,13 +265,12 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
     order = tuple(range(len(g.layers)))
     home = assign_buffers(g, order, True, exclude=frozenset(in_group))
     internal = {g.layers[l].output for grp in tiled for l in grp.layers[:-1]}
-    inp = g.inputs[0]
-    streamed = bool(tiled) and tiled[0].first == 0 and _tiles_cover_input(g, tiled[0], batch)
-    if streamed:  # the model input arrives tile by tile into the first group's tile buffers
-        internal.add(inp)
+    streamed = {g.layers[grp.first].inputs[0] for grp in tiled if grp.first == 0 or g.layers[grp.first].inputs[0] in g.inputs}
+    streamed = {t for t in streamed if t in g.inputs and _streams(g, tiled, t, batch)}
+    internal |= streamed  # a model input that arrives tile by tile into its group's tile buffers
     buffers: list[Buffer] = []
     buffer_of: dict[str, int] = {}
-    for t in [inp] + [l.output for l in g.layers]:
+    for t in list(g.inputs) + [l.output for l in g.layers]:
         if home[t] == t and t not in internal:
             shape = (batch,) + g.shape(t)[1:]
             buffer_of[t] = len(buffers)
@@ -271,16 +278,27 @@ def draft_tiling(model: PlannedModel, groups: Sequence[TileGroup], layout: str =
     for t, h in home.items():
         if h in buffer_of:
             buffer_of[t] = buffer_of[h]
-    # (A streamed input has no whole buffer: whole_steps' input step is then dropped.)
-    plain = whole_steps(model, 0, [l for l in order if l not in in_group], {inp: -1, **buffer_of}, dtype, layout)
-    by_layer = {s.layer: s for s in plain[1:]}
-    b = _Builder(g, batch, dtype, layout, buffers, [] if streamed else [plain[0]])
+    b = _Builder(g, batch, dtype, layout, buffers, [])
     starts = {grp.first: grp for grp in tiled}
-    for lid in order:
-        if lid in starts:
-            _group_steps(b, starts[lid], buffer_of)
-        elif lid not in in_group:
-            b.steps.append(by_layer[lid])
+    group_of = {l: grp.first for grp in tiled for l in grp.layers}
+    # Every layer's whole step, each model input's step just before its first reader; a group's
+    # layers are replaced by its tiles, the input steps of its layers put before them (a streamed
+    # input has no whole buffer: its step is dropped, its tiles load it).
+    plain = whole_steps(model, 0, order, {**{t: -1 for t in g.tensors}, **buffer_of}, dtype, layout)
+    waiting: list[Step] = []
+    for s in plain:
+        if s.kind == "input":
+            waiting += [] if s.out.tensor in streamed else [s]
+            continue
+        if s.layer in group_of and s.layer != group_of[s.layer]:
+            b.steps += waiting
+        else:
+            b.steps += waiting
+            if s.layer in starts:
+                _group_steps(b, starts[s.layer], buffer_of)
+            else:
+                b.steps.append(s)
+        waiting = []
     knobs = {"method": "tiling", "order": "imported", "layout": layout, "tiling": format_tiling(sorted(groups, key=lambda x: x.first)),
              "groups": [{"first": x.first, "last": x.last, "grid": list(x.grid), "overlap": x.overlap, "edge": x.edge,
                          "overlay": x.overlay} for x in groups]}

@@ -52,7 +52,10 @@ class Special:
 
 def main_path(graph: Graph) -> tuple:
     """The graph's units in order; OptionError for a graph that is not a main path with
-    branches between two of its points (e.g. a branch inside a branch)."""
+    branches between two of its points (e.g. a branch inside a branch), or of several inputs."""
+    if len(graph.inputs) != 1:  # its DP follows one path from the one input
+        raise OptionError(f"{graph.name}: variable batch plans take a model of one input; this one has "
+                          f"{len(graph.inputs)} ({', '.join(graph.inputs)})")
     consumers: dict[str, list[int]] = {}
     for layer in graph.layers:
         for t in dict.fromkeys(layer.inputs):
