@@ -190,3 +190,76 @@ def test_threads_leave_an_overlapping_step_to_one_thread(tmp_path):
     whole = _run(plan_reuse(PlannedModel(g, "x")), g)
     for threads in (2, 4):
         assert np.array_equal(_run(over, g, threads), whole)
+
+
+def test_cli_plans_in_place(paths, tmp_path, capsys):
+    """`tightfit plan --inplace` writes a checked plan no larger than without it; with a naive
+    planner it is one line and exit 2."""
+    from tightfit.cli import main
+    from tightfit.files import load_plan
+
+    for extra, name in (([], "plain.json"), (["--inplace"], "over.json")):
+        assert main(["plan", str(paths["int8"]), "--out", str(tmp_path / name), *extra]) == 0
+    plain, over = (load_plan(tmp_path / n)[0] for n in ("plain.json", "over.json"))
+    assert over.arena_bytes < plain.arena_bytes and any(b.overlay for b in over.buffers)
+    capsys.readouterr()
+    assert main(["plan", str(paths["int8"]), "--inplace", "--planner", "naive"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--inplace" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+def test_live_buffers_share_bytes_only_in_declared_overlays(paths, kind):
+    """Two buffers live at one step whose bytes meet are members of one overlay block (the
+    declared in-place pairs), never two unrelated buffers."""
+    g = load_onnx(paths[kind])
+    over = plan_reuse_overlapping(PlannedModel(g, "x"))
+    steps = over.steps()
+    first, last = {}, {}
+    for i, s in enumerate(steps):
+        for a in (s.out, *s.inputs):
+            first.setdefault(a.buffer, i)
+            last[a.buffer] = i
+    root = {b.id: block_positions(over.buffers).get(b.id, (b.id, 0))[0] for b in over.buffers}
+    declared = 0
+    for a in over.buffers:
+        for b in over.buffers[a.id + 1:]:
+            live = a.id in first and b.id in first and first[a.id] <= last[b.id] and first[b.id] <= last[a.id]
+            meet = a.offsets[0] < b.offsets[0] + b.nbytes and b.offsets[0] < a.offsets[0] + a.nbytes
+            if live and meet:
+                assert root[a.id] == root[b.id], (a, b)
+                declared += 1
+    assert declared
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+def test_split_plans_in_place_equal_the_unsplit_run(paths, kind):
+    """Parts and tiling plans with --inplace pass the checker and give the layer-by-layer run's
+    outputs exactly, at no more memory than without it."""
+    from tightfit import api
+
+    g = load_onnx(paths[kind])
+    whole = _run(plan_reuse(PlannedModel(g, "x")), g)
+    last = max(l.id for l in g.layers if len(g.shape(l.output)) == 4)
+    for method, kw in (("parts", dict(rows=2)), ("parts", dict(phases="max")), ("tiling", dict(tiling=f"0-{last}:2x2"))):
+        plain, _ = api.plan(str(paths[kind]), method=method, **kw)
+        over, gs = api.plan(str(paths[kind]), method=method, inplace=True, **kw)
+        check_plan(over, gs)
+        assert over.arena_bytes <= plain.arena_bytes, (method, kw)
+        assert np.array_equal(_run(over, gs[0]), whole), (method, kw)
+
+
+def test_bench_rows_for_int8_files(paths):
+    """bench/inplace.py's `int8_rows` (bench/int8.py's reuse and parts rows): every plan checked,
+    in-place never larger, the input left out never larger."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import inplace
+
+    rows = inplace.int8_rows(paths["int8"], tiling=False)
+    assert [r.name.endswith("in-place") for r in rows] == [False, True, False, True]
+    for plain, over in zip(rows[::2], rows[1::2]):
+        assert over.with_input <= plain.with_input and over.without_input <= plain.without_input
+    assert all(r.without_input <= r.with_input for r in rows)
+    assert rows[1].with_input < rows[0].with_input
