@@ -24,7 +24,8 @@ Kernels (kernels/tf_kernels.c) and their walks:
 - int8 conv of any groups (qconv: pixel by pixel in row order, every output channel of a pixel
   after reading its window): "rows".
 - fp32 elementwise and batch norm / bare activations (eltwise, affine: position by position in
-  row order, channels inside): "same", "elements", "rows".
+  row order, channels inside) of 4-D tensors: "same", "elements", "rows"; of other ranks (their
+  dims merged into the kernel's views otherwise): "same".
 - int8 add (qadd: channel by channel, each over every position): "same", "elements"; not
   "rows" (a later channel reads rows below rows an earlier channel wrote).
 - int8 activation (qcopy: a copy, then a clamp over the output): "same".
@@ -54,7 +55,7 @@ def kernel_walks(graph: Graph, layer: Layer) -> frozenset[str]:
         return frozenset({SAME, ELEMENTS})
     if not get_op(layer.op).inplace_ok:
         return NONE
-    if q:
+    if q or len(graph.shape(layer.output)) != 4:  # (a rank-5 operand's dims are merged into other views)
         return frozenset({SAME})
     if layer.op in ("add", "mul", "eltwise", "activation", "batchnorm"):
         return _ELEMENTWISE

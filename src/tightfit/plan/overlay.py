@@ -122,11 +122,13 @@ CANDIDATES = 6  # the busiest steps whose output is tried over its input, per ro
 
 def overlap_in_place(draft: Plan, graphs: Sequence[Graph], planner: str) -> Plan:
     """The placed plan with, round by round, the output of one of the busiest steps laid over its
-    largest input where its kernel's walk allows and the arena shrinks (plan/overlay.overlay_pair
-    within steps, joining a block either is in), until no such step is left. Each link is kept
-    only if the placed arena shrinks: a block is one request as long-lived as all its members,
-    which can cost more than it saves."""
+    largest input where its kernel's walk allows (overlay_pair within steps, joining a block
+    either is in), kept where the placed arena shrinks, or stays and the steps' live bytes,
+    largest first, shrink (two steps may tie at the peak: one link lowers one of them); until
+    no such step is left. A block is one request as long-lived as all its members, which can cost
+    more than it saves: hence each link is tried on the placed arena."""
     best = place(draft, graphs, planner)
+    best_key = _overlap_key(best, graphs)
     tried: set[int] = set()
     while True:
         live = lifetimes(best, graphs, conflicts=False).live_bytes()
@@ -142,11 +144,18 @@ def overlap_in_place(draft: Plan, graphs: Sequence[Graph], planner: str) -> Plan
             if paired is best:
                 continue
             placed = place(paired, graphs, planner)
-            if placed.arena_bytes < best.arena_bytes:
-                best = placed
+            key = _overlap_key(placed, graphs)
+            if key < best_key:
+                best, best_key = placed, key
                 break
         else:
             return best
+
+
+def _overlap_key(plan: Plan, graphs: Sequence[Graph]) -> tuple[int, tuple[int, ...]]:
+    """The arena, then the steps' live bytes largest first: a link that lowers one of two tied
+    peaks (or the next peak below) is progress, one that swells a quiet step's block is not."""
+    return plan.arena_bytes, tuple(sorted(lifetimes(plan, graphs, conflicts=False).live_bytes(), reverse=True))
 
 
 def block_growth(plan: Plan, guest: int) -> tuple[int, int]:
