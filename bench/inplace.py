@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchlib import add_write_docs, docs_section, header, loaded, verdict
+from tightfit.frontend.load import load
 from tightfit.frontend.onnx_import import load_onnx
 from tightfit.graph.ir import Graph
 from tightfit.plan.check import check_plan
@@ -116,9 +117,10 @@ def _row(name: str, plan: Plan, g: Graph) -> Row:
 
 
 def int8_rows(path: Path, tiling: bool = True) -> list[Row]:
-    """Reuse, parts (smallest found) and tiling (smallest found) plans of an int8 ONNX file, each
-    without and with in-place / overlapping outputs, checked."""
-    g = load_onnx(path)
+    """Reuse, parts (smallest found) and tiling (smallest found) plans of an int8 model file (any
+    file `tightfit.frontend.load.load` reads), each without and with in-place / overlapping
+    outputs, checked."""
+    g = load(str(path))
     model = PlannedModel(g, str(path))
     no_time = lambda *a: 0.0  # noqa: E731  (memory is asked, not time)
     rows = [_row("layer by layer + reuse", plan_reuse(model), g),

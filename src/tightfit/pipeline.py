@@ -205,6 +205,8 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
                 "tiling": dict(tiling=o.tiling), "vbs": {}}.get(o.method, {})
     config = Config(o.layout, "fp32", o.planner, o.order, {k: v for k, v in settings.items() if v})
     if o.budget is None:
+        if o.method == "parts" and o.inplace:  # its overlay blocks kept only where they help
+            config = replace(config, settings={**config.settings, "inplace": True})
         if o.method == "tiling" and not o.tiling:
             raise OptionError("--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)")
         if o.method == "vbs":

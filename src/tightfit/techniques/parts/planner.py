@@ -93,8 +93,9 @@ class PartsOptions:
     (`aligned_rows`) instead of equal parts. `held`: layers (ids or names) whose outputs are kept
     whole and complete before their readers start (analysis.csdf.firing_order). `overlay`: a
     whole tensor written while another is read top to bottom may take its dead rows
-    (plan/overlay.py), where that makes the run memory smaller. `inplace`: a step's output may
-    also take rows of its own input its kernel is done reading (plan/overlay.py within steps).
+    (plan/overlay.py). `inplace`: a step's output may also take rows of its own input its kernel
+    is done reading (plan/overlay.py within steps), and the overlays are kept only where they
+    make the run memory smaller.
     `slack_rows`: window rows traded for fewer compactions."""
 
     align: bool = False
@@ -163,9 +164,12 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
     if not (options.overlay or options.inplace):
         return plan
     overlaid = overlay_buffers(plan, [g], within_steps=options.inplace)
+    if not options.inplace:
+        return overlaid
     # A block is one request as long-lived as all its members: where that costs more than the
-    # shared bytes save (mobilenet_v2 224 int8's smallest setting: 187 kB with, 159 kB without),
-    # the plan keeps its buffers apart.
+    # shared bytes save (mobilenet_v2 224 int8's smallest setting by parts: 187 kB with, 159 kB
+    # without), the plan keeps its buffers apart. (Only with `inplace`: the searches' fronts, and
+    # fit's golden ones, are those of the plain overlay pass.)
     return overlaid if run_memory(overlaid, [g]) <= run_memory(plan, [g]) else plan
 
 
