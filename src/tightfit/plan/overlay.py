@@ -136,20 +136,22 @@ def overlap_in_place(draft: Plan, graphs: Sequence[Graph], planner: str) -> Plan
         order = sorted((i for i, s in enumerate(steps) if s.kind == "compute" and i not in tried
                         and eligible(best.buffers[s.out.buffer]) and any(eligible(best.buffers[a.buffer]) for a in s.inputs)),
                        key=lambda i: -live[i])[:CANDIDATES]
+        found = []  # (key, step, plan) of the links that are progress
         for i in order:
-            tried.add(i)
             s = steps[i]
             host = max((a.buffer for a in s.inputs if eligible(best.buffers[a.buffer])), key=lambda b: best.buffers[b].nbytes)
             paired = overlay_pair(best, graphs, host, s.out.buffer, within_steps=True, join=True)
-            if paired is best:
-                continue
-            placed = place(paired, graphs, planner)
-            key = _overlap_key(placed, graphs)
-            if key < best_key:
-                best, best_key = placed, key
-                break
-        else:
+            placed = place(paired, graphs, planner) if paired is not best else None
+            key = _overlap_key(placed, graphs) if placed is not None else None
+            if key is not None and key < best_key:
+                found.append((key, i, placed))
+            else:
+                tried.add(i)
+        if not found:
             return best
+        # The best of the round: a link that shrinks the arena before one that only lowers a tie.
+        best_key, i, best = min(found, key=lambda f: (f[0], f[1]))
+        tried.add(i)
 
 
 def _overlap_key(plan: Plan, graphs: Sequence[Graph]) -> tuple[int, tuple[int, ...]]:
