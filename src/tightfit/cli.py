@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=COUNT, default=1)
     p.add_argument("--out", help="write the plan here (JSON)")
     p.add_argument("--layout-map", action="store_true", help="print the arena layout")
+    p.add_argument("--inplace", action="store_true", help="lay layers' outputs over their own inputs' bytes where the "
+                   "kernel's walk allows (in-place depthwise and int8 convolutions, elementwise ops) and the arena shrinks")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("csdf", help="the model as a cyclo-static dataflow graph (Minakova & Stefanov Alg. 1)")
@@ -337,7 +339,8 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
                        unit_bytes=parse_size(args.unit) if args.unit else None, latency=args.latency,
                        held=tuple(int(h) if h.isdigit() else h for h in args.hold.split(",") if h),
                        time_limit=args.time_limit if args.budget is not None else None, allow_code=args.allow_code,
-                       reprofile=args.reprofile, out=args.out, layout_map=args.layout_map, say=_say(args))
+                       reprofile=args.reprofile, out=args.out, layout_map=args.layout_map, inplace=args.inplace,
+                       say=_say(args))
 
 
 def csdf_options(args: argparse.Namespace) -> CsdfOptions:

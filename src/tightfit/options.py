@@ -43,7 +43,9 @@ class PlanOptions:
 
     `phases` {layer id or name: phases} or "max" and `rows` (output rows per phase) and `held`
     (layers held whole) go with method "parts"; `tiling` ("0-7:5x5,8-15:2x2:reuse") with
-    "tiling"; `unit_bytes` and `latency` with "vbs". With `budget` (bytes of run memory) the
+    "tiling"; `unit_bytes` and `latency` with "vbs". `inplace`: the plan then lays layers' outputs
+    over their own inputs' bytes where the kernels' walks allow (ops/walks.py) and that shrinks
+    the arena (plan/overlay.overlap_in_place). With `budget` (bytes of run memory) the
     technique's search picks the fastest plan that fits, timed by `cost` (default this machine's
     profile, measured again with `reprofile`) within `time_limit` seconds of search. `out`: the
     plan file to write."""
@@ -67,6 +69,7 @@ class PlanOptions:
     reprofile: bool = False
     out: str | None = None
     layout_map: bool = False
+    inplace: bool = False
     cost: CostModel | None = field(default=None, compare=False)
     say: Callable[[str], None] = field(default=silent, compare=False)
 

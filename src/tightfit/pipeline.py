@@ -26,6 +26,7 @@ from tightfit.frontend.load import load
 from tightfit.graph.ir import DTYPE_BYTES, Graph
 from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions
 from tightfit.plan.check import check_plan
+from tightfit.plan.overlay import overlap_in_place
 from tightfit.plan.schema import Plan
 from tightfit.reference import run_reference
 from tightfit.report import (io_line, model_io, export_lines, exported_lines, fit_report, fit_text, inspect_json, inspect_table, int8_lines, is_mcu,
@@ -178,15 +179,26 @@ def plan_model(o: PlanOptions) -> tuple[Plan, list[Graph]]:
         if o.budget is not None:
             raise OptionError("--budget goes with --method parts, tiling or vbs")
         # An application's CNNs share one arena (reuse is the one technique that plans several).
-        p = plan_reuse(models, o.planner, o.order, o.layout, partitions=parts, concurrent=concurrent)
+        p = _in_place(o, plan_reuse(models, o.planner, o.order, o.layout, partitions=parts, concurrent=concurrent), graphs)
         check_plan(p, graphs)
         return p, graphs
     if len(models) != 1:
         raise OptionError(f"--method {o.method} plans one CNN" + (" (applications by parts come with `fit`)"
                                                                     if o.method == "parts" else ""))
-    p = _drafted_or_searched(o, models[0])
+    p = _in_place(o, _drafted_or_searched(o, models[0]), graphs)
     check_plan(p, graphs)
     return p, graphs
+
+
+def _in_place(o: PlanOptions, p: Plan, graphs: list[Graph]) -> Plan:
+    """With --inplace, the plan with outputs over their inputs where the kernels allow and the
+    arena shrinks (a plan within a budget stays within it)."""
+    if not o.inplace:
+        return p
+    if p.concurrent or o.planner == "naive":
+        raise OptionError("--inplace needs partitions that run one after another and a planner that reuses memory (not naive)")
+    over = overlap_in_place(p, graphs, o.planner)
+    return replace(over, knobs=dict(over.knobs, inplace=True, overlap=True))
 
 
 def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
@@ -195,6 +207,8 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
                 "tiling": dict(tiling=o.tiling), "vbs": {}}.get(o.method, {})
     config = Config(o.layout, "fp32", o.planner, o.order, {k: v for k, v in settings.items() if v})
     if o.budget is None:
+        if o.method == "parts" and o.inplace:  # its overlay blocks kept only where they help
+            config = replace(config, settings={**config.settings, "inplace": True})
         if o.method == "tiling" and not o.tiling:
             raise OptionError("--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)")
         if o.method == "vbs":

@@ -2135,8 +2135,25 @@ static long shared_rows(const tf_step *step) {
     return 0;
 }
 
+/* The first and one past the last element a view spans (strides are not negative). */
+static void view_span(const tf_view *v, long *lo, long *hi) {
+    *lo = v->off;
+    *hi = v->off + (v->n - 1) * v->sn + (v->c - 1) * v->sc + (v->h - 1) * v->sh + (v->w - 1) * v->sw + 1;
+}
+
+/* Whether a step's output shares bytes with its input (in place, or overlaid at an offset: its
+ * rows' order is what makes that safe, ops/walks.py, so one thread runs it). */
+static int overlapping(const tf_view *x, const tf_view *y) {
+    long xl, xh, yl, yh;
+    view_span(x, &xl, &xh);
+    view_span(y, &yl, &yh);
+    return xl < yh && yl < xh;
+}
+
 static int shared_step(const tf_step *step, int threads) {
-    return threads > 1 && shared_rows(step) > 1;
+    if (threads <= 1 || shared_rows(step) <= 1) return 0;
+    if (step->kind == TF_STEP_CONV) return !overlapping(&((const tf_conv_args *)step->args)->x, &((const tf_conv_args *)step->args)->y);
+    return !overlapping(&((const tf_pool_args *)step->args)->x, &((const tf_pool_args *)step->args)->y);
 }
 
 static void share_of(float *arena, const float *weights, const tf_step *step, int id, int threads) {

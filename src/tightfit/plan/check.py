@@ -28,6 +28,8 @@ from tightfit.plan.lifetimes import Lifetimes, block_positions, buffer_users, li
 from tightfit.plan.offsets import OverlapError, check_offsets, lower_bound
 from tightfit.plan.overlay import eligible, shared_cell_bytes
 from tightfit.plan.schema import Access, Buffer, Plan, PlanError, Step
+from tightfit.plan.walks import own_overlap_error
+from tightfit.ops.walks import kernel_walks
 
 
 @dataclass(frozen=True)
@@ -281,11 +283,6 @@ def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
             _check_compute(g, s, where)
 
 
-def _cells_overlap(a: Access, b: Access) -> bool:
-    return all(x0 < y0 + ly and y0 < x0 + lx for x0, lx, y0, ly in
-               zip(a.at, (a.region.n, a.region.h, a.region.w), b.at, (b.region.n, b.region.h, b.region.w)))
-
-
 def _check_compute(g: Graph, s: Step, where: str) -> None:
     if not 0 <= s.layer < len(g.layers):
         raise PlanError(f"{where}: unknown layer {s.layer}")
@@ -303,9 +300,6 @@ def _check_compute(g: Graph, s: Step, where: str) -> None:
     for a, win in zip(s.inputs, op.input_windows(layer, s.out.region, in_shapes)):
         if a.region != win.region:
             raise PlanError(f"{where}: layer {s.layer} ({layer.name}) needs {_fmt(win.region)} of {a.tensor!r}, the plan reads {_fmt(a.region)}")
-    for a in s.inputs:
-        if a.buffer == s.out.buffer and _cells_overlap(a, s.out) and not (op.inplace_ok and a.at == s.out.at and a.region == s.out.region):
-            raise PlanError(f"{where}: layer {s.layer} ({layer.name}, {layer.op}) writes over the input cells it reads (of {a.tensor!r})")
 
 
 class _Cells:
@@ -324,6 +318,13 @@ class _Cells:
             members.setdefault(root, []).append(plan.buffers[b])
         cell = {root: shared_cell_bytes(bs) for root, bs in members.items()}
         blocks = {root: np.full((4, (hi - lo) // cell[root]), -1, dtype=np.int64) for root, (lo, hi) in extent.items()}
+        # Cell ids, unique across the plan: equal ids are the same bytes (a step's output over its
+        # own input is proven by plan/walks.py from them).
+        self.ids, self.root, first = {}, {}, 0
+        block_ids = {}
+        for root, arr in blocks.items():
+            block_ids[root] = np.arange(first, first + arr.shape[1], dtype=np.int64)
+            first += arr.shape[1]
         for b in plan.buffers:
             h, w = spatial(b.shape)
             if b.id in positions:
@@ -331,13 +332,23 @@ class _Cells:
                 root, pos = positions[b.id]
                 start, per_position = (pos - extent[root][0]) // cell[root], b.shape[1] * b.itemsize // cell[root]
                 self.tags[b.id] = blocks[root][:, start : start + h * w * per_position].reshape(4, 1, h, w, per_position)
+                self.ids[b.id] = block_ids[root][start : start + h * w * per_position].reshape(1, h, w, per_position)
+                self.root[b.id] = root
             else:
                 self.tags[b.id] = np.full((4, b.shape[0], h, w, 1), -1, dtype=np.int64)
+                self.ids[b.id] = np.arange(first, first + b.shape[0] * h * w, dtype=np.int64).reshape(b.shape[0], h, w, 1)
+                first += b.shape[0] * h * w
+                self.root[b.id] = b.id
 
     def view(self, a: Access) -> np.ndarray:
         n, h, w = a.at
         r = a.region
         return self.tags[a.buffer][:, n : n + r.n, h : h + r.h, w : w + r.w]
+
+    def id_view(self, a: Access) -> np.ndarray:
+        n, h, w = a.at
+        r = a.region
+        return self.ids[a.buffer][n : n + r.n, h : h + r.h, w : w + r.w]
 
 
 def _expected(tid: int, r: Region) -> np.ndarray:
@@ -351,6 +362,8 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
     ids: dict[tuple[int, str], int] = {}
     written: dict[int, np.ndarray] = {}
     for k, s in enumerate(plan.steps()):
+        if s.kind == "compute":
+            _check_own_overlap(plan, graphs, cells, k, s)
         for a in s.inputs:
             tid = ids.get((s.model, a.tensor), -2)
             if not (cells.view(a) == _expected(tid, a.region)).all():
@@ -370,6 +383,21 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
     for m, a in output_accesses(plan, graphs):
         if not (cells.view(a) == _expected(ids[(m, a.tensor)], a.region)).all():
             raise PlanError(f"output {a.tensor!r} is overwritten before the run ends")
+
+
+def _check_own_overlap(plan: Plan, graphs: Sequence[Graph], cells: _Cells, k: int, s: Step) -> None:
+    """A step whose output shares bytes with one of its inputs (in place, or overlaid at an
+    offset) must have a kernel whose walk never writes over input bytes it still reads."""
+    out_root = cells.root[s.out.buffer]
+    if all(cells.root[a.buffer] != out_root for a in s.inputs):
+        return
+    in_ids = [cells.id_view(a) if cells.root[a.buffer] == out_root else None for a in s.inputs]
+    g = graphs[s.model]
+    bad = own_overlap_error(g, s, plan.models[s.model].batch, cells.id_view(s.out), in_ids)
+    if bad is not None:
+        layer = g.layers[s.layer]
+        raise PlanError(f"step {k}: layer {s.layer} ({layer.name}, {layer.op}) writes over the input cells it reads "
+                        f"(of {bad!r}) before its kernel is done reading them (ops/walks.py: {', '.join(sorted(kernel_walks(g, layer))) or 'no overlap'})")
 
 
 def _describe(graphs: Sequence[Graph], s: Step) -> str:

@@ -17,6 +17,7 @@ from tightfit.graph.ir import Graph, last_reads
 from tightfit.ops.base import Region
 from tightfit.plan.offsets import BufferReq
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, PlanError
+from tightfit.plan.walks import rows_times
 
 
 @dataclass(frozen=True)
@@ -171,29 +172,42 @@ def block_positions(buffers: Sequence[Buffer]) -> dict[int, tuple[int, int]]:
     return out
 
 
-def row_lifetimes(plan: Plan, graphs: Sequence[Graph], eligible: Callable[[Buffer], bool]) -> dict[int, list[tuple[int, int]]]:
-    """Per `eligible` buffer used by the steps: per row, (first step, last step) touching it (a
+def row_lifetimes(plan: Plan, graphs: Sequence[Graph], eligible: Callable[[Buffer], bool],
+                  within_steps: bool = False) -> dict[int, list[tuple[int, int]]]:
+    """Per `eligible` buffer used by the steps: per row, (first time, last time touching it) (a
     partial row counts whole); rows never used get an empty lifetime. Model outputs are read at
-    the end."""
+    the end. Times are steps; `within_steps`: steps * STEP_TIMES plus the time inside the step
+    (plan/walks.py) where the kernel's walk gives one (a step's output rows then may take input
+    rows it is done reading), else a step's writes at its start and reads at its end."""
     steps = plan.steps()
+    scale = _step_times(plan) if within_steps else 1
     out: dict[int, list[list[int]]] = {}
-    end = len(steps)
+    end = len(steps) * scale
 
-    def touch(a, i: int) -> None:
+    def touch(a, rows: Callable[[int], int]) -> None:
         b = plan.buffers[a.buffer]
         if not eligible(b):
             return
         life = out.setdefault(a.buffer, [[end, -1] for _ in range(b.shape[2])])
         for h in range(a.at[1], a.at[1] + a.region.h):
-            life[h][0] = min(life[h][0], i)
-            life[h][1] = max(life[h][1], i)
+            t = rows(h)
+            life[h][0] = min(life[h][0], t)
+            life[h][1] = max(life[h][1], t)
 
     for i, s in enumerate(steps):
-        for a in (*s.inputs, s.out):
-            touch(a, i)
+        base = i * scale
+        times = rows_times(graphs[s.model], s, plan.models[s.model].batch) if within_steps and s.kind == "compute" else None
+        for k, a in enumerate(s.inputs):
+            touch(a, (lambda h, m=times[1][k]: base + m[h]) if times else (lambda h: base + scale - 1))
+        touch(s.out, (lambda h: base + times[0][h]) if times else (lambda h: base))
     for _, a in output_accesses(plan, graphs):
-        touch(a, end)
+        touch(a, lambda h: end)
     return {b: [(w, l) for w, l in life] for b, life in out.items()}
+
+
+def _step_times(plan: Plan) -> int:
+    """Times per step inside it (plan/walks.py: 2 per output row and 3 more)."""
+    return 2 * max((s.out.region.h for s in plan.steps()), default=1) + 3
 
 
 def tensor_last_use(graph: Graph) -> dict[str, int]:

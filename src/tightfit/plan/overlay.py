@@ -25,7 +25,8 @@ from dataclasses import replace
 from typing import Sequence
 
 from tightfit.graph.ir import Graph
-from tightfit.plan.lifetimes import row_lifetimes
+from tightfit.plan.lifetimes import block_positions, lifetimes, row_lifetimes
+from tightfit.plan.place import place
 from tightfit.plan.schema import Buffer, Plan
 
 ALIGN = 64  # block positions are multiples of this and of the cell size, as offsets are
@@ -44,9 +45,14 @@ def eligible(b: Buffer) -> bool:
     return b.kind == "whole" and b.copies == 1 and len(b.shape) == 4 and b.shape[0] == 1 and b.layout == "nhwc"
 
 
-def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
-    """The draft with overlays where they save memory (offsets are placed afterwards)."""
-    rows = row_lifetimes(plan, graphs, eligible)
+def overlay_buffers(plan: Plan, graphs: Sequence[Graph], within_steps: bool = False) -> Plan:
+    """The draft with overlays where they save memory (offsets are placed afterwards).
+    `within_steps`: a step's output may also lie over its own input's rows that the step is done
+    reading when it writes them, as its kernel's walk allows (ops/walks.py: in-place depthwise
+    convolution, int8 convolutions); else only over rows dead before the step."""
+    if any(b.overlay is not None for b in plan.buffers):
+        return plan  # blocks already chosen (a tiling group's); this pass starts from none
+    rows = row_lifetimes(plan, graphs, eligible, within_steps)
     span = {b: _span(life) for b, life in rows.items()}
     # A row of one can share bytes with a row of the other only if one dies before the other is
     # written: the first death before the last write (a cheap test that skips most pairs).
@@ -84,19 +90,74 @@ def overlay_buffers(plan: Plan, graphs: Sequence[Graph]) -> Plan:
     return replace(plan, buffers=tuple(buffers))
 
 
-def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int) -> Plan:
+def overlay_pair(plan: Plan, graphs: Sequence[Graph], host: int, guest: int, within_steps: bool = False,
+                 join: bool = False) -> Plan:
     """The draft with buffer `guest` overlaying buffer `host` (neither in an overlay yet) where
-    that saves the most; unchanged if both are not eligible or no overlapping position is safe."""
+    that saves the most; unchanged if both are not eligible or no overlapping position is safe.
+    `within_steps`: as overlay_buffers's. `join`: one of the two may be in a block already; the
+    other joins that block (its position safe against every member)."""
+    positions = block_positions(plan.buffers)
+    if (host in positions or guest in positions) and not join or (host in positions and guest in positions):
+        return plan
+    if guest in positions:
+        host, guest = guest, host
     h, b = plan.buffers[host], plan.buffers[guest]
-    if not (eligible(h) and eligible(b)) or h.overlay or b.overlay or h.itemsize != b.itemsize:
+    if not (eligible(h) and eligible(b)) or h.itemsize != b.itemsize:
         return plan
-    rows = row_lifetimes(plan, graphs, eligible)
-    if host not in rows or guest not in rows:
+    root = positions.get(host, (host, 0))[0]
+    group = [(m, pos) for m, (r, pos) in positions.items() if r == root] or [(host, 0)]
+    if any(not eligible(plan.buffers[m]) or plan.buffers[m].itemsize != b.itemsize for m, _ in group):
         return plan
-    found = _best_position(b, rows, [(host, 0)], list(plan.buffers))
+    rows = row_lifetimes(plan, graphs, eligible, within_steps)
+    if guest not in rows or any(m not in rows for m, _ in group):
+        return plan
+    found = _best_position(b, rows, group, list(plan.buffers))
     if found is None:
         return plan
-    return replace(plan, buffers=tuple(replace(x, overlay=(host, found[0])) if x.id == guest else x for x in plan.buffers))
+    return replace(plan, buffers=tuple(replace(x, overlay=(root, found[0])) if x.id == guest else x for x in plan.buffers))
+
+
+CANDIDATES = 6  # the busiest steps whose output is tried over its input, per round
+
+
+def overlap_in_place(draft: Plan, graphs: Sequence[Graph], planner: str) -> Plan:
+    """The placed plan with, round by round, the output of one of the busiest steps laid over its
+    largest input where its kernel's walk allows (overlay_pair within steps, joining a block
+    either is in), kept where the placed arena shrinks, or stays and the steps' live bytes,
+    largest first, shrink (two steps may tie at the peak: one link lowers one of them); until
+    no such step is left. A block is one request as long-lived as all its members, which can cost
+    more than it saves: hence each link is tried on the placed arena."""
+    best = place(draft, graphs, planner)
+    best_key = _overlap_key(best, graphs)
+    tried: set[int] = set()
+    while True:
+        live = lifetimes(best, graphs, conflicts=False).live_bytes()
+        steps = best.steps()
+        order = sorted((i for i, s in enumerate(steps) if s.kind == "compute" and i not in tried
+                        and eligible(best.buffers[s.out.buffer]) and any(eligible(best.buffers[a.buffer]) for a in s.inputs)),
+                       key=lambda i: -live[i])[:CANDIDATES]
+        found = []  # (key, step, plan) of the links that are progress
+        for i in order:
+            s = steps[i]
+            host = max((a.buffer for a in s.inputs if eligible(best.buffers[a.buffer])), key=lambda b: best.buffers[b].nbytes)
+            paired = overlay_pair(best, graphs, host, s.out.buffer, within_steps=True, join=True)
+            placed = place(paired, graphs, planner) if paired is not best else None
+            key = _overlap_key(placed, graphs) if placed is not None else None
+            if key is not None and key < best_key:
+                found.append((key, i, placed))
+            else:
+                tried.add(i)
+        if not found:
+            return best
+        # The best of the round: a link that shrinks the arena before one that only lowers a tie.
+        best_key, i, best = min(found, key=lambda f: (f[0], f[1]))
+        tried.add(i)
+
+
+def _overlap_key(plan: Plan, graphs: Sequence[Graph]) -> tuple[int, tuple[int, ...]]:
+    """The arena, then the steps' live bytes largest first: a link that lowers one of two tied
+    peaks (or the next peak below) is progress, one that swells a quiet step's block is not."""
+    return plan.arena_bytes, tuple(sorted(lifetimes(plan, graphs, conflicts=False).live_bytes(), reverse=True))
 
 
 def block_growth(plan: Plan, guest: int) -> tuple[int, int]:

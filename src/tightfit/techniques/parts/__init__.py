@@ -13,7 +13,8 @@ from tightfit.techniques.interface import Config, Front, Point, Problem, Techniq
 def draft(model: PlannedModel, config: Config) -> Plan:
     """The plan of `config.settings`: "phases" {layer id or name: phases} and "source" (the
     input's bands), or "rows" per phase everywhere, or neither (one row per phase everywhere, the
-    paper's setting); "align", "held" (layers whose outputs stay whole). Placed by
+    paper's setting); "align", "held" (layers whose outputs stay whole), "inplace"
+    (PartsOptions.inplace). Placed by
     `config.planner` (None: unplaced, as a search drafts)."""
     from tightfit.techniques.parts.planner import PartsOptions, draft_parts, phases_for_rows, plan_parts
 
@@ -25,7 +26,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
         from tightfit.analysis.csdf import max_phases
 
         phases, source = max_phases(g), min(g.shape(t)[2] for t in g.inputs)  # phases every input has rows for
-    options = PartsOptions(align=config.get("align", False), held=config.get("held", ()))
+    options = PartsOptions(align=config.get("align", False), held=config.get("held", ()), inplace=config.get("inplace", False))
     if config.planner is None:
         return draft_parts(model, phases, source, config.layout, config.dtype, options)
     return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, options)

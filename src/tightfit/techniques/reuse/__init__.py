@@ -3,13 +3,16 @@ by an offset planner; with config.order "memory", the layer order with the small
 from __future__ import annotations
 
 from tightfit.techniques.interface import PlannedModel
-from tightfit.techniques.reuse.planner import plan_reuse
+from tightfit.techniques.reuse.planner import plan_reuse, plan_reuse_overlapping
 from tightfit.plan.schema import Plan
 from tightfit.techniques.interface import SEARCH_PLANNER, Config, Front, Point, Problem, Technique, run_memory
 
 
 def draft(model: PlannedModel, config: Config) -> Plan:
-    """The layer-by-layer plan (placed: by `config.planner`, or the search's planner if None)."""
+    """The layer-by-layer plan (placed: by `config.planner`, or the search's planner if None);
+    setting "inplace": outputs over their inputs' bytes where kernels allow (plan_reuse_overlapping)."""
+    if config.get("inplace", False):
+        return plan_reuse_overlapping(model, config.planner or SEARCH_PLANNER, config.order, config.layout, config.dtype)
     return plan_reuse(model, config.planner or SEARCH_PLANNER, config.order, config.layout, config.dtype)
 
 

@@ -4,11 +4,14 @@ layer writes over an input that dies there), placed in one arena by an offset pl
 Pure functions: graph(s) and options in, Plan out."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from tightfit.graph.ir import Graph, itemsize, last_reads, spatial
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
+from tightfit.plan.overlay import overlap_in_place
+from tightfit.plan.place import place
 from tightfit.plan.schema import Access, Buffer, Partition, Plan, Step
 from tightfit.techniques import windows as memo
 from tightfit.techniques.interface import PlannedModel
@@ -139,6 +142,18 @@ def plan_reuse(models: Sequence[PlannedModel] | PlannedModel, planner: str = "im
                  {"method": "naive" if planner == "naive" else "reuse", "planner": planner, "order": order,
                   "layout": layout, "inplace": inplace and planner != "naive"})
     return place(draft, [mm.graph for mm in models], planner)
+
+
+def plan_reuse_overlapping(model: PlannedModel, planner: str = "improve", order: str = "imported", layout: str = "nhwc",
+                           dtype: str = "fp32") -> Plan:
+    """The layer-by-layer plan with outputs also laid over their inputs' bytes at an offset where
+    the kernel's walk is done reading them before it writes them (plan/overlay.overlap_in_place:
+    in-place depthwise and int8 convolutions, issue 40 point 4)."""
+    plan = plan_reuse(model, planner, order, layout, dtype)
+    if planner == "naive":
+        return plan
+    plan = overlap_in_place(plan, [model.graph], planner)
+    return replace(plan, knobs=dict(plan.knobs, overlap=True))
 
 
 def _fifo_copies(parts: Sequence[Partition], concurrent: Sequence[Sequence[int]], n: int) -> list[int]:
