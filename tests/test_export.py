@@ -108,7 +108,7 @@ def test_library_allocates_nothing_and_keeps_no_state(tmp_path):
     plan, graphs = tightfit.api.plan("mobilenet_v1_025", method="tiling", tiling="0-5:3x3:reuse")
     sources = export(plan, graphs, tmp_path / "out", name="m")
     allowed = {"memcpy", "memmove", "memset", "expf", "tanhf", "powf", "erff", "logf", "log1pf", "expm1f", "sqrtf", "sqrt",
-               "fabsf", "nearbyintf", "tf_run", "tf_read", "tf_tensor_rows",
+               "fabsf", "nearbyintf", "tf_run", "tf_read", "tf_read_int8", "tf_tensor_rows", "roundf",
                "_GLOBAL_OFFSET_TABLE_"}  # the linker's table, where the model takes tf_tensor_rows' address
     threads = {"pthread_create", "pthread_join", "pthread_mutex_init", "pthread_mutex_destroy", "pthread_mutex_lock",
                "pthread_mutex_unlock", "pthread_cond_init", "pthread_cond_destroy", "pthread_cond_wait",

@@ -138,6 +138,17 @@ def test_int8_rows_from_a_source_equal_the_whole_input(small):
         ex.run(RowSource(x.shape, lambda h0, h1: x[:, :, h0:h1].astype(np.float32)))
 
 
+def test_profiling_binds_an_int8_input_step(small):
+    """The profiler times an input step alone on values of the input's type (int8 bytes here)."""
+    from tightfit.runtime.cost import _bind_alone
+
+    plan, gs = api.plan(str(SMALL), method="parts", rows=1)
+    step = next(s for s in plan.steps() if s.kind == "input")
+    alone = _bind_alone(plan, gs, step)
+    assert alone.x.dtype == np.int8 and alone.tensor.item == 1
+    assert alone.runs(2)() == 0
+
+
 def test_cli_runs_an_int8_input_file(small, tmp_path, capsys):
     """`run --input`: a .npy of int8 in the file's NHWC layout, or raw int8 NCHW bytes, gives TFLite
     Micro's stored outputs; a float .npy for the int8 input is one line, exit 2."""
