@@ -350,3 +350,72 @@ def test_windows_joined_to_the_batch_are_held_beside_it(cosine):
     check_plan(plan, [g])
     outs, _ = execute(plan, [g], [x], fill_nan=True)
     np.testing.assert_allclose(outs[0][g.outputs[0]], got, rtol=1e-5, atol=1e-5 * float(np.abs(got).max()))
+
+
+PIXELS, TOKENS = 4, 32  # MobileViT: 2x2 patch pixels, each attending over its own tokens
+
+
+def patch_attention(opset: int) -> onnx.ModelProto:
+    """MobileViT's attention as cvnets exports it: tokens (N, patch pixels, T, C) -> qkv ->
+    (N, P, T, 3, heads, d) -> Transpose (0, 1, 4, 3, 2, 5) -> q, k, v of rank 5 (N, P, heads, T, d),
+    q scaled, softmax(q k^T) v of rank 5, back to (N, P, T, C); a 1x1 conv over the patch pixels
+    after it (tokens as rows)."""
+    m = _Model(opset, seed=3)
+    qkv = m.node("MatMul", ["tokens", m.weight(C, 3 * C)])
+    qkv = m.node("Transpose", [m.node("Reshape", [qkv, m.const([1, PIXELS, TOKENS, 3, HEADS, C // HEADS], np.int64)])],
+                 perm=[0, 1, 4, 3, 2, 5])
+    q, k, v = (m.node("Gather", [qkv, m.const(i, np.int64)], axis=3) for i in range(3))
+    q = m.node("Mul", [q, m.const((C // HEADS) ** -0.5)])
+    attn = m.node("Softmax", [m.node("MatMul", [q, m.node("Transpose", [k], perm=[0, 1, 2, 4, 3])])], axis=-1)
+    y = m.node("Reshape", [m.node("Transpose", [m.node("MatMul", [attn, v])], perm=[0, 1, 3, 2, 4]),
+                           m.const([1, PIXELS, TOKENS, C], np.int64)])
+    out = m.node("Conv", [y, m.weight(PIXELS, PIXELS, 1, 1), m.weight(PIXELS)])
+    graph = helper.make_graph(m.nodes, "patches", [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, PIXELS, TOKENS, C])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(val, key) for key, val in m.inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("opset", [17, 11])
+def test_rank5_attention_of_patch_pixels_splits_by_bands_of_query_tokens(opset):
+    """MobileViT's scores are rank 5 (N, patch pixels, heads, T, T): the importer runs both
+    matmuls and the softmax on rank 4, patch pixels and heads merged (batch dims of both
+    matmuls), so they split by bands of query tokens as rank-4 attention does. The import
+    matches onnxruntime; parts at one row per phase computes the scores one query row per step
+    (every key), holds less than the plan that runs them whole, and matches the reference; the
+    checker refuses a step over part of a row of the scores."""
+    from dataclasses import replace
+
+    from tightfit.analysis.csdf import needs_whole_input
+    from tightfit.ops.base import Region
+    from tightfit.plan.schema import PlanError
+    from tightfit.techniques.parts.planner import phases_for_rows
+
+    model = patch_attention(opset)
+    g = import_model(model, None, "patches")
+    banded = [l for l in g.layers if l.op in ("matmul", "softmax_axis")]
+    assert len(banded) == 3
+    assert all(g.shape(l.output)[1:3] == (PIXELS * HEADS, TOKENS) and not needs_whole_input(g, l) for l in banded)
+    x = random_input(g)
+    want = run_reference(g, x)[g.outputs[0]]
+    ort = next(iter(onnxruntime_outputs(model.SerializeToString(), x).values()))
+    np.testing.assert_allclose(want, ort, rtol=1e-4, atol=1e-5 * float(np.abs(ort).max()))
+    phases, source = phases_for_rows(g, 1)
+    split = plan_parts(PlannedModel(g, "patches"), phases, source)
+    whole = plan_parts(PlannedModel(g, "patches"), {k: v for k, v in phases.items() if k not in {l.id for l in banded}}, source)
+    for plan in (split, whole):
+        outs, _ = execute(plan, [g], [x], fill_nan=True)
+        np.testing.assert_allclose(outs[0][g.outputs[0]], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    scores = banded[0]
+    steps = [(i, s) for i, s in enumerate(split.steps()) if s.kind == "compute" and s.layer == scores.id]
+    assert len(steps) == TOKENS and all(s.out.region.h == 1 and s.out.region.w == TOKENS for _, s in steps)
+    assert check_plan(split, [g]).arena_bytes < check_plan(whole, [g]).arena_bytes
+    i, step = steps[1]
+    r = step.out.region
+    cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 1, r.w)))
+    part = split.partitions[0]
+    bad = replace(split, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + split.partitions[1:])
+    with pytest.raises(PlanError, match="needs whole rows"):
+        check_plan(bad, [g])

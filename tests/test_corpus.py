@@ -85,8 +85,8 @@ def test_a_hybrid_model_end_to_end(opset, tmp_path, capsys):
     fold back), exported at opset 17 and at the older opset (LayerNormalization spelled out, a
     dynamic batch). `inspect` counts every weight of the file; `run --verify` matches
     onnxruntime; reuse is at the lower bound; parts at one row per phase splits the
-    convolutions and the token rows of the layer norms and Linears, runs whole steps only for
-    attention over all patches, holds less than reuse and matches; `export --check` builds it
+    convolutions, the token rows of the layer norms and Linears and the query rows of the attention
+    scores (rank 5, run on rank 4), holds a smaller arena than reuse and matches; `export --check` builds it
     as C and matches."""
     import json
 
@@ -105,13 +105,14 @@ def test_a_hybrid_model_end_to_end(opset, tmp_path, capsys):
     assert reuse.arena_bytes == reuse.lower_bound
     phases, source = phases_for_rows(g, 1)
     whole = [l for l in g.layers if needs_whole_input(g, l)]
-    # whole steps: attention over all patches (its q, k, v taken apart, the scores of rank 5),
-    # the unfold and fold, and the classifier; the token rows of norms, Linears and adds split
-    assert {l.op for l in whole} <= {"matmul", "softmax_axis", "gather", "reshape", "transpose", "global_pool", "gemm"}
+    # whole steps: taking q, k, v apart, the unfold and fold, and the classifier; the token rows of
+    # norms, Linears and adds split, and so do the scores (rank 5, run on rank 4: query-token bands)
+    assert {l.op for l in whole} <= {"gather", "reshape", "transpose", "global_pool", "gemm"}
+    assert any(g.layers[l].op == "matmul" for l in phases) and any(g.layers[l].op == "softmax_axis" for l in phases)
     assert all(len(g.shape(l.output)) == 2 for l in whole if l.op == "gemm")
     assert any(g.layers[l].op == "layer_norm" for l in phases) and any(g.layers[l].op == "gemm" for l in phases)
     parts = plan_parts(model, phases, source)
-    assert check_plan(parts, [g]).peak_bytes < reuse.peak_bytes
+    assert check_plan(parts, [g]).arena_bytes < reuse.arena_bytes
     x = random_input(g)
     assert coverage.matches_reference(parts, g, x, run_reference(g, x))
     if shutil.which("cc") is None:

@@ -799,7 +799,65 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
-    return _fuse_activations(protos, keep)
+    return _attention_to_rank4(_fuse_activations(protos, keep), keep, shapes)
+
+
+def _attention_chain(protos: list[_Proto], p: _Proto, keep: set[str],
+                     shapes: dict[str, tuple[int, ...]]) -> tuple[_Proto, _Proto] | None:
+    """(softmax, second matmul) of attention `p` (q k^T) -> softmax over the last axis -> (.) v,
+    all rank 5 with the same batch dims (N, windows or patch pixels, heads), or None."""
+    if p.op != "matmul" or p.output in keep or any(t not in shapes for t in p.inputs):
+        return None
+    a, b = (shapes[t] for t in p.inputs)
+    if len(a) != 5 or len(b) != 5 or a[:3] != b[:3]:
+        return None
+    soft = _sole_consumer(protos, p.output, keep)
+    if soft is None or soft.op != "softmax_axis" or soft.attrs["axis"] != 4:
+        return None
+    mm = _sole_consumer(protos, soft.output, keep)
+    if mm is None or mm.op != "matmul" or mm.inputs[0] != soft.output or mm.inputs[1] not in shapes:
+        return None
+    v = shapes[mm.inputs[1]]
+    return (soft, mm) if len(v) == 5 and v[:3] == a[:3] and mm.output not in keep else None
+
+
+def _attention_to_rank4(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
+    """Rank-5 attention (MobileViT's patch pixels, or windows, by heads by tokens) run on rank 4:
+    dims 1 and 2 are batch dims of both matmuls and the softmax works along the last axis, so
+    merging them changes no value; on rank 4 the scores split by bands of query tokens
+    (ops/attention.py), where a rank-5 tensor is one whole step. q, k^T and v are reshaped to
+    rank 4 (small: tokens by head dims) and the result back to rank 5; the scores never are."""
+    out: list[_Proto] = []
+    after: dict[int, _Proto] = {}
+    merged: dict[str, str] = {}
+    for p in protos:
+        chain = _attention_chain(protos, p, keep, shapes)
+        if chain is not None:
+            soft, mm = chain
+            for m in (p, mm):
+                for j, t in enumerate(m.inputs):
+                    if t == soft.output:
+                        continue
+                    if t not in merged:
+                        s = shapes[t]
+                        merged[t] = f"{t}:rank4"
+                        shapes[merged[t]] = (s[0], s[1] * s[2], *s[3:])
+                        out.append(_Proto("reshape", f"{m.name}/rank4_{j}", [t], merged[t],
+                                          {"sample_shape": shapes[merged[t]][1:]}, onnx_type="Reshape"))
+                    m.inputs[j] = merged[t]
+            for t in (p.output, soft.output):
+                s = shapes[t]
+                shapes[t] = (s[0], s[1] * s[2], *s[3:])
+            soft.attrs["axis"] = 3
+            y = mm.output
+            mm.output = f"{y}:rank4"
+            shapes[mm.output] = (shapes[y][0], shapes[y][1] * shapes[y][2], *shapes[y][3:])
+            after[id(mm)] = _Proto("reshape", f"{mm.name}/rank5", [mm.output], y, {"sample_shape": shapes[y][1:]},
+                                   onnx_type="Reshape")
+        out.append(p)
+        if id(p) in after:
+            out.append(after[id(p)])
+    return out
 
 
 def _merge(host: _Proto, tail: _Proto) -> None:
