@@ -7,8 +7,8 @@ Models: mbv2-0.35-144, torchvision's mobilenet_v2(width_mult=0.35) at 144 quanti
 onnxruntime's `quantize_static` (bench/inplace.py's `quantized_mbv2`; a QDQ file, float input
 quantized by its first layer); mv1-0.25-96, Keras' MobileNet 0.25 at 96 with random weights as
 an int8 .tflite (bench/tflite_models.py, int8 input). Plans (bench/inplace.py's `int8_rows`):
-layer by layer with reuse, and the smallest plan with input of reuse / parts / tiling, each with
-and without in-place outputs.
+layer by layer with reuse, and the smallest plan (peak with input) of reuse / parts / tiling, each
+with and without in-place outputs.
 
 Each plan is exported with `tightfit export --target cortex-m7` (weights in flash), linked for
 256 KiB and for 512 KiB of RAM with 2 MiB of flash. RAM = the link's whole RAM use: arena + I/O
@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import add_write_docs, docs_section, header, loaded
+from benchlib import add_write_docs, docs_section, header
 from inplace import int8_rows, quantized_mbv2
 from tflite_models import cached
 from tightfit.errors import TightfitError
@@ -113,7 +113,7 @@ def print_rows(rows: list[McuRow]) -> None:
         ins = f"{r.instructions:,}" if r.instructions is not None else "-"
         print(f"{r.model:<14} {r.plan[:48]:<48} {r.peak / 1e3:>8.1f} {_ram_text(r.ram[LINKS[0]]):>10} "
               f"{_ram_text(r.ram[LINKS[1]]):>10} {r.flash / KIB:>9.1f} {ins:>14} "
-              f"{'equal' if r.ok else 'NOT RUN/DIFFER'}{' (' + r.note + ')' if r.note else ''}{loaded()}")
+              f"{'equal' if r.ok else 'NOT RUN/DIFFER'}{' (' + r.note + ')' if r.note else ''}")
 
 
 def main() -> int:
@@ -129,6 +129,8 @@ def main() -> int:
         header(__doc__.splitlines()[0])
         rows = [row for m in args.models.split(",") for row in mcu_rows(model_file(m, folder), m, folder)]
         print_rows(rows)
+        print("instructions: qemu's count (-icount), not a timing, so the load does not change them; RAM can be below\n"
+              "peak + stack: the program streams the input by rows (no input buffer), the peak counts it")
     return 0
 
 
