@@ -12,6 +12,8 @@ program reads the input from the host file row by row as the plan asks for it, a
 the output in chunks, so RAM holds the arena and the stack and no tensor besides.
 A program larger than the RAM or flash fails at link time, and that failure is turned into
 one line that says what took the memory.
+Around the inference the program counts SysTick cycles; qemu runs with -icount, so that count
+gives the instructions one inference executed (McuRun.instructions), the comparable cost figure.
 """
 from __future__ import annotations
 
