@@ -29,6 +29,7 @@ _HEADER = """#ifndef FAKE_H
 #define FAKE_ARENA_BYTES {arena}u
 #define FAKE_INPUT_ELEMS {elems} /* a comment, as the generator writes one */
 #define FAKE_OUTPUT_ELEMS {elems}
+#define FAKE_INPUT_ITEM 4 /* float32 input */
 {extra}int fake_run(void *arena, const float *input);
 void fake_read_output(const void *arena, float *dst);
 #endif
@@ -150,6 +151,41 @@ def test_a_library_that_takes_its_input_by_rows_streams_it_from_the_host(tmp_pat
     assert build.input_streamed and build.io_buffer == 0  # RAM: the arena, the stack, a few bytes
     assert build.ram_used - build.arena - build.stack < 256, build.memory_report()
     assert "input streamed by rows" in build.memory_report()
+
+
+# A run of exactly 2 * k instructions (subs, bne), for the counter's test.
+_LOOP = """    register unsigned n __asm__("r3") = {k}u;
+    __asm__ volatile("1: subs %0, %0, #1\\n bne 1b" : "+r"(n));
+    (void)input;
+    return 0;"""
+
+
+@needs_toolchain
+def test_the_program_counts_the_instructions_of_its_inference(tmp_path):
+    counts = {}
+    for k in (1000, 10_000_000):  # the larger runs past SysTick's 24 bits: wraps are counted
+        library = write_fake_library(tmp_path / str(k), body=_LOOP.replace("{k}", str(k)))
+        build = mcu.build_mcu(library, "fake", "cortex-m7", 64 * KIB, 256 * KIB, tmp_path / f"{k}.elf")
+        counts[k] = mcu.run_qemu_measured(build, some_input(), timeout_s=30).instructions
+    # One SysTick cycle is 40 instructions (25 MHz at 1 ns an instruction); the call adds a few.
+    for k, n in counts.items():
+        assert 2 * k - 40 <= n <= 2 * k + 200, (k, n)
+
+
+@needs_toolchain
+def test_a_plan_that_recomputes_executes_more_instructions(tmp_path):
+    import tightfit
+    from tightfit.api import plan_inputs
+
+    counts = {}
+    for kw in ({"method": "reuse"}, {"method": "parts", "rows": 1}):
+        plan, graphs = tightfit.api.plan("minakova5", **kw)
+        sources = export(plan, graphs, tmp_path / kw["method"], weights="c")
+        build = mcu.build_mcu(tmp_path / kw["method"], sources.name, "cortex-m7", 512 * KIB, 2 * 2**20,
+                              tmp_path / f"{kw['method']}.elf")
+        counts[kw["method"]] = mcu.run_qemu_measured(build, np.asarray(plan_inputs(graphs, plan, 0)[0]), 60).instructions
+    # Parts of one row recompute the rows their windows share, so they cannot cost less.
+    assert 0 < counts["reuse"] < counts["parts"], counts
 
 
 def test_weights_in_a_file_are_refused(tmp_path):

@@ -106,10 +106,12 @@ class McuCheck:
     tolerance: float
     stack_used: int
     seconds: float
+    instructions: int  # executed by one inference, counted under qemu -icount (the comparable cost)
 
     def summary(self) -> str:
         return (f"under qemu: outputs {'match' if self.ok else 'DIFFER'} (max abs diff {self.max_abs_diff:.3g}, "
-                f"tolerance {self.tolerance:.3g}); stack used {self.stack_used} B; {self.seconds:.2f} s")
+                f"tolerance {self.tolerance:.3g}); stack used {self.stack_used} B; "
+                f"{self.instructions:,} instructions per inference; {self.seconds:.2f} s")
 
 
 def check_mcu(built, input: np.ndarray, reference: np.ndarray, timeout_s: float = 600) -> McuCheck:
@@ -119,7 +121,7 @@ def check_mcu(built, input: np.ndarray, reference: np.ndarray, timeout_s: float 
 
     ran = run_qemu_measured(built, input, timeout_s)
     c = compare(ran.output.reshape(reference.shape), reference)
-    return McuCheck(c.ok, c.max_abs_diff, c.tolerance, ran.stack_used, ran.seconds)
+    return McuCheck(c.ok, c.max_abs_diff, c.tolerance, ran.stack_used, ran.seconds, ran.instructions)
 
 
 __all__ = ["Check", "ExportError", "McuCheck", "Sources", "check", "check_mcu", "export", "generate"]

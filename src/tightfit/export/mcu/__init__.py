@@ -12,6 +12,8 @@ program reads the input from the host file row by row as the plan asks for it, a
 the output in chunks, so RAM holds the arena and the stack and no tensor besides.
 A program larger than the RAM or flash fails at link time, and that failure is turned into
 one line that says what took the memory.
+Around the inference the program counts SysTick cycles; qemu runs with -icount, so that count
+gives the instructions one inference executed (McuRun.instructions), the comparable cost figure.
 """
 from __future__ import annotations
 
@@ -48,6 +50,11 @@ _HOST_ONLY = ("main.c", "Makefile", "weights.bin")  # the host test program: not
 _ARENA_SYMBOL = "tf_arena"
 _IO_SYMBOL = "tf_io"
 _STACK_REPORT = re.compile(r"tightfit-mcu: stack used (\d+) of (\d+) bytes")
+_COUNT_REPORT = re.compile(r"tightfit-mcu: inference took (\d+) core clock cycles")
+# qemu's -icount: with shift 0 every instruction advances the virtual clock by exactly 1 ns, and
+# the board's clocks (SysTick among them) run on that virtual clock, so the test program's
+# SysTick count, times the nanoseconds of one core clock cycle, is the instructions executed.
+ICOUNT_SHIFT = 0
 _OVERFLOW = re.compile(r"region `(RAM|FLASH)' overflowed by (\d+) bytes")
 
 
@@ -64,22 +71,30 @@ class McuTarget:
     board_ram_bytes: int
     psram_origin: int
     psram_bytes: int
+    core_clock_hz: int  # qemu's clock of the board's core, the one SysTick counts
+
+    def instructions(self, cycles: int) -> int:
+        """The instructions qemu -icount shift=ICOUNT_SHIFT executed in `cycles` of the core clock."""
+        ns_per_instruction = 2**ICOUNT_SHIFT
+        return cycles * 10**9 // (self.core_clock_hz * ns_per_instruction)
 
 
 # Memory maps of qemu's hw/arm/mps2.c, as in Arm's AN386 and AN500 application notes:
 # ZBT SSRAM1 (4 MiB at 0x0) is the code memory the core boots from, ZBT SSRAM2&3
 # (4 MiB at 0x20000000) the data memory, and 16 MiB of PSRAM (at 0x60000000 on AN500, at
 # 0x21000000 on AN386). qemu treats all as RAM; the code memory (or the PSRAM) stands for flash.
+# Both boards clock the core at 25 MHz (SYSCLK_FRQ in hw/arm/mps2.c).
+_MPS2_CORE_HZ = 25_000_000
 _MPS2_CODE = (0x00000000, 4 * 2**20)
 _MPS2_SRAM = (0x20000000, 4 * 2**20)
 TARGETS: dict[str, McuTarget] = {
     "cortex-m7": McuTarget(
         "cortex-m7", ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard"), "mps2-an500",
-        *_MPS2_CODE, *_MPS2_SRAM, 0x60000000, 16 * 2**20,
+        *_MPS2_CODE, *_MPS2_SRAM, 0x60000000, 16 * 2**20, _MPS2_CORE_HZ,
     ),
     "cortex-m4": McuTarget(
         "cortex-m4", ("-mcpu=cortex-m4", "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard"), "mps2-an386",
-        *_MPS2_CODE, *_MPS2_SRAM, 0x21000000, 16 * 2**20,
+        *_MPS2_CODE, *_MPS2_SRAM, 0x21000000, 16 * 2**20, _MPS2_CORE_HZ,
     ),
 }
 # ARMv7-M's default memory map: code 0x00000000-0x1FFFFFFF, SRAM 0x20000000-0x3FFFFFFF.
@@ -181,6 +196,7 @@ class McuRun:
     stack_used: int  # deepest stack of the run, measured by painting the stack
     stack_reserved: int
     seconds: float  # wall time of qemu, start-up included
+    instructions: int  # executed by the inference (the run call), counted by qemu -icount through SysTick
 
 
 def toolchain_available() -> str | None:
@@ -582,21 +598,23 @@ def run_qemu_measured(build: McuBuild, input: np.ndarray, timeout_s: float = 60.
         seconds = time.perf_counter() - started
         console = completed.stdout + completed.stderr
         if completed.returncode != 0:
-            said = [ln for ln in console.splitlines() if ln.strip() and not _STACK_REPORT.search(ln)]
+            said = [ln for ln in console.splitlines()
+                    if ln.strip() and not _STACK_REPORT.search(ln) and not _COUNT_REPORT.search(ln)]
             raise ExportError(
                 f"{build.target}: the program on qemu {core.qemu_machine} exited with status "
                 f"{completed.returncode}: {said[-1] if said else 'no message'}"
             )
         output = _read_output(workdir / "output.bin", build)
     used, reserved = _stack_report(console, build.target)
-    return McuRun(output=output, stack_used=used, stack_reserved=reserved, seconds=seconds)
+    return McuRun(output=output, stack_used=used, stack_reserved=reserved, seconds=seconds,
+                  instructions=core.instructions(_cycles_report(console, build.target)))
 
 
 def qemu_command(core: McuTarget, elf: Path) -> list[str]:
     # target=native: the program's files are opened in qemu's working directory.
     return [
         QEMU, "-M", core.qemu_machine, "-nographic", "-monitor", "none", "-serial", "none",
-        "-semihosting-config", "enable=on,target=native", "-kernel", str(elf),
+        "-semihosting-config", "enable=on,target=native", "-icount", f"shift={ICOUNT_SHIFT}", "-kernel", str(elf),
     ]
 
 
@@ -625,3 +643,10 @@ def _stack_report(console: str, target: str) -> tuple[int, int]:
     if found is None:
         raise ExportError(f"{target}: the program did not report its stack depth: {console.strip()[-200:]!r}")
     return int(found.group(1)), int(found.group(2))
+
+
+def _cycles_report(console: str, target: str) -> int:
+    found = _COUNT_REPORT.search(console)
+    if found is None:
+        raise ExportError(f"{target}: the program did not report its cycle count: {console.strip()[-200:]!r}")
+    return int(found.group(1))

@@ -34,7 +34,7 @@ tf_vectors:
     .word tf_fault_handler   /* DebugMonitor */
     .word 0                  /* reserved */
     .word tf_fault_handler   /* PendSV */
-    .word tf_fault_handler   /* SysTick */
+    .word tf_systick_handler /* SysTick: counts the wraps of tf_count_start's timer */
     /* No external interrupt is enabled, so the table ends with the system exceptions. */
 
     .section .text.Reset_Handler, "ax", %progbits

@@ -1,5 +1,6 @@
 /* tightfit: semihosting calls (ARM "Semihosting for AArch32 and AArch64", v2),
- * the stack report and the fault handler of the microcontroller test program. */
+ * the stack report, the SysTick cycle count and the fault handler of the microcontroller
+ * test program. */
 #include <stdint.h>
 #include <string.h>
 
@@ -111,13 +112,13 @@ void tf_exit(int status)
     }
 }
 
-static void print_decimal(uint32_t value)
+static void print_decimal(uint64_t value)
 {
-    char text[12];
+    char text[21];
     char *p = text + sizeof text - 1;
     *p = '\0';
     do {
-        *--p = (char)('0' + value % 10u);
+        *--p = (char)('0' + (uint32_t)(value % 10u));
         value /= 10u;
     } while (value != 0u);
     tf_print(p);
@@ -166,4 +167,62 @@ void tf_fault_handler(void)
     }
     tf_print("\n");
     tf_exit(3);
+}
+
+/* SysTick (ARMv7-M's system timer, in every Cortex-M) counts the core clock down from RELOAD;
+ * its interrupt counts the wraps, so a count far beyond its 24 bits stays exact. */
+#define SYST_CSR (*(volatile uint32_t *)0xE000E010u)
+#define SYST_RVR (*(volatile uint32_t *)0xE000E014u)
+#define SYST_CVR (*(volatile uint32_t *)0xE000E018u)
+#define SCB_ICSR (*(volatile uint32_t *)0xE000ED04u)
+#define SYST_RELOAD 0x00FFFFFFu
+#define SYST_ENABLE_TICKINT_CORECLK 0x7u
+#define ICSR_PENDSTSET (1u << 26)
+#define ICSR_PENDSTCLR (1u << 25)
+
+static volatile uint32_t systick_wraps;
+static uint32_t systick_start;
+
+void tf_systick_handler(void)
+{
+    ++systick_wraps;
+}
+
+void tf_count_start(void)
+{
+    SYST_CSR = 0u;
+    SYST_RVR = SYST_RELOAD;
+    SYST_CVR = 0u;  /* any write clears it */
+    SYST_CSR = SYST_ENABLE_TICKINT_CORECLK;
+    /* The counter loads RELOAD on its first tick, which may raise the interrupt: wait for the
+     * load, then forget any wrap it caused, so the count starts from a value that was read. */
+    while (SYST_CVR == 0u) {
+    }
+    SCB_ICSR = ICSR_PENDSTCLR;
+    systick_wraps = 0u;
+    systick_start = SYST_CVR;
+}
+
+void tf_count_stop(const char *what)
+{
+    /* Read while it runs (qemu's value of a stopped SysTick is not the last count), then stop. */
+    uint32_t wraps_before = systick_wraps;
+    uint32_t value = SYST_CVR;
+    SYST_CSR = 0u;
+    uint64_t wraps = systick_wraps;
+    if (SCB_ICSR & ICSR_PENDSTSET) {
+        /* A wrap whose interrupt was not taken: it came before the read if the value just
+         * reloaded (high), after it if the value is low; the read-to-stop gap is a few cycles. */
+        wraps += value > SYST_RELOAD / 2u ? 1u : 0u;
+        SCB_ICSR = ICSR_PENDSTCLR;
+    } else if (wraps != wraps_before && value < SYST_RELOAD / 2u) {
+        --wraps;  /* the interrupt came between the read and the stop */
+    }
+    /* It counts down: each wrap adds RELOAD + 1 cycles, and value may exceed the start. */
+    uint64_t cycles = wraps * ((uint64_t)SYST_RELOAD + 1u) + systick_start - value;
+    tf_print("tightfit-mcu: ");
+    tf_print(what);
+    tf_print(" took ");
+    print_decimal(cycles);
+    tf_print(" core clock cycles\n");
 }

@@ -25,6 +25,12 @@ void tf_print(const char *text);
 void tf_exit(int status) __attribute__((noreturn));
 /* Called by Reset_Handler with main's status: checks and reports the stack, then exits. */
 void tf_finish(int status) __attribute__((noreturn));
+/* Count the core clock with SysTick from tf_count_start to tf_count_stop, which prints
+ * "tightfit-mcu: <what> took <N> core clock cycles". Under qemu -icount the board's clock
+ * follows the instructions executed, so N stands for an instruction count. */
+void tf_count_start(void);
+void tf_count_stop(const char *what);
+void tf_systick_handler(void);
 /* Any fault or unexpected exception: one line, then exit with status 3. */
 void tf_fault_handler(void);
 
