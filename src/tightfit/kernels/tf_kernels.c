@@ -1431,6 +1431,57 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
     return 0;
 }
 
+/* A table's rows as the steps they stand for: a REPEAT row runs the `body` rows after it `count`
+ * times, iteration r running each body row with its moving fields at their first value + r * step
+ * (a copy of its arguments, moved). Every walk of a table (one thread's or several's) goes
+ * through next_step, so a loop means the same steps wherever it runs. */
+typedef struct {
+    const tf_step *rows; long count, i; /* i: the next row outside a loop */
+    const tf_step *loop; long r, j, k;  /* in a loop: its REPEAT row, iteration, body row, next delta */
+    tf_step step;                       /* a moved step handed out */
+    tf_any_args args;                   /* its arguments */
+} cursor;
+
+static void cursor_at(cursor *c, const tf_step *rows, long count) {
+    c->rows = rows, c->count = count, c->i = 0, c->loop = NULL, c->r = c->j = c->k = 0;
+}
+
+/* Body row j of the loop on iteration r: the row itself when none of its fields move. */
+static const tf_step *loop_step(cursor *c, const tf_repeat_args *a, long j) {
+    const tf_step *row = c->loop + 1 + j;
+    if (c->k >= a->deltas || a->delta[c->k].row != j) return row;
+    memcpy(&c->args, row->args, (size_t)a->delta[c->k].size);
+    for (; c->k < a->deltas && a->delta[c->k].row == j; c->k++) {
+        const tf_delta *d = &a->delta[c->k];
+        tf_int *field = (tf_int *)((char *)&c->args + d->at);
+        *field = (tf_int)(*field + c->r * d->step);
+    }
+    c->step.kind = row->kind;
+    c->step.args = &c->args;
+    return &c->step;
+}
+
+/* The next step, NULL after the last. */
+static const tf_step *next_step(cursor *c) {
+    for (;;) {
+        if (c->loop) {
+            const tf_repeat_args *a = (const tf_repeat_args *)c->loop->args;
+            if (c->j == a->body) c->j = 0, c->k = 0, c->r++;
+            if (c->r < a->count) return loop_step(c, a, c->j++);
+            c->i += 1 + a->body;
+            c->loop = NULL;
+            continue;
+        }
+        if (c->i >= c->count) return NULL;
+        const tf_step *row = &c->rows[c->i];
+        if (row->kind != TF_STEP_REPEAT) {
+            c->i++;
+            return row;
+        }
+        c->loop = row, c->r = 0, c->j = 0, c->k = 0;
+    }
+}
+
 #if TF_THREADS
 /* Output rows [r0, r1) of a convolution: the same arithmetic per output element as the whole step
  * (each element's taps are summed in the same order), so any split gives the same bits. The input
@@ -1506,8 +1557,9 @@ static int meet(team *t) {
 
 static void walk(team *t, int id) {
     int after_shared = 0, failed = 0;
-    for (long i = 0; i < t->count; i++) {
-        const tf_step *step = &t->steps[i];
+    cursor c;
+    cursor_at(&c, t->steps, t->count);
+    for (const tf_step *step; (step = next_step(&c)) != NULL;) {
         if (shared_step(step, t->threads)) {
             if (meet(t)) return;
             share_of(t->arena, t->weights, step, id, t->threads);
@@ -1574,17 +1626,21 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
            tf_input_fn input, void *ctx, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
-    for (long i = 0; threads > 1 && i < count; i++) {
+    cursor scan;
+    cursor_at(&scan, steps, count);
+    for (const tf_step *step; threads > 1 && (step = next_step(&scan)) != NULL;) {
         int status;
-        if (shared_step(&steps[i], threads)) {
+        if (shared_step(step, threads)) {
             if (run_threads(arena, weights, indices, steps, count, input, ctx, threads, &status)) return status;
             break;
         }
     }
 #endif
     (void)threads;
-    for (long i = 0; i < count; i++) {
-        const int status = run_step(arena, weights, indices, &steps[i], input, ctx);
+    cursor c;
+    cursor_at(&c, steps, count);
+    for (const tf_step *step; (step = next_step(&c)) != NULL;) {
+        const int status = run_step(arena, weights, indices, step, input, ctx);
         if (status) return status;
     }
     return 0;
