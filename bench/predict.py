@@ -36,10 +36,12 @@ shared: the load is printed, and rows taken while it exceeds the core count are 
 
 The exported program (issue 39 point 6): every plan is exported (`tightfit.export.export`, weights in
 weights.bin) and built with the check's default flags (-O3 -march=native, static); in each round,
-after the executor's timings, each program runs on the same core, its input read whole first (-p),
-as many times as the executor's worker does (one more, at least 3), and its own median of those runs
-(wall time around each run, printed by the program) is that round's time; the median over the rounds
-is printed beside the executor's, with its own error per technique. The cost model profiles steps
+after the executor's timings, each program runs on the same core, its input read whole first (-p):
+once, and 1 + k times (k as many runs as the executor's worker makes, at least 2); the difference of
+the two processes' CPU time (user + system, from the kernel's accounting of waited-for children),
+divided by k, is that round's time of a run (loading and the cold first run cancel; the executor's
+steps are timed by thread CPU time too). The median over the rounds is printed beside the executor's,
+with its own error per technique. The cost model profiles steps
 through the library's tf_run, as both run them, so one profile predicts both.
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -151,10 +154,21 @@ def build_programs(plans: list, graph, work: Path) -> list[Program | str]:
 
 
 def time_program(program: Program, frames: int) -> float:
-    """The program's own median seconds of a run over `frames` runs (at least 3) in one process."""
+    """CPU seconds of one run of the program: its process's CPU time (user + system, as the
+    executor's step clock counts) over 1 + k runs less over 1 run, divided by k (k = `frames`, at
+    least 2): loading, the weights' pages and the cold first run cancel, and other processes holding
+    the core count in neither."""
     from tightfit.export.build import run
 
-    return run(program.binary, program.inputs, program.sizes, max(3, frames), program.weights, preload=True).median_seconds
+    k = max(2, frames)
+
+    def cpu(runs: int) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run(program.binary, program.inputs, program.sizes, runs, program.weights, preload=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+    return max(cpu(1 + k) - cpu(1), 0.0) / k
 
 
 def measure(plans: list, graph, runs: int, span: float, first: list[float], programs: list | None = None) -> dict:
