@@ -22,7 +22,7 @@ from tightfit.runtime.executor import ArenaExecutor
 # (model, plan, the largest share of its steps its tables keep as rows). mobilenet_v1_025 by parts: its
 # layers' firings interleave differently from band to band (five downsamplings), so few runs repeat.
 SPLIT = [("minakova5", {"method": "parts", "rows": 1}, 0.5), ("mobilenet_v1_025", {"method": "parts", "rows": 2}, 1.0),
-         ("mobilenet_v1_025", {"method": "tiling", "tiling": "0-5:4x4:reuse"}, 0.8)]
+         ("mobilenet_v1_025", {"method": "tiling", "tiling": "0-5:8x8:reuse"}, 0.8)]
 
 
 def _copy(off: int, h0: int) -> Args:
@@ -85,7 +85,7 @@ def test_the_exported_program_walks_the_same_loops(tmp_path):
     from tightfit.api import check_export
     from tightfit.export import export
 
-    plan, graphs = tightfit.api.plan("mobilenet_v1_025", method="tiling", tiling="0-5:4x4:reuse")
+    plan, graphs = tightfit.api.plan("mobilenet_v1_025", method="tiling", tiling="0-5:8x8:reuse")
     sources = export(plan, graphs, tmp_path / "out")
     text = sources.files[f"{sources.name}.c"].decode()
     ctx = Context(plan, graphs, 0)
@@ -93,3 +93,42 @@ def test_the_exported_program_walks_the_same_loops(tmp_path):
     assert text.count("{TF_STEP_REPEAT,") == sum(a.kind == "repeat" for a in rows) > 0
     chk = check_export(plan, graphs, sources, tmp_path / "out", runs=1)
     assert chk.ok, chk.max_abs_diff
+
+
+def _walked(args: list[Args], threads: int = 1) -> np.ndarray:
+    """An arena of 4,000 floats after tf_run walks `args` as a table."""
+    from tightfit.kernels import library
+
+    arena = np.arange(4000, dtype=np.float32)
+    table = library.StepTable(args)
+    status = library.library().tf_run(arena.ctypes.data, arena.ctypes.data, arena.ctypes.data, table.address,
+                                      table.count, None, None, threads)
+    assert status == 0
+    return arena
+
+
+def test_loops_within_loops_walk_the_same_steps_in_c():
+    """Rows of 4 copies moving along the row, the rows moving down (and their copies growing): a
+    loop of loops, whose steps tf_run walks as it walks the steps one by one (the same bits)."""
+    def copy(x: int, y: int, n: int) -> Args:
+        return Args("copy", "tf_copy_args", (View(x, (1, 1, 1, n), (n, n, n, 1)), View(y, (1, 1, 1, n), (n, n, n, 1))))
+
+    args = [copy(7 * c + 100 * r, 2000 + 3 * c + 50 * r, 2 + r) for r in range(5) for c in range(4)]
+    rows = loops.table_rows([1] * len(args), args)
+    assert [(i, a.fields[:2]) for i, a in enumerate(rows) if a.kind == "repeat"] == [(0, (2, 5)), (1, (1, 4))]
+    assert len(rows) == 3 and loops.expand(rows) == len(args)
+    plain = _walked(args)
+    assert np.array_equal(_walked(rows), plain) and not np.array_equal(plain, np.arange(4000, dtype=np.float32))
+    assert np.array_equal(_walked(rows, threads=3), plain)
+
+
+def test_a_table_nested_deeper_than_the_library_walks_fails_the_run():
+    from tightfit.kernels import library
+
+    inner = [Args("copy", "tf_copy_args", (View(0, (1, 1, 1, 1), (1, 1, 1, 1)), View(10, (1, 1, 1, 1), (1, 1, 1, 1))))]
+    for _ in range(loops.MAX_DEPTH + 1):
+        inner = [Args("repeat", "tf_repeat_args", (len(inner), 2, 0, loops.Array("tf_delta", ())))] + inner
+    arena = np.zeros(64, np.float32)
+    table = library.StepTable(inner)
+    assert library.library().tf_run(arena.ctypes.data, arena.ctypes.data, arena.ctypes.data, table.address,
+                                    table.count, None, None, 1) == -1

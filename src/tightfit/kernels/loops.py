@@ -30,6 +30,10 @@ INT_TYPES = (abi.I, abi.N)
 # of a parts plan that also steps a downsampled layer has a period of several bands.
 TRIES = 64
 MIN_COUNT = 2  # iterations that make a loop worth its REPEAT row
+# A run repeated this often at the shortest period is taken at once (a tile row's interior tiles),
+# rather than a longer period that covers more (whole tile rows): the longer one is then found
+# around it, as a loop of loops. Below it, the period covering the most steps is taken.
+INNER_COUNT = 3
 
 
 class CValue(int):
@@ -111,6 +115,9 @@ def find_loops(flats: Sequence[Flat]) -> list[Loop]:
             if i + 2 * period > n:
                 break
             count = _repeats(sig, vals, i, period)
+            if count >= INNER_COUNT:  # the innermost loop first: the ones around it are found over the loops
+                best = (count, period)
+                break
             if count >= MIN_COUNT and (best is None or count * period > best[0] * best[1]):
                 best = (count, period)
         if best is None:
@@ -151,43 +158,77 @@ def _offset(ctype: str, path: tuple[str, ...]) -> int:
     return at
 
 
-def repeat_args(loop: Loop, body: Sequence[Args], flats: Sequence[Flat]) -> Args:
-    """The REPEAT row's arguments: the body's size and count, and each moving field's step."""
-    deltas = []
-    for j, (a, f, steps) in enumerate(zip(body, flats, loop.steps)):
-        size = CValue(ctypes.sizeof(STRUCTS[a.ctype]), f"sizeof({a.ctype})")
-        for path, d in zip(f.paths, steps):
-            if d:
-                dotted = ".".join(path)
-                deltas.append(Struct("tf_delta", (j, size, CValue(_offset(a.ctype, path), f"offsetof({a.ctype}, {dotted})"), d)))
-    return Args("repeat", "tf_repeat_args", (loop.body, loop.count, len(deltas), Array("tf_delta", tuple(deltas))),
-                f"the next {loop.body} steps {loop.count} times ({len(deltas)} moving fields)")
+MAX_DEPTH = 4  # loops within loops (tf_kernels.c's TF_MAX_LOOPS): a tiled plan's columns within its rows
+
+
+@dataclass(frozen=True)
+class Item:
+    """A step, or a loop with its body, as rows of the table; what a loop around it compares."""
+
+    rows: tuple[Args, ...]
+    flats: tuple[Flat, ...]  # one per row (a REPEAT row's: all its fields fixed)
+
+    def flat(self) -> Flat:
+        return Flat(tuple(f.key for f in self.flats), (), tuple(x for f in self.flats for x in f.ints))
+
+
+def repeat_args(loop: Loop, body: Sequence[Item]) -> Args:
+    """The REPEAT row's arguments: the body's rows and count, and each moving field's step (its
+    row within the body, in row order)."""
+    deltas, j = [], 0
+    for item, steps in zip(body, loop.steps):
+        at = 0
+        for a, f in zip(item.rows, item.flats):
+            size = CValue(ctypes.sizeof(STRUCTS[a.ctype]), f"sizeof({a.ctype})")
+            for path, d in zip(f.paths, steps[at : at + len(f.ints)]):
+                if d:
+                    where = CValue(_offset(a.ctype, path), f"offsetof({a.ctype}, {'.'.join(path)})")
+                    deltas.append(Struct("tf_delta", (j, size, where, d)))
+            at += len(f.ints)
+            j += 1
+    return Args("repeat", "tf_repeat_args", (j, loop.count, len(deltas), Array("tf_delta", tuple(deltas))),
+                f"the next {j} rows {loop.count} times ({len(deltas)} moving fields)")
+
+
+def _grouped(items: list[Item], found: list[Loop]) -> list[Item]:
+    """`items` with each loop's items replaced by one: its REPEAT row and the body's rows."""
+    out: list[Item] = []
+    at = 0
+    for loop in found:
+        out += items[at : loop.first]
+        body = items[loop.first : loop.first + loop.body]
+        rep = repeat_args(loop, body)
+        out.append(Item((rep,) + tuple(a for it in body for a in it.rows),
+                        (Flat(("repeat", rep.fields), (), ()),) + tuple(f for it in body for f in it.flats)))
+        at = loop.first + loop.body * loop.count
+    return out + items[at:]
 
 
 def table_rows(layers: Sequence[int], args: Sequence[Args]) -> list[Args]:
     """A partition's steps (their layers and kernel arguments) as its table's rows: repeated runs as
-    a REPEAT row and their first iteration, every other step as itself."""
-    flats = [flatten(layer, a) for layer, a in zip(layers, args)]
-    rows: list[Args] = []
-    at = 0
-    for loop in find_loops(flats):
-        rows += args[at : loop.first]
-        body = slice(loop.first, loop.first + loop.body)
-        rows.append(repeat_args(loop, args[body], flats[body]))
-        rows += args[body]
-        at = loop.first + loop.body * loop.count
-    return rows + list(args[at:])
+    a REPEAT row and their first iteration, runs of those repeated again as loops around them
+    (MAX_DEPTH deep), every other step as itself."""
+    items = [Item((a,), (flatten(layer, a),)) for layer, a in zip(layers, args)]
+    for _ in range(MAX_DEPTH):
+        found = find_loops([it.flat() for it in items])
+        if not found:
+            break
+        items = _grouped(items, found)
+    return [a for it in items for a in it.rows]
 
 
 def expand(rows: Sequence[Args]) -> int:
     """The number of steps a table's rows stand for (as tf_run walks them)."""
-    total, i = 0, 0
-    while i < len(rows):
+    return _steps(rows, 0, len(rows))
+
+
+def _steps(rows: Sequence[Args], i: int, end: int) -> int:
+    total = 0
+    while i < end:
         a = rows[i]
         if a.kind == "repeat":
-            body, count = a.fields[0], a.fields[1]
-            total += body * count
-            i += 1 + body
+            total += a.fields[1] * _steps(rows, i + 1, i + 1 + a.fields[0])
+            i += 1 + a.fields[0]
         else:
             total += 1
             i += 1

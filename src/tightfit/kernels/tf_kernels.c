@@ -1432,53 +1432,78 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
 }
 
 /* A table's rows as the steps they stand for: a REPEAT row runs the `body` rows after it `count`
- * times, iteration r running each body row with its moving fields at their first value + r * step
- * (a copy of its arguments, moved). Every walk of a table (one thread's or several's) goes
- * through next_step, so a loop means the same steps wherever it runs. */
+ * times (a body may hold loops of its own, TF_MAX_LOOPS deep), iteration r of each enclosing loop
+ * adding r * step to the moving fields of its body's rows (a copy of their arguments, moved). Every
+ * walk of a table (one thread's or several's) goes through next_step, so a loop means the same
+ * steps wherever it runs. */
+#define TF_MAX_LOOPS 4
+typedef struct { const tf_repeat_args *a; long first, end, r; } loop_level; /* body rows [first, end) */
 typedef struct {
-    const tf_step *rows; long count, i; /* i: the next row outside a loop */
-    const tf_step *loop; long r, j, k;  /* in a loop: its REPEAT row, iteration, body row, next delta */
+    const tf_step *rows; long count, i; /* i: the next row */
+    loop_level at[TF_MAX_LOOPS];
+    int depth, bad;                     /* bad: a table nested deeper than TF_MAX_LOOPS */
     tf_step step;                       /* a moved step handed out */
     tf_any_args args;                   /* its arguments */
 } cursor;
 
 static void cursor_at(cursor *c, const tf_step *rows, long count) {
-    c->rows = rows, c->count = count, c->i = 0, c->loop = NULL, c->r = c->j = c->k = 0;
+    c->rows = rows, c->count = count, c->i = 0, c->depth = 0, c->bad = 0;
 }
 
-/* Body row j of the loop on iteration r: the row itself when none of its fields move. */
-static const tf_step *loop_step(cursor *c, const tf_repeat_args *a, long j) {
-    const tf_step *row = c->loop + 1 + j;
-    if (c->k >= a->deltas || a->delta[c->k].row != j) return row;
-    memcpy(&c->args, row->args, (size_t)a->delta[c->k].size);
-    for (; c->k < a->deltas && a->delta[c->k].row == j; c->k++) {
-        const tf_delta *d = &a->delta[c->k];
-        tf_int *field = (tf_int *)((char *)&c->args + d->at);
-        *field = (tf_int)(*field + c->r * d->step);
+/* The first of loop a's deltas for body row j (deltas are in row order), or a->deltas. */
+static long first_delta(const tf_repeat_args *a, long j) {
+    long lo = 0, hi = a->deltas;
+    while (lo < hi) {
+        const long mid = lo + (hi - lo) / 2;
+        if (a->delta[mid].row < j) lo = mid + 1;
+        else hi = mid;
     }
+    return lo;
+}
+
+/* Row i as run now: itself when no enclosing loop moves a field of it. */
+static const tf_step *moved(cursor *c, const tf_step *row, long i) {
+    int copied = 0;
+    for (int d = 0; d < c->depth; d++) {
+        const loop_level *l = &c->at[d];
+        const long j = i - l->first;
+        for (long k = first_delta(l->a, j); l->r > 0 && k < l->a->deltas && l->a->delta[k].row == j; k++) {
+            const tf_delta *dl = &l->a->delta[k];
+            if (!copied) memcpy(&c->args, row->args, (size_t)dl->size), copied = 1;
+            tf_int *field = (tf_int *)((char *)&c->args + dl->at);
+            *field = (tf_int)(*field + l->r * dl->step);
+        }
+    }
+    if (!copied) return row;
     c->step.kind = row->kind;
     c->step.args = &c->args;
     return &c->step;
 }
 
-/* The next step, NULL after the last. */
+/* The next step, NULL after the last (or on a table too deeply nested: c->bad). */
 static const tf_step *next_step(cursor *c) {
     for (;;) {
-        if (c->loop) {
-            const tf_repeat_args *a = (const tf_repeat_args *)c->loop->args;
-            if (c->j == a->body) c->j = 0, c->k = 0, c->r++;
-            if (c->r < a->count) return loop_step(c, a, c->j++);
-            c->i += 1 + a->body;
-            c->loop = NULL;
+        if (c->depth > 0 && c->i == c->at[c->depth - 1].end) {
+            loop_level *l = &c->at[c->depth - 1];
+            if (++l->r < l->a->count) c->i = l->first;
+            else c->depth--;
             continue;
         }
         if (c->i >= c->count) return NULL;
         const tf_step *row = &c->rows[c->i];
-        if (row->kind != TF_STEP_REPEAT) {
-            c->i++;
-            return row;
+        if (row->kind != TF_STEP_REPEAT) return moved(c, row, c->i++);
+        const tf_repeat_args *a = (const tf_repeat_args *)row->args;
+        if (a->body <= 0 || a->count <= 0) {
+            c->i += 1 + (a->body > 0 ? a->body : 0);
+            continue;
         }
-        c->loop = row, c->r = 0, c->j = 0, c->k = 0;
+        if (c->depth == TF_MAX_LOOPS) {
+            c->bad = 1;
+            return NULL;
+        }
+        loop_level *l = &c->at[c->depth++];
+        l->a = a, l->first = c->i + 1, l->end = c->i + 1 + a->body, l->r = 0;
+        c->i++;
     }
 }
 
@@ -1578,6 +1603,11 @@ static void walk(team *t, int id) {
             }
         }
     }
+    if (id == 0 && c.bad && !failed) { /* every thread stopped at the same row: no one is left waiting */
+        pthread_mutex_lock(&t->mu);
+        t->status = -1;
+        pthread_mutex_unlock(&t->mu);
+    }
 }
 
 static void *worker(void *arg) {
@@ -1643,7 +1673,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
         const int status = run_step(arena, weights, indices, step, input, ctx);
         if (status) return status;
     }
-    return 0;
+    return c.bad ? -1 : 0;
 }
 
 int tf_threads(void) {
