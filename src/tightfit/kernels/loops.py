@@ -106,14 +106,17 @@ def find_loops(flats: Sequence[Flat]) -> list[Loop]:
     for i, s in enumerate(sig.tolist()):
         where.setdefault(s, []).append(i)
     loops, i = [], 0
+    seq = sig.tolist()
     while i < n:
         best = None
-        places = where[int(sig[i])]
+        places = where[seq[i]]
         at = bisect.bisect_right(places, i)
         for k in places[at : at + TRIES]:
             period = k - i
             if i + 2 * period > n:
                 break
+            if seq[k - 1] != seq[k + period - 1] or seq[i + period // 2] != seq[k + period // 2]:
+                continue  # the two blocks differ at their ends or middles: no need to compare them whole
             count = _repeats(sig, vals, i, period)
             if count >= INNER_COUNT:  # the innermost loop first: the ones around it are found over the loops
                 best = (count, period)
