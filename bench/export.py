@@ -2,7 +2,7 @@
 acceptance 2), and MAFAT's experiment as a real process under a memory limit (acceptance 3).
 
     .venv/bin/python bench/export.py [--rounds 3] [--runs 3] [--only MODEL,...] [--skip-emx] [--skip-mafat]
-                                     [--mafat-plans DIR64,DIR32,DIR16]
+                                     [--mafat-budgets 64,32,16] [--mafat-plans DIR64,DIR32,DIR16]
 
 Part 1, per plan (mobilenet_v2 and resnet18 reuse; mobilenet_v2 tiled and by parts aiming at 1/2
 and 1/8 of its reuse arena; tiny-yolov2 and yolov2-16 reuse and tiled aiming at 1/8 of theirs; the
@@ -103,6 +103,8 @@ class Row:
     c_ok: bool = False
     c_diff: float = float("nan")
     c_peak: int = 0
+    code: int = 0        # the binary's text + data besides the weights (`size`)
+    rows: int = 0        # its step tables' rows (a repeated run of steps: one REPEAT row and its body)
     limit: int = 0
     arena: int = 0
     weights: int = 0
@@ -153,12 +155,12 @@ def plans_part1(only: set[str] | None, search: bool) -> list[Row]:
 
 
 def seeded_inputs(row: Row) -> list[np.ndarray]:
-    return [x.numpy() for x in tightfit.api.plan_inputs(row.graphs, row.plan)]
+    return [np.asarray(x) for x in tightfit.api.plan_inputs(row.graphs, row.plan)]
 
 
 def references(row: Row) -> list[np.ndarray]:
     xs = tightfit.api.plan_inputs(row.graphs, row.plan)
-    return [run_reference(g, x)[t].numpy() for g, x in zip(row.graphs, xs) for t in g.outputs]
+    return [np.asarray(run_reference(g, x)[t]) for g, x in zip(row.graphs, xs) for t in g.outputs]
 
 
 def prepare_c(row: Row, work: Path) -> None:
@@ -167,6 +169,7 @@ def prepare_c(row: Row, work: Path) -> None:
     sources = export(row.plan, row.graphs, row.folder, force=True)  # a --keep folder of an earlier run
     chk = check_export(row.plan, row.graphs, sources, row.folder, runs=1)
     row.c_ok, row.c_diff, row.c_peak, row.limit = chk.ok, chk.max_abs_diff, chk.peak_rss, chk.budget_bytes
+    row.code, row.rows = chk.code_bytes, sources.files[f"{sources.name}.c"].decode().count("{TF_STEP_")
     row.arena, row.weights = chk.arena_bytes, chk.weight_bytes
     row.binary = chk.built.binary
     row.weights_file = row.folder / "weights.bin" if sources.weights_in_file else None
@@ -307,7 +310,7 @@ def part1(args, work: Path) -> None:
             if row.error:
                 continue
             x = xs[id(row)]
-            time_c(row, [t.numpy() for t in x], [refs[row.model].size], args.runs)
+            time_c(row, [np.asarray(t) for t in x], [refs[row.model].size], args.runs)
             ex = executors[id(row)]
             ex.run(x)
             for _ in range(args.runs):
@@ -315,7 +318,7 @@ def part1(args, work: Path) -> None:
                 ex.run(x)
                 row.py_times.append(time.perf_counter() - t0)
             s = sessions[row.model]
-            feed = {s.get_inputs()[0].name: x[0].numpy()}
+            feed = {s.get_inputs()[0].name: np.asarray(x[0])}
             s.run(None, feed)
             for _ in range(args.runs):
                 t0 = time.perf_counter()
@@ -326,6 +329,34 @@ def part1(args, work: Path) -> None:
         peak_load = max(peak_load, load_average())
         print(f"  round {rnd + 1}/{args.rounds} done{loaded()}", flush=True)
     print_part1(rows, emxs, ort_peaks, peak_load)
+    print_program_sizes(rows)
+
+
+# Issue 39 point 8: a split plan's program within this much of its model's reuse program (code +
+# constants besides the weights): its step tables grow with the layers and the plan's period, not
+# with its bands or tiles.
+CODE_GROWTH = 1.10
+
+
+def print_program_sizes(rows: list[Row]) -> None:
+    print()
+    print("The programs' own size (issue 39 point 8: repeated steps as loops; code: text + data besides the weights, "
+          "`size`; peak: the whole process's VmHWM)")
+    head = f"{'plan':<24} {'steps':>6} {'rows':>6} {'code':>9} {'vs reuse':>8} {'peak':>9} {'w+a':>9} {'peak-w-a':>9}  target"
+    print(head)
+    print("-" * len(head))
+    reuse = {r.model: r.code for r in rows if r.label.endswith(" reuse") and not r.error}
+    for r in rows:
+        if r.error:
+            continue
+        steps = sum(len(p.steps) for p in r.plan.partitions)
+        ratio = r.code / reuse[r.model] if r.model in reuse else float("nan")
+        checks = [] if r.label.endswith(" reuse") else [
+            (ratio <= CODE_GROWTH, f"code {ratio:.2f}x the reuse program's (> {CODE_GROWTH:.2f}x)")]
+        print(f"{r.label:<24} {steps:>6} {r.rows:>6} {human(r.code):>9} {ratio:8.2f} {human(r.c_peak):>9} "
+              f"{human(r.weights + r.arena):>9} {human(r.c_peak - r.weights - r.arena):>9}  "
+              + (verdict(checks) if checks else "-"))
+    print(f"target: a split plan's code + constants within {CODE_GROWTH:.2f}x its model's reuse program's.")
 
 
 def print_part1(rows: list[Row], emxs: dict, ort_peaks: dict, peak_load: float) -> None:
@@ -375,8 +406,9 @@ def part2(args, work: Path) -> None:
     print("Part 2: MAFAT Table 4.1 as a real process (yolov2-16, 608x608; budgets count weights + the whole process)")
     plan, graphs = tightfit.api.plan("yolov2-16")
     cases = [("unconstrained (reuse)", None, plan, graphs)]
-    folders = args.mafat_plans.split(",") if args.mafat_plans else [None] * len(MAFAT_BUDGETS_MIB)
-    for budget_mib, folder in zip(MAFAT_BUDGETS_MIB, folders):
+    budgets = [int(b) for b in args.mafat_budgets.split(",")]
+    folders = args.mafat_plans.split(",") if args.mafat_plans else [None] * len(budgets)
+    for budget_mib, folder in zip(budgets, folders):
         path = Path(folder or fit_yolov2_16(budget_mib, work)) / "plan.json"
         if not path.exists():
             print(f"  {budget_mib} MiB: no fitted plan at {path}")
@@ -457,7 +489,7 @@ def mafat_checks(budget_mib: int, res) -> list[tuple[bool, str]]:
 def time_binary(chk, plan, graphs, sources, runs: int) -> float:
     """Median seconds of 2 * runs + 1 runs in one process (its first run is cold), input read whole first."""
     folder = chk.built.binary.parent
-    x = [t.numpy() for t in tightfit.api.plan_inputs(graphs, plan)]
+    x = [np.asarray(t) for t in tightfit.api.plan_inputs(graphs, plan)]
     sizes = [int(np.prod(g.shape(o))) for g in graphs for o in g.outputs]
     weights = folder / "weights.bin" if sources.weights_in_file else None
     return run(chk.built.binary, x, sizes, 2 * runs + 1, weights, preload=True).median_seconds
@@ -485,8 +517,8 @@ def prlimit_run(chk, plan, graphs, sources, folder: Path, kind: str, budget_mib:
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         return "no prlimit"
-    x = [t.numpy() for t in tightfit.api.plan_inputs(graphs, plan)]
-    refs = [run_reference(g, t)[o].numpy() for g, t in zip(graphs, tightfit.api.plan_inputs(graphs, plan)) for o in g.outputs]
+    x = [np.asarray(t) for t in tightfit.api.plan_inputs(graphs, plan)]
+    refs = [np.asarray(run_reference(g, t)[o]) for g, t in zip(graphs, tightfit.api.plan_inputs(graphs, plan)) for o in g.outputs]
     wrapper = folder / f"limited-{kind}"
     wrapper.write_text(f"#!/bin/sh\nexec {prlimit} --{kind}={budget_mib * MiB} {chk.built.binary} \"$@\"\n")
     wrapper.chmod(0o755)
@@ -512,8 +544,10 @@ def main() -> int:
                     "the reuse arena instead of the explicit ones (slow: minutes per plan)")
     ap.add_argument("--skip-part1", action="store_true")
     ap.add_argument("--skip-mafat", action="store_true")
+    ap.add_argument("--mafat-budgets", default=",".join(map(str, MAFAT_BUDGETS_MIB)),
+                    help="the MiB budgets of part 2, comma-separated (default 64,32,16)")
     ap.add_argument("--mafat-plans", help="folders written by `tightfit fit yolov2-16 --budget B --with-params --out DIR`"
-                    " for 64, 32 and 16 MiB, comma-separated (default: fit them here, minutes each)")
+                    " for the --mafat-budgets, comma-separated (default: fit them here, minutes each)")
     ap.add_argument("--keep", help="build here instead of a temporary folder")
     args = ap.parse_args()
     set_torch_threads(1)  # one thread everywhere (the header says so)

@@ -124,3 +124,29 @@ def test_a_microcontroller_build_has_no_threads(tmp_path):
                     "-c", str(SOURCES[0]), "-o", str(obj)], check=True, capture_output=True)
     undefined = subprocess.run(["arm-none-eabi-nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout
     assert "pthread" not in undefined and "memcpy" in undefined  # it calls out, but to no thread function
+
+
+def test_fit_threads_parses_and_a_fit_on_two_threads_verifies(tmp_path, capsys, monkeypatch):
+    """`fit --threads 2`: the option reaches FitOptions, the chosen plan's verify, its timing and its
+    measuring process run on two threads, and the report says the count its fps were measured at."""
+    from tightfit import cli, stages
+    from tightfit.cli import main
+    from tightfit.options import FitOptions
+
+    argv = ["fit", "minakova5", "--budget", "5kB", "--threads", "2"]
+    assert cli.fit_options(cli.build_parser().parse_args(argv)) == FitOptions("minakova5", 5000, time_limit=60.0, threads=2)
+    made = []
+    real = stages.ArenaExecutor
+
+    def counted(*args, **kw):
+        made.append(kw.get("threads", 1))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(stages, "ArenaExecutor", counted)
+    out = tmp_path / "out"
+    assert main(argv + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    report = (out / "report.json").read_text()
+    assert '"threads": 2' in report and "fps (2 threads)" in text
+    assert made and set(made) == {2}  # verify, the choice's timings and the fps: every run on two threads
+    assert main(["fit", "minakova5", "--budget", "5kB", "--threads", "0"]) == 2

@@ -3,7 +3,8 @@
 loads those models, then reads its job as one line on stdin (an empty line: nothing to do).
 
 job = {"kind": "reference", "model": spec, "input_shape": [..] | null, "batch": int | null}
-job = {"kind": "plan", "plan": path, "allow_code": bool (its models by module:factory), "enforce_bytes": int | null}
+job = {"kind": "plan", "plan": path, "allow_code": bool (its models by module:factory), "enforce_bytes": int | null,
+       "threads": int (tf_run's; default 1)}
 The model is loaded and its input made before the high-water mark is reset.
 
 A face module, not part of runtime/: it loads models and plans by name (the frontend and
@@ -67,7 +68,7 @@ def _plan_job(job: dict) -> Job:
     windowed = {(s.model, s.out.tensor) for s in plan.steps()
                 if s.kind == "input" and s.out.region.h < graphs[s.model].shape(s.out.tensor)[2]}
     xs = [_sources(g, ref.batch, i, x, windowed) for i, (g, ref, x) in enumerate(zip(graphs, plan.models, plan_inputs(graphs, plan)))]
-    executor = ArenaExecutor(plan, graphs)
+    executor = ArenaExecutor(plan, graphs, threads=int(job.get("threads", 1)))
     # One run before the baseline: the kernel library's code pages a run touches are the program's
     # code, loaded like any library (a first run in the measured window counted up to 448 KiB of
     # them above minakova5's 8 KiB arena); the arena's pages are then given back, so the measured

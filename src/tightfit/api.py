@@ -53,7 +53,7 @@ def plan(model: str, method: str = "reuse", **options) -> tuple[Plan, list[Graph
 def fit(app: FitApp, budget_bytes: int | None = None, **options) -> FitOutcome:
     """Every technique searched for the plan that fits `budget_bytes` (see stages.fit): `options`
     are FitOptions' fields (with_params, min_fps, seed, best_effort, cost, measure, timer,
-    thorough, objective, time_limit, say, ...), and any other keyword a field of the genetic
+    thorough, objective, time_limit, threads, say, ...), and any other keyword a field of the genetic
     search's SearchOptions (generations, pop_size, exhaustive_limit, max_steps)."""
     search = SearchOptions(**{k: v for k, v in options.items() if k not in _FIT_OPTIONS})
     own = {k: v for k, v in options.items() if k in _FIT_OPTIONS}

@@ -169,6 +169,9 @@ def _fit_parser(sub) -> None:
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
+    p.add_argument("--threads", type=COUNT, default=1,
+                   help="threads the plans that fit are timed with and the chosen one is verified and measured with "
+                        "(default 1; its fps are reported at this count)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
     p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
@@ -357,7 +360,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 def fit_options(args: argparse.Namespace) -> FitOptions:
     return FitOptions(args.model, _size(args.budget), args.with_params, args.min_fps, args.objective, args.seed,
                       args.best_effort, args.thorough, args.time_limit, _input_shape(args), args.batch, args.allow_code,
-                      args.out, args.export, args.force, args.target, args.ram, args.flash, say=_say(args))
+                      args.out, args.export, args.force, args.target, args.ram, args.flash, args.threads, say=_say(args))
 
 
 def export_options(args: argparse.Namespace) -> ExportOptions:

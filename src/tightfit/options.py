@@ -110,7 +110,9 @@ class FitOptions:
     `budget` in bytes (run memory, or with `with_params` parameters too), `min_fps` "X" or
     "X,Y,..." (one per CNN), `objective` "speed" or "memory". The command's own: `model`,
     `input_shape`, `batch`, `allow_code`, the folders `out` and `export` (replaced whole only with
-    `force`), and a microcontroller `target` with its `ram` and `flash` as written. What a caller
+    `force`), a microcontroller `target` with its `ram` and `flash` as written, and `threads`: the
+    threads the chosen plan's candidates are timed with and the chosen plan is verified and measured
+    with (tf_run's: a convolution's rows are shared, the outputs the same bits). What a caller
     supplies: `cost` (default this machine's profile), `measure` (the peak in a fresh process),
     `timer` (a plan's fps per CNN; default measured), `sources` (the techniques asked for
     candidates), `progress`, `say`, and `search` (techniques.fit.SearchOptions: the genetic
@@ -134,6 +136,7 @@ class FitOptions:
     target: str = "host"
     ram: str | None = None
     flash: str | None = None
+    threads: int = 1
     cost: CostModel | None = field(default=None, compare=False)
     measure: bool = True
     timer: Callable[[Any, Sequence], Sequence[float]] | None = field(default=None, compare=False)

@@ -217,12 +217,12 @@ def fit(app: FitApp, o: FitOptions) -> FitOutcome:
         raise OptionError("--time-limit must be positive")
     if o.objective not in OBJECTIVES:
         raise OptionError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {o.objective!r}")
+    if o.threads < 1:
+        raise OptionError(f"--threads must be at least 1, got {o.threads}")
+    threads = o.threads
     o = replace(o, cost=o.cost or CostModel.default(),
-                timer=o.timer or (lambda plan, graphs: measure_fps(plan, graphs, CHOICE_RUNS)))
-    # The profile is timed, and the fps predicted and measured, at one thread count: the cores the
-    # measuring process leaves free (a profile timed on cores it loads models on runs slow).
-    threads = run_threads(o.measure)
-    with _threads(threads), _measuring(app, o.measure) as measurement:
+                timer=o.timer or (lambda plan, graphs: measure_fps(plan, graphs, CHOICE_RUNS, threads)))
+    with _measuring(app, o.measure) as measurement:
         outcome = _fit(app, o, measurement)
     outcome.threads = threads
     return outcome
@@ -232,15 +232,6 @@ def _kernel_threads():
     """torch where the kernels that run plans loaded it (its intra-op threads are theirs), else
     None: fit never imports torch itself, an ONNX model's plans need none."""
     return sys.modules.get("torch")
-
-
-def run_threads(measure: bool) -> int:
-    """Threads `fit` times and runs plans with: the kernels' own count, less the core the
-    measuring process takes."""
-    torch = _kernel_threads()
-    own = torch.get_num_threads() if torch is not None else os.cpu_count() or 1
-    free = (os.cpu_count() or 1) - 1 if measure else own
-    return max(1, min(own, free))
 
 
 def _fit(app: FitApp, o: FitOptions, measurement: Measurement | None) -> FitOutcome:
@@ -265,11 +256,11 @@ def _fit(app: FitApp, o: FitOptions, measurement: Measurement | None) -> FitOutc
                                  "passes": profiling.passes, "time_limit": o.time_limit})
 
     def verified() -> None:
-        outcome.max_abs_diff = verify(plan, graphs)
+        outcome.max_abs_diff = verify(plan, graphs, o.threads)
 
     o.say("fit: verifying the outputs and measuring the peak in a fresh process")
     if measurement is not None:  # the peak is measured in a fresh process while the outputs are verified here
-        outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement)
+        outcome.measured = measure_plan(plan, graphs, meanwhile=verified, measurement=measurement, threads=o.threads)
     else:
         verified()
     return outcome
@@ -459,12 +450,12 @@ def checked(plan: Plan, graphs) -> CheckReport:
         raise VerificationFailed(f"the chosen plan fails the checker: {e}") from None
 
 
-def verify(plan: Plan, graphs) -> float:
-    """Run the plan (arena filled with NaN first) and compare every output with the reference
-    executor; returns the largest difference relative to each output's largest value."""
+def verify(plan: Plan, graphs, threads: int = 1) -> float:
+    """Run the plan on `threads` threads (arena filled with NaN first) and compare every output with
+    the reference executor; returns the largest difference relative to each output's largest value."""
     checked(plan, graphs)
     xs = plan_inputs(graphs, plan)
-    outs, _ = execute(plan, graphs, xs, fill_nan=True)
+    outs, _ = execute(plan, graphs, xs, fill_nan=True, threads=threads)
     worst = 0.0
     for m, (g, x, o) in enumerate(zip(graphs, xs, outs)):
         ref = run_reference(g, x)
@@ -478,15 +469,16 @@ def verify(plan: Plan, graphs) -> float:
 
 
 def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[], None] = lambda: None,
-                 measurement: Measurement | None = None) -> dict[str, Any]:
+                 measurement: Measurement | None = None, threads: int = 1) -> dict[str, Any]:
     """Peak above the loaded baseline in a fresh process (`measurement`: one started earlier,
     waiting for its job), and per CNN the fps of its partitions (median of `runs`; a CNN whose
-    partitions all form one pipeline runs as a stream). `meanwhile` runs while that process
-    measures (the fps are measured after it, alone)."""
+    partitions all form one pipeline runs as a stream), both running the plan on `threads` threads.
+    `meanwhile` runs while that process measures (the fps are measured after it, alone)."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.json"
         path.write_text(schema.dumps(plan))
-        job = {"kind": "plan", "plan": str(path), "allow_code": True}  # written here, from models loaded here
+        job = {"kind": "plan", "plan": str(path), "allow_code": True,  # written here, from models loaded here
+               "threads": threads}
         if measurement is None:
             measurement = Measurement(job)
         else:
@@ -499,12 +491,13 @@ def measure_plan(plan: Plan, graphs, runs: int = FPS_RUNS, meanwhile: Callable[[
             raise
         m = measurement.result()
     return {"run_bytes": m.run_bytes, "baseline_bytes": m.baseline_bytes, "uncertainty_bytes": m.uncertainty_bytes,
-            "fps": measure_fps(plan, graphs, runs)}
+            "fps": measure_fps(plan, graphs, runs, threads)}
 
 
-def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS) -> list[float]:
+def measure_fps(plan: Plan, graphs, runs: int = FPS_RUNS, threads: int = 1) -> list[float]:
+    """Per CNN, its fps on `threads` threads (median of `runs` after a warm-up run)."""
     xs = plan_inputs(graphs, plan)
-    ex = ArenaExecutor(plan, graphs)
+    ex = ArenaExecutor(plan, graphs, threads=threads)
     pipeline = len(plan.concurrent) == 1 and len(plan.models) == 1 and len(plan.concurrent[0]) == len(plan.partitions) > 1
     if pipeline:
         ex.run_stream([xs] * 2, lambda f, o: None)

@@ -16,8 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from tightfit.export.errors import ExportError
-from tightfit.kernels.step_args import (BINDERS, Acts, Array, Code, Context, Struct, View, _dims4, access_view,  # noqa: F401
-                                       buffer_strides, step_args)
+from tightfit.kernels.loops import CValue, table_rows
+from tightfit.kernels.step_args import (BINDERS, Acts, Args, Array, Code, Context, Struct, View, _dims4,  # noqa: F401
+                                       access_view, buffer_strides, step_args)
 from tightfit.graph.ir import Graph
 from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Plan, Step
@@ -55,6 +56,8 @@ def acts_c(acts: Acts) -> str:
 
 def value_c(v: object) -> str:
     """One field's initializer."""
+    if isinstance(v, CValue):  # sizeof / offsetof: the target's layout, not the host's
+        return v.c
     if isinstance(v, View):
         return view_c(v)
     if isinstance(v, Code):
@@ -79,7 +82,11 @@ class Emitted:
 
 
 def emit_step(ctx: Context, s: Step) -> Emitted:
-    args = step_args(ctx, s)
+    return emit_args(step_args(ctx, s))
+
+
+def emit_args(args: Args) -> Emitted:
+    """A table row: its kind's code, its struct's type and initializer."""
     return Emitted(Code("STEP", args.kind).c_name, args.ctype, "{" + ", ".join(value_c(f) for f in args.fields) + "}",
                    args.comment)
 
@@ -140,7 +147,7 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
         c.weights, c.indices = ctxs[0].weights, ctxs[0].indices
-    body, tables = _step_tables(plan, graphs, ctxs)
+    body, tables, counts = _step_tables(plan, graphs, ctxs)
     weights_arr = ctxs[0].weights.array()
     _check_index_range(plan.arena_bytes // 4, weights_arr.size, ctxs[0].indices.array().size)
     in_file = weights == "file" or (weights == "auto" and weights_arr.size > C_WEIGHTS_LIMIT)
@@ -148,7 +155,7 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     files = {
         f"{name}.h": _header(plan, graphs, name, upper, in_file, weights_arr.size * 4).encode(),
         f"{name}.c": _model_c(plan, graphs, name, upper, in_file, weights_arr, ctxs[0].indices.array(), body, tables,
-                              outputs, copies, ctxs[0].weights.words).encode(),
+                              outputs, copies, ctxs[0].weights.words, counts).encode(),
         **{f: (KERNELS_DIR / f).read_bytes() for f in KERNEL_FILES},
         "main.c": (C_DIR / "main.c").read_text().replace("MODEL_", upper + "_").replace("model_", name + "_")
                    .replace('"model.h"', f'"{name}.h"').encode(),
@@ -162,13 +169,14 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
 INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
 
 
-def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str]]:
-    """Each partition's step table (one {kind, args} row a step) and the argument structs they
-    point to, each distinct struct once: the bands of a layer by parts or tiles that read and
-    write the same window places (shifted windows, tiles of a reused strip) share one, so the
-    program's constants grow with the layers and the window places, not with every step
-    (mobilenet_v2 by parts in 224 bands: 2,351 steps, 464 structs)."""
+def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str], dict]:
+    """Each partition's step table (kernels/loops.py's rows: a {kind, args} row a step, a run of
+    steps repeated over bands or tiles as one REPEAT row and its first iteration) and the argument
+    structs they point to, each distinct struct once, so that the program's constants grow with
+    the layers and the plan's period, not with every step. Also each table's row count, by
+    partition id and frame copy."""
     body: list[str] = []
+    counts: dict[int, list[int]] = {}
     tables: list[str] = []
     shared: dict[tuple[str, str], str] = {}
     copies = len(ctxs)
@@ -180,16 +188,17 @@ def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -
             body.append(f"\n/* partition {p.id}: model {p.model} ({g.name}), {lays}"
                         + (f", frame copy {c}" if copies > 1 else "") + f", {len(p.steps)} steps */")
             rows = []
-            for i, s in enumerate(p.steps):
-                e = emit_step(ctx, s)
+            for i, a in enumerate(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps])):
+                e = emit_args(a)
                 name = shared.get((e.ctype, e.init))
                 if name is None:
                     name = shared[(e.ctype, e.init)] = f"{label}_s{i}"
-                    body.append(f"/* step {i}: {e.comment.replace('*/', '* /')} */\n"
+                    body.append(f"/* row {i}: {e.comment.replace('*/', '* /')} */\n"
                                 f"static const {e.ctype} {name} = {e.init};")
                 rows.append(f"    {{{e.kind}, &{name}}}")
             tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
-    return body, tables
+            counts.setdefault(p.id, []).append(len(rows))
+    return body, tables, counts
 
 
 def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) -> None:
@@ -351,7 +360,8 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
 
 
 def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file: bool, weights_arr: np.ndarray,
-             indices: np.ndarray, body: list[str], tables: list[str], outputs, copies: int, raw_words: bool = False) -> str:
+             indices: np.ndarray, body: list[str], tables: list[str], outputs, copies: int, raw_words: bool = False,
+             counts: dict | None = None) -> str:
     w_param, w_arg, w_use = ("const float *weights, ", "weights, ", "weights") if in_file else ("", "", "model_weights")
     head = [
         f"/* {name}.c: generated by tightfit. Do not edit: export the plan again. */",
@@ -371,7 +381,7 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         head.append(f"static const float model_weights[{max(weights_arr.size, 1)}] TF_ALIGNED = {{\n{_floats_c(weights_arr) or '    0.0f'}\n}};")
     head.append(f"static const int32_t model_indices[{max(indices.size, 1)}] = {{\n{_ints_c(indices)}\n}};")
     parts = ",\n".join(
-        f"    {{{p.model}, {len(p.steps)}, {{{', '.join(f'p{p.id}' + (f'_f{c}' if copies > 1 else '') for c in range(copies))}}}}}"
+        f"    {{{p.model}, {{{', '.join(map(str, counts[p.id]))}}}, {{{', '.join(f'p{p.id}' + (f'_f{c}' if copies > 1 else '') for c in range(copies))}}}}}"
         for p in plan.partitions)
     order = sorted(range(len(plan.partitions)), key=lambda i: plan.partitions[i].id)
     outs = ",\n".join("    {" + ", ".join(view_c(v) for _, _, v in frame) + "}" for frame in outputs)
@@ -379,7 +389,7 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
     for m in range(len(graphs)):
         first_out.append(first_out[-1] + len(graphs[m].outputs))
     tail = [
-        "", f"typedef struct {{ int model; long count; const tf_step *steps[{copies}]; }} model_partition;",
+        "", f"typedef struct {{ int model; long count[{copies}]; const tf_step *steps[{copies}]; }} model_partition;",
         f"static const model_partition model_partitions[{len(plan.partitions)}] = {{\n{parts}\n}};",
         f"static const int model_order[{len(order)}] = {{{', '.join(map(str, order))}}};",
         f"static const tf_view model_outputs[{copies}][{len(outputs[0])}] = {{\n{outs}\n}};",
@@ -388,7 +398,7 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
         f"    if (partition < 0 || partition >= {len(plan.partitions)}) return -1;",
         f"    const model_partition *p = &model_partitions[partition];",
-        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count, inputs, threads);",
+        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count[frame % {copies}], inputs, threads);",
         "}", "",
         f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
         f"    for (int i = 0; i < {len(order)}; i++) {{",

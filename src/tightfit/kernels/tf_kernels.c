@@ -2106,6 +2106,82 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
     return 0;
 }
 
+/* A table's rows as the steps they stand for: a REPEAT row runs the `body` rows after it `count`
+ * times (a body may hold loops of its own, TF_MAX_LOOPS deep), iteration r of each enclosing loop
+ * adding r * step to the moving fields of its body's rows (a copy of their arguments, moved). Every
+ * walk of a table (one thread's or several's) goes through next_step, so a loop means the same
+ * steps wherever it runs. */
+#define TF_MAX_LOOPS 4
+typedef struct { const tf_repeat_args *a; long first, end, r; } loop_level; /* body rows [first, end) */
+typedef struct {
+    const tf_step *rows; long count, i; /* i: the next row */
+    loop_level at[TF_MAX_LOOPS];
+    int depth, bad;                     /* bad: a table nested deeper than TF_MAX_LOOPS */
+    tf_step step;                       /* a moved step handed out */
+    tf_any_args args;                   /* its arguments */
+} cursor;
+
+static void cursor_at(cursor *c, const tf_step *rows, long count) {
+    c->rows = rows, c->count = count, c->i = 0, c->depth = 0, c->bad = 0;
+}
+
+/* The first of loop a's deltas for body row j (deltas are in row order), or a->deltas. */
+static long first_delta(const tf_repeat_args *a, long j) {
+    long lo = 0, hi = a->deltas;
+    while (lo < hi) {
+        const long mid = lo + (hi - lo) / 2;
+        if (a->delta[mid].row < j) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Row i as run now: itself when no enclosing loop moves a field of it. */
+static const tf_step *moved(cursor *c, const tf_step *row, long i) {
+    int copied = 0;
+    for (int d = 0; d < c->depth; d++) {
+        const loop_level *l = &c->at[d];
+        const long j = i - l->first;
+        for (long k = first_delta(l->a, j); l->r > 0 && k < l->a->deltas && l->a->delta[k].row == j; k++) {
+            const tf_delta *dl = &l->a->delta[k];
+            if (!copied) memcpy(&c->args, row->args, (size_t)dl->size), copied = 1;
+            tf_int *field = (tf_int *)((char *)&c->args + dl->at);
+            *field = (tf_int)(*field + l->r * dl->step);
+        }
+    }
+    if (!copied) return row;
+    c->step.kind = row->kind;
+    c->step.args = &c->args;
+    return &c->step;
+}
+
+/* The next step, NULL after the last (or on a table too deeply nested: c->bad). */
+static const tf_step *next_step(cursor *c) {
+    for (;;) {
+        if (c->depth > 0 && c->i == c->at[c->depth - 1].end) {
+            loop_level *l = &c->at[c->depth - 1];
+            if (++l->r < l->a->count) c->i = l->first;
+            else c->depth--;
+            continue;
+        }
+        if (c->i >= c->count) return NULL;
+        const tf_step *row = &c->rows[c->i];
+        if (row->kind != TF_STEP_REPEAT) return moved(c, row, c->i++);
+        const tf_repeat_args *a = (const tf_repeat_args *)row->args;
+        if (a->body <= 0 || a->count <= 0) {
+            c->i += 1 + (a->body > 0 ? a->body : 0);
+            continue;
+        }
+        if (c->depth == TF_MAX_LOOPS) {
+            c->bad = 1;
+            return NULL;
+        }
+        loop_level *l = &c->at[c->depth++];
+        l->a = a, l->first = c->i + 1, l->end = c->i + 1 + a->body, l->r = 0;
+        c->i++;
+    }
+}
+
 #if TF_THREADS
 /* Output rows [r0, r1) of a convolution: the same arithmetic per output element as the whole step
  * (each element's taps are summed in the same order), so any split gives the same bits. The input
@@ -2198,8 +2274,9 @@ static int meet(team *t) {
 
 static void walk(team *t, int id) {
     int after_shared = 0, failed = 0;
-    for (long i = 0; i < t->count; i++) {
-        const tf_step *step = &t->steps[i];
+    cursor c;
+    cursor_at(&c, t->steps, t->count);
+    for (const tf_step *step; (step = next_step(&c)) != NULL;) {
         if (shared_step(step, t->threads)) {
             if (meet(t)) return;
             share_of(t->arena, t->weights, step, id, t->threads);
@@ -2217,6 +2294,11 @@ static void walk(team *t, int id) {
                 failed = 1;
             }
         }
+    }
+    if (id == 0 && c.bad && !failed) { /* every thread stopped at the same row: no one is left waiting */
+        pthread_mutex_lock(&t->mu);
+        t->status = -1;
+        pthread_mutex_unlock(&t->mu);
     }
 }
 
@@ -2266,20 +2348,24 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
            const tf_source *inputs, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
-    for (long i = 0; threads > 1 && i < count; i++) {
+    cursor scan;
+    cursor_at(&scan, steps, count);
+    for (const tf_step *step; threads > 1 && (step = next_step(&scan)) != NULL;) {
         int status;
-        if (shared_step(&steps[i], threads)) {
+        if (shared_step(step, threads)) {
             if (run_threads(arena, weights, indices, steps, count, inputs, threads, &status)) return status;
             break;
         }
     }
 #endif
     (void)threads;
-    for (long i = 0; i < count; i++) {
-        const int status = run_step(arena, weights, indices, &steps[i], inputs);
+    cursor c;
+    cursor_at(&c, steps, count);
+    for (const tf_step *step; (step = next_step(&c)) != NULL;) {
+        const int status = run_step(arena, weights, indices, step, inputs);
         if (status) return status;
     }
-    return 0;
+    return c.bad ? -1 : 0;
 }
 
 int tf_threads(void) {

@@ -43,7 +43,7 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
        TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31,
-       TF_STEP_QSOFTMAX = 32 };
+       TF_STEP_QSOFTMAX = 32, TF_STEP_REPEAT = 33 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
@@ -147,6 +147,12 @@ typedef struct { tf_view x, y; tf_qparams q; int lo, hi, round; } tf_quant_args;
 typedef struct { tf_view x, y; int m, shift, diff_min; } tf_qsoftmax_args;
 /* One step: its kind (TF_STEP_*) and argument struct. */
 typedef struct { int kind; const void *args; } tf_step;
+/* In a loop, body row `row` (its argument struct `size` bytes) has the tf_int at byte `at` of its
+ * struct moved by `step` per iteration. */
+typedef struct { tf_int row, size, at, step; } tf_delta;
+/* TF_STEP_REPEAT: the `body` rows after this one run `count` times, iteration r with each
+ * moving field (deltas, in body row order) at its first value + r * step. */
+typedef struct { tf_int body, count, deltas; const tf_delta *delta; } tf_repeat_args;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
  * (a: M x K, b: K x N, y: M x N; a batch dim of size 1 broadcast with stride 0). */
 typedef struct { tf_view a, b, y; const tf_acts *act; } tf_matmul_args;
@@ -156,6 +162,15 @@ typedef struct { tf_view x, y; tf_int w, b; const tf_acts *act; } tf_linear_args
 /* Reduction (TF_REDUCE_*) over the dims where y has 1 and x more: y is x's shape with
  * the reduced dims 1. */
 typedef struct { tf_view x, y; int kind; const tf_acts *act; } tf_reduce_args;
+/* Room for any step's arguments (a loop's iteration runs a moved copy of them). */
+typedef union { tf_conv_args conv; tf_pool_args pool; tf_global_args global; tf_gemm_args gemm;
+       tf_eltwise_args eltwise; tf_affine_args affine; tf_norm_args norm; tf_softmax_args softmax;
+       tf_lrn_args lrn; tf_concat_args concat; tf_pad_args pad; tf_resize_args resize; tf_copy_args copy;
+       tf_shuffle_args shuffle; tf_input_args input; tf_moves_args moves; tf_deconv_args deconv;
+       tf_interp_args interp; tf_qconv_args qconv; tf_qgemm_args qgemm; tf_qadd_args qadd;
+       tf_qpool_args qpool; tf_qglobal_args qglobal; tf_qconcat_args qconcat; tf_quant_args quant;
+       tf_qsoftmax_args qsoftmax; tf_repeat_args repeat; tf_matmul_args matmul; tf_linear_args linear;
+       tf_reduce_args reduce; } tf_any_args;
 /* END GENERATED */
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
@@ -174,7 +189,8 @@ typedef struct { const void *x; long c, h, w; int item; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    void *dst, long sn, long sc, long sh, long sw);
 
-/* Runs `count` steps on `threads` threads (the caller's and threads - 1 more, made for the run; a
+/* Runs the steps of a table of `count` rows (a TF_STEP_REPEAT row and its body stand for body * count
+ * steps) on `threads` threads (the caller's and threads - 1 more, made for the run; a
  * convolution's or pooling's output rows are shared among them, every other step runs on the
  * caller's thread, and the outputs are the same bits for any count); returns 0, or an input
  * source's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which

@@ -32,6 +32,8 @@ STEP_KINDS += ("matmul", "reduce", "linear")
 INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy", "qsoftmax")
 STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
 # --- end int8 ------------------------------------------------------------------------------------
+# A table row that is not a kernel: the rows after it repeated (kernels/loops.py, issue 39 point 8).
+STEP_KINDS = STEP_KINDS + ("repeat",)
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
 CONV_KINDS = ("dense", "depthwise", "grouped")
 POOL_KINDS = ("max", "avg")
@@ -171,6 +173,15 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
     # --- end int8 ----------------------------------------------------------------------------------
     "tf_step": ([("kind", N), ("args", "const void *")], "One step: its kind (TF_STEP_*) and argument struct."),
 }
+# --- step loops (issue 39 point 8): repeated runs of steps as one row ---------------------------
+STRUCTS |= {
+    "tf_delta": ([("row", I), ("size", I), ("at", I), ("step", I)],
+                 "In a loop, body row `row` (its argument struct `size` bytes) has the tf_int at byte `at` of its\n"
+                 " * struct moved by `step` per iteration."),
+    "tf_repeat_args": ([("body", I), ("count", I), ("deltas", I), ("delta", "const tf_delta *")],
+                       "TF_STEP_REPEAT: the `body` rows after this one run `count` times, iteration r with each\n"
+                       " * moving field (deltas, in body row order) at its first value + r * step."),
+}
 # --- issue 38: attention blocks -----------------------------------------------------------------
 STRUCTS |= {
     "tf_matmul_args": ([("a", VIEW), ("b", VIEW), ("y", VIEW), ("act", ACT_P)],
@@ -217,6 +228,9 @@ def c_declarations() -> str:
         items = [f"TF_{prefix}_{n.upper()} = {i}" for i, n in enumerate(names) if not (prefix == "ACT" and i == 0)]
         out.append(_wrap(f"enum {{ {', '.join(items)} }};"))
     out += [_c_struct(name) for name in STRUCTS]
+    members = " ".join(f"{name} {name[3:-5]};" for name in STRUCTS if name.endswith("_args"))
+    out.append("/* Room for any step's arguments (a loop's iteration runs a moved copy of them). */\n"
+               + _wrap(f"typedef union {{ {members} }} tf_any_args;"))
     out.append(END)
     return "\n".join(out) + "\n"
 

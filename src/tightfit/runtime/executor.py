@@ -23,6 +23,7 @@ from tightfit.ops.base import Region
 from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Buffer, Plan, Step
 from tightfit.kernels.library import INPUT_FN, Source, StepTable, Tensor, library, tensor_input
+from tightfit.kernels.loops import table_rows
 from tightfit.runtime.reference import input_dtype
 
 DTYPES = {"fp32": np.float32}
@@ -98,7 +99,8 @@ class ArenaExecutor:
     # --- binding --------------------------------------------------------------------------------
     def _bind(self, p, ctx: Context) -> _Partition:
         graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
-        table = StepTable([step_args(ctx, s) for s in p.steps])
+        # The rows the exported program's table holds (repeated runs as loops): the same walk of tf_run.
+        table = StepTable(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps]))
         bands = {(s.out.tensor,) + _region_key(s.out.region): _rows_per_band(s, graph) for s in p.steps if s.kind == "input"}
         return _Partition(table, tuple((t, (batch,) + tuple(graph.shape(t)[1:])) for t in graph.inputs), bands,
                           tuple(input_dtype(graph, t) for t in graph.inputs))
