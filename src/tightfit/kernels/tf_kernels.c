@@ -125,8 +125,8 @@ static float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi 
 
 /* Kernel rows [k0, k1) whose input row i + k * d lies in [0, size) (i: the row of tap 0). */
 static void tap_span(long i, long k, long d, long size, long *k0, long *k1) {
-    long lo = i >= 0 ? 0 : (-i + d - 1) / d;
-    long hi = size - i <= 0 ? 0 : (size - i + d - 1) / d;
+    long lo = i >= 0 ? 0 : (d == 1 ? -i : (-i + d - 1) / d); /* d == 1: no division (one per pixel counts) */
+    long hi = size - i <= 0 ? 0 : (d == 1 ? size - i : (size - i + d - 1) / d);
     *k0 = lo;
     *k1 = hi < k ? hi : k;
 }
@@ -1276,6 +1276,14 @@ static void gather_patch(int8_t *dst, float *arena, const tf_qconv_args *a, long
     const tf_view *x = &a->x;
     const long cin = x->c;
     const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+    if (k0 == 0 && k1 >= K && x->sc == 1 && x->sw == cin && a->dw == 1 && t.ky0 == 0 && t.ky1 == a->kh && t.kx0 == 0
+        && t.kx1 == a->kw) { /* a whole window, channels-last: each of its rows is one run of kw * cin bytes */
+        const long run = a->kw * cin;
+        for (long ky = 0; ky < a->kh; ky++)
+            memcpy(dst + ky * run, q8(arena, x->off + n * x->sn + (t.iy + ky * a->dh) * x->sh + t.ix * x->sw), (size_t)run);
+        memset(dst + K, 0, (size_t)(k1 - K));
+        return;
+    }
     long tap = k0 / cin, ci = k0 % cin, k = k0;
     while (k < k1 && k < K) {
         const long run = cin - ci < (k1 < K ? k1 : K) - k ? cin - ci : (k1 < K ? k1 : K) - k;
@@ -1572,13 +1580,14 @@ static void qdw_avx512(int32_t *acc, int8_t *out, float *arena, const tf_qconv_a
     for (int j = 0; j < 4; j++) {
         const long left = nc - 16 * j;
         k[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
-        s[j] = _mm512_maskz_loadu_epi32(k[j], acc + 16 * j);
+        s[j] = _mm512_maskz_loadu_epi32(k[j], acc + 16 * j); /* acc: the biases (int32 words) */
     }
+    const int nj = (int)((nc + 15) / 16);
     for (long ky = t->ky0; ky < t->ky1; ky++)
     for (long kx = t->kx0; kx < t->kx1; kx++) {
         const int8_t *in = q8(arena, x->off + n * x->sn + (t->iy + ky * a->dh) * x->sh + (t->ix + kx * a->dw) * x->sw + c0);
         const int8_t *wr = w + (ky * a->kw + kx) * x->c + c0;
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < nj; j++) {
             const __m512i xv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k[j], in + 16 * j));
             const __m512i wv = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k[j], wr + 16 * j));
             s[j] = _mm512_add_epi32(s[j], _mm512_mullo_epi32(_mm512_sub_epi32(xv, xz), wv));
@@ -1593,25 +1602,123 @@ static void qdw_avx512(int32_t *acc, int8_t *out, float *arena, const tf_qconv_a
 }
 #endif
 
+#if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TF_QDW_TAPS 25 /* the largest window qdw_row widens (5 x 5); larger ones go pixel by pixel */
+
+/* Two taps' inputs of 16 channels as int16 pairs (x_a[c], x_b[c]): the operand of vpmaddwd, whose
+ * int32 lane c then holds x_a[c] w_a[c] + x_b[c] w_b[c] (each product under 2^14: exact). */
+static inline __attribute__((always_inline)) __m512i qdw_pair(const int8_t *pa, const int8_t *pb, __mmask16 k) {
+    const __m128i xa = _mm_maskz_loadu_epi8(k, pa), xb = _mm_maskz_loadu_epi8(k, pb);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(xa, xb)), _mm_unpackhi_epi8(xa, xb), 1);
+    return _mm512_cvtepi8_epi16(both);
+}
+
+/* One output row of channels [c0, c0 + nc) (channels-last x and y, onnxruntime's rounding): the
+ * block's weights as int16 pairs of taps (w16: tap pair-major, 2 x 64 a pair; an odd last tap
+ * paired with zero weights), made once per row; a pixel whose window lies whole inside x sums
+ * x * w from base = bias - xz * (sum of the weights), the same int32 as the sum of (x - xz) * w; a
+ * pixel at an edge takes qdw_avx512's path (padding taps skipped). */
+static void qdw_row(float *arena, const tf_qconv_args *a, const int16_t (*w16)[2 * TF_QCO], const int32_t *base,
+                    const int32_t *bias, const int8_t *w, const float *m, long n, long oy, long c0, long nc) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const int nj = (int)((nc + 15) / 16);
+    const long taps = a->kh * a->kw;
+    long off[TF_QDW_TAPS + 1];
+    __mmask16 k[4];
+    for (int j = 0; j < 4; j++) {
+        const long left = nc - 16 * j;
+        k[j] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+    }
+    for (long tap = 0; tap < taps; tap++) off[tap] = tap / a->kw * a->dh * x->sh + tap % a->kw * a->dw * x->sw;
+    off[taps] = off[taps - 1]; /* the odd tap's partner: read again, times zero weights */
+    static const int32_t zero[16];
+    for (long ox = 0; ox < y->w; ox++) {
+        const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
+        int8_t *out = q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0);
+        if (t.ky0 != 0 || t.kx0 != 0 || t.ky1 != a->kh || t.kx1 != a->kw) {
+            qdw_avx512((int32_t *)(void *)bias, out, arena, a, w, m, &t, n, c0, nc);
+            continue;
+        }
+        __m512i s[4];
+        for (int j = 0; j < nj; j++) s[j] = _mm512_maskz_loadu_epi32(k[j], base + 16 * j);
+        const int8_t *row = q8(arena, x->off + n * x->sn + t.iy * x->sh + t.ix * x->sw + c0);
+        for (long tp = 0; tp < taps; tp += 2) {
+            const int8_t *pa = row + off[tp], *pb = row + off[tp + 1];
+            const int16_t *wp = w16[tp / 2];
+            for (int j = 0; j < nj; j++) {
+                const __m512i xv = qdw_pair(pa + 16 * j, pb + 16 * j, k[j]);
+                const __m512i wv = _mm512_loadu_si512((const void *)(wp + 32 * j));
+#ifdef __AVX512VNNI__
+                s[j] = _mm512_dpwssd_epi32(s[j], xv, wv);
+#else
+                s[j] = _mm512_add_epi32(s[j], _mm512_madd_epi16(xv, wv));
+#endif
+            }
+        }
+        for (int j = 0; j < nj; j++) qstore16(out + 16 * j, s[j], zero, m + c0 + 16 * j, k[j], a->yz, a->lo, a->hi);
+    }
+}
+
+/* qdw_row over every row: per row and block of channels, the weights paired (qdw_pair's layout) and
+ * the base made, in vectors (a deep layer's rows are short: this costs as much as a few pixels). */
+static void qdw_rows(float *arena, const float *wts, const tf_qconv_args *a) {
+    const long C = a->y.c, taps = a->kh * a->kw;
+    const int8_t *w = (const int8_t *)(wts + a->w);
+    static const int8_t none[TF_QCO];
+    int16_t w16[(TF_QDW_TAPS + 1) / 2][2 * TF_QCO];
+    int32_t base[TF_QCO], bias[TF_QCO];
+    const __m512i ones = _mm512_set1_epi16(1), xz = _mm512_set1_epi32(a->xz);
+    for (long n = 0; n < a->y.n; n++)
+    for (long oy = 0; oy < a->y.h; oy++)
+    for (long c0 = 0; c0 < C; c0 += TF_QCO) {
+        const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
+        for (int j = 0; 16 * j < nc; j++) {
+            const long left = nc - 16 * j;
+            const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512i sum = _mm512_setzero_si512();
+            for (long tp = 0; tp < taps; tp += 2) {
+                const int8_t *wb = tp + 1 < taps ? w + (tp + 1) * C + c0 + 16 * j : none; /* an odd last tap: zeros */
+                const __m512i wv = qdw_pair(w + tp * C + c0 + 16 * j, wb, k);
+                _mm512_storeu_si512((void *)(w16[tp / 2] + 32 * j), wv);
+                sum = _mm512_add_epi32(sum, _mm512_madd_epi16(wv, ones));
+            }
+            const __m512i b = a->b >= 0 ? _mm512_maskz_loadu_epi32(k, wts + a->b + c0 + 16 * j) : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(bias + 16 * j), b);
+            _mm512_storeu_si512((void *)(base + 16 * j), _mm512_sub_epi32(b, _mm512_mullo_epi32(xz, sum)));
+        }
+        qdw_row(arena, a, (const int16_t (*)[2 * TF_QCO])w16, base, bias, w, wts + a->m, n, oy, c0, nc);
+    }
+}
+#endif
+
 /* Depthwise: channels innermost (contiguous in channels-last views), TF_QCO at a time. */
 static void qconv_depthwise(float *arena, const float *wts, const tf_qconv_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
     const long C = y->c, xc = x->sc, xz = a->xz;
     const int8_t *w = (const int8_t *)(wts + a->w);
     int32_t acc[TF_QCO] = {0}, zero[TF_QCO] = {0};
+#if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    if (xc == 1 && y->sc == 1 && a->round != TF_ROUND_TFLITE && a->kh * a->kw <= TF_QDW_TAPS) {
+        qdw_rows(arena, wts, a);
+        return;
+    }
+#endif
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
         const window t = window_at(x, oy * a->sh - a->pt, ox * a->sw - a->pl, a->kh, a->kw, a->dh, a->dw);
         for (long c0 = 0; c0 < C; c0 += TF_QCO) {
             const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
-            for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
 #if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-            if (xc == 1 && y->sc == 1 && a->round != TF_ROUND_TFLITE) {
-                qdw_avx512(acc, q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0), arena, a, w, wts + a->m, &t, n, c0,
+            if (xc == 1 && y->sc == 1 && a->round != TF_ROUND_TFLITE) { /* the biases read in place */
+                int32_t *bias = a->b >= 0 ? (int32_t *)(void *)(wts + a->b + c0) : zero;
+                qdw_avx512(bias, q8(arena, y->off + n * y->sn + oy * y->sh + ox * y->sw + c0), arena, a, w, wts + a->m, &t, n, c0,
                            nc);
                 continue;
             }
+#endif
+            for (long c = 0; c < nc; c++) acc[c] = a->b >= 0 ? word_i32(wts, a->b + c0 + c) : 0;
+#if TF_SIMD && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
             if (xc == 1) qdw_avx512(acc, NULL, arena, a, w, wts + a->m, &t, n, c0, nc);
             else
 #endif
@@ -1755,11 +1862,20 @@ static void qadd(float *arena, const tf_qadd_args *a) {
     const tf_view *y = &a->y;
     if (a->round != TF_ROUND_TFLITE && same_shape(&a->a, y) && same_shape(&a->b, y) && a->a.sc == 1 && a->b.sc == 1
         && y->sc == 1) {
+        /* whole pixels back to back in all three: a row is one run (a chunk's reads still come
+         * before its writes, so the walk stays position by position) */
+        const int merge = y->sw == y->c && a->a.sw == y->c && a->b.sw == y->c;
         for (long n = 0; n < y->n; n++)
         for (long h = 0; h < y->h; h++)
-        for (long w = 0; w < y->w; w++)
+        for (long w = 0; w < y->w; w++) {
+            if (merge && w == 0) {
+                qadd_run(q8(arena, y->off + n * y->sn + h * y->sh), q8(arena, a->a.off + n * a->a.sn + h * a->a.sh),
+                         q8(arena, a->b.off + n * a->b.sn + h * a->b.sh), y->w * y->c, a);
+                break;
+            }
             qadd_run(q8(arena, y->off + n * y->sn + h * y->sh + w * y->sw), q8(arena, a->a.off + n * a->a.sn + h * a->a.sh + w * a->a.sw),
                      q8(arena, a->b.off + n * a->b.sn + h * a->b.sh + w * a->b.sw), y->c, a);
+        }
         return;
     }
     for (long n = 0; n < y->n; n++)
@@ -1946,6 +2062,29 @@ static void qconcat(float *arena, const tf_qconcat_args *a) {
     }
 }
 
+/* QuantizeLinear along runs of contiguous floats (channels of a channels-last input, or rows of a
+ * channels-first one): quantize1 per element in a plain loop the compiler vectorizes (the same
+ * division, clamp and rounding), instead of the general walk's index arithmetic per element. */
+static void quantize_runs(int8_t *out, long so, const float *in, long count, float s, int z) {
+    if (so == 1) for (long i = 0; i < count; i++) out[i] = quantize1(in[i], s, z);
+    else for (long i = 0; i < count; i++) out[i * so] = quantize1(in[i], s, z);
+}
+
+static void quantize_fast(float *arena, const tf_quant_args *a) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const int last = x->sc == 1; /* else x->sw == 1 */
+    /* channels-last in both with whole pixels back to back: a row's pixels are one run */
+    const int merge = last && y->sc == 1 && x->sw == x->c && y->sw == y->c;
+    const long outer = merge ? 1 : (last ? y->w : y->c), run = merge ? y->w * y->c : (last ? y->c : y->w);
+    for (long n = 0; n < y->n; n++)
+    for (long h = 0; h < y->h; h++)
+    for (long i = 0; i < outer; i++) {
+        const float *in = arena + x->off + n * x->sn + h * x->sh + i * (last ? x->sw : x->sc);
+        int8_t *out = q8(arena, y->off + n * y->sn + h * y->sh + i * (last ? y->sw : y->sc));
+        quantize_runs(out, last ? y->sc : y->sw, in, run, a->q.ys, a->q.yz);
+    }
+}
+
 static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
     const tf_view *x = &a->x, *y = &a->y;
     if (kind == TF_STEP_QCOPY) {
@@ -1958,6 +2097,10 @@ static void quantize_step(float *arena, const tf_quant_args *a, int kind) {
                 int8_t *v = q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw);
                 *v = *v < a->lo ? (int8_t)a->lo : (*v > a->hi ? (int8_t)a->hi : *v);
             }
+        return;
+    }
+    if (kind == TF_STEP_QUANTIZE && a->round != TF_ROUND_TFLITE && (a->x.sc == 1 || a->x.sw == 1)) {
+        quantize_fast(arena, a);
         return;
     }
     const int last = x->sc == 1 || y->sc == 1; /* channels-last: channels innermost */
