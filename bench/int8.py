@@ -1,29 +1,40 @@
-"""int8 memory beside TFLite Micro and the published records (issue 40, point 6: the memory part).
+"""int8 end to end beside TFLite Micro, onnxruntime and the published records (issue 40, point 6).
 
-Models: Keras MobileNetV2 1.0 at 224, 0.35 at 144 and 128, MobileNetV1 0.25 at 96 (random weights,
-global average pool + Dense head), converted to int8 .tflite files by TensorFlow's converter on
-random calibration data (bench/tflite_models.py; made once with tensorflow and cached under
-~/.cache/tightfit/tflite). For each, on the same file:
+    python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96]
+                         [--only memory,mcu,speed] [--quick] [--folder DIR] [--write-docs]
 
+1. Memory. Models: Keras MobileNetV2 1.0 at 224, 0.35 at 144 and 128, MobileNetV1 0.25 at 96
+(random weights, global average pool + Dense head), converted to int8 .tflite files by
+TensorFlow's converter on random calibration data (bench/tflite_models.py; made once with
+tensorflow and cached under ~/.cache/tightfit/tflite). For each, on the same file:
 - TFLite Micro's smallest arena: `arena_size` bisected (to 16 bytes) with the `tflite-micro`
-  interpreter until it no longer allocates (each try in a child process: the interpreter crashes on
-  some arenas too small for its persistent data);
-- tightfit's plans of the imported graph: reuse (whole tensors), parts (one output row per phase
-  everywhere) and the smallest fused tiling the tiling search reaches, the arena as the checker
-  counts it, of the plans as they run: the graph takes the file's int8 input as TFLite Micro does
-  (no quantize step; the arena holds the int8 input), so the figures compare with TFLite Micro's
-  arena. A parts plan reads its input by row bands from outside the arena (input excluded, as
-  MCUNetV2 counts);
+  interpreter until it no longer allocates (each try in a child process: the interpreter crashes
+  on some arenas too small for its persistent data); cached per file in --folder;
+- tightfit's plans of the imported graph (bench/inplace.py's `int8_rows`): layer by layer with
+  reuse, the smallest plan by parts the parts search finds, the smallest fused tiling the tiling
+  search finds (--quick: none), each without and with in-place / overlapping outputs
+  (`plan --inplace`). Figures are the checked plan's peak run memory (arena + the largest step's
+  kernel temporaries) with the file's int8 input in it, as TFLite Micro's arena holds it;
+  "w/o input" is the smallest plan's peak without the input's buffer (MCUNetV2's accounting);
 - bit-exactness: the int8 outputs of tightfit's run against TFLite Micro's, on a seeded input.
+2. Cortex-M7 (bench/mcu.py): mbv2-0.35-144 (torchvision, quantized by onnxruntime, QDQ) and
+   mv1-0.25-96 (the .tflite above): reuse and the smallest plan exported with
+   `tightfit export --target cortex-m7`, whole RAM of the link at 256 / 512 KiB (arena + I/O buffer
+   + stack + .data + .bss), flash, instructions per inference under qemu, outputs compared.
+3. Host speed at one thread (bench/kernels.py's int8 row): torchvision mobilenet_v2 quantized by
+   onnxruntime's quantize_static (QDQ), our reuse plan beside onnxruntime's int8 session, process
+   CPU time, median.
 
-Verdicts: ours (reuse alone) <= TFLite Micro's arena on every model; MobileNetV2-224 split
-(parts or tiling, the smaller) below MCUNetV2's 172 kB (input excluded).
-
-    python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96] [--write-docs]
+Verdicts (issue 40's goals): reuse alone <= TFLite Micro's arena on every model, split far below;
+MobileNetV2-224 smallest (in-place included) below MCUNetV2's 172 kB, input excluded as MCUNetV2
+counts; mbv2-w0.35 at 144 within 256 KiB of RAM whole program, below the 295 kB layer-by-layer
+records; host int8 >= 1.0x onnxruntime's int8.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,22 +43,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import numpy as np  # noqa: E402
 
+import kernels as kernels_bench  # noqa: E402
+import mcu as mcu_bench  # noqa: E402
 import tflite_models as tm  # noqa: E402
-from benchlib import add_write_docs, docs_section, header, verdict  # noqa: E402
+from benchlib import add_write_docs, docs_section, header, loaded, verdict  # noqa: E402
+from inplace import Row, int8_rows  # noqa: E402
 from tightfit.frontend.tflite_import import load_tflite  # noqa: E402
 from tightfit.graph.ir import Graph  # noqa: E402
-from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
-from tightfit.techniques.interface import Config, PlannedModel  # noqa: E402
-from tightfit.techniques.parts import draft as parts_draft  # noqa: E402
-from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
-from tightfit.techniques.tiling import config_of as tiling_config  # noqa: E402
-from tightfit.techniques.tiling import draft as tiling_draft  # noqa: E402
-from tightfit.techniques.tiling.config_search import search_tiling  # noqa: E402
 
 MODELS = ("mv2-1.0-224", "mv2-0.35-144", "mv2-0.35-128", "mv1-0.25-96")
+MCU_MODELS = ("mbv2-0.35-144", "mv1-0.25-96")
+PARTS = ("memory", "mcu", "speed")
 KB, KIB = 1000, 1024
 MCUNETV2_224 = 172 * KB  # MCUNetV2, MobileNetV2-224 int8 by patches, input excluded
+RECORD_LBL = 295 * KB  # TinyEngine / X-CUBE-AI 7.3, mbv2-w0.35 at 144, layer by layer
+RAM_GOAL = 256 * KIB
 # The published records of issue 40, per model (what each counts).
 RECORDS = {
     "mv2-1.0-224": "MCUNetV2: 1372 kB layer by layer, 172 kB by patches (input excluded)",
@@ -56,6 +67,7 @@ RECORDS = {
     "mv1-0.25-96": "TFLite Micro's person detection example (its own model): a 136 KiB arena",
 }
 GRANULE = 16  # bytes: the bisection's resolution
+DEFAULT_FOLDER = Path.home() / ".cache" / "tightfit" / "int8bench"
 
 
 # One allocation try in a child process: TFLite Micro's interpreter crashes (a null pointer) on
@@ -90,20 +102,19 @@ def tflm_smallest_arena(path: Path) -> int | None:
     return hi
 
 
-def arenas(g: Graph, name: str) -> tuple[int, int]:
-    """(reuse, parts one row per phase) arena bytes, as the checker counts them."""
-    model = PlannedModel(g, name)
-    reuse = check_plan(plan_reuse(model, "improve"), [g]).arena_bytes
-    parts = check_plan(parts_draft(model, Config(settings={"rows": 1})), [g]).arena_bytes
-    return reuse, parts
-
-
-def smallest_tiling(g: Graph, name: str) -> int:
-    """The arena of the smallest configuration the tiling search reaches (asked for 1 byte, so
-    that it opens its fine space; memory only, every step timed 0)."""
-    model = PlannedModel(g, name)
-    found = search_tiling(model, lambda plan, steps: 0.0, budget_bytes=1)
-    return check_plan(tiling_draft(model, tiling_config(found.chosen.config, planner="improve")), [g]).arena_bytes
+def cached_tflm_arena(path: Path, folder: Path) -> int | None:
+    """tflm_smallest_arena, kept in folder/tflm_arena.json per file content (a bisection is ~20
+    interpreter starts)."""
+    store = folder / "tflm_arena.json"
+    known = json.loads(store.read_text()) if store.exists() else {}
+    key = hashlib.sha256(path.read_bytes()).hexdigest()
+    if key not in known:
+        found = tflm_smallest_arena(path)
+        if found is None:
+            return None
+        known[key] = found
+        store.write_text(json.dumps(known, indent=1))
+    return known[key]
 
 
 def exact(g: Graph, data: bytes) -> str:
@@ -118,54 +129,102 @@ def exact(g: Graph, data: bytes) -> str:
     return "yes" if not off.any() else f"{off.mean():.2%} off (max {np.abs(ours.astype(int) - ref).max()} LSB)"
 
 
-def one_model(name: str) -> dict:
+def memory_row(name: str, folder: Path, tiling: bool) -> dict:
     path = tm.cached(name)
-    data = path.read_bytes()
     g = load_tflite(path)
     assert g.tensors[g.inputs[0]].dtype == "int8", "these files take int8 input, as the graph does"
-    reuse, parts = arenas(g, name)
-    return {"model": name, "tflm": tflm_smallest_arena(path), "reuse": reuse, "parts": parts,
-            "tiling": smallest_tiling(g, name), "exact": exact(g, data)}
+    return {"model": name, "path": path, "tflm": cached_tflm_arena(path, folder), "rows": int8_rows(path, tiling=tiling),
+            "exact": exact(g, path.read_bytes())}
 
 
 def kib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / KIB:.1f}"
 
 
-def print_table(rows: list[dict]) -> None:
-    cols = ("model", "TFLM arena", "reuse", "parts", "tiling", "bit-exact vs TFLM")
-    print(f"{cols[0]:<14}" + "".join(f"{c:>16}" for c in cols[1:-1]) + f"  {cols[-1]}")
-    print("(KiB, the plans as run: the file's int8 input in the arena as TFLite Micro holds it; parts and tiling "
-          "read it by row bands)")
-    for r in rows:
-        cells = (r["tflm"], r["reuse"], r["parts"], r["tiling"])
-        print(f"{r['model']:<14}" + "".join(f"{kib(v):>16}" for v in cells) + f"  {r['exact']}")
+def smallest(rows: list[Row]) -> Row:
+    return min(rows, key=lambda r: r.without_input)
+
+
+def print_memory(found: list[dict]) -> None:
+    cols = ("TFLM arena", "reuse", "+in-place", "parts", "+in-place", "tiling", "+in-place")
+    print(f"{'model':<14}" + "".join(f"{c:>11}" for c in cols) + f"{'w/o input':>11}  bit-exact vs TFLM")
+    print("(KiB; peak run memory of the checked plans with the file's int8 input in it, as TFLite Micro's arena "
+          "holds it;\n w/o input: the smallest plan without the input's buffer, as MCUNetV2 counts)")
+    for f in found:
+        cells = [f["tflm"], *(r.with_input for r in f["rows"])] + [None] * (7 - 1 - len(f["rows"]))
+        print(f"{f['model']:<14}" + "".join(f"{kib(v):>11}" for v in cells)
+              + f"{kib(smallest(f['rows']).without_input):>11}  {f['exact']}")
     print("\npublished records (each paper's own model and counting, not these files):")
-    for r in rows:
-        print(f"  {r['model']}: {RECORDS[r['model']]}")
+    for f in found:
+        print(f"  {f['model']}: {RECORDS.get(f['model'], '-')}")
     print("\nverdicts:")
+    for f in found:
+        reuse, best = f["rows"][0], smallest(f["rows"])
+        if f["tflm"] is not None:
+            ok = verdict([(reuse.with_input <= f["tflm"], "reuse above TFLite Micro's arena")])
+            print(f"  {f['model']}: reuse alone {kib(reuse.with_input)} KiB <= TFLite Micro's {kib(f['tflm'])} KiB: "
+                  f"{ok}; smallest {f['tflm'] / min(r.with_input for r in f['rows']):.1f}x below it (input included)")
+        if f["model"] == "mv2-1.0-224":
+            ok = verdict([(best.without_input < MCUNETV2_224, "not below 172 kB")])
+            print(f"  {f['model']}: smallest {best.without_input / KB:.1f} kB (input excluded, as MCUNetV2 counts; "
+                  f"{best.name}) < MCUNetV2's 172 kB: {ok}")
+
+
+def mcu_section(models: list[str], found: list[dict], folder: Path) -> None:
+    """bench/mcu.py's rows; a model whose plans part 1 made (the same file) is not planned again."""
+    planned = {f["model"]: f["rows"] for f in found}
+    rows: list[mcu_bench.McuRow] = []
+    for m in models:
+        if m in planned:
+            reuse, best = planned[m][0], min(planned[m], key=lambda r: r.with_input)
+            chosen = [("reuse", reuse)] + ([] if best is reuse else [("smallest: " + best.name, best)])
+            rows += [mcu_bench.plan_row(m, label, r.plan, r.with_input, folder) for label, r in chosen]
+        else:
+            rows += mcu_bench.mcu_rows(mcu_bench.model_file(m, folder), m, folder)
+    print("\n2. Cortex-M7 (qemu mps2-an500): whole RAM of the link at 256 / 512 KiB, flash, instructions per inference")
+    mcu_bench.print_rows(rows)
+    print("instructions: qemu's count (-icount), not a timing; RAM can be below peak + stack: the program streams\n"
+          "the input by rows (no input buffer), the peak counts it")
     for r in rows:
-        if r["tflm"] is not None:
-            ok = verdict([(r["reuse"] <= r["tflm"], "reuse above TFLite Micro's arena")])
-            print(f"  {r['model']}: reuse alone {kib(r['reuse'])} KiB <= TFLite Micro's {kib(r['tflm'])} KiB: {ok}; "
-                  f"split {r['tflm'] / min(r['parts'], r['tiling']):.1f}x below it")
-        if r["model"] == "mv2-1.0-224":
-            split = min(r["parts"], r["tiling"])
-            ok = verdict([(split < MCUNETV2_224, "not below 172 kB")])
-            print(f"  {r['model']}: split {split / KB:.1f} kB (input excluded) < MCUNetV2's 172 kB: {ok}")
+        if r.model == "mbv2-0.35-144" and r.plan != "reuse":
+            ram = r.ram[mcu_bench.LINKS[0]]
+            ok = verdict([(ram is not None and ram <= RAM_GOAL, "not within 256 KiB"),
+                          (ram is not None and ram < RECORD_LBL, "not below 295 kB"), (r.ok, "not run, or outputs differ")])
+            print(f"  mbv2-0.35-144 whole program {kib(ram)} KiB RAM within 256 KiB, below the 295 kB layer-by-layer "
+                  f"records: {ok}")
+
+
+def speed_section() -> None:
+    ours, ort_s = kernels_bench.one_model("mobilenet_v2", int8=True)
+    ratio = ort_s / ours
+    print("\n3. Host speed, one thread, process CPU time (bench/kernels.py's int8 row): torchvision mobilenet_v2 224, QDQ")
+    ok = verdict([(ratio >= 1.0, "slower than onnxruntime's int8")])
+    print(f"  tightfit {ours * 1e3:.1f} ms, onnxruntime int8 {ort_s * 1e3:.1f} ms: {ratio:.2f}x >= 1.0x: {ok}{loaded()}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS), help="part 1's .tflite models")
+    ap.add_argument("--mcu-models", default=",".join(MCU_MODELS), help="part 2's models (bench/mcu.py's)")
+    ap.add_argument("--only", default=",".join(PARTS), help="which parts: memory, mcu, speed")
+    ap.add_argument("--quick", action="store_true", help="no tiling search (the longest step)")
+    ap.add_argument("--folder", default=str(DEFAULT_FOLDER), help="where int8 files, exports and TFLM arenas are kept")
     add_write_docs(ap)
     args = ap.parse_args()
-    with docs_section("int8", args.write_docs, f"python bench/int8.py --models {args.models}"):
-        header("int8 .tflite models: tightfit's arena beside TFLite Micro's smallest", profile_id="- (memory only)")
-        rows = []
-        for name in args.models.split(","):
-            rows.append(one_model(name))
-        print_table(rows)
+    only, folder = set(args.only.split(",")), Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(["python bench/int8.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    with docs_section("int8", args.write_docs, shown):
+        header(__doc__.splitlines()[0], profile_id="- (memory, qemu instruction counts, CPU time)")
+        found = []
+        if "memory" in only:
+            print("\n1. int8 .tflite models: tightfit's plans beside TFLite Micro's smallest arena")
+            found = [memory_row(name, folder, not args.quick) for name in args.models.split(",")]
+            print_memory(found)
+        if "mcu" in only:
+            mcu_section(args.mcu_models.split(","), found, folder)
+        if "speed" in only:
+            speed_section()
 
 
 if __name__ == "__main__":
