@@ -113,3 +113,28 @@ def test_a_mafat_budget_checks_outputs_peak_and_both_prlimit_runs():
     assert said.startswith("NO (C outputs differ") and "measured peak 17.00 MiB > 16 MiB" in said
     assert "prlimit --data: FAILED (SIGSEGV)" in said and "prlimit --as: not run" in said
     assert benchlib.verdict(bench_export.mafat_checks(16, None)) == "NO (no fitted plan)"
+
+
+def _int8_bench():
+    import int8 as bench_int8  # bench/int8.py (onnxruntime, as bench/kernels.py's int8 row needs)
+    return bench_int8
+
+
+def test_the_mcunet_verdict_takes_the_smallest_plan_input_excluded():
+    """bench/int8.py: an in-place plan below 172 kB without its input meets the goal even when every
+    plan with its input, and every plain plan, is above it."""
+    b = _int8_bench()
+    row = lambda name, with_input, without: b.Row(name, None, with_input, without)  # noqa: E731
+    plain = [row("reuse", 1_500_000, 1_500_000), row("parts", 187_000, 186_400)]
+    assert b.mcunet_verdict(plain).startswith("NO")
+    assert b.mcunet_verdict(plain + [row("parts, in-place", 175_000, 159_000)]) == "yes"
+    assert b.mcunet_verdict(plain + [row("parts, in-place", 175_000, 172_000)]).startswith("NO")
+
+
+def test_the_ram_verdict_needs_the_256k_link_and_equal_outputs():
+    b = _int8_bench()
+    k = b.KIB
+    ok = b.mcu_bench.McuRow("mbv2-0.35-144", "smallest", 42_800, {256 * k: 44_160, 512 * k: 44_160}, 1, 1, True)
+    assert b.ram_verdict(ok) == "yes"
+    assert "256 KiB" in b.ram_verdict(b.mcu_bench.McuRow("m", "p", 1, {256 * k: None, 512 * k: 300_000}, 1, 1, True))
+    assert "outputs differ" in b.ram_verdict(b.mcu_bench.McuRow("m", "p", 1, {256 * k: 44_160, 512 * k: 1}, 1, None, False))
