@@ -892,7 +892,10 @@ def _tokens_to_rank4(protos: list[_Proto], keep: set[str], shapes: dict[str, tup
     an H x W map run h * W + w, so a band of image rows is a band of tokens. No value changes:
     the same elements in the same order. Where the tokens come from or go to a Reshape (a map's
     flatten, possibly through the Transpose (0, 2, 1) to channels last) that Reshape takes the
-    rank-4 form; elsewhere a Reshape is added at the edge of the run."""
+    rank-4 form; elsewhere a Reshape is added at the edge of the run. Not in QDQ graphs: the
+    int8 folding (qdq.fold) pairs each layer with the quantize / dequantize beside it."""
+    if any(p.op in ("quantize", "dequantize") for p in protos):
+        return protos
     inside = {id(p) for p in protos if _tokenwise(p, keep, shapes)}
     if not inside:
         return protos
