@@ -92,5 +92,41 @@ def test_parts_split_the_token_layers_by_rows(chain):
     cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 0, r.w - 1)))
     part = split.partitions[0]
     bad = replace(split, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + split.partitions[1:])
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError, match="needs whole rows"):
         check_plan(bad, [g])
+
+
+def tokens_out(opset: int) -> onnx.ModelProto:
+    """conv -> tokens -> LayerNorm -> Linear, the tokens (N, T, C) the model's output: the last
+    Linear's rank-4 tokens go back to rank 3 through an added Reshape."""
+    m = _Model(opset, seed=5)
+    x = m.node("Conv", ["image", m.weight(C, 3, 3, 3), m.weight(C)], pads=[1, 1, 1, 1])
+    tokens = m.node("Transpose", [m.node("Reshape", [x, m.const([1, C, T], np.int64)])], perm=[0, 2, 1])
+    return m.model("image", m.linear(m.layer_norm(tokens), C, C))
+
+
+@pytest.mark.parametrize("opset", [17, 11])
+def test_tokens_as_the_output_and_the_c_program(opset, tmp_path):
+    """Tokens that are the model's output keep their rank-3 shape (a Reshape added after the
+    rank-4 Linear); the split plan matches onnxruntime, in the executor and as a C program."""
+    import shutil
+
+    from tightfit.export import export
+    from tightfit.export.build import build, run
+
+    model = tokens_out(opset)
+    g = import_model(model, None, "tokens_out")
+    assert g.shape(g.outputs[0]) == (1, T, C) and g.layers[-1].op == "reshape"
+    assert all(g.shape(l.output)[1:3] == (1, T) for l in g.layers if l.op in ("layer_norm", "gemm"))
+    x = random_input(g)
+    want = next(iter(onnxruntime_outputs(model.SerializeToString(), x).values()))
+    plan = plan_parts(PlannedModel(g, "tokens_out"), *phases_for_rows(g, 1))
+    check_plan(plan, [g])
+    outs, _ = execute(plan, [g], [x], fill_nan=True)
+    np.testing.assert_allclose(outs[0][g.outputs[0]], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    sources = export(plan, [g], tmp_path / "c")
+    built = build(tmp_path / "c", sources.name, cflags=["-std=c99", "-O2"])
+    ran = run(built.binary, [np.asarray(x)], [want.size], 1, None)
+    np.testing.assert_allclose(ran.outputs[0], want.ravel(), rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
