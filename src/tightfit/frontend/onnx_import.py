@@ -799,7 +799,8 @@ def fuse(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]
     for step in steps:
         protos = step(protos, keep)
     protos = _fuse_flatten(protos, keep, shapes)
-    return _attention_to_rank4(_fuse_activations(protos, keep), keep, shapes)
+    protos = _attention_to_rank4(_fuse_activations(protos, keep), keep, shapes)
+    return _tokens_to_rank4(protos, keep, shapes)
 
 
 def _attention_chain(protos: list[_Proto], p: _Proto, keep: set[str],
@@ -858,6 +859,131 @@ def _attention_to_rank4(protos: list[_Proto], keep: set[str], shapes: dict[str, 
         if id(p) in after:
             out.append(after[id(p)])
     return out
+
+
+# Ops on rank-3 tokens (N, T, C) whose tokens are independent of each other (elementwise, or
+# along C alone): held as (N, 1, T, C), rank 4 with T as the rows, they split by bands of tokens.
+_TOKENWISE_OPS = ("layer_norm", "add", "mul", "eltwise", "activation", "gemm")
+
+
+def _tokenwise(p: _Proto, keep: set[str], shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether `p` works on each token of rank-3 tokens on its own: every data input is (N, T, C)
+    or (N, T, 1) of the output's N and T, constants are per token or per channel."""
+    y = shapes.get(p.output)
+    if p.op not in _TOKENWISE_OPS or y is None or len(y) != 3 or y[1] < 2 or not p.inputs:
+        return False
+    if p.op == "gemm" and not p.attrs.get("last_axis"):
+        return False
+    if any(t not in shapes or len(shapes[t]) != 3 or shapes[t][:2] != y[:2] for t in p.inputs):
+        return False
+    if p.op == "gemm" or p.op == "layer_norm":
+        return True
+    return all(np.asarray(c).ndim == 3 for c in p.params)
+
+
+def _to_rank4(s: tuple[int, ...]) -> tuple[int, ...]:
+    return (s[0], 1, *s[1:])
+
+
+def _tokens_to_rank4(protos: list[_Proto], keep: set[str], shapes: dict[str, tuple[int, ...]]) -> list[_Proto]:
+    """Rank-3 tokens (N, T, C) of tokenwise layers (layer norms, Linear over tokens, elementwise)
+    held as (N, 1, T, C): on rank 4 the tokens are the rows, so those layers split by bands of
+    tokens (ops' `splits_rows`), where rank 3 has no rows and each is one whole step. Tokens of
+    an H x W map run h * W + w, so a band of image rows is a band of tokens. No value changes:
+    the same elements in the same order. Where the tokens come from or go to a Reshape (a map's
+    flatten, possibly through the Transpose (0, 2, 1) to channels last) that Reshape takes the
+    rank-4 form; elsewhere a Reshape is added at the edge of the run. Not in QDQ graphs: the
+    int8 folding (qdq.fold) pairs each layer with the quantize / dequantize beside it."""
+    if any(p.op in ("quantize", "dequantize") for p in protos):
+        return protos
+    inside = {id(p) for p in protos if _tokenwise(p, keep, shapes)}
+    if not inside:
+        return protos
+    readers = _consumers(protos)
+    by_out = {p.output: p for p in protos}
+    made = {p.output for p in protos if id(p) in inside}
+    before: dict[int, list[_Proto]] = {}
+    renamed: dict[str, str] = {}
+    for t in dict.fromkeys(t for p in protos if id(p) in inside for t in p.inputs if t not in made):
+        if not _rank4_source(t, by_out, readers, inside, keep, shapes):
+            renamed[t] = f"{t}:rank4"
+            shapes[renamed[t]] = _to_rank4(shapes[t])
+            first = next(p for p in protos if id(p) in inside and t in p.inputs)
+            before.setdefault(id(first), []).append(
+                _Proto("reshape", f"{t}/rank4", [t], renamed[t], {"sample_shape": shapes[renamed[t]][1:]}, onnx_type="Reshape"))
+    after: dict[int, _Proto] = {}
+    for p in protos:
+        if id(p) not in inside:
+            continue
+        y = p.output
+        if not _rank4_sink(y, readers, inside, keep, shapes):
+            p.output = renamed[y] = f"{y}:rank4"
+            after[id(p)] = _Proto("reshape", f"{y}/rank3", [p.output], y, {"sample_shape": shapes[y][1:]}, onnx_type="Reshape")
+        shapes[p.output] = _to_rank4(shapes[y])
+        _params_to_rank4(p)
+    out: list[_Proto] = []
+    for p in protos:
+        out.extend(before.get(id(p), ()))
+        if id(p) in inside:
+            p.inputs = [renamed.get(t, t) for t in p.inputs]
+        out.append(p)
+        if id(p) in after:
+            out.append(after[id(p)])
+    return out
+
+
+def _params_to_rank4(p: _Proto) -> None:
+    if p.op in ("add", "mul", "eltwise"):
+        p.params = [np.asarray(c).reshape(_to_rank4(np.asarray(c).shape)) for c in p.params]
+        if "param_shape" in p.attrs:
+            p.attrs["param_shape"] = _to_rank4(tuple(p.attrs["param_shape"]))
+
+
+def _only_inside(t: str, readers: dict[str, list[_Proto]], inside: set[int], keep: set[str]) -> bool:
+    return t not in keep and all(id(r) in inside for r in readers.get(t, ()))
+
+
+def _rank4_source(t: str, by_out: dict[str, _Proto], readers: dict[str, list[_Proto]], inside: set[int],
+                  keep: set[str], shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Make the Reshape (or Reshape -> Transpose (0, 2, 1)) producing tokens read only by the run
+    produce them as rank 4; False where they are produced otherwise (the caller adds a Reshape)."""
+    p = by_out.get(t)
+    if p is None or not _only_inside(t, readers, inside, keep):
+        return False
+    if p.op == "reshape":
+        p.attrs["sample_shape"] = _to_rank4(shapes[p.output])[1:]
+    elif p.op == "transpose" and tuple(p.attrs["perm"]) == (0, 2, 1):
+        src = by_out.get(p.inputs[0])
+        if src is None or src.op != "reshape" or p.inputs[0] in keep or [id(q) for q in readers.get(p.inputs[0], ())] != [id(p)]:
+            return False
+        n, c, t = shapes[p.inputs[0]]
+        src.attrs["sample_shape"] = (c, 1, t)
+        shapes[p.inputs[0]] = (n, c, 1, t)
+        p.attrs["perm"] = (0, 2, 3, 1)
+    else:
+        return False
+    shapes[p.output] = _to_rank4(shapes[p.output])
+    return True
+
+
+def _rank4_sink(t: str, readers: dict[str, list[_Proto]], inside: set[int], keep: set[str],
+                shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the rank-4 tokens `t` can stay as they are for every reader outside the run: a
+    Reshape (same elements, any rank), or a Transpose (0, 2, 1) read by Reshapes alone (made
+    (0, 3, 1, 2): (N, C, 1, T), the same elements as (N, C, T)). Adjusts those Transposes."""
+    if t in keep:
+        return False
+    outside = [r for r in readers.get(t, ()) if id(r) not in inside]
+    ok = all(r.op == "reshape" or (r.op == "transpose" and tuple(r.attrs["perm"]) == (0, 2, 1) and r.output not in keep
+                                   and all(q.op == "reshape" for q in readers.get(r.output, ()))) for r in outside)
+    if not ok:
+        return False
+    for r in outside:
+        if r.op == "transpose":
+            r.attrs["perm"] = (0, 3, 1, 2)
+            n, c, tt = shapes[r.output]
+            shapes[r.output] = (n, c, 1, tt)
+    return True
 
 
 def _merge(host: _Proto, tail: _Proto) -> None:
