@@ -6,6 +6,8 @@ onnxruntime, and parts and tiling split its convolutions and end a group at the 
 The SVTR-style corpus model is checked whole in tests/test_corpus.py (slow)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -13,7 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tightfit.api import execute
 from tightfit.frontend.onnx_import import import_model
+from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan
+from tightfit.plan.schema import PlanError
 from tightfit.reference import run_reference
 from tightfit.runtime.reference import random_input
 from tightfit.techniques.interface import PlannedModel
@@ -22,6 +26,19 @@ from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.techniques.tiling.groups import TileGroup
 from tightfit.techniques.tiling.planner import plan_tiling
 from tightfit.verify import onnxruntime_outputs
+
+
+def assert_partial_row_refused(plan, g, i: int, w0: int, w1: int) -> None:
+    """The checker refuses `plan` with its step i cut to columns [w0, w1) of its rows (a row-banded
+    op that needs whole rows: a part of a row would be normalised or multiplied alone)."""
+    steps = plan.steps()
+    r = steps[i].out.region
+    cut = replace(steps[i], out=replace(steps[i].out, region=Region(r.n0, r.n1, r.h0, r.h1, w0, w1)))
+    part = plan.partitions[0]  # (step i is in the first partition in these one-partition plans)
+    bad = replace(plan, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + plan.partitions[1:])
+    with pytest.raises(PlanError, match="needs whole rows"):
+        check_plan(bad, [g])
+
 
 C, H, W, HEADS = 8, 4, 6, 2
 T = H * W
@@ -222,22 +239,13 @@ def test_what_the_whole_steps_cost_a_split_plan(imported):
 def test_a_band_of_rows_of_an_op_that_needs_whole_rows_is_refused(imported):
     """The checker refuses a step of a row-banded op over part of the columns (its kernel works
     along the last axis: a part of it would be normalised or multiplied alone)."""
-    from dataclasses import replace
-
-    from tightfit.ops.base import Region
-    from tightfit.plan.schema import PlanError
     from tightfit.techniques.parts.planner import phases_for_rows
 
     _, g = imported
     plan = plan_parts(PlannedModel(g, "hybrid"), *phases_for_rows(g, 1))
     soft = next(l.id for l in g.layers if l.op == "softmax_axis")
     i, step = next((i, s) for i, s in enumerate(plan.steps()) if s.kind == "compute" and s.layer == soft)
-    r = step.out.region
-    cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 0, r.w - 1)))
-    part = plan.partitions[0]
-    bad = replace(plan, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + plan.partitions[1:])
-    with pytest.raises(PlanError, match="needs whole rows"):
-        check_plan(bad, [g])
+    assert_partial_row_refused(plan, g, i, 0, step.out.region.w - 1)
 
 
 def test_the_exported_c_program_runs_a_split_plan(imported, tmp_path):
@@ -386,11 +394,7 @@ def test_rank5_attention_of_patch_pixels_splits_by_bands_of_query_tokens(opset):
     matches onnxruntime; parts at one row per phase computes the scores one query row per step
     (every key), holds less than the plan that runs them whole, and matches the reference; the
     checker refuses a step over part of a row of the scores."""
-    from dataclasses import replace
-
     from tightfit.analysis.csdf import needs_whole_input
-    from tightfit.ops.base import Region
-    from tightfit.plan.schema import PlanError
     from tightfit.techniques.parts.planner import phases_for_rows
 
     model = patch_attention(opset)
@@ -413,9 +417,4 @@ def test_rank5_attention_of_patch_pixels_splits_by_bands_of_query_tokens(opset):
     assert len(steps) == TOKENS and all(s.out.region.h == 1 and s.out.region.w == TOKENS for _, s in steps)
     assert check_plan(split, [g]).arena_bytes < check_plan(whole, [g]).arena_bytes
     i, step = steps[1]
-    r = step.out.region
-    cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 1, r.w)))
-    part = split.partitions[0]
-    bad = replace(split, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + split.partitions[1:])
-    with pytest.raises(PlanError, match="needs whole rows"):
-        check_plan(bad, [g])
+    assert_partial_row_refused(split, g, i, 1, step.out.region.w)

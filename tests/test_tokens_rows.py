@@ -5,8 +5,6 @@ the map's flatten / transpose to tokens and back take that form: the token layer
 of tokens between convolutions that split by image rows, with the values of onnxruntime."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import onnx
 import pytest
@@ -14,16 +12,14 @@ import pytest
 from tightfit.analysis.csdf import needs_whole_input
 from tightfit.api import execute
 from tightfit.frontend.onnx_import import import_model
-from tightfit.ops.base import Region
 from tightfit.plan.check import check_plan
-from tightfit.plan.schema import PlanError
 from tightfit.reference import run_reference
 from tightfit.runtime.reference import random_input
 from tightfit.techniques.interface import PlannedModel
 from tightfit.techniques.parts.planner import phases_for_rows, plan_parts
 from tightfit.verify import onnxruntime_outputs
 
-from test_attention import C, H, W, T, _Model
+from test_attention import C, H, W, T, _Model, assert_partial_row_refused
 
 TOKENWISE = ("layer_norm", "gemm", "add", "activation")
 
@@ -88,12 +84,7 @@ def test_parts_split_the_token_layers_by_rows(chain):
     assert check_plan(split, [g]).arena_bytes < check_plan(whole, [g]).arena_bytes
     norm = next(l.id for l in g.layers if l.op == "layer_norm")
     i, step = next((i, s) for i, s in enumerate(split.steps()) if s.kind == "compute" and s.layer == norm)
-    r = step.out.region
-    cut = replace(step, out=replace(step.out, region=Region(r.n0, r.n1, r.h0, r.h1, 0, r.w - 1)))
-    part = split.partitions[0]
-    bad = replace(split, partitions=(replace(part, steps=part.steps[:i] + (cut,) + part.steps[i + 1:]),) + split.partitions[1:])
-    with pytest.raises(PlanError, match="needs whole rows"):
-        check_plan(bad, [g])
+    assert_partial_row_refused(split, g, i, 0, step.out.region.w - 1)
 
 
 def tokens_out(opset: int) -> onnx.ModelProto:
