@@ -126,6 +126,11 @@ def add_write_docs(ap) -> None:
                     help=f"also write what this run prints into its section of {DOCS.relative_to(DOCS.parents[1])}")
 
 
+def command_line(script: str) -> str:
+    """How this run was started, as a docs section names it (--write-docs left out)."""
+    return " ".join([f"python bench/{script}", *(a for a in sys.argv[1:] if a != "--write-docs")])
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     """`text` with the section `<!-- bench:NAME -->...<!-- /bench:NAME -->` replaced by `body`
     (appended at the end if the section is not there yet). A section marked twice, or whose end

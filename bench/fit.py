@@ -41,7 +41,7 @@ import time
 
 
 import tightfit
-from benchlib import add_write_docs, docs_section, header, loaded, set_torch_threads, verdict
+from benchlib import add_write_docs, command_line, docs_section, header, loaded, set_torch_threads, verdict
 from tightfit import api
 from tightfit import stages as F
 from tightfit.analysis.csdf import max_phases
@@ -247,7 +247,7 @@ def main() -> int:
     ap.add_argument("--no-timing", action="store_true")
     add_write_docs(ap)
     args = ap.parse_args()
-    shown = " ".join(["python bench/fit.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    shown = command_line("fit.py")
     with docs_section("fit", args.write_docs, shown):
         return run(args)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import add_write_docs, docs_section, header, loaded, verdict
+from benchlib import add_write_docs, command_line, docs_section, header, loaded, verdict
 from tightfit.frontend.load import load
 from tightfit.frontend.onnx_import import load_onnx
 from tightfit.graph.ir import Graph
@@ -203,7 +203,7 @@ def main() -> int:
     ap.add_argument("--folder", default=None, help="where the int8 files are made (and kept); default a temporary one")
     add_write_docs(ap)
     args = ap.parse_args()
-    shown = " ".join(["python bench/inplace.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    shown = command_line("inplace.py")
     with tempfile.TemporaryDirectory() as tmp, docs_section("inplace", args.write_docs, shown):
         folder = Path(args.folder or tmp)
         folder.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 import kernels as kernels_bench  # noqa: E402
 import mcu as mcu_bench  # noqa: E402
 import tflite_models as tm  # noqa: E402
-from benchlib import add_write_docs, docs_section, header, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, command_line, docs_section, header, loaded, verdict  # noqa: E402
 from inplace import Row, int8_rows  # noqa: E402
 from tightfit.frontend.tflite_import import load_tflite  # noqa: E402
 from tightfit.graph.ir import Graph  # noqa: E402
@@ -221,7 +221,7 @@ def main() -> None:
     args = ap.parse_args()
     only, folder = set(args.only.split(",")), Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(["python bench/int8.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    shown = command_line("int8.py")
     with docs_section("int8", args.write_docs, shown):
         header(__doc__.splitlines()[0], profile_id="- (memory, qemu instruction counts, CPU time)")
         found = []

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import add_write_docs, docs_section, header
+from benchlib import add_write_docs, command_line, docs_section, header
 from inplace import int8_rows, quantized_mbv2
 from tflite_models import cached
 from tightfit.errors import TightfitError
@@ -122,7 +122,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     add_write_docs(ap)
     args = ap.parse_args()
-    shown = " ".join(["python bench/mcu.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    shown = command_line("mcu.py")
     with tempfile.TemporaryDirectory() as tmp, docs_section("mcu", args.write_docs, shown):
         folder = Path(args.folder or tmp)
         folder.mkdir(parents=True, exist_ok=True)

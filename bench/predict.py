@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import add_write_docs, docs_section, header, is_loaded, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, command_line, docs_section, header, is_loaded, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
@@ -267,7 +267,7 @@ def main() -> None:
     if args.one:
         one_model(args.one, args)
         return
-    shown = " ".join(["python bench/predict.py", *(a for a in sys.argv[1:] if a != "--write-docs")])
+    shown = command_line("predict.py")
     with docs_section("predict", args.write_docs, shown):
         all_models(args, names)
 
