@@ -7,6 +7,7 @@ row sources, plan files, `--input-shape NAME=SHAPE,...` and the C export take ev
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -211,3 +212,15 @@ def test_c_export_fills_each_input_and_writes_every_output(pair_file, tmp_path, 
     header = (out / "pair.h").read_text()
     assert "#define PAIR_CNN0_INPUTS 2" in header and "#define PAIR_CNN0_OUTPUTS 2" in header
     assert "pair_run_rows" not in header  # one callback streams one input: several take run_cnn's sources
+
+
+@pytest.mark.parametrize("model, right, wrong", [
+    ("minakova5", "input=1x1x32x32", "foo=1x1x32x32"),
+    (str(Path(__file__).parent / "data" / "small_int8.tflite"), "serving_default_keras_tensor:0=1x32x32x3",
+     "bar=1x32x32x3")])
+def test_a_one_input_model_checks_the_name_a_shape_is_given_by(model, right, wrong, capsys):
+    assert main(["inspect", model, "--input-shape", right]) == 0
+    capsys.readouterr()
+    assert main(["inspect", model, "--input-shape", wrong]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"names '{wrong.split('=')[0]}', which is not an input of" in err and len(err.splitlines()) == 1, err

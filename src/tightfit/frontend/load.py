@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from tightfit.errors import ModelLoadError, OptionError
+from tightfit.errors import InputShapeError, ModelLoadError, OptionError
 from tightfit.graph.ir import Graph
 
 if TYPE_CHECKING:
@@ -22,22 +22,17 @@ def load(model: "str | Path | torch.nn.Module | Graph",
 
     if isinstance(model, Graph):
         return model
-    spec = str(model)
-    if isinstance(input_shape, Mapping) and spec in zoo.names():
-        if len(input_shape) != 1:  # the zoo's models take one input
-            from tightfit.errors import InputShapeError
-
-            raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
-        input_shape = next(iter(input_shape.values()))
     if torch_import.is_module(model):
         if input_shape is None:
             raise OptionError("a PyTorch module needs an input shape, e.g. (1, 3, 224, 224)")
         return torch_import.from_module(model, input_shape, type(model).__name__)
     spec = str(model)
     if spec in zoo.names():
-        return zoo.load(spec, input_shape)
+        name, shape = _one_input(spec, input_shape)
+        return _named_right(zoo.load(spec, shape), name)
     if spec.endswith(".tflite"):
-        return _load_tflite(spec, input_shape, nchw_shape)
+        name, shape = _one_input(spec, input_shape)
+        return _named_right(_load_tflite(spec, shape, nchw_shape), name)
     if spec.endswith(".onnx") or Path(spec).exists():
         from tightfit.frontend.onnx_import import load_onnx
 
@@ -50,18 +45,29 @@ def load(model: "str | Path | torch.nn.Module | Graph",
     raise ModelLoadError(f"{spec!r} is not a zoo model (see `tightfit zoo`), an .onnx file, or module:factory")
 
 
-def _load_tflite(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None",
-                 nchw_shape: bool) -> Graph:
+def _one_input(spec: str, input_shape: "Sequence[int] | Mapping[str, Sequence[int]] | None"
+               ) -> "tuple[str | None, Sequence[int] | None]":
+    """A zoo model or a .tflite here takes one input: its shape alone, or by its name."""
+    if not isinstance(input_shape, Mapping):
+        return None, input_shape
+    if len(input_shape) != 1:
+        raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
+    return next(iter(input_shape.items()))
+
+
+def _named_right(graph: Graph, name: str | None) -> Graph:
+    """A shape given by name must name the model's input (the ONNX importer checks its own)."""
+    if name is not None and name not in graph.inputs:
+        raise InputShapeError(f"--input-shape names {name!r}, which is not an input of {graph.name} "
+                              f"(its input: {', '.join(graph.inputs)})")
+    return graph
+
+
+def _load_tflite(spec: str, input_shape: "Sequence[int] | None", nchw_shape: bool) -> Graph:
     try:
         from tightfit.frontend.tflite_import import load_tflite
     except ImportError as e:  # the flatbuffer schema package is a dependency; a broken install is one line
         raise ModelLoadError(f"reading {spec} needs the `tflite` package (pip install tflite): {e}") from None
-    if isinstance(input_shape, Mapping):  # a .tflite here takes one input: its shape by name or alone
-        if len(input_shape) != 1:
-            from tightfit.errors import InputShapeError
-
-            raise InputShapeError(f"{spec} takes one input; give --input-shape SHAPE")
-        input_shape = next(iter(input_shape.values()))
     return load_tflite(spec, input_shape, nchw_shape=nchw_shape)
 
 
