@@ -206,10 +206,24 @@ def mcu_section(models: list[str], found: list[dict], folder: Path, emx: bool) -
         print("emx-onnx-cgen: its C (weights as constants) for the model's ONNX QDQ file (mv1-0.25-96: the .tflite's QDQ\n"
               "form) called from the same test program; it computes in float on weights dequantized at run time, its\n"
               "temporaries from malloc (a pool measured in a first run); RAM = pool + float I/O buffer + stack + .data + .bss")
+    for m in models:
+        emx_line(m, rows)
     for r in rows:
         if r.model == "mbv2-0.35-144" and r.plan != "reuse":
             print(f"  mbv2-0.35-144 whole program {kib(r.ram[mcu_bench.LINKS[0]])} KiB RAM within 256 KiB, below the "
                   f"295 kB layer-by-layer records: {ram_verdict(r)}")
+
+
+def emx_line(model: str, rows: list[mcu_bench.McuRow]) -> None:
+    """emx-onnx-cgen's program beside our reuse plan's on the same model, where both ran."""
+    emx = next((r for r in rows if r.model == model and r.plan == "emx-onnx-cgen"), None)
+    reuse = next((r for r in rows if r.model == model and r.plan == "reuse"), None)
+    if emx is None or reuse is None or not emx.instructions or not reuse.instructions:
+        return
+    ram = lambda r: min((v for v in r.ram.values() if v is not None), default=None)  # noqa: E731
+    ours, theirs = ram(reuse), emx.whole_ram
+    print(f"  {model}: emx-onnx-cgen {emx.instructions:,} instructions per inference, our reuse plan {reuse.instructions:,} "
+          f"({emx.instructions / reuse.instructions:.2f}x); whole RAM {kib(theirs)} KiB against {kib(ours)} KiB")
 
 
 def speed_section() -> None:

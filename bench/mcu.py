@@ -76,6 +76,7 @@ class McuRow:
     ok: bool                       # outputs equal the Python executor's
     note: str = ""
     outputs: str = ""              # how the outputs compared, where not with the executor
+    whole_ram: int | None = None   # emx-onnx-cgen's program: the whole RAM of its link, whatever the LINKS sizes
 
 
 def model_file(name: str, folder: Path) -> Path:
@@ -266,7 +267,8 @@ def emx_row(model: str, folder: Path) -> McuRow:
     ram = {size: final.ram_used if final.ram_used <= size else None for size in LINKS}
     return McuRow(model, "emx-onnx-cgen", None, ram, final.flash_used, ran.instructions, off <= 1.0,
                   f"whole RAM {final.ram_used / KIB:.1f} KiB: pool {used / KIB:.1f} KiB, float I/O buffer "
-                  f"{final.io_buffer / KIB:.1f} KiB, stack {stack // KIB} KiB", f"max {off:.2g} LSB from onnxruntime's")
+                  f"{final.io_buffer / KIB:.1f} KiB, stack {stack // KIB} KiB", f"max {off:.2g} LSB from onnxruntime's",
+                  final.ram_used)
 
 
 def _one_line(text: str) -> str:
