@@ -209,7 +209,7 @@ def mcu_section(models: list[str], found: list[dict], folder: Path, emx: bool) -
     for m in models:
         emx_line(m, rows)
     for r in rows:
-        if r.model == "mbv2-0.35-144" and r.plan != "reuse":
+        if r.model == "mbv2-0.35-144" and r.plan.startswith("smallest"):
             print(f"  mbv2-0.35-144 whole program {kib(r.ram[mcu_bench.LINKS[0]])} KiB RAM within 256 KiB, below the "
                   f"295 kB layer-by-layer records: {ram_verdict(r)}")
 
