@@ -85,7 +85,9 @@ def _whole_path(path: Path, model: str, tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert main(["export", str(plan_file), "--out", str(tmp_path / "host"), "--check"]) == 0
     assert "outputs match (max abs diff 0," in capsys.readouterr().out
-    if model in MCU and not NO_MCU_TOOLS:
+    if model in MCU and NO_MCU_TOOLS:
+        pytest.skip(f"{model}: the host path passed; no Cortex-M toolchain or qemu for its Cortex-M7 run")
+    if model in MCU:
         assert main(["export", str(plan_file), "--out", str(tmp_path / "m7"), "--target", "cortex-m7",
                      "--ram", "256KiB", "--flash", "2MiB", "--check"]) == 0
         assert "outputs match (max abs diff 0," in capsys.readouterr().out
