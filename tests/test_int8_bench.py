@@ -8,7 +8,7 @@ outputs.
 
 The .tflite files are made once by tensorflow (tensorflow-cpu, the bench extra) and cached
 (bench/tflite_models.py); without tensorflow a model whose file is not cached is skipped, saying so.
-Slow: about ten minutes on two cores; run it alone (`pytest -m slow tests/test_int8_bench.py`)."""
+Slow: about eight minutes on two shared cores; run it alone (`pytest -m slow tests/test_int8_bench.py`)."""
 from __future__ import annotations
 
 import shutil
@@ -84,7 +84,7 @@ def _whole_path(path: Path, model: str, tmp_path: Path, capsys) -> None:
     write_plan(parts.plan, str(plan_file))
     capsys.readouterr()
     assert main(["export", str(plan_file), "--out", str(tmp_path / "host"), "--check"]) == 0
-    assert "outputs match (max abs diff 0," in capsys.readouterr().out
+    assert "outputs: match (max abs diff 0," in capsys.readouterr().out
     if model in MCU and NO_MCU_TOOLS:
         pytest.skip(f"{model}: the host path passed; no Cortex-M toolchain or qemu for its Cortex-M7 run")
     if model in MCU:
