@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,14 @@ def verified(plan, g) -> tuple[bool, str]:
 # it printed, so a figure there changes with a rerun, never with prose.
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def emx_program() -> Path:
+    """emx-onnx-cgen (the bench extra): beside this Python, else on the PATH; a path that does not
+    exist when it is in neither."""
+    beside = Path(sys.executable).with_name("emx-onnx-cgen")
+    found = shutil.which("emx-onnx-cgen")
+    return beside if beside.exists() or not found else Path(found)
 
 
 def add_write_docs(ap) -> None:

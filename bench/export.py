@@ -61,10 +61,10 @@ from tightfit.runtime.measure import Measurement  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
 from tightfit.units import human, parse_size  # noqa: E402
 from tightfit.verify import onnx_bytes_for  # noqa: E402
-from benchlib import header, load_average, load_mark, loaded, set_torch_threads, verdict  # noqa: E402
+from benchlib import emx_program, header, load_average, load_mark, loaded, set_torch_threads, verdict  # noqa: E402
 
 MiB = 2**20
-EMX = Path(sys.executable).with_name("emx-onnx-cgen")
+EMX = emx_program()
 # MAFAT Table 4.1 (Farley & Gerstlauer), best measured latency in ms per memory limit (MB); 256 MB
 # is unconstrained (the whole process fits).
 MAFAT_MS = {256: 15065, 64: 17753, 32: 22215, 16: 31095}

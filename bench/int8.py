@@ -1,9 +1,10 @@
 """int8 end to end beside TFLite Micro, onnxruntime and the published records (issue 40, point 6).
 
-    python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96]
-                         [--only memory,mcu,speed] [--quick] [--folder DIR] [--write-docs]
+    python bench/int8.py [--models mv2-1.0-224,mv2-0.35-144,mv2-0.35-128,mv1-0.25-96,resnet18-224]
+                         [--only memory,mcu,speed] [--quick] [--skip-emx] [--folder DIR] [--write-docs]
 
-1. Memory. Models: Keras MobileNetV2 1.0 at 224, 0.35 at 144 and 128, MobileNetV1 0.25 at 96
+1. Memory. Models: Keras MobileNetV2 1.0 at 224, 0.35 at 144 and 128, MobileNetV1 0.25 at 96, and
+the standard basic-block ResNet-18 at 224 built from Keras layers (Keras has none; SAME padding)
 (random weights, global average pool + Dense head), converted to int8 .tflite files by
 TensorFlow's converter on random calibration data (bench/tflite_models.py; made once with
 tensorflow and cached under ~/.cache/tightfit/tflite). For each, on the same file:
@@ -20,7 +21,9 @@ tensorflow and cached under ~/.cache/tightfit/tflite). For each, on the same fil
 2. Cortex-M7 (bench/mcu.py): mbv2-0.35-144 (torchvision, quantized by onnxruntime, QDQ) and
    mv1-0.25-96 (the .tflite above): reuse and the smallest plan exported with
    `tightfit export --target cortex-m7`, whole RAM of the link at 256 / 512 KiB (arena + I/O buffer
-   + stack + .data + .bss), flash, instructions per inference under qemu, outputs compared.
+   + stack + .data + .bss), flash, instructions per inference under qemu, outputs compared; beside
+   them emx-onnx-cgen's C for the same model's ONNX QDQ file in the same test program
+   (bench/mcu.py's `emx_row`), or the one-line reason it does not compile, fit or run.
 3. Host speed at one thread (bench/kernels.py's int8 row): torchvision mobilenet_v2 quantized by
    onnxruntime's quantize_static (QDQ), our reuse plan beside onnxruntime's int8 session, process
    CPU time, median.
@@ -52,7 +55,7 @@ from tightfit.frontend.tflite_import import load_tflite  # noqa: E402
 from tightfit.graph.ir import Graph  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
 
-MODELS = ("mv2-1.0-224", "mv2-0.35-144", "mv2-0.35-128", "mv1-0.25-96")
+MODELS = ("mv2-1.0-224", "mv2-0.35-144", "mv2-0.35-128", "mv1-0.25-96", "resnet18-224")
 MCU_MODELS = ("mbv2-0.35-144", "mv1-0.25-96")
 PARTS = ("memory", "mcu", "speed")
 KB, KIB = 1000, 1024
@@ -65,6 +68,7 @@ RECORDS = {
     "mv2-0.35-144": "TinyEngine / X-CUBE-AI 7.3 on STM32H743: 295 / 296 kB layer by layer; msf-CNN: 8.6 kB at 1.68x MACs",
     "mv2-0.35-128": "STM32Cube.AI 10: 237 KiB activations (input and output included)",
     "mv1-0.25-96": "TFLite Micro's person detection example (its own model): a 136 KiB arena",
+    "resnet18-224": "none in issue 40 (TFLite Micro's arena above is the comparison)",
 }
 GRANULE = 16  # bytes: the bisection's resolution
 DEFAULT_FOLDER = Path.home() / ".cache" / "tightfit" / "int8bench"
@@ -181,7 +185,7 @@ def ram_verdict(row: mcu_bench.McuRow) -> str:
                     (ram is not None and ram < RECORD_LBL, "not below 295 kB"), (row.ok, "not run, or outputs differ")])
 
 
-def mcu_section(models: list[str], found: list[dict], folder: Path) -> None:
+def mcu_section(models: list[str], found: list[dict], folder: Path, emx: bool) -> None:
     """bench/mcu.py's rows; a model whose plans part 1 made (the same file) is not planned again."""
     planned = {f["model"]: f["rows"] for f in found}
     rows: list[mcu_bench.McuRow] = []
@@ -192,14 +196,34 @@ def mcu_section(models: list[str], found: list[dict], folder: Path) -> None:
             rows += [mcu_bench.plan_row(m, label, r.plan, r.with_input, folder) for label, r in chosen]
         else:
             rows += mcu_bench.mcu_rows(mcu_bench.model_file(m, folder), m, folder)
+        if emx:
+            rows.append(mcu_bench.emx_row(m, folder))
     print("\n2. Cortex-M7 (qemu mps2-an500): whole RAM of the link at 256 / 512 KiB, flash, instructions per inference")
     mcu_bench.print_rows(rows)
     print("instructions: qemu's count (-icount), not a timing; RAM can be below peak + stack: the program streams\n"
           "the input by rows (no input buffer), the peak counts it")
+    if emx:
+        print("emx-onnx-cgen: its C (weights as constants) for the model's ONNX QDQ file (mv1-0.25-96: the .tflite's QDQ\n"
+              "form) called from the same test program; it computes in float on weights dequantized at run time, its\n"
+              "temporaries from malloc (a pool measured in a first run); RAM = pool + float I/O buffer + stack + .data + .bss")
+    for m in models:
+        emx_line(m, rows)
     for r in rows:
-        if r.model == "mbv2-0.35-144" and r.plan != "reuse":
+        if r.model == "mbv2-0.35-144" and r.plan.startswith("smallest"):
             print(f"  mbv2-0.35-144 whole program {kib(r.ram[mcu_bench.LINKS[0]])} KiB RAM within 256 KiB, below the "
                   f"295 kB layer-by-layer records: {ram_verdict(r)}")
+
+
+def emx_line(model: str, rows: list[mcu_bench.McuRow]) -> None:
+    """emx-onnx-cgen's program beside our reuse plan's on the same model, where both ran."""
+    emx = next((r for r in rows if r.model == model and r.plan == "emx-onnx-cgen"), None)
+    reuse = next((r for r in rows if r.model == model and r.plan == "reuse"), None)
+    if emx is None or reuse is None or not emx.instructions or not reuse.instructions:
+        return
+    ram = lambda r: min((v for v in r.ram.values() if v is not None), default=None)  # noqa: E731
+    ours, theirs = ram(reuse), emx.whole_ram
+    print(f"  {model}: emx-onnx-cgen {emx.instructions:,} instructions per inference, our reuse plan {reuse.instructions:,} "
+          f"({emx.instructions / reuse.instructions:.2f}x); whole RAM {kib(theirs)} KiB against {kib(ours)} KiB")
 
 
 def speed_section() -> None:
@@ -216,6 +240,7 @@ def main() -> None:
     ap.add_argument("--mcu-models", default=",".join(MCU_MODELS), help="part 2's models (bench/mcu.py's)")
     ap.add_argument("--only", default=",".join(PARTS), help="which parts: memory, mcu, speed")
     ap.add_argument("--quick", action="store_true", help="no tiling search (the longest step)")
+    ap.add_argument("--skip-emx", action="store_true", help="part 2 without emx-onnx-cgen's programs")
     ap.add_argument("--folder", default=str(DEFAULT_FOLDER), help="where int8 files, exports and TFLM arenas are kept")
     add_write_docs(ap)
     args = ap.parse_args()
@@ -230,7 +255,7 @@ def main() -> None:
             found = [memory_row(name, folder, not args.quick) for name in args.models.split(",")]
             print_memory(found)
         if "mcu" in only:
-            mcu_section(args.mcu_models.split(","), found, folder)
+            mcu_section(args.mcu_models.split(","), found, folder, not args.skip_emx)
         if "speed" in only:
             speed_section()
 

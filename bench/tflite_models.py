@@ -146,6 +146,36 @@ def mobilenet_v1(alpha: float, size: int, seed: int = 0):
     return _headed(base, seed, classes=2)
 
 
+def resnet18(size: int = 224, seed: int = 0):
+    """The standard ResNet-18 (He et al. 2016, the basic-block one torchvision ships; Keras has
+    none): a 7x7 stride-2 conv and a 3x3 stride-2 max pool, four stages of two basic blocks (64,
+    128, 256, 512 channels; the first block of stages 2-4 strided, its shortcut a 1x1 stride-2 conv
+    + batch norm), global average pool + Dense(1000). TensorFlow's SAME padding (the stride-2
+    windows padded at the bottom right) instead of torchvision's symmetric ZeroPadding, which the
+    converter would make a PAD copy of the largest tensor. Keras' random initial weights (seeded),
+    random batch-norm statistics."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    tf.keras.utils.set_random_seed(seed)
+
+    def conv_bn(x, filters: int, k: int, stride: int = 1):
+        return L.BatchNormalization()(L.Conv2D(filters, k, strides=stride, padding="same", use_bias=False)(x))
+
+    def block(x, filters: int, stride: int):
+        y = L.ReLU()(conv_bn(x, filters, 3, stride))
+        y = conv_bn(y, filters, 3)
+        short = conv_bn(x, filters, 1, stride) if stride != 1 or x.shape[-1] != filters else x
+        return L.ReLU()(L.Add()([y, short]))
+
+    x = inp = tf.keras.Input((size, size, 3), batch_size=1)
+    x = L.MaxPooling2D(3, strides=2, padding="same")(L.ReLU()(conv_bn(x, 64, 7, 2)))
+    for i, filters in enumerate((64, 128, 256, 512)):
+        x = block(block(x, filters, 1 if i == 0 else 2), filters, 1)
+    base = tf.keras.Model(inp, L.GlobalAveragePooling2D()(x))
+    return _headed(base, seed)
+
+
 def _headed(base, seed: int, classes: int = 1000):
     import tensorflow as tf
 
@@ -163,6 +193,7 @@ MODELS: dict[str, Callable] = {
     "mv2-0.35-144": lambda: mobilenet_v2(0.35, 144),
     "mv2-0.35-128": lambda: mobilenet_v2(0.35, 128),
     "mv1-0.25-96": lambda: mobilenet_v1(0.25, 96),
+    "resnet18-224": lambda: resnet18(224),
 }
 
 

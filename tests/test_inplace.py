@@ -263,3 +263,25 @@ def test_bench_rows_for_int8_files(paths):
         assert over.with_input <= plain.with_input and over.without_input <= plain.without_input
     assert all(r.without_input <= r.with_input for r in rows)
     assert rows[1].with_input < rows[0].with_input
+
+
+def strided_shortcut(shape=(1, 8, 12, 12), seed: int = 0) -> onnx.ModelProto:
+    """A ResNet downsampling block: a 3x3 stride-2 conv + ReLU, a 3x3 conv, and the shortcut, a
+    1x1 stride-2 conv that never reads the input's odd rows, added."""
+    b = Builder(shape, seed)
+    c = shape[1]
+    y = b.conv(b.node("Relu", [b.conv("x", c, 2 * c, stride=2)]), 2 * c, 2 * c)
+    return b.model(b.node("Relu", [b.node("Add", [y, b.conv("x", c, 2 * c, k=1, stride=2, pad=0)])]))
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+def test_in_place_over_rows_a_strided_conv_skips(tmp_path, kind):
+    """Rows of an input no window reads (a 1x1 stride-2 conv's odd rows) live through the step."""
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(strided_shortcut(), path) if kind == "fp32" else quantize(strided_shortcut(), path)
+    g = load_onnx(path)
+    model = PlannedModel(g, str(path))
+    plain, over = plan_reuse(model), plan_reuse_overlapping(model)
+    check_plan(over, [g])
+    assert over.arena_bytes <= plain.arena_bytes
+    assert np.array_equal(_run(over, g), _run(plain, g))

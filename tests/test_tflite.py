@@ -92,6 +92,24 @@ def test_onnxruntime_rounding_would_differ(small):
     assert off > 0
 
 
+def test_the_file_as_onnx_runs_in_onnxruntime_within_one_lsb(small):
+    """tflite_as_onnx: the QDQ model load_tflite imports, for tools that take ONNX; onnxruntime's
+    float-input run of it, quantized back, is TFLite Micro's output to 1 LSB (its rounding differs)."""
+    import onnxruntime as ort
+
+    from tightfit.frontend.tflite_import import tflite_as_onnx
+
+    session = ort.InferenceSession(tflite_as_onnx(SMALL).SerializeToString())
+    assert session.get_inputs()[0].shape == [1, 32, 32, 3]  # the file's NHWC
+    (s_in, z_in), (s_out, z_out) = tm.edge_quant(small)
+    stored = np.load(DATA / "small_int8_tflm.npz")
+    for x, y in zip(stored["x"], stored["y"]):
+        real = (x.astype(np.float32) - np.float32(z_in)) * np.float32(s_in)
+        got = session.run(None, {session.get_inputs()[0].name: real})[0]
+        q = np.clip(np.rint(got / np.float32(s_out)) + z_out, -128, 127).astype(int)
+        assert np.abs(q.reshape(-1) - y.reshape(-1).astype(int)).max() <= 1
+
+
 def test_quantize_multiplier_is_tflites():
     """QuantizeMultiplier's known values: 0.5 -> 2^30 with shift 0; 1 -> 2^30 with shift 1; a
     fraction rounding up to 2^31 moves to the next shift; tiny ones flush to zero."""

@@ -534,3 +534,15 @@ class _Converter:
         if self.t[op.outputs[0]].dtype != "float32":
             raise self.fail(op, "output is not float32")
         self.node("Identity", [self.name(op.inputs[0])], self.names[op.outputs[0]])
+
+
+def tflite_as_onnx(path: str | Path) -> onnx.ModelProto:
+    """The ONNX QDQ model a .tflite file means, the one load_tflite imports (its float input in
+    the file's NHWC layout, quantized by its first node where the file takes int8; its outputs
+    float, dequantized): for tools that take ONNX (bench/mcu.py gives it to emx-onnx-cgen)."""
+    path = Path(path)
+    tensors, ops, inputs, outputs = read(path)
+    try:
+        return _Converter(tensors, ops, path.name).model(inputs, outputs)
+    except CORRUPT as e:
+        raise ModelLoadError(f"{path} is a corrupt .tflite file ({type(e).__name__} converting it: {e})") from None

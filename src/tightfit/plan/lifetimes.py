@@ -198,7 +198,9 @@ def row_lifetimes(plan: Plan, graphs: Sequence[Graph], eligible: Callable[[Buffe
         base = i * scale
         times = rows_times(graphs[s.model], s, plan.models[s.model].batch) if within_steps and s.kind == "compute" else None
         for k, a in enumerate(s.inputs):
-            touch(a, (lambda h, m=times[1][k]: base + m[h]) if times else (lambda h: base + scale - 1))
+            # a row no window reads (a 1x1 stride-2 conv's odd rows) lives through the step, as the
+            # checker (walks._rows) takes it: never written over by the step's own output
+            touch(a, (lambda h, m=times[1][k]: base + m.get(h, scale - 1)) if times else (lambda h: base + scale - 1))
         touch(s.out, (lambda h: base + times[0][h]) if times else (lambda h: base))
     for _, a in output_accesses(plan, graphs):
         touch(a, lambda h: end)
