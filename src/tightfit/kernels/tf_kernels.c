@@ -1137,6 +1137,23 @@ static void reduce(float *arena, const tf_reduce_args *p) {
 
 static int8_t *q8(float *arena, long off) { return (int8_t *)arena + off; }
 
+/* The first and one past the last element a view spans (strides are not negative). */
+static void view_span(const tf_view *v, long *lo, long *hi) {
+    *lo = v->off;
+    *hi = v->off + (v->n - 1) * v->sn + (v->c - 1) * v->sc + (v->h - 1) * v->sh + (v->w - 1) * v->sw + 1;
+}
+
+/* Whether a step's output shares bytes with its input (in place, or overlaid at an offset: its
+ * rows' order is what makes that safe, ops/walks.py, so one thread runs it and
+ * its kernel keeps that order). */
+static int overlapping(const tf_view *x, const tf_view *y) {
+    long xl, xh, yl, yh;
+    view_span(x, &xl, &xh);
+    view_span(y, &yl, &yh);
+    return xl < yh && yl < xh;
+}
+
+
 static int32_t word_i32(const float *wts, long i) { /* an int32 stored in the weights' 4-byte words */
     int32_t v;
     memcpy(&v, wts + i, sizeof v);
@@ -1583,15 +1600,18 @@ static void qconv_pixels(float *arena, const float *wts, const tf_qconv_args *a,
 #define TF_QCHUNK (8 * TF_QPIX) /* output pixels taken through every block of channels at a time */
 
 /* A chunk of output pixels at a time (their inputs stay in cache), in it a block of output channels
- * at a time over all its pixels (the block's weights stay in cache; its bias sums made once). */
+ * at a time over all its pixels (the block's weights stay in cache; its bias sums made once). An
+ * output over its own input (ops/walks.py: "rows") takes a chunk of one row: a later block of
+ * channels reads the row's windows, so no row below it may be written before. */
 static void qconv_dense(float *arena, const float *wts, const tf_qconv_args *a) {
     const int direct = a->kh == 1 && a->kw == 1 && a->pt == 0 && a->pl == 0 && a->x.sc == 1;
     const long K4 = round4(a->kh * a->kw * a->x.c), cout = a->y.c, pixels = a->y.h * a->y.w;
+    const long chunk = overlapping(&a->x, &a->y) ? a->y.w : TF_QCHUNK;
     const int8_t *wsum = (const int8_t *)(wts + a->w) + K4 * cout;
     int32_t base[TF_QCO];
     for (long n = 0; n < a->y.n; n++)
-    for (long c0 = 0; c0 < pixels; c0 += TF_QCHUNK) {
-        const long c1 = pixels - c0 < TF_QCHUNK ? pixels : c0 + TF_QCHUNK;
+    for (long c0 = 0; c0 < pixels; c0 += chunk) {
+        const long c1 = pixels - c0 < chunk ? pixels : c0 + chunk;
         for (long co0 = 0; co0 < cout; co0 += TF_QCO) {
             const long nco = cout - co0 < TF_QCO ? cout - co0 : TF_QCO;
             memcpy(base, wsum + 4 * co0, (size_t)nco * sizeof(int32_t));
@@ -1713,29 +1733,48 @@ static void qdw_row(float *arena, const tf_qconv_args *a, const int32_t (*w32)[T
     }
 }
 
-/* qdw_row over every row: per block of channels, the weights widened (qdw_x's operand) and the base
- * made once, then its rows. */
-static void qdw_rows(float *arena, const float *wts, const tf_qconv_args *a) {
+/* Channels [c0, c0 + nc)'s weights widened (qdw_x's operand, per tap), their biases and base. */
+static void qdw_block(const float *wts, const tf_qconv_args *a, long c0, long nc, int32_t (*w32)[TF_QCO],
+                      int32_t *base, int32_t *bias) {
     const long C = a->y.c, taps = a->kh * a->kw;
+    const int8_t *w = (const int8_t *)(wts + a->w);
+    const __m512i xz = _mm512_set1_epi32(a->xz);
+    for (int j = 0; 16 * j < nc; j++) {
+        const long left = nc - 16 * j;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512i sum = _mm512_setzero_si512();
+        for (long tp = 0; tp < taps; tp++) {
+            const __m512i wv = qdw_x(w + tp * C + c0 + 16 * j, k);
+            _mm512_storeu_si512((void *)(w32[tp] + 16 * j), _mm512_and_si512(wv, _mm512_set1_epi32(0xFFFF)));
+            sum = _mm512_add_epi32(sum, wv);
+        }
+        const __m512i b = a->b >= 0 ? _mm512_maskz_loadu_epi32(k, wts + a->b + c0 + 16 * j) : _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)(bias + 16 * j), b);
+        _mm512_storeu_si512((void *)(base + 16 * j), _mm512_sub_epi32(b, _mm512_mullo_epi32(xz, sum)));
+    }
+}
+
+/* qdw_row over every row: a block of channels at a time over every row (its weights widened once);
+ * an output over its own input (ops/walks.py: "rows") row by row, every block of a row before the
+ * next row (the weights widened per row and block). */
+static void qdw_rows(float *arena, const float *wts, const tf_qconv_args *a) {
+    const long C = a->y.c;
     const int8_t *w = (const int8_t *)(wts + a->w);
     int32_t w32[TF_QDW_TAPS][TF_QCO];
     int32_t base[TF_QCO], bias[TF_QCO];
-    const __m512i xz = _mm512_set1_epi32(a->xz);
+    if (overlapping(&a->x, &a->y)) {
+        for (long n = 0; n < a->y.n; n++)
+        for (long oy = 0; oy < a->y.h; oy++)
+        for (long c0 = 0; c0 < C; c0 += TF_QCO) {
+            const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
+            qdw_block(wts, a, c0, nc, w32, base, bias);
+            qdw_row(arena, a, (const int32_t (*)[TF_QCO])w32, base, bias, w, wts + a->m, n, oy, c0, nc);
+        }
+        return;
+    }
     for (long c0 = 0; c0 < C; c0 += TF_QCO) {
         const long nc = C - c0 < TF_QCO ? C - c0 : TF_QCO;
-        for (int j = 0; 16 * j < nc; j++) {
-            const long left = nc - 16 * j;
-            const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-            __m512i sum = _mm512_setzero_si512();
-            for (long tp = 0; tp < taps; tp++) {
-                const __m512i wv = qdw_x(w + tp * C + c0 + 16 * j, k);
-                _mm512_storeu_si512((void *)(w32[tp] + 16 * j), _mm512_and_si512(wv, _mm512_set1_epi32(0xFFFF)));
-                sum = _mm512_add_epi32(sum, wv);
-            }
-            const __m512i b = a->b >= 0 ? _mm512_maskz_loadu_epi32(k, wts + a->b + c0 + 16 * j) : _mm512_setzero_si512();
-            _mm512_storeu_si512((void *)(bias + 16 * j), b);
-            _mm512_storeu_si512((void *)(base + 16 * j), _mm512_sub_epi32(b, _mm512_mullo_epi32(xz, sum)));
-        }
+        qdw_block(wts, a, c0, nc, w32, base, bias);
         for (long n = 0; n < a->y.n; n++)
         for (long oy = 0; oy < a->y.h; oy++)
             qdw_row(arena, a, (const int32_t (*)[TF_QCO])w32, base, bias, w, wts + a->m, n, oy, c0, nc);
@@ -2404,21 +2443,6 @@ static long shared_rows(const tf_step *step) {
     if (step->kind == TF_STEP_CONV) return ((const tf_conv_args *)step->args)->y.h;
     if (step->kind == TF_STEP_POOL) return ((const tf_pool_args *)step->args)->y.h;
     return 0;
-}
-
-/* The first and one past the last element a view spans (strides are not negative). */
-static void view_span(const tf_view *v, long *lo, long *hi) {
-    *lo = v->off;
-    *hi = v->off + (v->n - 1) * v->sn + (v->c - 1) * v->sc + (v->h - 1) * v->sh + (v->w - 1) * v->sw + 1;
-}
-
-/* Whether a step's output shares bytes with its input (in place, or overlaid at an offset: its
- * rows' order is what makes that safe, ops/walks.py, so one thread runs it). */
-static int overlapping(const tf_view *x, const tf_view *y) {
-    long xl, xh, yl, yh;
-    view_span(x, &xl, &xh);
-    view_span(y, &yl, &yh);
-    return xl < yh && yl < xh;
 }
 
 static int shared_step(const tf_step *step, int threads) {
