@@ -1232,7 +1232,7 @@ static int8_t requant_acc(int32_t acc, const float *m, long c, int round, int z,
  *  - grouped: weights (C_out, kh, kw, C_in / groups), one output channel at a time. */
 
 #if TF_SIMD
-#define TF_QPIX 12   /* output pixels of one GEMM block (rows of the patch matrix) */
+#define TF_QPIX 12   /* output pixels of one GEMM block (rows of the patch matrix; VNNI's tiles split it) */
 #else
 #define TF_QPIX 4
 #endif
@@ -1334,9 +1334,6 @@ static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at th
 /* vpdpbusd multiplies unsigned by signed bytes: x + 128 (x ^ 0x80) times w, so the sum holds 128 *
  * wsum more, taken off with the zero point. */
 #define TF_QOFF 128
-/* A tile of np pixels x nj panels of 16 output channels (constants in each caller, so that the
- * accumulators stay in registers: up to 24 of AVX-512's 32), over the whole of K: each group of 4
- * weights of the nj panels is loaded once and used by the np pixels. */
 /* Where the tile's sums go: requantized (as qstore) straight from the registers into each pixel's
  * channel run (channels-last output), or (out NULL) added into acc. */
 typedef struct { int8_t *out[TF_QPIX]; const int32_t *base; const float *m; int yz, lo, hi; long np; } qsink;
@@ -1431,6 +1428,7 @@ static inline __attribute__((always_inline)) void qtile_at(const int8_t *const *
 
 /* The block's TF_QPIX (12) pixels in tiles of 12 accumulators, by how many panels its channels take
  * (GCC spills a tile of 16 or more to the stack inside the loop: measured half the speed). */
+typedef char tf_qpix_is_12[TF_QPIX == 12 ? 1 : -1]; /* the tiles below cover 12 pixels */
 static void qgemm_any(const int8_t *const *rows, long nk, const int8_t *wp, long cout, long co0, long nco,
                       int32_t (*acc)[TF_QCO], const qsink *o) {
     switch ((nco + 15) / 16) {
