@@ -1325,9 +1325,10 @@ static inline int32_t qword(const int8_t *p) { /* 4 bytes as one int32 (one load
 }
 
 static int32_t load4(const int8_t *p, long left) { /* 4 patch bytes; fewer at the patch's end, zeros after */
-    int32_t v = 0;
-    memcpy(&v, p, (size_t)(left < 4 ? left : 4));
-    return v;
+    if (left >= 4) return qword(p);
+    uint32_t v = 0; /* byte by byte, little-endian as qword: no call (a call in the loop spills its sums) */
+    for (long i = 0; i < left; i++) v |= (uint32_t)(uint8_t)p[i] << (8 * i);
+    return (int32_t)v;
 }
 
 #if TF_SIMD && defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -1494,9 +1495,9 @@ static void qgemm_block(const int8_t *const *rows, long nk, const int8_t *wp, lo
  * exact); the pairs are summed at the end. */
 static inline __m256i qw16(const int8_t *p, long left) { /* the 4 weights of 4 channels (left: channels there) */
     if (left >= 4) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
-    int8_t b[16] = {0};
-    if (left > 0) memcpy(b, p, (size_t)(4 * left));
-    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)b));
+    /* a channel's 4 weights are one int32 lane: the lanes there, masked (no call: the sums stay in registers) */
+    const __m128i lanes = _mm_cmpgt_epi32(_mm_set1_epi32((int)(left > 0 ? left : 0)), _mm_setr_epi32(0, 1, 2, 3));
+    return _mm256_cvtepi8_epi16(_mm_maskload_epi32((const int *)(const void *)p, lanes));
 }
 
 static inline __m256i qx16(const int8_t *row, long g, long full, long nk) { /* 4 inputs, widened, 4 times */
