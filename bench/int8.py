@@ -24,9 +24,9 @@ tensorflow and cached under ~/.cache/tightfit/tflite). For each, on the same fil
    + stack + .data + .bss), flash, instructions per inference under qemu, outputs compared; beside
    them emx-onnx-cgen's C for the same model's ONNX QDQ file in the same test program
    (bench/mcu.py's `emx_row`), or the one-line reason it does not compile, fit or run.
-3. Host speed at one thread (bench/kernels.py's int8 row): torchvision mobilenet_v2 quantized by
-   onnxruntime's quantize_static (QDQ), our reuse plan beside onnxruntime's int8 session, process
-   CPU time, median.
+3. Host speed at one thread (bench/kernels.py's int8 rows): torchvision mobilenet_v2 and resnet18
+   (seeded random weights, 224) quantized by onnxruntime's quantize_static (QDQ), our reuse plan
+   beside onnxruntime's int8 session, process CPU time, median.
 
 Verdicts (issue 40's goals): reuse alone <= TFLite Micro's arena on every model, split far below;
 MobileNetV2-224 smallest (in-place included) below MCUNetV2's 172 kB, input excluded as MCUNetV2
@@ -227,11 +227,13 @@ def emx_line(model: str, rows: list[mcu_bench.McuRow]) -> None:
 
 
 def speed_section() -> None:
-    ours, ort_s = kernels_bench.one_model("mobilenet_v2", int8=True)
-    ratio = ort_s / ours
-    print("\n3. Host speed, one thread, process CPU time (bench/kernels.py's int8 row): torchvision mobilenet_v2 224, QDQ")
-    ok = verdict([(ratio >= 1.0, "slower than onnxruntime's int8")])
-    print(f"  tightfit {ours * 1e3:.1f} ms, onnxruntime int8 {ort_s * 1e3:.1f} ms: {ratio:.2f}x >= 1.0x: {ok}{loaded()}")
+    print("\n3. Host speed, one thread, process CPU time (bench/kernels.py's int8 rows): torchvision models at 224, QDQ")
+    for name in kernels_bench.INT8_MODELS:
+        ours, ort_s = kernels_bench.one_model(name, int8=True)
+        ratio = ort_s / ours
+        ok = verdict([(ratio >= 1.0, "slower than onnxruntime's int8")])
+        print(f"  {name}: tightfit {ours * 1e3:.1f} ms, onnxruntime int8 {ort_s * 1e3:.1f} ms: {ratio:.2f}x >= 1.0x: "
+              f"{ok}{loaded()}", flush=True)
 
 
 def main() -> None:

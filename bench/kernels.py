@@ -12,7 +12,7 @@ its defaults, after its advised pre-processing; calibrated on 4 random inputs), 
 beside onnxruntime's int8 session of the same QDQ file, timed alike.
 
     python bench/kernels.py [--models mobilenet_v2,resnet18,googlenet,efficientnet_b0]
-                            [--int8-models mobilenet_v2] [--write-docs]
+                            [--int8-models mobilenet_v2,resnet18] [--write-docs]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from tightfit.techniques.interface import PlannedModel  # noqa: E402
 from tightfit.techniques.reuse.planner import plan_reuse  # noqa: E402
 
 MODELS = ("mobilenet_v2", "resnet18", "googlenet", "efficientnet_b0")
-INT8_MODELS = ("mobilenet_v2",)
+INT8_MODELS = ("mobilenet_v2", "resnet18")
 ROUNDS, RUNS = 3, 5
 TARGET = 1.0
 

@@ -94,6 +94,29 @@ def _moved(plan, g, guest: int, root: int, shift: int):
     return place(replace(plan, buffers=buffers), [g], "improve")
 
 
+def test_int8_pointwise_conv_over_its_input_in_several_blocks_of_channels(tmp_path):
+    """A 1x1 int8 convolution of more output channels than its kernel takes at a time (64), its output
+    laid over its input the least far back the checker accepts: every block of channels of a row
+    comes before the next row's ("rows"; a chunk of pixels spanning rows broke it on MobileNetV2)."""
+    path = quantize(inverted_residuals((1, 72, 10, 10)), tmp_path / "wide.onnx")
+    g = load_onnx(path)
+    plain = plan_reuse(PlannedModel(g, str(path)))
+    step = next(s for s in plain.steps() if s.kind == "compute" and g.layers[s.layer].attrs.get("groups") == 1
+                and g.shape(s.inputs[0].tensor)[1] == 216 and g.shape(g.layers[s.layer].output)[1] == 72)
+    host, guest = plain.buffers[step.inputs[0].buffer], plain.buffers[step.out.buffer]
+    unit = math.lcm(ALIGN, cell_bytes(host), cell_bytes(guest))
+    for k in range(1, 5):
+        over = _moved(plain, g, guest.id, host.id, -k * unit)
+        try:
+            check_plan(over, [g])
+            break
+        except PlanError:
+            continue
+    else:
+        pytest.fail("the checker accepts no overlay of the output a few cells before its input")
+    assert np.array_equal(_run(over, g), _run(plain, g))
+
+
 def test_checker_refuses_an_output_over_input_rows_still_to_be_read(paths):
     """The depthwise output moved one row later than the planner put it: its first row lands on
     input the second output row still reads."""

@@ -21,8 +21,9 @@ Kernels (kernels/tf_kernels.c) and their walks:
   conv_depthwise: pixel by pixel, the bias written first): "rows".
 - fp32 dense conv (v_dense): passes over panels of output channels, each over every pixel, so
   a later pass reads input rows above rows already written: none. Grouped conv: none.
-- int8 conv of any groups (qconv: pixel by pixel in row order, every output channel of a pixel
-  after reading its window): "rows".
+- int8 conv of any groups (qconv: where its output shares bytes with its input, row by row, every
+  block of output channels of a row before the next row's, each pixel's window read before its
+  output is written; otherwise in the order fastest for the cache): "rows".
 - fp32 elementwise and batch norm / bare activations (eltwise, affine: position by position in
   row order, channels inside) of 4-D tensors: "same", "elements", "rows"; of other ranks (their
   dims merged into the kernel's views otherwise): "same".
