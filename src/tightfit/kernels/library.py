@@ -158,14 +158,16 @@ class StepTable:
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    """The library, built once per source, flags and machine, kept in the cache directory."""
+    """The library, built once per source, compiler, flags and machine, kept in the cache directory."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise KernelBuildMissing("no C compiler found (set CC): tightfit runs plans on its C kernel library")
     from tightfit.cache import cache_dir
 
     source = b"".join(p.read_bytes() for p in SOURCES)
-    digest = hashlib.sha1(source + " ".join(FLAGS).encode() + platform.machine().encode() + _cpu().encode()).hexdigest()[:12]
+    # CC names the build too: a compiler (or a wrapper adding -mno-avx512f) makes another library
+    key = source + " ".join([compiler, *FLAGS]).encode() + platform.machine().encode() + _cpu().encode()
+    digest = hashlib.sha1(key).hexdigest()[:12]
     base = cache_dir()
     try:
         if base is None:  # no disk cache: built for this process (a loaded library outlives its file)
