@@ -150,13 +150,15 @@ def test_profiling_binds_an_int8_input_step(small):
 
 
 def test_cli_runs_an_int8_input_file(small, tmp_path, capsys):
-    """`run --input`: a .npy of int8 in the file's NHWC layout, or raw int8 NCHW bytes, gives TFLite
-    Micro's stored outputs; a float .npy for the int8 input is one line, exit 2."""
+    """`run --input`: a .npy of int8 in the file's NHWC layout (or in NCHW), or raw int8 bytes in the
+    file's NHWC layout (as the exported program reads them), gives TFLite Micro's stored outputs; a
+    float .npy for the int8 input is one line, exit 2."""
     stored = np.load(DATA / "small_int8_tflm.npz")
     x, want = stored["x"][1], stored["y"][1].reshape(-1)
     np.save(tmp_path / "x.npy", x)
-    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x.transpose(0, 3, 1, 2)).tobytes())
-    for given in ("x.npy", "x.bin"):
+    np.save(tmp_path / "nchw.npy", np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    for given in ("x.npy", "nchw.npy", "x.bin"):
         out = tmp_path / f"{given}.y.npy"
         assert main(["run", str(SMALL), "--input", str(tmp_path / given), "--output", str(out)]) == 0
         assert np.load(out).dtype == np.int8 and np.array_equal(np.load(out).reshape(-1), want), given
@@ -226,6 +228,69 @@ def test_cli_run_verify_against_tflite_micro(name, capsys):
     assert main(["run", str(DATA / f"{name}.tflite"), "--verify"]) == 0
     out = capsys.readouterr().out
     assert "TFLite Micro" in out and "OK (max abs diff 0," in out, out
+
+
+# --- a 4-D output: the file's NHWC at every boundary ------------------------------------------------
+# map_int8.tflite: (1, 6, 10, 3) in, (1, 6, 10, 5) out (H, W and C all different). Inside, the graph is
+# NCHW; `run`, `--verify`, the C program and its check take and give the file's NHWC.
+MAP = DATA / "map_int8.tflite"
+
+
+def test_a_4d_output_is_given_nhwc_by_run(tmp_path):
+    """`run` on the file and on a plan of it, from a .npy or raw bytes of the NHWC input: TFLite
+    Micro's stored NHWC outputs, element for element."""
+    g = load(str(MAP))
+    assert g.output_forms == ((g.outputs[0], "nhwc", (1, 6, 10, 5)),) and g.shape(g.outputs[0]) == (1, 5, 6, 10)
+    plan = tmp_path / "p.json"
+    assert main(["plan", str(MAP), "--method", "parts", "--rows", "1", "--out", str(plan)]) == 0
+    stored = np.load(DATA / "map_int8_tflm.npz")
+    assert stored["y"].shape[1:] == (1, 6, 10, 5)
+    for k, (x, y) in enumerate(zip(stored["x"], stored["y"])):
+        np.save(tmp_path / "x.npy", x)
+        (tmp_path / "x.bin").write_bytes(x.tobytes())
+        for model, given in ((MAP, "x.npy"), (MAP, "x.bin"), (plan, "x.bin")):
+            out = tmp_path / "y.npy"
+            assert main(["run", str(model), "--input", str(tmp_path / given), "--output", str(out)]) == 0
+            got = np.load(out)
+            assert got.dtype == np.int8 and got.shape == y.shape and np.array_equal(got, y), (k, model, given)
+
+
+def test_a_4d_output_verifies_against_tflite_micro(capsys):
+    pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
+    assert main(["run", str(MAP), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "TFLite Micro" in out and "OK (max abs diff 0," in out and "shape 1x6x10x3" in out, out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+def test_exported_program_takes_and_gives_nhwc(tmp_path, capsys):
+    """The C program of a parts plan reads the NHWC input by rows and gives the NHWC output: on
+    TFLite Micro's stored inputs, its outputs are TFLite Micro's, element for element."""
+    from tightfit.api import check_export
+    from tightfit.export import export
+    from tightfit.export.build import run
+
+    plan, graphs = api.plan(str(MAP), method="parts", rows=1)
+    sources = export(plan, graphs, tmp_path / "out")
+    header = (tmp_path / "out" / f"{sources.name}.h").read_text()
+    assert "_INPUT_NHWC 1 " in header and "1x6x10x5 NHWC" in header
+    c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
+    assert c.ok and c.max_abs_diff == 0.0, c.lines()
+    stored = np.load(DATA / "map_int8_tflm.npz")
+    for k, (x, y) in enumerate(zip(stored["x"], stored["y"])):  # by rows, and whole (-p: tf_tensor_rows)
+        got = run(c.built.binary, [x], [y.size], preload=k % 2 == 1).outputs[0]
+        assert np.array_equal(got, y.reshape(-1).astype(np.float32)), k
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("arm-none-eabi-gcc", "qemu-system-arm")),
+                    reason="no Cortex-M toolchain or qemu")
+def test_a_4d_output_on_an_emulated_cortex_m7(tmp_path, capsys):
+    """The Cortex-M program reads the NHWC input by rows and gives the NHWC output."""
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(MAP), "--method", "parts", "--rows", "1", "--out", str(plan_file)]) == 0
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "m7"), "--target", "cortex-m7", "--ram", "256KiB",
+                 "--flash", "1MiB", "--check"]) == 0
+    assert "outputs match (max abs diff 0," in capsys.readouterr().out
 
 
 # --- bad files: one line, exit 2 ------------------------------------------------------------------

@@ -29,6 +29,7 @@ from tightfit.export.build import input_bytes
 from tightfit.export.linux import check_for
 from tightfit.frontend.app import AppError, is_app_file, load_app
 from tightfit.frontend.load import load
+from tightfit.graph.forms import file_input, file_output
 from tightfit.options import FitOptions
 from tightfit.plan import schema
 from tightfit.plan.check import CheckReport, check_plan
@@ -575,10 +576,11 @@ def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan:
 
 def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     """The seeded inputs of a plan's CNNs and the reference executor's outputs on them (every
-    output of every CNN, in order), as float32 arrays."""
+    output of every CNN, in order), as the C program takes and gives them: each in its element
+    type and in the model file's layout (NHWC where the file's image is channels-last)."""
     inputs = plan_inputs(graphs, plan_, seed)
-    refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]
-    return [a for g, x in zip(graphs, inputs) for a in input_arrays(g, x)], refs
+    refs = [file_output(g, t, run_reference(g, x)[t]) for g, x in zip(graphs, inputs) for t in g.outputs]
+    return [file_input(g, t, a) for g, x in zip(graphs, inputs) for t, a in zip(g.inputs, input_arrays(g, x))], refs
 
 
 def check_export(plan_, graphs, sources, directory, build: BuildOptions = BuildOptions(), seed: int = 0,

@@ -14,8 +14,9 @@ multiplier and shift; kernels/step_args.py), so that outputs equal TFLite Micro'
 Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN (over
 H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (over C, beta
 1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
-DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. A model's 4-D output is NCHW here (TFLite's is NHWC).
-The graph takes and gives int8 where the file does (its int8 input and outputs, TFLite Micro's
+DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. Inside, a 4-D tensor is NCHW; the graph's 4-D input and
+outputs keep the file's NHWC (its `input_forms` and `output_forms`, graph/forms.py), which `run`,
+`--verify` and the exported C program take and give. The graph takes and gives int8 where the file does (its int8 input and outputs, TFLite Micro's
 integers): no quantize step on the way in, no dequantize on the way out.
 """
 from __future__ import annotations
@@ -83,7 +84,10 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     own = tuple(Tensor(t.name, (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if len(t.shape) == 4 else t.shape,
                        "int8" if t.dtype == "int8" else "fp32") for t in tensors if t.data is None and t.shape)
     params = sum(int(t.data.size) for t in tensors if t.data is not None and t.dtype in ("int8", "int32"))
-    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params)
+    forms = tuple((graph.outputs[k], "nhwc", tensors[i].shape) for k, i in enumerate(outputs)
+                  if len(tensors[i].shape) == 4)
+    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params,
+                               output_forms=forms)
 
 
 def _foldable(layer: Layer) -> bool:

@@ -121,6 +121,9 @@ class Graph:
     # the file's shape), form "nhwc" for an input the file takes channels-last (its Transpose
     # absorbed) or "reshape" for one it reshapes to NCHW (CHW, flat; the reshapes absorbed).
     input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # The same of outputs: (graph output, "nhwc", the file's shape) for a 4-D output the file gives
+    # channels-last (a .tflite's): the graph computes it NCHW, the boundaries give it as the file does.
+    output_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
@@ -138,7 +141,7 @@ class Graph:
     def __reduce__(self):
         """Pickled by its fields (a worker process gets the graph itself, not a model name)."""
         return Graph, (self.name, self.layers, dict(self.tensors), self.inputs, self.outputs, dict(self.params),
-                       self.original_tensors, self.original_param_count, self.input_forms)
+                       self.original_tensors, self.original_param_count, self.input_forms, self.output_forms)
 
     def layer(self, key: int | str) -> Layer:
         if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):

@@ -2534,6 +2534,17 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
                    void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;
     const size_t item = (size_t)t->item;
+    if (t->nhwc) { /* channels-last: a row's columns [w0, w1) are one run of (w1 - w0) * c values */
+        for (long n = n0; n < n1; n++)
+        for (long h = h0; h < h1; h++)
+        for (long w = w0; w < w1; w++) {
+            const char *src = (const char *)t->x + (size_t)(((n * t->h + h) * t->w + w) * t->c) * item;
+            char *out = (char *)dst + (size_t)((n - n0) * sn + (h - h0) * sh + (w - w0) * sw) * item;
+            if (sc == 1) memcpy(out, src, (size_t)t->c * item);
+            else for (long c = 0; c < t->c; c++) memcpy(out + (size_t)(c * sc) * item, src + (size_t)c * item, item);
+        }
+        return 0;
+    }
     for (long n = n0; n < n1; n++)
     for (long c = 0; c < t->c; c++)
     for (long h = h0; h < h1; h++) {

@@ -183,9 +183,10 @@ typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w
  * source per input of its model, in the model's input order (an input step names its index). */
 typedef struct { tf_input_fn fill; void *ctx; } tf_source;
 
-/* A whole input in memory, contiguous (N, C, H, W), of `item` bytes per element (4 float32, 1 int8):
+/* A whole input in memory, contiguous (N, C, H, W), or (N, H, W, C) where `nhwc` is 1 (the model
+ * file's channels-last input, a .tflite's), of `item` bytes per element (4 float32, 1 int8):
  * tf_tensor_rows is its tf_input_fn (ctx: a tf_tensor). */
-typedef struct { const void *x; long c, h, w; int item; } tf_tensor;
+typedef struct { const void *x; long c, h, w; int item; int nhwc; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    void *dst, long sn, long sc, long sh, long sw);
 
