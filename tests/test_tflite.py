@@ -230,6 +230,50 @@ def test_cli_run_verify_against_tflite_micro(name, capsys):
     assert "TFLite Micro" in out and "OK (max abs diff 0," in out, out
 
 
+# --- memory counts real bytes ----------------------------------------------------------------------
+
+def test_inspect_counts_the_real_bytes_of_int8_parameters(small, capsys):
+    """Run-time parameters: int8 weights 1 B, int32 biases 4 B, and per output channel of a
+    convolution or dense layer TFLite's multiplier and shift (two int32); the imported model's: its
+    quantized constants as the file stores them (data, and per channel a float32 scale and an int64
+    zero point), not 4 B a value."""
+    import json
+
+    from tightfit.frontend.tflite_import import read
+
+    want = sum(l.attrs.get("w_scale") is not None and small.shape(l.output)[1] * 8 for l in small.layers)
+    want += sum(small.params[p].size * (1 if small.params[p].dtype == np.int8 else 4) for l in small.layers for p in l.params)
+    assert all(small.params[p].dtype in (np.int8, np.int32) for l in small.layers for p in l.params)
+    tensors = read(SMALL)[0]
+    stored = sum(t.data.size * t.data.itemsize + 12 * t.scale.size for t in tensors if t.data is not None and t.scale.size)
+    assert main(["inspect", str(SMALL), "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["param_bytes"] == want and totals["original_param_bytes"] == stored
+    weights = sum(t.data.size for t in tensors if t.data is not None and t.dtype == "int8")
+    assert stored < 2 * weights  # (4 B a value would be over 4 times the int8 weights)
+
+
+def test_tiling_counts_int8_input_bands_at_1_byte(small):
+    """A tile's input step holds a band of the int8 input's rows and its concatenation: its scratch
+    is twice the band's bytes at 1 B a value, the band the executor asks a RowSource for."""
+    from tightfit.runtime.executor import RowSource
+
+    plan, gs = api.plan(str(SMALL), method="tiling", tiling="0-3:2x2")
+    x = tm.as_graph_input(small, tm.random_int8(small, 4))
+    bands: list[int] = []
+
+    def rows(h0, h1):
+        bands.append(h1 - h0)
+        return x[:, :, h0:h1]
+
+    ex = ArenaExecutor(plan, gs, fill_nan=True)
+    got = ex.run(RowSource(x.shape, rows))[0][small.outputs[0]].copy()
+    assert np.array_equal(got, run_reference(small, x)[small.outputs[0]])
+    scratch = [s.scratch for s in plan.steps() if s.kind == "input"]
+    _, c, _, w = small.shape(small.inputs[0])
+    assert scratch and max(scratch) == 2 * max(bands) * c * w * 1
+
+
 # --- a 4-D output: the file's NHWC at every boundary ------------------------------------------------
 # map_int8.tflite: (1, 6, 10, 3) in, (1, 6, 10, 5) out (H, W and C all different). Inside, the graph is
 # NCHW; `run`, `--verify`, the C program and its check take and give the file's NHWC.

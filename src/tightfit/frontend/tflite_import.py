@@ -83,10 +83,14 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
     own = tuple(Tensor(t.name, (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if len(t.shape) == 4 else t.shape,
                        "int8" if t.dtype == "int8" else "fp32") for t in tensors if t.data is None and t.shape)
-    params = sum(int(t.data.size) for t in tensors if t.data is not None and t.dtype in ("int8", "int32"))
+    # The file's quantized constants as it stores them: int8 weights, int32 biases, and per tensor or
+    # channel a float32 scale and an int64 zero point (TFLite's QuantizationParameters).
+    params = sum(t.data.nbytes + t.scale.size * 4 + t.zero.size * 8 for t in tensors
+                 if t.data is not None and t.dtype in ("int8", "int32") and t.scale.size)
     forms = tuple((graph.outputs[k], "nhwc", tensors[i].shape) for k, i in enumerate(outputs)
                   if len(tensors[i].shape) == 4)
-    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params,
+    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=0,
+                               original_int_param_bytes=params,
                                output_forms=forms)
 
 
