@@ -404,3 +404,35 @@ def test_damaged_files_load_or_fail_in_one_line(tmp_path):
             load(str(path))
         except TightfitError:
             pass
+
+
+# --- fit --inplace --------------------------------------------------------------------------------
+
+def test_fit_places_candidates_in_place(small):
+    """With `inplace`, every candidate of fit's search is placed with outputs over their inputs
+    where the kernels allow: never larger, and the layer-by-layer plans (12288 B) come down to
+    8448 B, a budget they miss placed plainly."""
+    from tightfit.stages import _placed, load_fit_app
+
+    app = load_fit_app(str(SMALL))
+    out = api.fit(app, 1, measure=False, timer=lambda plan, graphs: [1000.0] * len(graphs), best_effort=True)
+    sizes = [(_placed(out.problem, p)[1].peak_bytes, _placed(out.problem, p, True)) for p in out.problem.points.values()]
+    assert all(over[1].peak_bytes <= plain for plain, over in sizes)
+    shrunk = [(plain, over) for plain, over in sizes if over[1].peak_bytes < plain]
+    assert shrunk and all(over[0].knobs.get("inplace") for _, over in shrunk)
+    assert any(over[1].peak_bytes + 1024 < plain for plain, over in shrunk)
+
+
+def test_cli_fit_inplace_runs_and_verifies(tmp_path, capsys):
+    """`fit --inplace` through the CLI: the chosen plan is placed in place (its knobs say so), fits
+    the budget, passes the checker and gives the reference executor's outputs exactly."""
+    import json
+
+    out = tmp_path / "fit"
+    assert main(["fit", str(SMALL), "--budget", "8448B", "--inplace", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"]["memory_bytes"] <= 8448 and report["chosen"]["max_rel_diff_vs_reference"] == 0.0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["knobs"].get("inplace") is True
+    assert main(["run", str(out / "plan.json"), "--verify"]) == 0
+    assert "OK" in capsys.readouterr().out

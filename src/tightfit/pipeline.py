@@ -370,6 +370,8 @@ def fit(o: FitOptions) -> Result:
     report -> write. VerificationFailed (an internal bug): nothing is reported or written."""
     budget = _fit_budget(o)
     app = load_fit_app(o.model, o.input_shape, o.batch, o.allow_code)
+    if o.inplace and app.concurrent:
+        raise OptionError("--inplace needs partitions that run one after another (this application pipelines some)")
     if is_mcu(o.target):
         weights = param_bytes(app)
         if weights >= parse_size(o.flash):  # known now: no search for a program that cannot fit

@@ -33,6 +33,7 @@ from tightfit.graph.forms import file_input, file_output
 from tightfit.options import FitOptions
 from tightfit.plan import schema
 from tightfit.plan.check import CheckReport, check_plan
+from tightfit.plan.overlay import overlap_in_place
 from tightfit.plan.place import place
 from tightfit.plan.schema import Plan, PlanError
 from tightfit.reference import run_reference
@@ -290,7 +291,7 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
     def within_budget(point: FitPoint) -> tuple[Plan, CheckReport] | None:
         """The point's placed plan, if the final placement keeps it within the budget."""
         if point.genes not in placed:
-            placed[point.genes] = _placed(problem, point)
+            placed[point.genes] = _placed(problem, point, o.inplace)
         plan, analysis = placed[point.genes]
         return placed[point.genes] if o.budget is None or analysis.peak_bytes + counted <= o.budget else None
 
@@ -298,7 +299,9 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
         got = within_budget(point)
         return None if got is None else tuple(o.timer(got[0], graphs))
 
-    fitting = [p for p in found.front if o.budget is None or p.memory_bytes <= o.budget]
+    # The search predicts memory without in-place outputs: with `inplace`, a plan over the budget
+    # may fit once placed so, which within_budget decides.
+    fitting = [p for p in found.front if o.budget is None or o.inplace or p.memory_bytes <= o.budget]
     o.say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
     choice = choose(fitting, constraints.min_fps, o.objective, timed_fps)
     if choice.point is not None:
@@ -309,7 +312,7 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
         if not o.best_effort:
             raise FitError(unreachable_line(found, constraints, o.budget))
         choice = Choice(closest(problem), (), False, "best effort: nothing fits the budget; the smallest plan found", 0)
-    return choice, placed.get(choice.point.genes) or _placed(problem, choice.point)
+    return choice, placed.get(choice.point.genes) or _placed(problem, choice.point, o.inplace)
 
 
 def closest(problem: FitProblem) -> FitPoint:
@@ -433,8 +436,13 @@ def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: i
             f"the best reachable fps is {fps} ({found.evaluated} plans evaluated)")
 
 
-def _placed(problem: FitProblem, point: FitPoint) -> tuple[Plan, CheckReport]:
+def _placed(problem: FitProblem, point: FitPoint, inplace: bool = False) -> tuple[Plan, CheckReport]:
+    """The point's plan placed (with `inplace`, outputs laid over their inputs where the kernels
+    allow and the arena shrinks) and checked."""
     plan = final_plan(problem, point)
+    if inplace:
+        over = overlap_in_place(plan, problem.app.graphs, "improve")
+        plan = replace(over, knobs=dict(over.knobs, inplace=True, overlap=True))
     return plan, checked(plan, problem.app.graphs)
 
 
