@@ -13,8 +13,6 @@ files are cached under ~/.cache/tightfit/tflite (or $TIGHTFIT_CACHE/tflite), key
     python bench/tflite_models.py float16 tests/data/float16.tflite       # float16 weights
     python bench/tflite_models.py map tests/data/map_int8.tflite tests/data/map_int8_tflm.npz
         (a 4-D NHWC output, H, W and C all different)
-    python bench/tflite_models.py broadcast tests/data/broadcast_int8.tflite tests/data/broadcast_int8_tflm.npz
-        (ADD of a constant and of a (1,1,1,C) map, MUL, pools with a fused RELU)
 """
 from __future__ import annotations
 
@@ -139,28 +137,6 @@ def feature_map(seed: int = 0):
     return model
 
 
-def broadcast(seed: int = 0):
-    """ADD of a constant and of a per-channel (1, 1, 1, C) map (a MEAN kept 4-D) onto an
-    (1, H, W, C) one, MUL of two maps, MAX_POOL_2D and AVERAGE_POOL_2D with a fused RELU
-    (tests/data/broadcast_int8.tflite)."""
-    import tensorflow as tf
-
-    L = tf.keras.layers
-    rng = np.random.default_rng(seed)
-    x = inp = tf.keras.Input((8, 8, 3), batch_size=1)
-    x = L.Conv2D(6, 3, padding="same")(x)
-    x = tf.keras.ops.add(x, rng.uniform(-0.5, 0.5, (1, 1, 1, 6)).astype(np.float32))
-    m = L.GlobalAveragePooling2D(keepdims=True)(x)
-    x = L.Add()([x, m])
-    y = L.Conv2D(6, 1)(x)
-    x = L.Multiply()([x, y])
-    a = L.ReLU()(L.MaxPooling2D(2)(x))
-    b = L.ReLU()(L.AveragePooling2D(2)(x))
-    model = tf.keras.Model(inp, L.Concatenate()([a, b]))
-    _randomize(model, seed)
-    return model
-
-
 def to_float16_tflite(model) -> bytes:
     """The model with float16 weights (TFLite's float16 quantization): a file tightfit refuses."""
     import tensorflow as tf
@@ -201,7 +177,6 @@ MODELS: dict[str, Callable] = {
     "tanh": tiny_tanh,
     "softmax": dense_softmax,
     "map": feature_map,
-    "broadcast": broadcast,
     "mv2-1.0-224": lambda: mobilenet_v2(1.0, 224),
     "mv2-0.35-144": lambda: mobilenet_v2(0.35, 144),
     "mv2-0.35-128": lambda: mobilenet_v2(0.35, 128),
