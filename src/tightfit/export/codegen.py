@@ -247,25 +247,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     if in_file:
         lines.append(f"#define {upper}_WEIGHTS_FILE 1 /* the weights are read from weights.bin and passed in */")
     for m, (g, ref) in enumerate(zip(graphs, plan.models)):
-        shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
-        shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
-        kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
-        lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}; "
-                     f"the program takes {', '.join(_layout(g, t) for t in g.inputs)}) */")
-        lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
-        lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
-        for k, sh in enumerate(shapes):
-            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
-            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
-                         f"{_input_kind(g, g.inputs[k])} */")
-            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_NHWC {int(_nhwc_in(g, g.inputs[k]))} /* 1: given channels-last "
-                         f"(N, H, W, C), as the model file takes it */")
-        for k, t in enumerate(g.outputs):
-            oshape = file_shape(g, t, (ref.batch,) + g.shape(t)[1:])
-            lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} "
-                         f"{_layout(g, t)} */")
+        lines += _cnn_defines(g, ref, m, upper)
     g0, ref0 = graphs[0], plan.models[0]
     n, c, h, wd = _dims4((ref0.batch,) + g0.shape(g0.inputs[0])[1:])
     rows = len(g0.inputs) == 1  # streaming by one callback: a CNN 0 of one input
@@ -317,6 +299,31 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _cnn_defines(g: Graph, ref, m: int, upper: str) -> list[str]:
+    """CNN `m`'s defines: its inputs' shapes, bytes a value and layouts, its outputs' elements."""
+    lines: list[str] = []
+    shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
+    shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
+    kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
+    lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}; "
+                 f"the program takes {', '.join(_layout(g, t) for t in g.inputs)}) */")
+    lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
+    lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
+    lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
+    lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
+    for k, sh in enumerate(shapes):
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
+                     f"{_input_kind(g, g.inputs[k])} */")
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_NHWC {int(_nhwc_in(g, g.inputs[k]))} /* 1: given channels-last "
+                     f"(N, H, W, C), as the model file takes it */")
+    for k, t in enumerate(g.outputs):
+        oshape = file_shape(g, t, (ref.batch,) + g.shape(t)[1:])
+        lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} "
+                     f"{_layout(g, t)} */")
+    return lines
 
 
 def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
