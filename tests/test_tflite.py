@@ -21,6 +21,7 @@ from tightfit import api  # noqa: E402
 from tightfit.cli import main  # noqa: E402
 from tightfit.errors import ModelLoadError  # noqa: E402
 from tightfit.frontend.load import load  # noqa: E402
+from tightfit.graph.forms import file_output  # noqa: E402
 from tightfit.kernels.step_args import quantize_multiplier  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
@@ -40,7 +41,13 @@ def small():
 
 
 def _ours(g, x_q: np.ndarray) -> np.ndarray:
-    return tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x_q))[g.outputs[0]])
+    """Our output on the file's int8 input, as the file gives it (NHWC for a map)."""
+    return file_output(g, g.outputs[0], tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x_q))[g.outputs[0]]))
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Element for element; a map in the same (NHWC) shape, a vector whatever 1s its shape has."""
+    return (got.ndim < 4 or got.shape == want.shape) and np.array_equal(got, want.reshape(got.shape))
 
 
 def test_every_layer_is_int8_with_tflite_rounding(small):
@@ -58,25 +65,60 @@ def test_every_layer_is_int8_with_tflite_rounding(small):
     assert small.shape(small.inputs[0]) == (1, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
+# Files with TFLite Micro's outputs stored beside them: softmax_int8, a SOFTMAX of logits spread wide
+# (some below its exp's cut-off); map_int8, a 4-D output; broadcast_int8, an ADD of a (1, 1, 1, C)
+# map onto an NHWC one and pools with a fused RELU; mul_int8, MUL of two maps and of a (1, 1, 1, C) one.
+STORED = ["small_int8", "softmax_int8", "map_int8", "broadcast_int8", "mul_int8"]
+
+
+@pytest.mark.parametrize("name", STORED)
 def test_equals_stored_tflite_micro_outputs(name):
-    """Always runs: TFLite Micro's outputs on seeded int8 inputs, stored when the file was made
-    (softmax_int8: a SOFTMAX of logits spread wide, some below its exp's cut-off)."""
+    """Always runs: TFLite Micro's outputs on seeded int8 inputs, stored when the file was made."""
     g = load(str(DATA / f"{name}.tflite"))
     stored = np.load(DATA / f"{name}_tflm.npz")
     assert len(stored["x"]) >= 4 and len(np.unique(stored["y"])) > 8
     for x, y in zip(stored["x"], stored["y"]):
-        assert np.array_equal(_ours(g, x), y.reshape(-1, y.shape[-1]))
+        assert _same(_ours(g, x), y)
 
 
-@pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
+@pytest.mark.parametrize("name", STORED)
 def test_equals_tflite_micro_bit_for_bit(name):
     pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
     path = DATA / f"{name}.tflite"
     g = load(str(path))
     for seed in range(10, 16):
         x = tm.random_int8(g, seed)
-        assert np.array_equal(_ours(g, x), tm.tflm_outputs(path.read_bytes(), x).reshape(1, -1)), seed
+        assert _same(_ours(g, x), tm.tflm_outputs(path.read_bytes(), x)), seed
+
+
+def test_broadcast_add_mul_and_pools_with_a_relu_are_int8():
+    """Every layer int8 (none in fp32 between a dequantize and a quantize): an ADD and a MUL of a
+    (1, C, 1, 1) map onto a (1, C, H, W) one, a MUL of two maps, a pool's fused RELU an int8 clamp."""
+    b, m = load(str(DATA / "broadcast_int8.tflite")), load(str(DATA / "mul_int8.tflite"))
+    for g in (b, m):
+        assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in g.layers)
+    add = next(l for l in b.layers if l.op == "add")
+    assert sorted(b.shape(t) for t in add.inputs) == [(1, 5, 1, 1), (1, 5, 8, 6)]
+    assert [l.op for l in b.layers if l.op in ("avgpool", "maxpool", "activation")] == ["avgpool", "activation", "maxpool", "activation"]
+    muls = [sorted(m.shape(t) for t in l.inputs) for l in m.layers if l.op == "mul"]
+    assert muls == [[(1, 4, 6, 8), (1, 4, 6, 8)], [(1, 4, 1, 1), (1, 4, 6, 8)]]
+
+
+@pytest.mark.parametrize("name", ["broadcast_int8", "mul_int8"])
+def test_broadcast_operands_split_by_parts_and_exported(name, tmp_path):
+    """By parts (the broadcast operand read whole by every band) and as a C program: the same integers."""
+    path = str(DATA / f"{name}.tflite")
+    g = load(path)
+    x = tm.as_graph_input(g, tm.random_int8(g, 7))
+    whole = run_reference(g, x)[g.outputs[0]]
+    plan, gs = api.plan(path, method="parts", rows=1)
+    assert np.array_equal(ArenaExecutor(plan, gs, fill_nan=True).run(x)[0][g.outputs[0]], whole)
+    if shutil.which("cc") is not None:
+        from tightfit.api import check_export
+        from tightfit.export import export
+
+        c = check_export(plan, gs, export(plan, gs, tmp_path / "out"), tmp_path / "out", cflags=["-std=c99", "-O2"])
+        assert c.ok and c.max_abs_diff == 0.0, c.lines()
 
 
 def test_onnxruntime_rounding_would_differ(small):
@@ -349,6 +391,10 @@ def _one_line(path: Path, words: str, capsys) -> None:
 
 def test_unknown_op_is_one_line(capsys):
     _one_line(DATA / "tanh_int8.tflite", "op TANH is not imported", capsys)
+
+
+def test_add_of_a_constant_is_one_line(capsys):
+    _one_line(DATA / "add_const_int8.tflite", "ADD of a constant operand", capsys)
 
 
 def test_float16_tensors_are_one_line(capsys):
