@@ -12,13 +12,15 @@ int8 layers (frontend/qdq.py), and every layer that came from the file is marked
 multiplier and shift; kernels/step_args.py), so that outputs equal TFLite Micro's bit for bit.
 
 Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD and MUL (of two computed tensors of one
-shape, or of a (1, 1, 1, C) map broadcast onto an NHWC one; not of a constant), AVERAGE_POOL_2D, MAX_POOL_2D, MEAN (over
-H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (over C, beta
-1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
-DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. Inside, a 4-D tensor is NCHW; the graph's 4-D input and
-outputs keep the file's NHWC (its `input_forms` and `output_forms`, graph/forms.py), which `run`,
-`--verify` and the exported C program take and give. The graph takes and gives int8 where the file does (its int8 input and outputs, TFLite Micro's
-integers): no quantize step on the way in, no dequantize on the way out.
+shape, or of a (1, 1, 1, C) map broadcast onto an NHWC one; not of a constant), AVERAGE_POOL_2D and
+MAX_POOL_2D (a fused activation: an int8 clamp after the pool), MEAN (over H and W), CONCATENATION,
+RESHAPE (a flatten; a (1, 1, 1, C) map squeezed for ADD or MUL), PAD (into a convolution), SOFTMAX
+(over C, beta 1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
+DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. Inside, a 4-D tensor is NCHW; the graph's 4-D input
+and outputs keep the file's NHWC (its `input_forms` and `output_forms`, graph/forms.py), which
+`run`, `--verify` and the exported C program take and give. The graph takes and gives int8 where
+the file does (its int8 input and outputs, TFLite Micro's integers): no quantize step on the way
+in, no dequantize on the way out.
 """
 from __future__ import annotations
 
