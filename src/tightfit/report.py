@@ -430,7 +430,7 @@ def mcu_export_lines(out: str, target: str, sources, project, built) -> list[str
     return [f"exported {sources.steps} steps to {out}/ as a {target} firmware project: the library "
             f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
             f"build: make -C {out}   run under qemu: make -C {out} run-qemu "
-            f"(reads {out}/input.bin, writes {out}/output.bin: float32 NCHW)",
+            f"(reads {out}/input.bin, writes {out}/output.bin: float32, in the model file's layout)",
             built.memory_report()]
 
 
