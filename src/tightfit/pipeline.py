@@ -479,8 +479,8 @@ def _check_host(o: ExportOptions, exported: tuple, stage: Path, report: dict, li
     lines += result.lines()
     if o.keep_io:
         lines.append(f"kept: {o.out}/input.bin (the checked input) and {o.out}/reference.bin (the reference output), "
-                     f"float32, in the model file's layout: {o.out}/{sources.name} {o.out}/input.bin out.bin, then compare out.bin "
-                     "with reference.bin")
+                     f"in the model file's layout (float32, an int8 input's bytes): {o.out}/{sources.name} "
+                     f"{o.out}/input.bin out.bin, then compare out.bin with reference.bin")
     ok = result.ok
     if o.sanitize:
         clean = check_export(plan_, graphs, sources, stage, replace(build, runs=1, sanitize=True))

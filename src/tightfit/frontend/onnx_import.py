@@ -154,7 +154,8 @@ class _Builder:
         self.original_params = sum(_weight_size(a) for k, a in self.consts.items() if k not in self.operands)
         # A quantized file's integer weights, biases and zero points (what its DequantizeLinear nodes
         # read), in their stored bytes.
-        dequantized = {t for n in g.node if n.op_type == "DequantizeLinear" for t in list(n.input)[:1] + list(n.input)[2:3]}
+        dequantized = {t for n in g.node if n.op_type == "DequantizeLinear"
+                       for t in list(n.input)[:1] + list(n.input)[2:3]}
         self.original_int_params = sum(int(a.nbytes) for k, a in self.consts.items()
                                        if k in dequantized and a.dtype.kind in "iu")
         self.shapes: dict[str, tuple[int, ...]] = {}

@@ -706,7 +706,8 @@ def _qmul(b, layer, xs, y):
     (sa, za), (sb, zb), (sy, zy) = (_tq(b, t) for t in (*layer.inputs, layer.output))
     lo, hi = _qclamp(layer, sy, zy)
     m, shift = quantize_multiplier(float(np.float32(sa)) * float(np.float32(sb)) / float(np.float32(sy)))
-    return "qmul", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi, _rounding(layer), 0, 0, 0, 0, m, shift]
+    return "qmul", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi, _rounding(layer),
+                                    0, 0, 0, 0, m, shift]
 
 
 NCHWC_BLOCK = 16

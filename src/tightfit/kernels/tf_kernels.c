@@ -1870,7 +1870,8 @@ static void qmul_elements(float *arena, const tf_qadd_args *a) {
     for (long w = 0; w < y->w; w++) {
         const int32_t p = (qat(arena, &a->a, n, c, h, w) - a->za) * (qat(arena, &a->b, n, c, h, w) - a->zb);
         const int32_t v = tfl_scale(p, a->ym, a->ysh) + a->zy;
-        *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) = (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
+        *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) =
+            (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
     }
 }
 
