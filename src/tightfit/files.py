@@ -90,14 +90,13 @@ def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] 
     """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
     values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
     each of them in its input order), each in its model file's layout (NCHW, or NHWC for an input
-    the file takes channels-last, as the exported program reads it). `dtypes`: every input's element type in that order
-    (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
+    the file takes channels-last, as the exported program reads it). `dtypes`: every input's
+    element type in that order (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
     file's size tells which); an int8 input (a .tflite taking int8) is int8 values, in a .npy of
     integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. `nhwc`:
     every input's shape in its model file where the file takes it channels-last (a .tflite), else
     None: raw bytes are NHWC, and so is a .npy of that shape (a .npy of the NCHW shape is taken as
-    NCHW). Answers per CNN an array, or
-    {input name: array}. OptionError: one line saying what was expected."""
+    NCHW). Answers per CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
     path = Path(path)
     flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
     kinds = [np.dtype(d) for d in dtypes] if dtypes is not None else [np.dtype(np.float32)] * len(flat_shapes)

@@ -302,7 +302,8 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
     # The search predicts memory without in-place outputs: with `inplace`, a plan over the budget
     # may fit once placed so, which within_budget decides.
     fitting = [p for p in found.front if o.budget is None or o.inplace or p.memory_bytes <= o.budget]
-    o.say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
+    o.say(f"fit: choosing among {len(fitting)} plans that fit{' or may, placed in place' if o.inplace else ''}: "
+          "timing the best candidates")
     choice = choose(fitting, constraints.min_fps, o.objective, timed_fps)
     if choice.point is not None:
         o.say(f"fit: chosen by {choice.rule}: measured fps {', '.join(f'{f:.1f}' for f in choice.measured_fps)}")
