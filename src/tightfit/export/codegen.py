@@ -305,10 +305,10 @@ def _cnn_defines(g: Graph, ref, m: int, upper: str) -> list[str]:
     """CNN `m`'s defines: its inputs' shapes, bytes a value and layouts, its outputs' elements."""
     lines: list[str] = []
     shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
-    shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
+    shown = ", ".join(f"{t} {'x'.join(map(str, file_shape(g, t, sh)))} {_layout(g, t)}" for t, sh in zip(g.inputs, shapes))
     kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
-    lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}; "
-                 f"the program takes {', '.join(_layout(g, t) for t in g.inputs)}) */")
+    lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} ({kinds}); the _SHAPE "
+                 "defines say (N, C, H, W) */")
     lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
     lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
     lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
