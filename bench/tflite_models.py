@@ -253,15 +253,15 @@ def cached(name: str) -> Path:
 def write_expected(path: Path, out: Path, seeds: int = 4) -> None:
     """TFLite Micro's outputs for seeded int8 inputs, stored beside the test file, so that the
     test compares against them where the interpreter is not installed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from tightfit.frontend.tflite_import import load_tflite
-
     from tflite_micro.python.tflite_micro import runtime
 
-    g = load_tflite(path)
     data = path.read_bytes()
-    float_io = runtime.Interpreter.from_bytes(data).get_input_details(0)["dtype"] == np.float32
-    xs = np.stack([random_float(g, seed) if float_io else random_int8(g, seed) for seed in range(seeds)])
+    details = runtime.Interpreter.from_bytes(data).get_input_details(0)
+    shape = tuple(int(d) for d in details["shape"])  # the file's (NHWC) shape: random_int8's and random_float's draws
+    if details["dtype"] == np.float32:
+        xs = np.stack([np.random.default_rng(seed).uniform(-1.2, 1.2, shape).astype(np.float32) for seed in range(seeds)])
+    else:
+        xs = np.stack([np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8) for seed in range(seeds)])
     ys = np.stack([tflm_outputs(data, x) for x in xs])
     np.savez_compressed(out, x=xs, y=ys)
 
