@@ -11,6 +11,13 @@ files are cached under ~/.cache/tightfit/tflite (or $TIGHTFIT_CACHE/tflite), key
     python bench/tflite_models.py small-float-io tests/data/small_float_io.tflite tests/data/small_float_io_tflm.npz
     python bench/tflite_models.py tanh tests/data/tanh_int8.tflite        # an op tightfit does not import
     python bench/tflite_models.py float16 tests/data/float16.tflite       # float16 weights
+    python bench/tflite_models.py broadcast tests/data/broadcast_int8.tflite tests/data/broadcast_int8_tflm.npz
+        (an ADD of a (1,1,1,C) map onto an NHWC one; MAX_POOL_2D and AVERAGE_POOL_2D with a fused RELU)
+    python bench/tflite_models.py mul tests/data/mul_int8.tflite tests/data/mul_int8_tflm.npz
+        (MUL of two maps, and of a (1,1,1,C) map onto one: a squeeze-excitation's scaling)
+    python bench/tflite_models.py add-const tests/data/add_const_int8.tflite   # an ADD of a constant: refused
+    python bench/tflite_models.py map tests/data/map_int8.tflite tests/data/map_int8_tflm.npz
+        (a 4-D NHWC output, H, W and C all different)
 """
 from __future__ import annotations
 
@@ -120,6 +127,67 @@ def dense_softmax(seed: int = 0):
     return model
 
 
+def feature_map(seed: int = 0):
+    """A 4-D NHWC output of H, W and C all different (6 x 10 x 5), from a (6, 10, 3) input: a
+    layout mistake at either end changes the values (tests/data/map_int8.tflite)."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    x = inp = tf.keras.Input((6, 10, 3), batch_size=1)
+    x = L.Conv2D(8, 3, padding="same", activation="relu")(x)
+    x = L.DepthwiseConv2D(3, padding="same")(x)
+    x = L.Conv2D(5, 1)(x)
+    model = tf.keras.Model(inp, x)
+    _randomize(model, seed)
+    return model
+
+
+def broadcast(seed: int = 0):
+    """An ADD of a per-channel (1, 1, 1, C) map (a MEAN kept 4-D, which the converter squeezes to
+    (C,)) onto the (1, H, W, C) map; MAX_POOL_2D and AVERAGE_POOL_2D with a fused RELU (the
+    converter fuses the ReLU into the pool) (tests/data/broadcast_int8.tflite)."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    x = inp = tf.keras.Input((8, 6, 3), batch_size=1)
+    x = L.Conv2D(5, 3, padding="same")(x)
+    x = L.Add()([x, L.GlobalAveragePooling2D(keepdims=True)(L.Conv2D(5, 1)(x))])
+    a = L.ReLU()(L.MaxPooling2D(2)(x))
+    b = L.ReLU()(L.AveragePooling2D(2)(x))
+    model = tf.keras.Model(inp, L.Concatenate()([a, b]))
+    _randomize(model, seed)
+    return model
+
+
+def mul(seed: int = 0):
+    """MUL of two maps, and of a (1, 1, 1, C) map onto an NHWC one (tests/data/mul_int8.tflite)."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    x = inp = tf.keras.Input((6, 8, 3), batch_size=1)
+    x = L.Conv2D(4, 3, padding="same")(x)
+    y = L.Conv2D(4, 1)(x)
+    x = L.Multiply()([x, y])
+    x = L.Multiply()([x, L.GlobalAveragePooling2D(keepdims=True)(y)])
+    model = tf.keras.Model(inp, L.Conv2D(3, 1)(x))
+    _randomize(model, seed)
+    return model
+
+
+def add_const(seed: int = 0):
+    """An ADD of a constant map after a MUL, which the converter cannot fold into a bias
+    (tests/data/add_const_int8.tflite: refused in one line)."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    rng = np.random.default_rng(seed)
+    x = inp = tf.keras.Input((4, 4, 2), batch_size=1)
+    x = L.Conv2D(2, 1)(x)
+    x = L.Multiply()([x, x])
+    x = tf.keras.ops.add(x, rng.uniform(-0.5, 0.5, (1, 4, 4, 2)).astype(np.float32))
+    return tf.keras.Model(inp, x)
+
+
 def to_float16_tflite(model) -> bytes:
     """The model with float16 weights (TFLite's float16 quantization): a file tightfit refuses."""
     import tensorflow as tf
@@ -189,6 +257,10 @@ MODELS: dict[str, Callable] = {
     "small": small,
     "tanh": tiny_tanh,
     "softmax": dense_softmax,
+    "map": feature_map,
+    "broadcast": broadcast,
+    "mul": mul,
+    "add-const": add_const,
     "mv2-1.0-224": lambda: mobilenet_v2(1.0, 224),
     "mv2-0.35-144": lambda: mobilenet_v2(0.35, 144),
     "mv2-0.35-128": lambda: mobilenet_v2(0.35, 128),
@@ -212,15 +284,15 @@ def cached(name: str) -> Path:
 def write_expected(path: Path, out: Path, seeds: int = 4) -> None:
     """TFLite Micro's outputs for seeded int8 inputs, stored beside the test file, so that the
     test compares against them where the interpreter is not installed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from tightfit.frontend.tflite_import import load_tflite
-
     from tflite_micro.python.tflite_micro import runtime
 
-    g = load_tflite(path)
     data = path.read_bytes()
-    float_io = runtime.Interpreter.from_bytes(data).get_input_details(0)["dtype"] == np.float32
-    xs = np.stack([random_float(g, seed) if float_io else random_int8(g, seed) for seed in range(seeds)])
+    details = runtime.Interpreter.from_bytes(data).get_input_details(0)
+    shape = tuple(int(d) for d in details["shape"])  # the file's (NHWC) shape: random_int8's and random_float's draws
+    if details["dtype"] == np.float32:
+        xs = np.stack([np.random.default_rng(seed).uniform(-1.2, 1.2, shape).astype(np.float32) for seed in range(seeds)])
+    else:
+        xs = np.stack([np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8) for seed in range(seeds)])
     ys = np.stack([tflm_outputs(data, x) for x in xs])
     np.savez_compressed(out, x=xs, y=ys)
 

@@ -163,3 +163,33 @@ def test_dynamic_quantization_is_one_line(tmp_path, capsys):
     m.ir_version = 8
     onnx.save(m, tmp_path / "dyn.onnx")
     _one_line(tmp_path / "dyn.onnx", "dynamic quantization", capsys)
+
+
+def _qop_model(path: Path, node: onnx.NodeProto, inputs: list) -> Path:
+    """x quantized, then `node` (com.microsoft) on the int8 tensor, then dequantized."""
+    g = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), node,
+         helper.make_node("DequantizeLinear", ["qy", "s", "z"], ["y"])],
+        "qop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.int8(0), "z"), *inputs])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+def test_qlinear_softmax_is_one_line(tmp_path, capsys):
+    """onnxruntime's QLinearSoftmax (its lookup-table arithmetic; no kernel here) is refused by name."""
+    node = helper.make_node("QLinearSoftmax", ["q", "s", "z", "s", "z"], ["qy"], domain="com.microsoft", axis=1, opset=13)
+    _one_line(_qop_model(tmp_path / "softmax.onnx", node, []), "QLinearSoftmax, com.microsoft", capsys)
+
+
+def test_channels_last_qlinear_ops_are_one_line(tmp_path, capsys):
+    """channels_last=1 (int8 tensors channels-last) and the Nhwc ops are refused by name."""
+    pool = helper.make_node("QLinearGlobalAveragePool", ["q", "s", "z", "s", "z"], ["qy"], domain="com.microsoft",
+                            channels_last=1)
+    _one_line(_qop_model(tmp_path / "pool.onnx", pool, []), "channels_last=1", capsys)
+    conv = helper.make_node("NhwcQLinearConv", ["q", "s", "z", "w", "s", "z", "s", "z"], ["qy"], domain="com.microsoft")
+    w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.int8), "w")
+    _one_line(_qop_model(tmp_path / "conv.onnx", conv, [w]), "NhwcQLinearConv, com.microsoft", capsys)

@@ -21,6 +21,7 @@ from tightfit import api  # noqa: E402
 from tightfit.cli import main  # noqa: E402
 from tightfit.errors import ModelLoadError  # noqa: E402
 from tightfit.frontend.load import load  # noqa: E402
+from tightfit.graph.forms import file_output  # noqa: E402
 from tightfit.kernels.step_args import quantize_multiplier  # noqa: E402
 from tightfit.plan.check import check_plan  # noqa: E402
 from tightfit.reference import run_reference  # noqa: E402
@@ -40,7 +41,13 @@ def small():
 
 
 def _ours(g, x_q: np.ndarray) -> np.ndarray:
-    return tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x_q))[g.outputs[0]])
+    """Our output on the file's int8 input, as the file gives it (NHWC for a map)."""
+    return file_output(g, g.outputs[0], tm.as_int8_output(g, run_reference(g, tm.as_graph_input(g, x_q))[g.outputs[0]]))
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Element for element; a map in the same (NHWC) shape, a vector whatever 1s its shape has."""
+    return (got.ndim < 4 or got.shape == want.shape) and np.array_equal(got, want.reshape(got.shape))
 
 
 def test_every_layer_is_int8_with_tflite_rounding(small):
@@ -58,25 +65,60 @@ def test_every_layer_is_int8_with_tflite_rounding(small):
     assert small.shape(small.inputs[0]) == (1, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
+# Files with TFLite Micro's outputs stored beside them: softmax_int8, a SOFTMAX of logits spread wide
+# (some below its exp's cut-off); map_int8, a 4-D output; broadcast_int8, an ADD of a (1, 1, 1, C)
+# map onto an NHWC one and pools with a fused RELU; mul_int8, MUL of two maps and of a (1, 1, 1, C) one.
+STORED = ["small_int8", "softmax_int8", "map_int8", "broadcast_int8", "mul_int8"]
+
+
+@pytest.mark.parametrize("name", STORED)
 def test_equals_stored_tflite_micro_outputs(name):
-    """Always runs: TFLite Micro's outputs on seeded int8 inputs, stored when the file was made
-    (softmax_int8: a SOFTMAX of logits spread wide, some below its exp's cut-off)."""
+    """Always runs: TFLite Micro's outputs on seeded int8 inputs, stored when the file was made."""
     g = load(str(DATA / f"{name}.tflite"))
     stored = np.load(DATA / f"{name}_tflm.npz")
     assert len(stored["x"]) >= 4 and len(np.unique(stored["y"])) > 8
     for x, y in zip(stored["x"], stored["y"]):
-        assert np.array_equal(_ours(g, x), y.reshape(-1, y.shape[-1]))
+        assert _same(_ours(g, x), y)
 
 
-@pytest.mark.parametrize("name", ["small_int8", "softmax_int8"])
+@pytest.mark.parametrize("name", STORED)
 def test_equals_tflite_micro_bit_for_bit(name):
     pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
     path = DATA / f"{name}.tflite"
     g = load(str(path))
     for seed in range(10, 16):
         x = tm.random_int8(g, seed)
-        assert np.array_equal(_ours(g, x), tm.tflm_outputs(path.read_bytes(), x).reshape(1, -1)), seed
+        assert _same(_ours(g, x), tm.tflm_outputs(path.read_bytes(), x)), seed
+
+
+def test_broadcast_add_mul_and_pools_with_a_relu_are_int8():
+    """Every layer int8 (none in fp32 between a dequantize and a quantize): an ADD and a MUL of a
+    (1, C, 1, 1) map onto a (1, C, H, W) one, a MUL of two maps, a pool's fused RELU an int8 clamp."""
+    b, m = load(str(DATA / "broadcast_int8.tflite")), load(str(DATA / "mul_int8.tflite"))
+    for g in (b, m):
+        assert all(l.attrs.get("quant") == "int8" and l.attrs.get("rounding") == "tflite" for l in g.layers)
+    add = next(l for l in b.layers if l.op == "add")
+    assert sorted(b.shape(t) for t in add.inputs) == [(1, 5, 1, 1), (1, 5, 8, 6)]
+    assert [l.op for l in b.layers if l.op in ("avgpool", "maxpool", "activation")] == ["avgpool", "activation", "maxpool", "activation"]
+    muls = [sorted(m.shape(t) for t in l.inputs) for l in m.layers if l.op == "mul"]
+    assert muls == [[(1, 4, 6, 8), (1, 4, 6, 8)], [(1, 4, 1, 1), (1, 4, 6, 8)]]
+
+
+@pytest.mark.parametrize("name", ["broadcast_int8", "mul_int8"])
+def test_broadcast_operands_split_by_parts_and_exported(name, tmp_path):
+    """By parts (the broadcast operand read whole by every band) and as a C program: the same integers."""
+    path = str(DATA / f"{name}.tflite")
+    g = load(path)
+    x = tm.as_graph_input(g, tm.random_int8(g, 7))
+    whole = run_reference(g, x)[g.outputs[0]]
+    plan, gs = api.plan(path, method="parts", rows=1)
+    assert np.array_equal(ArenaExecutor(plan, gs, fill_nan=True).run(x)[0][g.outputs[0]], whole)
+    if shutil.which("cc") is not None:
+        from tightfit.api import check_export
+        from tightfit.export import export
+
+        c = check_export(plan, gs, export(plan, gs, tmp_path / "out"), tmp_path / "out", cflags=["-std=c99", "-O2"])
+        assert c.ok and c.max_abs_diff == 0.0, c.lines()
 
 
 def test_onnxruntime_rounding_would_differ(small):
@@ -168,13 +210,15 @@ def test_profiling_binds_an_int8_input_step(small):
 
 
 def test_cli_runs_an_int8_input_file(small, tmp_path, capsys):
-    """`run --input`: a .npy of int8 in the file's NHWC layout, or raw int8 NCHW bytes, gives TFLite
-    Micro's stored outputs; a float .npy for the int8 input is one line, exit 2."""
+    """`run --input`: a .npy of int8 in the file's NHWC layout (or in NCHW), or raw int8 bytes in the
+    file's NHWC layout (as the exported program reads them), gives TFLite Micro's stored outputs; a
+    float .npy for the int8 input is one line, exit 2."""
     stored = np.load(DATA / "small_int8_tflm.npz")
     x, want = stored["x"][1], stored["y"][1].reshape(-1)
     np.save(tmp_path / "x.npy", x)
-    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x.transpose(0, 3, 1, 2)).tobytes())
-    for given in ("x.npy", "x.bin"):
+    np.save(tmp_path / "nchw.npy", np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    for given in ("x.npy", "nchw.npy", "x.bin"):
         out = tmp_path / f"{given}.y.npy"
         assert main(["run", str(SMALL), "--input", str(tmp_path / given), "--output", str(out)]) == 0
         assert np.load(out).dtype == np.int8 and np.array_equal(np.load(out).reshape(-1), want), given
@@ -246,6 +290,113 @@ def test_cli_run_verify_against_tflite_micro(name, capsys):
     assert "TFLite Micro" in out and "OK (max abs diff 0," in out, out
 
 
+# --- memory counts real bytes ----------------------------------------------------------------------
+
+def test_inspect_counts_the_real_bytes_of_int8_parameters(small, capsys):
+    """Run-time parameters: int8 weights 1 B, int32 biases 4 B, and per output channel of a
+    convolution or dense layer TFLite's multiplier and shift (two int32); the imported model's: its
+    quantized constants as the file stores them (data, and per channel a float32 scale and an int64
+    zero point), not 4 B a value."""
+    import json
+
+    from tightfit.frontend.tflite_import import read
+
+    want = sum(l.attrs.get("w_scale") is not None and small.shape(l.output)[1] * 8 for l in small.layers)
+    want += sum(small.params[p].size * (1 if small.params[p].dtype == np.int8 else 4) for l in small.layers for p in l.params)
+    assert all(small.params[p].dtype in (np.int8, np.int32) for l in small.layers for p in l.params)
+    tensors = read(SMALL)[0]
+    stored = sum(t.data.size * t.data.itemsize + 12 * t.scale.size for t in tensors if t.data is not None and t.scale.size)
+    assert main(["inspect", str(SMALL), "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["param_bytes"] == want and totals["original_param_bytes"] == stored
+    weights = sum(t.data.size for t in tensors if t.data is not None and t.dtype == "int8")
+    assert stored < 2 * weights  # (4 B a value would be over 4 times the int8 weights)
+
+
+def test_tiling_counts_int8_input_bands_at_1_byte(small):
+    """A tile's input step holds a band of the int8 input's rows and its concatenation: its scratch
+    is twice the band's bytes at 1 B a value, the band the executor asks a RowSource for."""
+    from tightfit.runtime.executor import RowSource
+
+    plan, gs = api.plan(str(SMALL), method="tiling", tiling="0-3:2x2")
+    x = tm.as_graph_input(small, tm.random_int8(small, 4))
+    bands: list[int] = []
+
+    def rows(h0, h1):
+        bands.append(h1 - h0)
+        return x[:, :, h0:h1]
+
+    ex = ArenaExecutor(plan, gs, fill_nan=True)
+    got = ex.run(RowSource(x.shape, rows))[0][small.outputs[0]].copy()
+    assert np.array_equal(got, run_reference(small, x)[small.outputs[0]])
+    scratch = [s.scratch for s in plan.steps() if s.kind == "input"]
+    _, c, _, w = small.shape(small.inputs[0])
+    assert scratch and max(scratch) == 2 * max(bands) * c * w * 1
+
+
+# --- a 4-D output: the file's NHWC at every boundary ------------------------------------------------
+# map_int8.tflite: (1, 6, 10, 3) in, (1, 6, 10, 5) out (H, W and C all different). Inside, the graph is
+# NCHW; `run`, `--verify`, the C program and its check take and give the file's NHWC.
+MAP = DATA / "map_int8.tflite"
+
+
+def test_a_4d_output_is_given_nhwc_by_run(tmp_path):
+    """`run` on the file and on a plan of it, from a .npy or raw bytes of the NHWC input: TFLite
+    Micro's stored NHWC outputs, element for element."""
+    g = load(str(MAP))
+    assert g.output_forms == ((g.outputs[0], "nhwc", (1, 6, 10, 5)),) and g.shape(g.outputs[0]) == (1, 5, 6, 10)
+    plan = tmp_path / "p.json"
+    assert main(["plan", str(MAP), "--method", "parts", "--rows", "1", "--out", str(plan)]) == 0
+    stored = np.load(DATA / "map_int8_tflm.npz")
+    assert stored["y"].shape[1:] == (1, 6, 10, 5)
+    for k, (x, y) in enumerate(zip(stored["x"], stored["y"])):
+        np.save(tmp_path / "x.npy", x)
+        (tmp_path / "x.bin").write_bytes(x.tobytes())
+        for model, given in ((MAP, "x.npy"), (MAP, "x.bin"), (plan, "x.bin")):
+            out = tmp_path / "y.npy"
+            assert main(["run", str(model), "--input", str(tmp_path / given), "--output", str(out)]) == 0
+            got = np.load(out)
+            assert got.dtype == np.int8 and got.shape == y.shape and np.array_equal(got, y), (k, model, given)
+
+
+def test_a_4d_output_verifies_against_tflite_micro(capsys):
+    pytest.importorskip("tflite_micro", reason="the tflite-micro interpreter is not installed")
+    assert main(["run", str(MAP), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "TFLite Micro" in out and "OK (max abs diff 0," in out and "shape 1x6x10x3" in out, out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+def test_exported_program_takes_and_gives_nhwc(tmp_path, capsys):
+    """The C program of a parts plan reads the NHWC input by rows and gives the NHWC output: on
+    TFLite Micro's stored inputs, its outputs are TFLite Micro's, element for element."""
+    from tightfit.api import check_export
+    from tightfit.export import export
+    from tightfit.export.build import run
+
+    plan, graphs = api.plan(str(MAP), method="parts", rows=1)
+    sources = export(plan, graphs, tmp_path / "out")
+    header = (tmp_path / "out" / f"{sources.name}.h").read_text()
+    assert "_INPUT_NHWC 1 " in header and "1x6x10x5 NHWC" in header
+    c = check_export(plan, graphs, sources, tmp_path / "out", cflags=["-std=c99", "-O2"])
+    assert c.ok and c.max_abs_diff == 0.0, c.lines()
+    stored = np.load(DATA / "map_int8_tflm.npz")
+    for k, (x, y) in enumerate(zip(stored["x"], stored["y"])):  # by rows, and whole (-p: tf_tensor_rows)
+        got = run(c.built.binary, [x], [y.size], preload=k % 2 == 1).outputs[0]
+        assert np.array_equal(got, y.reshape(-1).astype(np.float32)), k
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("arm-none-eabi-gcc", "qemu-system-arm")),
+                    reason="no Cortex-M toolchain or qemu")
+def test_a_4d_output_on_an_emulated_cortex_m7(tmp_path, capsys):
+    """The Cortex-M program reads the NHWC input by rows and gives the NHWC output."""
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(MAP), "--method", "parts", "--rows", "1", "--out", str(plan_file)]) == 0
+    assert main(["export", str(plan_file), "--out", str(tmp_path / "m7"), "--target", "cortex-m7", "--ram", "256KiB",
+                 "--flash", "1MiB", "--check"]) == 0
+    assert "outputs match (max abs diff 0," in capsys.readouterr().out
+
+
 # --- bad files: one line, exit 2 ------------------------------------------------------------------
 
 def _one_line(path: Path, words: str, capsys) -> None:
@@ -258,6 +409,10 @@ def _one_line(path: Path, words: str, capsys) -> None:
 
 def test_unknown_op_is_one_line(capsys):
     _one_line(DATA / "tanh_int8.tflite", "op TANH is not imported", capsys)
+
+
+def test_add_of_a_constant_is_one_line(capsys):
+    _one_line(DATA / "add_const_int8.tflite", "ADD of a constant operand", capsys)
 
 
 def test_float16_tensors_are_one_line(capsys):
@@ -313,3 +468,35 @@ def test_damaged_files_load_or_fail_in_one_line(tmp_path):
             load(str(path))
         except TightfitError:
             pass
+
+
+# --- fit --inplace --------------------------------------------------------------------------------
+
+def test_fit_places_candidates_in_place(small):
+    """With `inplace`, every candidate of fit's search is placed with outputs over their inputs
+    where the kernels allow: never larger, and the layer-by-layer plans (12288 B) come down to
+    8448 B, a budget they miss placed plainly."""
+    from tightfit.stages import _placed, load_fit_app
+
+    app = load_fit_app(str(SMALL))
+    out = api.fit(app, 1, measure=False, timer=lambda plan, graphs: [1000.0] * len(graphs), best_effort=True)
+    sizes = [(_placed(out.problem, p)[1].peak_bytes, _placed(out.problem, p, True)) for p in out.problem.points.values()]
+    assert all(over[1].peak_bytes <= plain for plain, over in sizes)
+    shrunk = [(plain, over) for plain, over in sizes if over[1].peak_bytes < plain]
+    assert shrunk and all(over[0].knobs.get("inplace") for _, over in shrunk)
+    assert any(over[1].peak_bytes + 1024 < plain for plain, over in shrunk)
+
+
+def test_cli_fit_inplace_runs_and_verifies(tmp_path, capsys):
+    """`fit --inplace` through the CLI: the chosen plan is placed in place (its knobs say so), fits
+    the budget, passes the checker and gives the reference executor's outputs exactly."""
+    import json
+
+    out = tmp_path / "fit"
+    assert main(["fit", str(SMALL), "--budget", "8448B", "--inplace", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"]["memory_bytes"] <= 8448 and report["chosen"]["max_rel_diff_vs_reference"] == 0.0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["knobs"].get("inplace") is True
+    assert main(["run", str(out / "plan.json"), "--verify"]) == 0
+    assert "OK" in capsys.readouterr().out

@@ -166,6 +166,9 @@ def _fit_parser(sub) -> None:
     p.add_argument("--seed", type=SEED, default=0, help="search seed (the same seed gives the same front)")
     p.add_argument("--out", help="write plan.json, report.json, report.txt and memory.png into this folder")
     p.add_argument("--best-effort", action="store_true", help="if nothing meets the constraints, report the closest plan")
+    p.add_argument("--inplace", action="store_true", help="place every candidate plan with layers' outputs over their own "
+                   "inputs' bytes where the kernel's walk allows (as `plan --inplace`): plans the search finds over the "
+                   "budget may fit so")
     p.add_argument("--thorough", action="store_true",
                    help="search large CNNs (DenseNet's hundreds of layers) as fully as small ones: minutes, not seconds")
     p.add_argument("--batch", type=COUNT, default=1, help="samples per request (every CNN)")
@@ -360,7 +363,8 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 def fit_options(args: argparse.Namespace) -> FitOptions:
     return FitOptions(args.model, _size(args.budget), args.with_params, args.min_fps, args.objective, args.seed,
                       args.best_effort, args.thorough, args.time_limit, _input_shape(args), args.batch, args.allow_code,
-                      args.out, args.export, args.force, args.target, args.ram, args.flash, args.threads, say=_say(args))
+                      args.out, args.export, args.force, args.target, args.ram, args.flash, args.threads, say=_say(args),
+                      inplace=args.inplace)
 
 
 def export_options(args: argparse.Namespace) -> ExportOptions:

@@ -18,6 +18,7 @@ from tightfit.errors import OptionError
 from tightfit.frontend import zoo
 from tightfit.frontend.load import load_ref
 from tightfit.graph.fingerprint import fingerprint
+from tightfit.graph.forms import TO_NCHW, nhwc_shape
 from tightfit.graph.ir import Graph
 from tightfit.plan import schema
 from tightfit.plan.check import check_plan
@@ -88,13 +89,14 @@ def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] 
                 nhwc: "Sequence[tuple[int, ...] | None] | None" = None) -> list:
     """Every CNN's input from a file: .npy (one CNN of one input; its shape, or the same number of
     values), or raw bytes holding every CNN's inputs one after another (a CNN of several inputs:
-    each of them in its input order), NCHW. `dtypes`: every input's element type in that order
-    (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
+    each of them in its input order), each in its model file's layout (NCHW, or NHWC for an input
+    the file takes channels-last, as the exported program reads it). `dtypes`: every input's
+    element type in that order (default float32). A float32 input's raw bytes are float32 (4 a value) or int8 (1 a value; the
     file's size tells which); an int8 input (a .tflite taking int8) is int8 values, in a .npy of
     integers or 1 raw byte each. `shapes`: per CNN its input shape, or {input name: shape}. `nhwc`:
     every input's shape in its model file where the file takes it channels-last (a .tflite), else
-    None: a .npy of that shape is the file's NHWC layout, transposed. Answers per CNN an array, or
-    {input name: array}. OptionError: one line saying what was expected."""
+    None: raw bytes are NHWC, and so is a .npy of that shape (a .npy of the NCHW shape is taken as
+    NCHW). Answers per CNN an array, or {input name: array}. OptionError: one line saying what was expected."""
     path = Path(path)
     flat_shapes = [s for per in shapes for s in (per.values() if isinstance(per, Mapping) else [per])]
     kinds = [np.dtype(d) for d in dtypes] if dtypes is not None else [np.dtype(np.float32)] * len(flat_shapes)
@@ -105,7 +107,10 @@ def read_inputs(path: str | Path, shapes: Sequence, dtypes: "Sequence[np.dtype] 
             raise OptionError(f"--input {path}: the plan has {len(flat_shapes)} inputs; give them as one raw file")
         arrays = [_npy_input(path, flat_shapes[0], kinds[0], nhwc[0] if nhwc else None)]
     else:
-        arrays = _raw_inputs(path, flat_shapes, kinds)
+        marks = list(nhwc) if nhwc else [None] * len(flat_shapes)
+        file_shapes = [nhwc_shape(s) if m is not None and len(s) == 4 else tuple(s) for s, m in zip(flat_shapes, marks)]
+        arrays = [np.ascontiguousarray(a.transpose(TO_NCHW)) if f != tuple(s) else a
+                  for a, f, s in zip(_raw_inputs(path, file_shapes, kinds), file_shapes, flat_shapes)]
     out: list = []
     for per in shapes:
         if isinstance(per, Mapping):
@@ -128,7 +133,7 @@ def _npy_input(path: Path, shape: Sequence[int], kind: np.dtype, nhwc: "tuple[in
     if kind == np.int8 and (arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 127))):
         raise OptionError(f"--input {path}: holds {arr.dtype}; the model's input is int8 {shown}: give int8 values "
                           "(quantized with the input's scale and zero point, as `inspect` lists them)")
-    if nhwc is not None and tuple(arr.shape) == tuple(nhwc) and tuple(nhwc) != tuple(shape):
+    if nhwc is not None and len(shape) == 4 and tuple(arr.shape) == nhwc_shape(shape) != tuple(shape):
         arr = arr.transpose(0, 3, 1, 2)
     return np.ascontiguousarray(arr, dtype=kind).reshape(shape)
 

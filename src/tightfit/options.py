@@ -116,7 +116,9 @@ class FitOptions:
     supplies: `cost` (default this machine's profile), `measure` (the peak in a fresh process),
     `timer` (a plan's fps per CNN; default measured), `sources` (the techniques asked for
     candidates), `progress`, `say`, and `search` (techniques.fit.SearchOptions: the genetic
-    search's settings)."""
+    search's settings). `inplace`: every candidate is placed with layers' outputs over their own
+    inputs' bytes where the kernels' walks allow (plan/overlay.overlap_in_place, as `plan
+    --inplace`), and fits or not by that placement."""
 
     model: str = ""
     budget: int | None = None
@@ -144,6 +146,7 @@ class FitOptions:
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     say: Callable[[str], None] = field(default=silent, compare=False)
     search: SearchOptions | None = None
+    inplace: bool = False
 
 
 @dataclass(frozen=True)

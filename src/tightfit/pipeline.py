@@ -23,6 +23,7 @@ from tightfit.files import load_plan, read_inputs, write_fit_folder, write_outpu
 from tightfit.frontend import zoo
 from tightfit.frontend.app import is_app_file, load_app
 from tightfit.frontend.load import load
+from tightfit.graph.forms import file_output, file_outputs
 from tightfit.graph.ir import DTYPE_BYTES, Graph
 from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions
 from tightfit.plan.check import check_plan
@@ -259,6 +260,7 @@ def run(o: RunOptions) -> Result:
                       "running the model layer by layer" + (" and in onnxruntime (--verify)" if o.verify else ""))
     x = read_inputs(o.input, [input_shapes(graph)], _dtypes([graph]), _nhwc([graph]))[0] if o.input else random_input(graph)
     result = run_model(graph, x, threads=o.threads)
+    result = replace(result, outputs=file_outputs(graph, result.outputs))  # as the model file gives them
     report = run_report(graph, result)
     if o.output:
         report["written"] = {"file": o.output, "outputs": write_outputs(o.output, list(result.outputs.items()))}
@@ -308,6 +310,7 @@ def run_plan(o: RunOptions) -> Result:
     shapes = [input_shapes(g, ref.batch) for g, ref in zip(graphs, plan_.models)]
     xs = read_inputs(o.input, shapes, _dtypes(graphs), _nhwc(graphs)) if o.input else plan_inputs(graphs, plan_)
     outs, seconds = execute(plan_, graphs, xs, threads=o.threads)
+    outs = [file_outputs(g, o_) for g, o_ in zip(graphs, outs)]  # as the model files give them
     report["seconds"] = seconds
     report["outputs"] = {f"{m}:{k}": list(v.shape) for m, o_ in enumerate(outs) for k, v in o_.items()}
     if o.output:
@@ -328,7 +331,7 @@ def _verify_plan_outputs(graphs, xs, outs) -> dict:
     for g, x, o in zip(graphs, xs, outs):
         ref = run_reference(g, x)
         for k, v in o.items():
-            c = compare(v, ref[k])
+            c = compare(v, file_output(g, k, ref[k]))
             worst = c if worst is None or (not c.ok) or (worst.ok and c.max_abs_diff > worst.max_abs_diff) else worst
     return worst.as_dict() if worst else {"ok": True}
 
@@ -367,6 +370,8 @@ def fit(o: FitOptions) -> Result:
     report -> write. VerificationFailed (an internal bug): nothing is reported or written."""
     budget = _fit_budget(o)
     app = load_fit_app(o.model, o.input_shape, o.batch, o.allow_code)
+    if o.inplace and app.concurrent:
+        raise OptionError("--inplace needs partitions that run one after another (this application pipelines some)")
     if is_mcu(o.target):
         weights = param_bytes(app)
         if weights >= parse_size(o.flash):  # known now: no search for a program that cannot fit
@@ -474,7 +479,8 @@ def _check_host(o: ExportOptions, exported: tuple, stage: Path, report: dict, li
     lines += result.lines()
     if o.keep_io:
         lines.append(f"kept: {o.out}/input.bin (the checked input) and {o.out}/reference.bin (the reference output), "
-                     f"float32 NCHW: {o.out}/{sources.name} {o.out}/input.bin out.bin, then compare out.bin with reference.bin")
+                     f"in the model file's layout (float32, an int8 input's bytes): {o.out}/{sources.name} "
+                     f"{o.out}/input.bin out.bin, then compare out.bin with reference.bin")
     ok = result.ok
     if o.sanitize:
         clean = check_export(plan_, graphs, sources, stage, replace(build, runs=1, sanitize=True))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from tightfit.analysis.memory import ModelMemory
 from tightfit.plan.lifetimes import buffer_tensors, lifetimes, live_at
+from tightfit.graph.forms import file_shape, nhwc_output, nhwc_shape
 from tightfit.plan.offsets import format_layout
 from tightfit.plan.schema import Plan
 from tightfit.runtime.measure import PAGE_BYTES
@@ -78,15 +79,23 @@ def int8_lines(graph) -> list[str]:
     for t in graph.inputs:
         q = graph.tensors[t].quant
         if graph.tensors[t].dtype == "int8" and q is not None:  # what `run --input` and the C program take
-            layout = f"the file's NHWC {'x'.join(map(str, forms[t]))} in a .npy, or NCHW" if t in forms else "NCHW"
+            layout = (f"the file's NHWC {'x'.join(map(str, forms[t]))}, raw or in a .npy (a .npy of the NCHW shape "
+                      "is taken as NCHW)" if t in forms else "NCHW")
             lines.append(f"  input {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}): give its int8 "
                          f"values ({layout}), 1 byte each")
     for t in graph.outputs:
         q = graph.tensors[t].quant
         if graph.tensors[t].dtype == "int8" and q is not None:
             lines.append(f"  output {t} is int8 (scale {q.scale[0]:.6g}, zero point {q.zero_point[0]}), "
-                         f"{'NCHW' if len(graph.shape(t)) == 4 else 'as the file has it'}")
+                         f"{_output_layout(graph, t)}")
     return lines
+
+
+def _output_layout(graph, t: str) -> str:
+    """How `run --output` and the exported program give an output: the model file's layout."""
+    if len(graph.shape(t)) != 4:
+        return "as the file has it"
+    return f"NHWC {'x'.join(map(str, nhwc_shape(graph.shape(t))))}, as the file gives it" if nhwc_output(graph, t) else "NCHW"
 
 
 def model_io(graph, batch: int | None = None) -> dict[str, dict[str, list[int]]]:
@@ -112,7 +121,7 @@ def run_report(graph, result) -> dict[str, Any]:
         outs[name] = {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()) if t.size > 1 else 0.0,
                       "argmax": int(t.reshape(t.shape[0], -1).argmax(1)[0])}
     return {"model": graph.name, "layers": len(graph.layers), "seconds": result.seconds, "outputs": outs,
-            "inputs": model_io(graph)["inputs"]}
+            "inputs": {t: list(file_shape(graph, t, s)) for t, s in model_io(graph)["inputs"].items()}}  # as the file takes them
 
 
 def run_text(report: dict[str, Any]) -> str:
@@ -421,7 +430,7 @@ def mcu_export_lines(out: str, target: str, sources, project, built) -> list[str
     return [f"exported {sources.steps} steps to {out}/ as a {target} firmware project: the library "
             f"({sources.name}.c, {sources.name}.h, tf_kernels.c/.h), {', '.join(project.support)}",
             f"build: make -C {out}   run under qemu: make -C {out} run-qemu "
-            f"(reads {out}/input.bin, writes {out}/output.bin: float32 NCHW)",
+            f"(reads {out}/input.bin, writes {out}/output.bin: float32, in the model file's layout)",
             built.memory_report()]
 
 

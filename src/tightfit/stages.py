@@ -29,9 +29,11 @@ from tightfit.export.build import input_bytes
 from tightfit.export.linux import check_for
 from tightfit.frontend.app import AppError, is_app_file, load_app
 from tightfit.frontend.load import load
+from tightfit.graph.forms import file_input, file_output
 from tightfit.options import FitOptions
 from tightfit.plan import schema
 from tightfit.plan.check import CheckReport, check_plan
+from tightfit.plan.overlay import overlap_in_place
 from tightfit.plan.place import place
 from tightfit.plan.schema import Plan, PlanError
 from tightfit.reference import run_reference
@@ -289,7 +291,7 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
     def within_budget(point: FitPoint) -> tuple[Plan, CheckReport] | None:
         """The point's placed plan, if the final placement keeps it within the budget."""
         if point.genes not in placed:
-            placed[point.genes] = _placed(problem, point)
+            placed[point.genes] = _placed(problem, point, o.inplace)
         plan, analysis = placed[point.genes]
         return placed[point.genes] if o.budget is None or analysis.peak_bytes + counted <= o.budget else None
 
@@ -297,8 +299,11 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
         got = within_budget(point)
         return None if got is None else tuple(o.timer(got[0], graphs))
 
-    fitting = [p for p in found.front if o.budget is None or p.memory_bytes <= o.budget]
-    o.say(f"fit: choosing among {len(fitting)} plans that fit: timing the best candidates")
+    # The search predicts memory without in-place outputs: with `inplace`, a plan over the budget
+    # may fit once placed so, which within_budget decides.
+    fitting = [p for p in found.front if o.budget is None or o.inplace or p.memory_bytes <= o.budget]
+    o.say(f"fit: choosing among {len(fitting)} plans that fit{' or may, placed in place' if o.inplace else ''}: "
+          "timing the best candidates")
     choice = choose(fitting, constraints.min_fps, o.objective, timed_fps)
     if choice.point is not None:
         o.say(f"fit: chosen by {choice.rule}: measured fps {', '.join(f'{f:.1f}' for f in choice.measured_fps)}")
@@ -308,7 +313,7 @@ def _choose_placed(problem: FitProblem, found: FitSearch, constraints: Constrain
         if not o.best_effort:
             raise FitError(unreachable_line(found, constraints, o.budget))
         choice = Choice(closest(problem), (), False, "best effort: nothing fits the budget; the smallest plan found", 0)
-    return choice, placed.get(choice.point.genes) or _placed(problem, choice.point)
+    return choice, placed.get(choice.point.genes) or _placed(problem, choice.point, o.inplace)
 
 
 def closest(problem: FitProblem) -> FitPoint:
@@ -432,8 +437,13 @@ def unreachable_line(found: FitSearch, constraints: Constraints, budget_bytes: i
             f"the best reachable fps is {fps} ({found.evaluated} plans evaluated)")
 
 
-def _placed(problem: FitProblem, point: FitPoint) -> tuple[Plan, CheckReport]:
+def _placed(problem: FitProblem, point: FitPoint, inplace: bool = False) -> tuple[Plan, CheckReport]:
+    """The point's plan placed (with `inplace`, outputs laid over their inputs where the kernels
+    allow and the arena shrinks) and checked."""
     plan = final_plan(problem, point)
+    if inplace:
+        over = overlap_in_place(plan, problem.app.graphs, "improve")
+        plan = replace(over, knobs=dict(over.knobs, inplace=True, overlap=True))
     return plan, checked(plan, problem.app.graphs)
 
 
@@ -575,10 +585,11 @@ def execute(plan_, graphs, inputs: Sequence[np.ndarray] | None = None, fill_nan:
 
 def reference_io(plan_, graphs, seed: int = 0) -> tuple[list, list]:
     """The seeded inputs of a plan's CNNs and the reference executor's outputs on them (every
-    output of every CNN, in order), as float32 arrays."""
+    output of every CNN, in order), as the C program takes and gives them: each in its element
+    type and in the model file's layout (NHWC where the file's image is channels-last)."""
     inputs = plan_inputs(graphs, plan_, seed)
-    refs = [run_reference(g, x)[t] for g, x in zip(graphs, inputs) for t in g.outputs]
-    return [a for g, x in zip(graphs, inputs) for a in input_arrays(g, x)], refs
+    refs = [file_output(g, t, run_reference(g, x)[t]) for g, x in zip(graphs, inputs) for t in g.outputs]
+    return [file_input(g, t, a) for g, x in zip(graphs, inputs) for t, a in zip(g.inputs, input_arrays(g, x))], refs
 
 
 def check_export(plan_, graphs, sources, directory, build: BuildOptions = BuildOptions(), seed: int = 0,

@@ -11,6 +11,7 @@ import numpy as np
 
 from tightfit.errors import ModelLoadError, OptionError
 from tightfit.frontend import zoo
+from tightfit.graph.forms import file_input
 from tightfit.graph.ir import Graph
 from tightfit.ops import Region, get_op
 from tightfit.tolerance import RTOL, Comparison, compare, worst  # noqa: F401 (the checks' one definition, re-exported)
@@ -46,7 +47,7 @@ def _file_form(graph: Graph, name: str, x) -> np.ndarray:
     form, shape = forms.get(name, ("nchw", ()))
     x = np.asarray(x, dtype=np.float32)
     if form == "nhwc":
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        return file_input(graph, name, x)
     if form == "reshape":
         return x.reshape(shape)
     return x
@@ -114,7 +115,8 @@ def verify_with_tflite_micro(spec: str, graph: Graph, x, outputs: Mapping[str, n
     """Our outputs against TFLite Micro's interpreter on the same .tflite file, bit for bit: an
     int8 graph input fed to it as it is (the same int8 values), a float one quantized as the
     graph's first step does (TFLite's rounding, half away from zero); int8 outputs dequantized as
-    the graph's last steps do."""
+    the graph's last steps do. `outputs`: ours as the file gives them (graph/forms.py: NHWC maps),
+    compared with the interpreter's as they are."""
     try:
         from tflite_micro.python.tflite_micro import runtime
     except ImportError:
@@ -137,7 +139,12 @@ def verify_with_tflite_micro(spec: str, graph: Graph, x, outputs: Mapping[str, n
             want = (want.astype(np.float32) - np.float32(layer.attrs["zero_point"])) * np.float32(layer.attrs["scale"])
         got = np.asarray(outputs[name], np.float64)
         want = np.asarray(want, np.float64)
-        want = want.transpose(0, 3, 1, 2) if want.ndim == 4 else want.reshape(got.shape)
+        if want.ndim != 4 and want.size == got.size:  # (a vector the file holds as (1, K) or (K,))
+            want = want.reshape(got.shape)
+        if want.shape != got.shape:  # a layout or shape mistake of ours: a mismatch, not a reshape that hides it
+            found.append(Comparison(False, float("inf"), float(np.abs(want).max(initial=0)), 0.0,
+                                    f"TFLite Micro's interpreter: output {name!r} is {want.shape}, tightfit's {got.shape}"))
+            continue
         diff = float(np.abs(got - want).max(initial=0))
         found.append(Comparison(diff == 0.0, diff, float(np.abs(want).max(initial=0)), 0.0,
                                 "TFLite Micro's interpreter (tflite-micro) on the same file, bit for bit"))

@@ -80,7 +80,7 @@ def account(graph: Graph, dtype: str = "fp32", workspace: str = "none", batch: i
             output_bytes=graph.tensors[layer.output].nbytes(dtype, batch),
             workspace_bytes=layer_workspace(graph, layer.id, dtype, workspace, batch),
         ))
-    original_params = graph.original_param_count * size
+    original_params = graph.original_param_count * size + graph.original_int_param_bytes
     naive = original_params + sum(t.nbytes(dtype, batch) for t in graph.original_tensors)
     return ModelMemory(
         model=graph.name, dtype=dtype, workspace=workspace, batch=batch, layers=tuple(rows),

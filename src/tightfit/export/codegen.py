@@ -19,6 +19,7 @@ from tightfit.export.errors import ExportError
 from tightfit.kernels.loops import CValue, table_rows
 from tightfit.kernels.step_args import (BINDERS, Acts, Args, Array, Code, Context, Struct, View, _dims4,  # noqa: F401
                                        access_view, buffer_strides, step_args)
+from tightfit.graph.forms import file_shape, nhwc_input, nhwc_output
 from tightfit.graph.ir import Graph
 from tightfit.plan.lifetimes import output_accesses
 from tightfit.plan.schema import Plan, Step
@@ -210,9 +211,26 @@ def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) 
 
 
 def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View]]]:
-    """Per frame copy: (model, tensor, view) of every model output, in model and output order."""
+    """Per frame copy: (model, tensor, view) of every model output, in model and output order; an
+    output the model file gives channels-last is read in that order (its view's dims permuted)."""
     accesses = output_accesses(plan, graphs)
-    return [[(m, a.tensor, ctx.view(m, a)) for m, a in accesses] for ctx in ctxs]
+    return [[(m, a.tensor, _file_order(graphs[m], a.tensor, ctx.view(m, a))) for m, a in accesses] for ctx in ctxs]
+
+
+def _file_order(g: Graph, tensor: str, v: View) -> View:
+    """A 4-D output's view in the order the model file gives it: (N, H, W, C) in the view's four
+    slots where the file's output is NHWC (tf_read walks the slots in order)."""
+    if not nhwc_output(g, tensor) or len(g.shape(tensor)) != 4:
+        return v
+    return v.permuted((0, 2, 3, 1), (v.dims[0], v.dims[2], v.dims[3], v.dims[1]))
+
+
+def _layout(g: Graph, tensor: str) -> str:
+    """How the program takes an input or gives an output: the model file's layout."""
+    shape = g.shape(tensor)
+    if len(shape) != 4:
+        return "flat" if len(shape) <= 2 else "as the file has it"
+    return "NHWC" if (nhwc_input(g, tensor) if tensor in g.inputs else nhwc_output(g, tensor)) else "NCHW"
 
 
 def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file: bool, weight_bytes: int) -> str:
@@ -229,21 +247,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     if in_file:
         lines.append(f"#define {upper}_WEIGHTS_FILE 1 /* the weights are read from weights.bin and passed in */")
     for m, (g, ref) in enumerate(zip(graphs, plan.models)):
-        shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
-        shown = ", ".join(f"{t} {'x'.join(map(str, sh))}" for t, sh in zip(g.inputs, shapes))
-        kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
-        lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} (NCHW {kinds}) */")
-        lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
-        lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
-        lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
-        for k, sh in enumerate(shapes):
-            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
-            lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
-                         f"{_input_kind(g, g.inputs[k])} */")
-        for k, t in enumerate(g.outputs):
-            oshape = (ref.batch,) + g.shape(t)[1:]
-            lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} */")
+        lines += _cnn_defines(g, ref, m, upper)
     g0, ref0 = graphs[0], plan.models[0]
     n, c, h, wd = _dims4((ref0.batch,) + g0.shape(g0.inputs[0])[1:])
     rows = len(g0.inputs) == 1  # streaming by one callback: a CNN 0 of one input
@@ -254,9 +258,12 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
         f"#define {upper}_INPUT_ITEM {_input_item(g0, g0.inputs[0])} /* CNN 0's first input: bytes a value "
         f"({_input_kind(g0, g0.inputs[0])}) */",
+        f"#define {upper}_INPUT_NHWC {int(_nhwc_in(g0, g0.inputs[0]))} /* CNN 0's first input: 1 channels-last "
+        "(N, H, W, C), 0 NCHW */",
         "",
-        "/* CNN 0 on its whole NCHW input(s) (several: one after another, each of its own type: float32, or",
-        " * int8 for an int8 input), on the caller's thread; 0 on success. */",
+        "/* CNN 0 on its whole input(s) (several: one after another, each of its own type: float32, or",
+        " * int8 for an int8 input; each in the model file's layout: NCHW, or NHWC where _input_nhwc says),",
+        " * on the caller's thread; 0 on success. */",
         f"int {name}_run(void *arena, {w}const void *input);",
         *(["/* CNN 0 on an input delivered by parts: `fill` is asked for the rows (and columns) each step needs. */",
             f"int {name}_run_rows(void *arena, {w}tf_input_fn fill, void *ctx);"] if rows else []),
@@ -266,7 +273,8 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, const tf_source *inputs, int threads);",
         "/* One partition: partitions of a pipeline may run in threads of their own, one frame apart. */",
         f"int {name}_run_partition(void *arena, {w}int partition, long frame, const tf_source *inputs, int threads);",
-        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`, as",
+        f"/* Elements [first, first + count) of output `k` of CNN `cnn` (in the model file's order: NCHW, or",
+        " * NHWC for an output the file gives channels-last, as _OUTPUTk_ELEMS says) after frame `frame`, as",
         " * floats (an int8 output's integers); _read_int8: an int8 output's int8 values (output_item 1). */",
         f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst);",
         f"void {name}_read_int8(const void *arena, int cnn, int k, long frame, long first, long count, int8_t *dst);",
@@ -279,16 +287,43 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"const long *{name}_input_shape_of(int cnn, int k);",
         f"/* Bytes a value of CNN `cnn`'s input `k`: 4 (float32), or 1 (int8: a fill callback writes int8_t). */",
         f"int {name}_input_item(int cnn, int k);",
+        f"/* 1 where CNN `cnn`'s input `k` is taken channels-last (N, H, W, C), as the model file takes it. */",
+        f"int {name}_input_nhwc(int cnn, int k);",
         f"int {name}_outputs(int cnn);",
         f"long {name}_output_elems(int cnn, int k);",
         f"/* The first output of CNN 0, whole. */",
         f"void {name}_read_output(const void *arena, float *dst);",
-        "/* CNN `cnn` on its whole NCHW input(s), one after another (the frame picks the copies pipelined",
+        "/* CNN `cnn` on its whole input(s), one after another, as _run takes them (the frame picks the copies pipelined",
         " * partitions use). */",
         f"int {name}_run_tensor(void *arena, {w}int cnn, long frame, const void *input, int threads);",
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _cnn_defines(g: Graph, ref, m: int, upper: str) -> list[str]:
+    """CNN `m`'s defines: its inputs' shapes, bytes a value and layouts, its outputs' elements."""
+    lines: list[str] = []
+    shapes = [(ref.batch,) + g.shape(t)[1:] for t in g.inputs]
+    shown = ", ".join(f"{t} {'x'.join(map(str, file_shape(g, t, sh)))} {_layout(g, t)}" for t, sh in zip(g.inputs, shapes))
+    kinds = ", ".join(_input_kind(g, t) for t in g.inputs)
+    lines.append(f"/* CNN {m}: {ref.spec}, input{'s' if len(shapes) > 1 else ''} {shown} ({kinds}); the _SHAPE "
+                 "defines say (N, C, H, W) */")
+    lines.append(f"#define {upper}_CNN{m}_INPUTS {len(shapes)}")
+    lines.append(f"#define {upper}_CNN{m}_INPUT_ELEMS {sum(prod(sh) for sh in shapes)} /* every input, one after another */")
+    lines.append(f"#define {upper}_CNN{m}_OUTPUTS {len(g.outputs)}")
+    lines.append(f"#define {upper}_CNN{m}_INPUT_SHAPE {{{', '.join(map(str, _dims4(shapes[0])))}}}")
+    for k, sh in enumerate(shapes):
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_SHAPE {{{', '.join(map(str, _dims4(sh)))}}} /* {g.inputs[k]} */")
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_ITEM {_input_item(g, g.inputs[k])} /* bytes a value: "
+                     f"{_input_kind(g, g.inputs[k])} */")
+        lines.append(f"#define {upper}_CNN{m}_INPUT{k}_NHWC {int(_nhwc_in(g, g.inputs[k]))} /* 1: given channels-last "
+                     f"(N, H, W, C), as the model file takes it */")
+    for k, t in enumerate(g.outputs):
+        oshape = file_shape(g, t, (ref.batch,) + g.shape(t)[1:])
+        lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} "
+                     f"{_layout(g, t)} */")
+    return lines
 
 
 def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
@@ -318,6 +353,11 @@ def _input_item(g: Graph, tensor: str) -> int:
     return 1 if g.tensors[tensor].dtype == "int8" else 4
 
 
+def _nhwc_in(g: Graph, tensor: str) -> bool:
+    """The program takes this input channels-last (the model file's NHWC image)."""
+    return nhwc_input(g, tensor) and len(g.shape(tensor)) == 4
+
+
 def _input_kind(g: Graph, tensor: str) -> str:
     return "int8" if _input_item(g, tensor) == 1 else "float32"
 
@@ -329,6 +369,7 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
         first.append(first[-1] + len(g.inputs))
     shapes = ", ".join(f"{upper}_CNN{m}_INPUT{k}_SHAPE" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
     items = ", ".join(f"{upper}_CNN{m}_INPUT{k}_ITEM" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
+    nhwc = ", ".join(f"{upper}_CNN{m}_INPUT{k}_NHWC" for m, g in enumerate(graphs) for k in range(len(g.inputs)))
     rows = [
         f"int {name}_run_rows(void *arena, {w_param}tf_input_fn fill, void *ctx) {{",
         "    const tf_source source = {fill, ctx};",
@@ -340,7 +381,9 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
         f"const long *{name}_input_shape_of(int cnn, int k) {{ return model_input_shapes[model_first_input[cnn] + k]; }}",
         f"const long *{name}_input_shape(int cnn) {{ return model_input_shapes[model_first_input[cnn]]; }}",
         f"static const int model_input_items[{first[-1]}] = {{{items}}};",
-        f"int {name}_input_item(int cnn, int k) {{ return model_input_items[model_first_input[cnn] + k]; }}", "",
+        f"int {name}_input_item(int cnn, int k) {{ return model_input_items[model_first_input[cnn] + k]; }}",
+        f"static const int model_input_nhwc[{first[-1]}] = {{{nhwc}}};",
+        f"int {name}_input_nhwc(int cnn, int k) {{ return model_input_nhwc[model_first_input[cnn] + k]; }}", "",
         f"int {name}_run_tensor(void *arena, {w_param}int cnn, long frame, const void *input, int threads) {{",
         f"    if (cnn < 0 || cnn >= {len(graphs)}) return -1;",
         f"    tf_tensor tensors[{upper}_MAX_INPUTS];",
@@ -348,7 +391,7 @@ def _inputs_c(graphs: Sequence[Graph], name: str, upper: str, w_param: str, w_ar
         f"    for (int k = 0; k < {name}_inputs(cnn); k++) {{",
         f"        const long *s = {name}_input_shape_of(cnn, k);",
         f"        const int item = {name}_input_item(cnn, k);",
-        "        tensors[k] = (tf_tensor){input, s[1], s[2], s[3], item};",
+        f"        tensors[k] = (tf_tensor){{input, s[1], s[2], s[3], item, {name}_input_nhwc(cnn, k)}};",
         "        sources[k] = (tf_source){tf_tensor_rows, &tensors[k]};",
         "        input = (const char *)input + s[0] * s[1] * s[2] * s[3] * item;",
         "    }",

@@ -80,7 +80,7 @@ def makefile(target: LinuxTarget, name: str) -> str:
 #   make            the vector kernels (NEON: aarch64 always has it), linked statically
 #   make portable   {name}-portable, the portable C99 kernels ({PORTABLE})
 #   make run-qemu   runs {name} under {target.qemu} on this machine: input.bin -> output.bin
-#                   (float32 NCHW; timings under an emulator say nothing of the board)
+#                   (float32, in the model file's layout; timings under an emulator say nothing of the board)
 #   make clean
 # On the board: copy {name} (and weights.bin, if the export wrote one) and run
 #   ./{name} INPUT.bin OUTPUT.bin [RUNS]

@@ -152,6 +152,12 @@ class _Builder:
         self.consts: dict[str, np.ndarray] = {i.name: _initializer(i) for i in g.initializer}
         self.operands = _resize_operands(g, set(self.consts))
         self.original_params = sum(_weight_size(a) for k, a in self.consts.items() if k not in self.operands)
+        # A quantized file's integer weights, biases and zero points (what its DequantizeLinear nodes
+        # read), in their stored bytes.
+        dequantized = {t for n in g.node if n.op_type == "DequantizeLinear"
+                       for t in list(n.input)[:1] + list(n.input)[2:3]}
+        self.original_int_params = sum(int(a.nbytes) for k, a in self.consts.items()
+                                       if k in dequantized and a.dtype.kind in "iu")
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.alias: dict[str, str] = {}
         self.protos: list[_Proto] = []
@@ -542,7 +548,8 @@ class _Builder:
             outputs=tuple(outputs), params=params,
             original_tensors=tuple(Tensor(t, self.shapes[t], "int8", quants[t]) if t in quants else Tensor(t, self.shapes[t])
                                    for t in self.original),
-            original_param_count=self.original_params, input_forms=self.input_forms,
+            original_param_count=self.original_params, original_int_param_bytes=self.original_int_params,
+            input_forms=self.input_forms,
         )
         return validate(graph)
 

@@ -35,8 +35,15 @@ DYNAMIC = ("MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "DynamicQuan
 QOPERATOR = frozenset({*UNARY, *BINARY, "QLinearConv", "QLinearMatMul", "QGemm", "QLinearConcat", *DYNAMIC})
 
 
+def _ms_int8(node: onnx.NodeProto) -> bool:
+    """An onnxruntime int8 op (com.microsoft's QLinear*, NhwcQLinear* and QOrdered* ops, QGemm,
+    QAttention; not its float ops, QuickGelu among them)."""
+    return node.domain == MS and (node.op_type.startswith(("QLinear", "NhwcQLinear", "QOrdered"))
+                                  or node.op_type in ("QGemm", "QAttention", *DYNAMIC))
+
+
 def is_qoperator(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in QOPERATOR for n in model.graph.node)
+    return any(n.op_type in QOPERATOR or _ms_int8(n) for n in model.graph.node)
 
 
 class _Rewrite:
@@ -184,6 +191,10 @@ def _one(r: _Rewrite, node: onnx.NodeProto) -> None:
     if node.op_type in REWRITES:
         REWRITES[node.op_type](r, node)
         return
+    if _ms_int8(node):  # e.g. QLinearSoftmax (onnxruntime's lookup-table softmax), NhwcQLinearConv (channels-last)
+        raise ModelLoadError(f"node {label!r} ({node.op_type}, {MS}): onnxruntime's int8 op is not read (tightfit reads "
+                             f"{', '.join(sorted(REWRITES))}; quantize leaving {node.op_type.removeprefix('QLinear')} "
+                             "out of op_types_to_quantize, or as QDQ)")
     int8_in = [t for t in node.input if t in r.quant]
     if node.op_type == "QuantizeLinear":
         r.nodes.append(node)

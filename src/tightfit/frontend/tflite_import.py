@@ -11,12 +11,16 @@ int8 layers (frontend/qdq.py), and every layer that came from the file is marked
 `attrs["rounding"] = "tflite"`: its kernel requantizes as TFLite's reference kernels do (fixed-point
 multiplier and shift; kernels/step_args.py), so that outputs equal TFLite Micro's bit for bit.
 
-Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, AVERAGE_POOL_2D, MAX_POOL_2D, MEAN (over
-H and W), CONCATENATION, RESHAPE (a flatten), PAD (into a convolution), SOFTMAX (over C, beta
-1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
-DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. A model's 4-D output is NCHW here (TFLite's is NHWC).
-The graph takes and gives int8 where the file does (its int8 input and outputs, TFLite Micro's
-integers): no quantize step on the way in, no dequantize on the way out.
+Taken: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD and MUL (of two computed tensors of one
+shape, or of a (1, 1, 1, C) map broadcast onto an NHWC one; not of a constant), AVERAGE_POOL_2D and
+MAX_POOL_2D (a fused activation: an int8 clamp after the pool), MEAN (over H and W), CONCATENATION,
+RESHAPE (a flatten; a (1, 1, 1, C) map squeezed for ADD or MUL), PAD (into a convolution), SOFTMAX
+(over C, beta 1: TFLite's int8 softmax on gemmlowp's fixed-point exp), QUANTIZE (float to int8),
+DEQUANTIZE; fused RELU, RELU6, RELU_N1_TO_1. Inside, a 4-D tensor is NCHW; the graph's 4-D input
+and outputs keep the file's NHWC (its `input_forms` and `output_forms`, graph/forms.py), which
+`run`, `--verify` and the exported C program take and give. The graph takes and gives int8 where
+the file does (its int8 input and outputs, TFLite Micro's integers): no quantize step on the way
+in, no dequantize on the way out.
 """
 from __future__ import annotations
 
@@ -82,18 +86,26 @@ def load_tflite(path: str | Path, input_shape: Sequence[int] | None = None, name
     # Naive accounting counts the file's own tensors (int8, 1 byte each), not the QDQ model's.
     own = tuple(Tensor(t.name, (t.shape[0], t.shape[3], t.shape[1], t.shape[2]) if len(t.shape) == 4 else t.shape,
                        "int8" if t.dtype == "int8" else "fp32") for t in tensors if t.data is None and t.shape)
-    params = sum(int(t.data.size) for t in tensors if t.data is not None and t.dtype in ("int8", "int32"))
-    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=params)
+    # The file's quantized constants as it stores them: int8 weights, int32 biases, and per tensor or
+    # channel a float32 scale and an int64 zero point (TFLite's QuantizationParameters).
+    params = sum(t.data.nbytes + t.scale.size * 4 + t.zero.size * 8 for t in tensors
+                 if t.data is not None and t.dtype in ("int8", "int32") and t.scale.size)
+    forms = tuple((graph.outputs[k], "nhwc", tensors[i].shape) for k, i in enumerate(outputs)
+                  if len(tensors[i].shape) == 4)
+    return dataclasses.replace(graph, layers=layers, original_tensors=own, original_param_count=0,
+                               original_int_param_bytes=params,
+                               output_forms=forms)
 
 
 def _foldable(layer: Layer) -> bool:
     """A layer the QDQ folding leaves in float whose TFLite int8 kernel is here: a softmax (an ONNX
     model's int8 softmax is onnxruntime's, which no kernel here runs), an add with a fused ReLU or
-    RELU6 (onnxruntime's QDQ add takes no activation; TFLite's clamps its int8 output)."""
+    RELU6 (onnxruntime's QDQ add takes no activation; TFLite's clamps its int8 output), a mul (TFLite's
+    int8 MUL: the product of the inputs less their zero points, requantized)."""
     act = tuple(layer.attrs.get("act", ()))
     if layer.op == "softmax":
         return not layer.attrs.get("log")
-    return (layer.op == "add" and len(layer.inputs) == 2 and not layer.params
+    return (layer.op in ("add", "mul") and len(layer.inputs) == 2 and not layer.params
             and len(act) <= 1 and all(a[0] in ("relu", "clip") for a in act))
 
 
@@ -222,13 +234,14 @@ def _buffer(buf, data: bytes) -> bytes:
     return buf.DataAsNumpy().tobytes() if buf.DataLength() else b""
 
 
+BROADCAST_READERS = ("ADD", "MUL")  # ops that broadcast a (1, 1, 1, C) map's channels onto an NHWC map
 TAKEN_OPS = ("ADD", "AVERAGE_POOL_2D", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D", "DEQUANTIZE",
-             "FULLY_CONNECTED", "MAX_POOL_2D", "MEAN", "PAD", "QUANTIZE", "RESHAPE", "SOFTMAX")
+             "FULLY_CONNECTED", "MAX_POOL_2D", "MEAN", "MUL", "PAD", "QUANTIZE", "RESHAPE", "SOFTMAX")
 OPTIONS = {
     "CONV_2D": tflite.Conv2DOptions, "DEPTHWISE_CONV_2D": tflite.DepthwiseConv2DOptions,
     "AVERAGE_POOL_2D": tflite.Pool2DOptions, "MAX_POOL_2D": tflite.Pool2DOptions, "ADD": tflite.AddOptions,
     "FULLY_CONNECTED": tflite.FullyConnectedOptions, "CONCATENATION": tflite.ConcatenationOptions,
-    "SOFTMAX": tflite.SoftmaxOptions, "MEAN": tflite.ReducerOptions,
+    "SOFTMAX": tflite.SoftmaxOptions, "MEAN": tflite.ReducerOptions, "MUL": tflite.MulOptions,
 }
 
 
@@ -428,12 +441,28 @@ class _Converter:
         return i
 
     def _add(self, op: _Op) -> None:
-        if len(op.inputs) != 2 or any(self.t[i].data is not None for i in op.inputs):
-            raise self.fail(op, "an ADD of two computed tensors is taken (not of a constant)")
-        if self.t[op.inputs[0]].shape != self.t[op.inputs[1]].shape:
-            raise self.fail(op, f"a broadcast ADD of {self.t[op.inputs[0]].shape} and {self.t[op.inputs[1]].shape}")
+        self._binary(op, "Add")
+
+    def _mul(self, op: _Op) -> None:
+        self._binary(op, "Mul")
+
+    def _binary(self, op: _Op, op_type: str) -> None:
+        """An elementwise op of two computed tensors of one shape, or of an NHWC map and one
+        that broadcasts onto it (a (1, 1, 1, C) map, or the (C,) vector a RESHAPE made of one)."""
+        if len(op.inputs) != 2 or any(self.t[self._root(i)].data is not None for i in op.inputs):
+            raise self.fail(op, f"{op.code} of a constant operand (an int8 {op.code} of two computed tensors is taken)")
+        shapes = [self.t[self._root(i)].shape for i in op.inputs]
+        out_shape = self.t[op.outputs[0]].shape
+        if shapes[0] != shapes[1] and not all(len(s) == 4 for s in shapes):
+            raise self.fail(op, f"a broadcast {op.code} of {shapes[0]} and {shapes[1]} (of 4-D maps only)")
+        try:
+            wide = tuple(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise self.fail(op, f"operands {shapes[0]} and {shapes[1]} do not broadcast") from None
+        if wide != out_shape or any(s[0] != out_shape[0] for s in shapes):
+            raise self.fail(op, f"operands {shapes[0]} and {shapes[1]} for an output {out_shape}")
         out = self.names[op.outputs[0]]
-        y = self.node("Add", [self.name(i) for i in op.inputs], f"{out}:add")
+        y = self.node(op_type, [self.name(i) for i in op.inputs], f"{out}:{op_type.lower()}")
         self.produce(op, op.outputs[0], self.activation(op, y, f"{out}:f"))
 
     def _pool(self, op: _Op, op_type: str) -> None:
@@ -449,7 +478,17 @@ class _Converter:
         out = self.names[out_i]
         y = self.node(op_type, [self.name(x)], f"{out}:pool", kernel_shape=[kh, kw], strides=[sh, sw],
                       pads=[t, l, b, r])
-        self.produce(op, out_i, self.activation(op, y, f"{out}:f"))
+        if op.options is None or op.options.FusedActivationFunction() == 0:
+            self.produce(op, out_i, y)
+            return
+        # A fused activation: TFLite clamps the pool's int8 result at the activation's bounds. Here
+        # the pool's int8 result (quantized as the output: pools keep the quantization), then an int8
+        # clamp of it (the QDQ folding makes it an int8 activation layer): the same integers.
+        mid = len(self.t)
+        self.t.append(dataclasses.replace(ty, name=f"{out}:pooled"))
+        self.names.append(f"{out}:pooled")
+        self.produce(op, mid, y)
+        self.produce(op, out_i, self.activation(op, self.names[mid], f"{out}:f"))
 
     def _average_pool_2d(self, op: _Op) -> None:
         self._pool(op, "AveragePool")
@@ -490,6 +529,15 @@ class _Converter:
         if not same_q:
             raise self.fail(op, "input and output quantized differently")
         if src == dst:
+            self.alias[out_i] = x
+            return
+        if len(src) == 4 and src[:3] == (1, 1, 1) and dst[-1:] == src[-1:] and all(d == 1 for d in dst[:-1]):
+            # (1, 1, 1, C) as a vector of C (a MEAN kept 4-D, squeezed): the same values, which an
+            # elementwise reader broadcasts over channels as it would the map itself.
+            readers = self.readers.get(out_i, [])
+            if not readers or any(r.code not in BROADCAST_READERS for r in readers):
+                raise self.fail(op, f"a RESHAPE of {src} to {dst} read by {sorted({r.code for r in readers})} "
+                                    f"(taken where {' or '.join(BROADCAST_READERS)} read it)")
             self.alias[out_i] = x
             return
         if len(src) == 4 and len(dst) == 2 and dst[1] == int(np.prod(src[1:])):

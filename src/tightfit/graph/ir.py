@@ -117,10 +117,17 @@ class Graph:
     # (every original tensor in its own buffer, as DL frameworks do).
     original_tensors: tuple[Tensor, ...] = ()
     original_param_count: int = 0
+    # The imported model's integer parameters (an int8 file's weights, int32 biases, zero points,
+    # and its per-channel scales as the file stores them), in their stored bytes: they do not take
+    # the plan's dtype as the float ones counted above do.
+    original_int_param_bytes: int = 0
     # How the model file's own inputs differ from the graph's NCHW inputs: (graph input, form,
     # the file's shape), form "nhwc" for an input the file takes channels-last (its Transpose
     # absorbed) or "reshape" for one it reshapes to NCHW (CHW, flat; the reshapes absorbed).
     input_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # The same of outputs: (graph output, "nhwc", the file's shape) for a 4-D output the file gives
+    # channels-last (a .tflite's): the graph computes it NCHW, the boundaries give it as the file does.
+    output_forms: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
@@ -138,7 +145,8 @@ class Graph:
     def __reduce__(self):
         """Pickled by its fields (a worker process gets the graph itself, not a model name)."""
         return Graph, (self.name, self.layers, dict(self.tensors), self.inputs, self.outputs, dict(self.params),
-                       self.original_tensors, self.original_param_count, self.input_forms)
+                       self.original_tensors, self.original_param_count, self.input_forms, self.output_forms,
+                       self.original_int_param_bytes)
 
     def layer(self, key: int | str) -> Layer:
         if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):

@@ -71,10 +71,11 @@ class Source(ctypes.Structure):
 
 
 class Tensor(ctypes.Structure):
-    """tf_tensor: a whole contiguous (N, C, H, W) input of `item` bytes per element."""
+    """tf_tensor: a whole contiguous (N, C, H, W) input of `item` bytes per element ((N, H, W, C)
+    where `nhwc` is 1: the C program's channels-last input; the executor's arrays are NCHW)."""
 
     _fields_ = [("x", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long),
-                ("item", ctypes.c_int)]
+                ("item", ctypes.c_int), ("nhwc", ctypes.c_int)]
 
 
 DTYPES = {name: np.dtype(cls) for name, cls in STRUCTS.items()}  # the same layouts as numpy records

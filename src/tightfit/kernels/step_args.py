@@ -699,6 +699,17 @@ def _tflite_add(sa: float, sb: float, sy: float) -> tuple[int, ...]:
     return tuple(v for r in reals for v in quantize_multiplier(r))
 
 
+def _qmul(b, layer, xs, y):
+    """TFLite's int8 MUL: the multiplier of sa * sb / sy in double (TFLite Micro's mul Prepare)."""
+    if not _tflite(layer):
+        raise KernelError(f"layer {layer.id} ({layer.name}): an int8 mul runs as TFLite's only (rounding tflite)")
+    (sa, za), (sb, zb), (sy, zy) = (_tq(b, t) for t in (*layer.inputs, layer.output))
+    lo, hi = _qclamp(layer, sy, zy)
+    m, shift = quantize_multiplier(float(np.float32(sa)) * float(np.float32(sb)) / float(np.float32(sy)))
+    return "qmul", "tf_qadd_args", [xs[0], xs[1], y, sa, za, sb, zb, sy, zy, lo, hi, _rounding(layer),
+                                    0, 0, 0, 0, m, shift]
+
+
 NCHWC_BLOCK = 16
 
 
@@ -800,7 +811,7 @@ BINDERS.update({"quantize": _quantize, "dequantize": _dequantize})
 INT8_BINDERS = {
     "conv": _qconv, "gemm": _qgemm, "add": _qadd, "maxpool": _qpool, "avgpool": _qpool, "global_pool": _qglobal,
     "concat": _qconcat, "flatten": _qcopy, "reshape": _qcopy, "transpose": _qcopy, "activation": _qactivation,
-    "softmax": _qsoftmax,
+    "softmax": _qsoftmax, "mul": _qmul,
 }
 # --- end int8 ---------------------------------------------------------------------------------------
 

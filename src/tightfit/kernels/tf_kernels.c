@@ -1948,6 +1948,23 @@ static int8_t tfl_add1(int qa, int qb, const tf_qadd_args *a) {
     return (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
 }
 
+/* TFLite's int8 MUL (reference_integer_ops::Mul, TFLite Micro's mul): the product of the inputs
+ * less their zero points, exact in int32, by the fixed-point multiplier of sa sb / sy (ym, ysh), the
+ * zero point added, clamped; a dimension of size 1 broadcast. Element by element, each read
+ * before its write. */
+static void qmul_elements(float *arena, const tf_qadd_args *a) {
+    const tf_view *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long c = 0; c < y->c; c++)
+    for (long h = 0; h < y->h; h++)
+    for (long w = 0; w < y->w; w++) {
+        const int32_t p = (qat(arena, &a->a, n, c, h, w) - a->za) * (qat(arena, &a->b, n, c, h, w) - a->zb);
+        const int32_t v = tfl_scale(p, a->ym, a->ysh) + a->zy;
+        *q8(arena, y->off + n * y->sn + c * y->sc + h * y->sh + w * y->sw) =
+            (int8_t)(v < a->lo ? a->lo : (v > a->hi ? a->hi : v));
+    }
+}
+
 static void qadd(float *arena, const tf_qadd_args *a) {
     const tf_view *y = &a->y;
     if (a->round != TF_ROUND_TFLITE && same_shape(&a->a, y) && same_shape(&a->b, y) && a->a.sc == 1 && a->b.sc == 1
@@ -2283,6 +2300,7 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
     case TF_STEP_QCONV: qconv(arena, weights, (const tf_qconv_args *)p); return 1;
     case TF_STEP_QGEMM: qgemm(arena, weights, (const tf_qgemm_args *)p); return 1;
     case TF_STEP_QADD: qadd(arena, (const tf_qadd_args *)p); return 1;
+    case TF_STEP_QMUL: qmul_elements(arena, (const tf_qadd_args *)p); return 1;
     case TF_STEP_QPOOL: qpool(arena, (const tf_qpool_args *)p); return 1;
     case TF_STEP_QGLOBAL: qglobal(arena, (const tf_qglobal_args *)p); return 1;
     case TF_STEP_QCONCAT: qconcat(arena, (const tf_qconcat_args *)p); return 1;
@@ -2609,6 +2627,17 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
                    void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;
     const size_t item = (size_t)t->item;
+    if (t->nhwc) { /* channels-last: a row's columns [w0, w1) are one run of (w1 - w0) * c values */
+        for (long n = n0; n < n1; n++)
+        for (long h = h0; h < h1; h++)
+        for (long w = w0; w < w1; w++) {
+            const char *src = (const char *)t->x + (size_t)(((n * t->h + h) * t->w + w) * t->c) * item;
+            char *out = (char *)dst + (size_t)((n - n0) * sn + (h - h0) * sh + (w - w0) * sw) * item;
+            if (sc == 1) memcpy(out, src, (size_t)t->c * item);
+            else for (long c = 0; c < t->c; c++) memcpy(out + (size_t)(c * sc) * item, src + (size_t)c * item, item);
+        }
+        return 0;
+    }
     for (long n = n0; n < n1; n++)
     for (long c = 0; c < t->c; c++)
     for (long h = h0; h < h1; h++) {

@@ -43,7 +43,7 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
        TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31,
-       TF_STEP_QSOFTMAX = 32, TF_STEP_REPEAT = 33 };
+       TF_STEP_QSOFTMAX = 32, TF_STEP_QMUL = 33, TF_STEP_REPEAT = 34 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
@@ -122,7 +122,8 @@ typedef struct { tf_view x, y; tf_int w, b, m, groups, kh, kw, sh, sw, dh, dw, p
 typedef struct { tf_view x, y; tf_int w, b, m, in_features; int xz, yz, lo, hi, round; } tf_qgemm_args;
 /* int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,
  * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled
- * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh). */
+ * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh). A qmul step
+ * (TFLite's int8 MUL) takes the same arguments: (a - za)(b - zb) scaled by ym, ysh, + zy, clamped. */
 typedef struct { tf_view a, b, y; float sa; int za; float sb; int zb; float sy; int zy, lo, hi, round, am,
        ash, bm, bsh, ym, ysh; } tf_qadd_args;
 /* int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values
@@ -183,9 +184,10 @@ typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w
  * source per input of its model, in the model's input order (an input step names its index). */
 typedef struct { tf_input_fn fill; void *ctx; } tf_source;
 
-/* A whole input in memory, contiguous (N, C, H, W), of `item` bytes per element (4 float32, 1 int8):
+/* A whole input in memory, contiguous (N, C, H, W), or (N, H, W, C) where `nhwc` is 1 (the model
+ * file's channels-last input, a .tflite's), of `item` bytes per element (4 float32, 1 int8):
  * tf_tensor_rows is its tf_input_fn (ctx: a tf_tensor). */
-typedef struct { const void *x; long c, h, w; int item; } tf_tensor;
+typedef struct { const void *x; long c, h, w; int item; int nhwc; } tf_tensor;
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    void *dst, long sn, long sc, long sh, long sw);
 

@@ -29,7 +29,8 @@ STEP_KINDS = ("conv", "pool", "global", "gemm", "softmax", "eltwise", "affine", 
 # issue 38 (attention blocks): products of two activations, reductions over any axes.
 STEP_KINDS += ("matmul", "reduce", "linear")
 # --- int8 (quantized layers, issue 40): their step kinds follow the float ones ------------------
-INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy", "qsoftmax")
+INT8_STEP_KINDS = ("qconv", "qgemm", "qadd", "qpool", "qglobal", "qconcat", "quantize", "dequantize", "qcopy", "qsoftmax",
+                   "qmul")
 STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
 # --- end int8 ------------------------------------------------------------------------------------
 # A table row that is not a kernel: the rows after it repeated (kernels/loops.py, issue 39 point 8).
@@ -148,7 +149,8 @@ STRUCTS: dict[str, tuple[list[tuple[str, object]], str]] = {
                       ("bsh", N), ("ym", N), ("ysh", N)],
                      "int8 sum (a dimension of size 1 broadcast): TF_ROUND_ONNXRUNTIME: both dequantized to float,\n"
                      " * added, quantized; TF_ROUND_TFLITE: TFLite's integer ADD (inputs shifted left 20, each scaled\n"
-                     " * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh)."),
+                     " * by its fixed-point multiplier and shift am, ash / bm, bsh, the sum by ym, ysh). A qmul step\n"
+                     " * (TFLite's int8 MUL) takes the same arguments: (a - za)(b - zb) scaled by ym, ysh, + zy, clamped."),
     "tf_qpool_args": ([("p", "tf_pool_args"), ("q", "tf_qparams"), ("mode", N)],
                       "int8 pooling: max over int8 (requantized if y's scale differs); average of the dequantized values\n"
                       " * in onnxruntime's order: mode 0 its float AveragePool between DQ and Q (column sums), 1 its\n"

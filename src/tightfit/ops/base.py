@@ -152,6 +152,15 @@ def array_bytes(a: np.ndarray, itemsize: int) -> int:
     return int(a.size) * (itemsize if a.dtype.kind == "f" else a.dtype.itemsize)
 
 
+def requant_bytes(layer: Layer, graph: "Graph") -> int:
+    """What an int8 convolution or dense layer keeps per output channel to requantize: TFLite's
+    fixed-point multiplier and shift (two int32, a .tflite's layer), or onnxruntime's float
+    multiplier (kernels/step_args.py's _multipliers)."""
+    if layer.attrs.get("quant") != "int8" or "w_scale" not in layer.attrs:
+        return 0
+    return graph.shape(layer.output)[1] * (8 if layer.attrs.get("rounding") == "tflite" else 4)
+
+
 class Op:
     """Base class; subclasses register themselves with `@register`.
 
@@ -216,7 +225,7 @@ class Op:
         return array_bytes(graph.params[layer.params[0]], itemsize) if layer.params else 0
 
     def param_bytes(self, layer: Layer, graph: "Graph", itemsize: int) -> int:
-        return sum(array_bytes(graph.params[p], itemsize) for p in layer.params)
+        return sum(array_bytes(graph.params[p], itemsize) for p in layer.params) + requant_bytes(layer, graph)
 
     def macs(self, layer: Layer, out: Region, in_shapes: Sequence[Shape], out_shape: Shape) -> int:
         """Multiply-accumulates to compute `out` (elementwise ops count one per element)."""

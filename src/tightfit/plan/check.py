@@ -182,8 +182,8 @@ def _check_scratch(plan: Plan, graphs: Sequence[Graph]) -> None:
                     break
         elif s.kind == "input":
             shape = g.shape(s.out.tensor)
-            row_band = 2 * s.out.region.n * shape[1] * spatial(shape)[1] * size
             buffer = plan.buffers[s.out.buffer]
+            row_band = 2 * s.out.region.n * shape[1] * spatial(shape)[1] * buffer.itemsize  # an int8 input: 1 B a value
             allowed = {0, row_band * min(s.out.region.h, max(1, buffer.nbytes // (2 * row_band)))}
         else:
             allowed = {0}

@@ -101,7 +101,8 @@ class ArenaExecutor:
         graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
         # The rows the exported program's table holds (repeated runs as loops): the same walk of tf_run.
         table = StepTable(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps]))
-        bands = {(s.out.tensor,) + _region_key(s.out.region): _rows_per_band(s, graph) for s in p.steps if s.kind == "input"}
+        bands = {(s.out.tensor,) + _region_key(s.out.region): _rows_per_band(s, graph, self.plan.buffers[s.out.buffer].itemsize)
+                 for s in p.steps if s.kind == "input"}
         return _Partition(table, tuple((t, (batch,) + tuple(graph.shape(t)[1:])) for t in graph.inputs), bands,
                           tuple(input_dtype(graph, t) for t in graph.inputs))
 

@@ -1,6 +1,7 @@
 /* main.c: tightfit's test program for an exported model (not part of the library).
  * usage: model [-p] [-t THREADS] INPUT.bin OUTPUT.bin [RUNS [WEIGHTS.bin]]
- * INPUT.bin holds every CNN's inputs (a CNN of several: each in its input order), NCHW, one after another, each
+ * INPUT.bin holds every CNN's inputs (a CNN of several: each in its input order), one after another, each in its
+ * model file's layout (NCHW, or NHWC where model_input_nhwc says: a .tflite's image), each
  * in its own type (float32; int8 for an int8 input: model_input_item says the bytes a value); OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
@@ -30,12 +31,36 @@
 #define MAX_RUNS 1000000L
 #define MAX_THREADS 64L /* tf_run uses at most tf_threads() */
 
-/* One input's place in the file: its first byte, shape and bytes a value (item: 4 float32, 1 int8). */
-typedef struct { FILE *f; long base; const long *shape; int item; } file_source;
+/* One input's place in the file: its first byte, shape (N, C, H, W), bytes a value (item: 4 float32,
+ * 1 int8) and layout (nhwc 1: the file holds it channels-last). */
+typedef struct { FILE *f; long base; const long *shape; int item; int nhwc; } file_source;
+
+/* Rows [h0, h1), columns [w0, w1) of a channels-last input: each row's columns are one run of
+ * (w1 - w0) * C values in the file, spread over the channels' strides of dst. */
+static int file_rows_nhwc(const file_source *s, long n0, long n1, long h0, long h1, long w0, long w1,
+                          void *dst, long sn, long sc, long sh, long sw) {
+    const long c_ = s->shape[1], h_ = s->shape[2], w_ = s->shape[3], item = s->item;
+    unsigned char chunk[256 * sizeof(float)];
+    for (long n = n0; n < n1; n++)
+    for (long h = h0; h < h1; h++) {
+        if (fseek(s->f, s->base + ((n * h_ + h) * w_ + w0) * c_ * item, SEEK_SET)) return 1;
+        for (long i = 0; i < (w1 - w0) * c_; i += 256) {
+            const long k = (w1 - w0) * c_ - i < 256 ? (w1 - w0) * c_ - i : 256;
+            if (fread(chunk, (size_t)item, (size_t)k, s->f) != (size_t)k) return 1;
+            for (long j = 0; j < k; j++) {
+                const long w = (i + j) / c_, c = (i + j) % c_;
+                unsigned char *out = (unsigned char *)dst + ((n - n0) * sn + c * sc + (h - h0) * sh + w * sw) * item;
+                memcpy(out, chunk + j * item, (size_t)item);
+            }
+        }
+    }
+    return 0;
+}
 
 static int file_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                      void *dst, long sn, long sc, long sh, long sw) {
     const file_source *s = (const file_source *)ctx;
+    if (s->nhwc) return file_rows_nhwc(s, n0, n1, h0, h1, w0, w1, dst, sn, sc, sh, sw);
     const long c_ = s->shape[1], h_ = s->shape[2], w_ = s->shape[3], item = s->item;
     unsigned char chunk[256 * sizeof(float)];
     for (long n = n0; n < n1; n++)
@@ -267,6 +292,7 @@ static int run_all(void *arena, const float *weights, FILE *in, const char *whol
             src[m][k].base = base;
             src[m][k].shape = shape;
             src[m][k].item = model_input_item(m, k);
+            src[m][k].nhwc = model_input_nhwc(m, k);
             sources[m][k].fill = file_rows;
             sources[m][k].ctx = &src[m][k];
             base += shape[0] * shape[1] * shape[2] * shape[3] * (long)src[m][k].item;

@@ -332,7 +332,7 @@ def _makefile(core: McuTarget, name: str, library_dir: Path, script: Path, makef
         f"# tightfit: {name} for {core.name}, a firmware project. Generated.\n"
         f"# {make}            builds {elf} (and its .map) with {CC}\n"
         f"# {make} run-qemu   runs it on qemu's {core.qemu_machine} with semihosting: reads input.bin, writes\n"
-        f"#                   output.bin (float32, NCHW){' -- not here: ' + qemu_problem if qemu_problem else ''}\n"
+        f"#                   output.bin (float32, in the model file's layout){' -- not here: ' + qemu_problem if qemu_problem else ''}\n"
         f"# {make} clean\n"
         f"# The library is {name}.c, {name}.h, tf_kernels.c and tf_kernels.h: what firmware links.\n"
         f"# Around it, the test program: startup_cortex_m.S, {script}, mcu_main.c, tf_semihost.c/.h;\n"

@@ -161,7 +161,8 @@ def _tile_input(b: _Builder, tensor: str, region: Region, whole: tuple[int, Regi
         # asks for a few rows at a time, each band at most half the tile buffer it fills, so
         # that input steps seldom set the plan's largest scratch (a whole tile's band can be a
         # few times its buffer); the executor derives that row count from the step's scratch.
-        row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * itemsize(b.dtype)
+        item = b.graph.tensors[tensor].item_bytes(b.dtype)  # an int8 input's rows are 1 byte a value
+        row_band = 2 * region.n * b.graph.shape(tensor)[1] * spatial(b.graph.shape(tensor))[1] * item
         rows = min(region.h, max(1, b.buffers[home[0]].nbytes // (2 * row_band)))
         b.steps.append(Step("input", 0, -1, _access(tensor, home, region), (), row_band * rows))
     return home
