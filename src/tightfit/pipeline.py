@@ -206,7 +206,9 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
     settings = {"parts": dict(phases=_phases_of(o.phases, model.graph), rows=o.rows, held=tuple(o.held)),
                 "tiling": dict(tiling=o.tiling), "vbs": {}}.get(o.method, {})
     config = Config(o.layout, "fp32", o.planner, o.order, {k: v for k, v in settings.items() if v})
+    streamed = {"stream_outputs": True} if o.method == "parts" and o.stream_outputs else {}
     if o.budget is None:
+        config = replace(config, settings={**config.settings, **streamed})
         if o.method == "parts" and o.inplace:  # its overlay blocks kept only where they help
             config = replace(config, settings={**config.settings, "inplace": True})
         if o.method == "tiling" and not o.tiling:
@@ -218,6 +220,7 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
         raise OptionError({"parts": "give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)",
                            "tiling": "--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)"
                            }[o.method])
+    config = replace(config, settings={**config.settings, **streamed})
     return plan_for_budget(o.method, model, o.budget, config, o.cost, o.time_limit, o.say,
                            dict(unit_bytes=o.unit_bytes, latency=o.latency) if o.method == "vbs" else {})
 

@@ -20,7 +20,7 @@ from tightfit.kernels.loops import CValue, table_rows
 from tightfit.kernels.step_args import (BINDERS, Acts, Args, Array, Code, Context, Struct, View, _dims4,  # noqa: F401
                                        access_view, buffer_strides, step_args)
 from tightfit.graph.ir import Graph
-from tightfit.plan.lifetimes import output_accesses
+from tightfit.plan.lifetimes import output_accesses, streamed_outputs
 from tightfit.plan.schema import Plan, Step
 
 C_DIR = Path(__file__).with_name("c")
@@ -103,6 +103,7 @@ class Sources:
     weight_bytes: int
     arena_bytes: int
     steps: int
+    streams_outputs: bool = False  # outputs handed to sinks by rows (the host program writes them as they come)
 
 
 def c_name(name: str) -> str:
@@ -163,7 +164,8 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     }
     if in_file:
         files["weights.bin"] = weights_arr.astype("<f4").tobytes()
-    return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions))
+    return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions),
+                   bool(streamed_outputs(plan)))
 
 
 INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
@@ -209,10 +211,12 @@ def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) 
                               f"(at most {INDEX_LIMIT - 1})")
 
 
-def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View]]]:
-    """Per frame copy: (model, tensor, view) of every model output, in model and output order."""
-    accesses = output_accesses(plan, graphs)
-    return [[(m, a.tensor, ctx.view(m, a)) for m, a in accesses] for ctx in ctxs]
+def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View | None]]]:
+    """Per frame copy: (model, tensor, view) of every model output, in model and output order; a
+    streamed output (handed to a sink by rows, never whole in the arena) has no view (None)."""
+    accesses = {(m, a.tensor): a for m, a in output_accesses(plan, graphs)}
+    every = [(m, t) for m, g in enumerate(graphs) for t in g.outputs]
+    return [[(m, t, ctx.view(m, accesses[(m, t)]) if (m, t) in accesses else None) for m, t in every] for ctx in ctxs]
 
 
 def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file: bool, weight_bytes: int) -> str:
@@ -250,6 +254,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     lines += [
         f"#define {upper}_INPUT_ELEMS {sum(prod((ref0.batch,) + g0.shape(t)[1:]) for t in g0.inputs)} /* CNN 0's, every input */",
         f"#define {upper}_MAX_INPUTS {max(len(g.inputs) for g in graphs)}",
+        f"#define {upper}_MAX_OUTPUTS {max(len(g.outputs) for g in graphs)}",
         f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
         f"#define {upper}_INPUT_ITEM {_input_item(g0, g0.inputs[0])} /* CNN 0's first input: bytes a value "
@@ -266,6 +271,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, const tf_source *inputs, int threads);",
         "/* One partition: partitions of a pipeline may run in threads of their own, one frame apart. */",
         f"int {name}_run_partition(void *arena, {w}int partition, long frame, const tf_source *inputs, int threads);",
+        *_streaming_declarations(name, w),
         f"/* Elements [first, first + count) of output `k` of CNN `cnn` (NCHW order) after frame `frame`, as",
         " * floats (an int8 output's integers); _read_int8: an int8 output's int8 values (output_item 1). */",
         f"void {name}_read(const void *arena, int cnn, int k, long frame, long first, long count, float *dst);",
@@ -289,6 +295,24 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         "", "#endif", "",
     ]
     return "\n".join(lines)
+
+
+def _streaming_declarations(name: str, w: str) -> list[str]:
+    """The header's runs with output sinks, for a plan that streams outputs."""
+    return [
+        "/* The same with `outputs`: one sink per output of the CNN, in its output order, for a plan that streams",
+        f" * outputs ({name}_output_streamed: handed over by rows as they are computed, never whole in the arena;",
+        " * _read does not read those); NULL where it streams none (the _run functions above pass NULL: a run of",
+        " * a plan that streams outputs then stops with status -2). */",
+        f"int {name}_run_cnn_io(void *arena, {w}int cnn, long frame, const tf_source *inputs, const tf_sink *outputs,",
+        "                      int threads);",
+        f"int {name}_run_partition_io(void *arena, {w}int partition, long frame, const tf_source *inputs,",
+        "                            const tf_sink *outputs, int threads);",
+        f"/* 1 when output `k` of CNN `cnn` is streamed (to the sink of run_cnn_io), 0 when read from the arena;",
+        " * its shape (N, C, H, W). */",
+        f"int {name}_output_streamed(int cnn, int k);",
+        f"const long *{name}_output_shape_of(int cnn, int k);",
+    ]
 
 
 def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
@@ -384,7 +408,9 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"    {{{p.model}, {{{', '.join(map(str, counts[p.id]))}}}, {{{', '.join(f'p{p.id}' + (f'_f{c}' if copies > 1 else '') for c in range(copies))}}}}}"
         for p in plan.partitions)
     order = sorted(range(len(plan.partitions)), key=lambda i: plan.partitions[i].id)
-    outs = ",\n".join("    {" + ", ".join(view_c(v) for _, _, v in frame) + "}" for frame in outputs)
+    outs = ",\n".join("    {" + ", ".join("{0}" if v is None else view_c(v) for _, _, v in frame) + "}" for frame in outputs)
+    streamed = streamed_outputs(plan)
+    flags = ", ".join("1" if (m, t) in streamed else "0" for m, t, _ in outputs[0])
     first_out = [0]
     for m in range(len(graphs)):
         first_out.append(first_out[-1] + len(graphs[m].outputs))
@@ -395,23 +421,36 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"static const tf_view model_outputs[{copies}][{len(outputs[0])}] = {{\n{outs}\n}};",
         f"static const int model_first_output[{len(first_out)}] = {{{', '.join(map(str, first_out))}}};",
         "",
-        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
+        f"int {name}_run_partition_io(void *arena, {w_param}int partition, long frame, const tf_source *inputs,",
+        "                            const tf_sink *outputs, int threads) {",
         f"    if (partition < 0 || partition >= {len(plan.partitions)}) return -1;",
         f"    const model_partition *p = &model_partitions[partition];",
-        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count[frame % {copies}], inputs, threads);",
+        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count[frame % {copies}], inputs,",
+        "                  outputs, threads);",
         "}", "",
-        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
+        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
+        f"    return {name}_run_partition_io(arena, {w_arg}partition, frame, inputs, NULL, threads);", "}", "",
+        f"int {name}_run_cnn_io(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, const tf_sink *outputs,",
+        "                      int threads) {",
         f"    for (int i = 0; i < {len(order)}; i++) {{",
         f"        const int k = model_order[i];",
         f"        if (model_partitions[k].model != cnn) continue;",
-        f"        const int status = {name}_run_partition(arena, {w_arg}k, frame, inputs, threads);",
+        f"        const int status = {name}_run_partition_io(arena, {w_arg}k, frame, inputs, outputs, threads);",
         f"        if (status) return status;",
         "    }",
         "    return 0;", "}", "",
+        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
+        f"    return {name}_run_cnn_io(arena, {w_arg}cnn, frame, inputs, NULL, threads);", "}", "",
         *_inputs_c(graphs, name, upper, w_param, w_arg),
         *_reads_c(graphs, outputs, name, copies),
         f"static const long model_output_elems[{max(len(outputs[0]), 1)}] = {{"
-        + ", ".join(str(v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3]) for _, _, v in outputs[0]) + "};",
+        + ", ".join(str(prod((plan.models[m].batch,) + graphs[m].shape(t)[1:])) for m, t, _ in outputs[0]) + "};",
+        f"static const int model_output_streams[{max(len(outputs[0]), 1)}] = {{{flags or '0'}}};",
+        f"int {name}_output_streamed(int cnn, int k) {{ return model_output_streams[model_first_output[cnn] + k]; }}",
+        f"static const long model_output_shapes[{max(len(outputs[0]), 1)}][4] = {{"
+        + ", ".join("{" + ", ".join(map(str, _dims4((plan.models[m].batch,) + graphs[m].shape(t)[1:]))) + "}"
+                    for m, t, _ in outputs[0]) + "};",
+        f"const long *{name}_output_shape_of(int cnn, int k) {{ return model_output_shapes[model_first_output[cnn] + k]; }}",
         f"int {name}_outputs(int cnn) {{ return model_first_output[cnn + 1] - model_first_output[cnn]; }}",
         f"long {name}_output_elems(int cnn, int k) {{ return model_output_elems[model_first_output[cnn] + k]; }}", "",
         f"void {name}_read_output(const void *arena, float *dst) {{",

@@ -2207,9 +2207,10 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
 
 /* --- the step loop ---------------------------------------------------------------------------- */
 
-/* One step; 0, or the input callback's status (-1: an unknown step kind). */
+/* One step; 0, or the input or output callback's status (-1: an unknown step kind, -2: an output
+ * step without a sink). */
 static int run_step(float *arena, const float *weights, const int32_t *indices, const tf_step *step,
-                    const tf_source *inputs) {
+                    const tf_source *inputs, const tf_sink *outputs) {
     const void *p = step->args;
     switch (step->kind) {
     case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
@@ -2242,6 +2243,15 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
         void *dst = a->item == 1 ? (void *)q8(arena, y->off) : (void *)(arena + y->off);
         return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
                      dst, y->sn, y->sc, y->sh, y->sw);
+    }
+    case TF_STEP_OUTPUT: {
+        const tf_output_args *a = (const tf_output_args *)p;
+        const tf_view *x = &a->x;
+        if (!outputs) return -2;
+        const tf_sink *sink = &outputs[a->output];
+        const void *src = a->item == 1 ? (const void *)q8(arena, x->off) : (const void *)(arena + x->off);
+        return sink->emit(sink->ctx, a->n0, a->n0 + x->n, a->h0, a->h0 + x->h, a->w0, a->w0 + x->w,
+                          src, x->sn, x->sc, x->sh, x->sw);
     }
     default:
         if (!run_int8(arena, weights, step->kind, p)) return -1;
@@ -2388,7 +2398,7 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
  * runs every other step (the input callback is called from the caller's thread only). */
 typedef struct {
     float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
-    const tf_source *inputs;
+    const tf_source *inputs; const tf_sink *outputs;
     pthread_mutex_t mu; pthread_cond_t cv;
     long arrived, generation, expected;
     int threads, status, said; /* said: the status when the last meeting ended */
@@ -2429,7 +2439,7 @@ static void walk(team *t, int id) {
         if (after_shared && meet(t)) return;
         after_shared = 0;
         if (id == 0 && !failed) {
-            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs);
+            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs, t->outputs);
             if (status) { /* said at the next meeting; the caller's thread runs nothing more */
                 pthread_mutex_lock(&t->mu);
                 t->status = status;
@@ -2455,12 +2465,12 @@ static void *worker(void *arg) {
 /* 1 when the steps ran on `threads` threads (their status in *status); 0 when no team could be
  * set up (the caller runs them on its own). */
 static int run_threads(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-                       const tf_source *inputs, int threads, int *status) {
+                       const tf_source *inputs, const tf_sink *outputs, int threads, int *status) {
     team t;
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.inputs = inputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.inputs = inputs, t.outputs = outputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
@@ -2488,7 +2498,7 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
 #endif
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           const tf_source *inputs, int threads) {
+           const tf_source *inputs, const tf_sink *outputs, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
     cursor scan;
@@ -2496,7 +2506,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
     for (const tf_step *step; threads > 1 && (step = next_step(&scan)) != NULL;) {
         int status;
         if (shared_step(step, threads)) {
-            if (run_threads(arena, weights, indices, steps, count, inputs, threads, &status)) return status;
+            if (run_threads(arena, weights, indices, steps, count, inputs, outputs, threads, &status)) return status;
             break;
         }
     }
@@ -2505,7 +2515,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
     cursor c;
     cursor_at(&c, steps, count);
     for (const tf_step *step; (step = next_step(&c)) != NULL;) {
-        const int status = run_step(arena, weights, indices, step, inputs);
+        const int status = run_step(arena, weights, indices, step, inputs, outputs);
         if (status) return status;
     }
     return c.bad ? -1 : 0;
@@ -2541,6 +2551,21 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
         char *out = (char *)dst + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
         if (sw == 1) memcpy(out, src + (size_t)w0 * item, (size_t)(w1 - w0) * item);
         else for (long w = w0; w < w1; w++) memcpy(out + (size_t)((w - w0) * sw) * item, src + (size_t)w * item, item);
+    }
+    return 0;
+}
+
+int tf_tensor_store(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                    const void *src, long sn, long sc, long sh, long sw) {
+    const tf_store *t = (const tf_store *)ctx;
+    const size_t item = (size_t)t->item;
+    for (long n = n0; n < n1; n++)
+    for (long c = 0; c < t->c; c++)
+    for (long h = h0; h < h1; h++) {
+        char *dst = (char *)t->y + (size_t)(((n * t->c + c) * t->h + h) * t->w) * item;
+        const char *in = (const char *)src + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
+        if (sw == 1) memcpy(dst + (size_t)w0 * item, in, (size_t)(w1 - w0) * item);
+        else for (long w = w0; w < w1; w++) memcpy(dst + (size_t)w * item, in + (size_t)((w - w0) * sw) * item, item);
     }
     return 0;
 }
