@@ -113,6 +113,17 @@ def test_exported_program_writes_streamed_outputs_as_they_come(model_file, tmp_p
         write_project(tmp_path / "mcu", generate(streamed, graphs, sources.name), "cortex-m7", 512 * 1024, 2 * 1024 * 1024)
 
 
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="no musl-gcc (Debian's musl-tools) on this machine")
+def test_exported_program_built_with_musl(model_file, tmp_path):
+    """The program links statically against musl (`--cc musl-gcc`: bench/export.py's MAFAT part)
+    and gives the same outputs, its code smaller than glibc's static one."""
+    _, streamed, graphs = _plans(model_file)
+    sources = export(streamed, graphs, tmp_path / "out")
+    c = check_export(streamed, graphs, sources, tmp_path / "out", cc="musl-gcc", cflags=["-std=c99", "-O2"])
+    assert c.ok, c.max_abs_diff
+    assert c.code_bytes < 512 * 1024  # the kernel library and musl's few pages (glibc's static code alone is ~650 KB)
+
+
 def test_plan_command_streams_outputs(model_file, tmp_path, capsys):
     from tightfit.cli import main
 
