@@ -131,3 +131,7 @@ def test_plan_command_streams_outputs(model_file, tmp_path, capsys):
     assert main(["plan", model_file, "--method", "parts", "--rows", "2", "--stream-outputs", "--out", str(path)]) == 0
     plan, graphs = tightfit.api.load_plan(Path(path))
     assert _output_steps(plan) and check_plan(plan, graphs).arena_bytes == plan.arena_bytes
+    capsys.readouterr()
+    assert main(["plan", model_file, "--method", "reuse", "--stream-outputs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stream-outputs goes with --method parts" in err[0]

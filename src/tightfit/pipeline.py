@@ -160,6 +160,8 @@ def _check_plan_options(o: PlanOptions) -> PlanOptions:
         raise OptionError("--tiling goes with --method tiling")
     if o.held and o.method != "parts":
         raise OptionError("--hold goes with --method parts")
+    if o.stream_outputs and o.method != "parts":
+        raise OptionError("--stream-outputs goes with --method parts (fit: its plans by parts)")
     return o
 
 
@@ -206,7 +208,7 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
     settings = {"parts": dict(phases=_phases_of(o.phases, model.graph), rows=o.rows, held=tuple(o.held)),
                 "tiling": dict(tiling=o.tiling), "vbs": {}}.get(o.method, {})
     config = Config(o.layout, "fp32", o.planner, o.order, {k: v for k, v in settings.items() if v})
-    streamed = {"stream_outputs": True} if o.method == "parts" and o.stream_outputs else {}
+    streamed = {"stream_outputs": True} if o.stream_outputs else {}
     if o.budget is None:
         config = replace(config, settings={**config.settings, **streamed})
         if o.method == "parts" and o.inplace:  # its overlay blocks kept only where they help
