@@ -104,6 +104,9 @@ class Sources:
     arena_bytes: int
     steps: int
     streams_outputs: bool = False  # outputs handed to sinks by rows (the host program writes them as they come)
+    # The -D flags the program is built with: its plan's step kinds (TF_KINDS, tf_kernels.c), so that
+    # the kernels of the others are left out of its code.
+    defines: tuple[str, ...] = ()
 
 
 def c_name(name: str) -> str:
@@ -148,7 +151,8 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
         c.weights, c.indices = ctxs[0].weights, ctxs[0].indices
-    body, tables, counts = _step_tables(plan, graphs, ctxs)
+    body, tables, counts, mask = _step_tables(plan, graphs, ctxs)
+    kinds = f"-DTF_KINDS={mask:#x}ULL"
     weights_arr = ctxs[0].weights.array()
     _check_index_range(plan.arena_bytes // 4, weights_arr.size, ctxs[0].indices.array().size)
     in_file = weights == "file" or (weights == "auto" and weights_arr.size > C_WEIGHTS_LIMIT)
@@ -160,28 +164,28 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
         **{f: (KERNELS_DIR / f).read_bytes() for f in KERNEL_FILES},
         "main.c": (C_DIR / "main.c").read_text().replace("MODEL_", upper + "_").replace("model_", name + "_")
                    .replace('"model.h"', f'"{name}.h"').encode(),
-        "Makefile": (C_DIR / "Makefile").read_text().replace("@NAME@", name).encode(),
+        "Makefile": (C_DIR / "Makefile").read_text().replace("@NAME@", name).replace("@KINDS@", kinds).encode(),
     }
     if in_file:
         files["weights.bin"] = weights_arr.astype("<f4").tobytes()
     return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions),
-                   bool(streamed_outputs(plan)))
+                   bool(streamed_outputs(plan)), (kinds,))
 
 
 INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
 
 
-def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str], dict]:
+def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str], dict, int]:
     """Each partition's step table (kernels/loops.py's rows: a {kind, args} row a step, a run of
     steps repeated over bands or tiles as one REPEAT row and its first iteration) and the argument
     structs they point to, each distinct struct once, so that the program's constants grow with
     the layers and the plan's period, not with every step. Also each table's row count, by
-    partition id and frame copy."""
+    partition id and frame copy, and the TF_KINDS bits of the step kinds the tables hold."""
     body: list[str] = []
     counts: dict[int, list[int]] = {}
     tables: list[str] = []
     shared: dict[tuple[str, str], str] = {}
-    copies = len(ctxs)
+    copies, mask = len(ctxs), 0
     for p in plan.partitions:
         g = graphs[p.model]
         lays = f"layers {p.layers[0]}-{p.layers[-1]}" if p.layers else "no layers"
@@ -192,6 +196,7 @@ def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -
             rows = []
             for i, a in enumerate(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps])):
                 e = emit_args(a)
+                mask |= 1 << Code("STEP", a.kind).value
                 name = shared.get((e.ctype, e.init))
                 if name is None:
                     name = shared[(e.ctype, e.init)] = f"{label}_s{i}"
@@ -200,7 +205,7 @@ def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -
                 rows.append(f"    {{{e.kind}, &{name}}}")
             tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
             counts.setdefault(p.id, []).append(len(rows))
-    return body, tables, counts
+    return body, tables, counts, mask
 
 
 def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) -> None:

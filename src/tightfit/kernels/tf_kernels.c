@@ -30,6 +30,16 @@
 
 #include "tf_kernels.h"
 
+/* The step kinds a build runs: bit k for TF_STEP_k (default every one). An exported program's build
+ * passes its plan's kinds (-DTF_KINDS=0x...ULL, its Makefile's KINDS): the kernels of the others are
+ * then never called, so the compiler leaves them out (a static glibc program of yolov2-16 maps 124
+ * KiB less code), and a step of a kind left out stops the run with -1. */
+#ifndef TF_KINDS
+#define TF_KINDS (~0ULL)
+#endif
+#define TF_WANTS(kind) ((TF_KINDS >> (kind)) & 1ULL)
+#define TF_INT8_KINDS (((1ULL << (TF_STEP_QSOFTMAX + 1)) - 1) & ~((1ULL << TF_STEP_QCONV) - 1))
+
 #ifndef TF_SIMD
 #if defined(__GNUC__) && (defined(__AVX512F__) || defined(__AVX2__) || defined(__ARM_NEON) || defined(__aarch64__))
 #define TF_SIMD 1
@@ -2213,29 +2223,47 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
                     const tf_source *inputs, const tf_sink *outputs) {
     const void *p = step->args;
     switch (step->kind) {
-    case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
-    case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
-    case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
-    case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
-    case TF_STEP_SOFTMAX: softmax(arena, (const tf_softmax_args *)p); break;
-    case TF_STEP_CHANNEL_NORM: channel_norm(arena, weights, (const tf_norm_args *)p); break;
-    case TF_STEP_INSTANCE_NORM: instance_norm(arena, weights, (const tf_norm_args *)p); break;
-    case TF_STEP_CHANNEL_REDUCE: channel_reduce(arena, (const tf_global_args *)p); break;
-    case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
-    case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
-    case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;
-    case TF_STEP_CONCAT: concat(arena, (const tf_concat_args *)p); break;
-    case TF_STEP_PAD: pad(arena, (const tf_pad_args *)p); break;
-    case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
-    case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
-    case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
-    case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
-    case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
-    case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
+    case TF_STEP_CONV: if (!TF_WANTS(TF_STEP_CONV)) return -1;
+        conv(arena, weights, (const tf_conv_args *)p); break;
+    case TF_STEP_POOL: if (!TF_WANTS(TF_STEP_POOL)) return -1; pool(arena, (const tf_pool_args *)p); break;
+    case TF_STEP_GLOBAL: if (!TF_WANTS(TF_STEP_GLOBAL)) return -1;
+        global_pool(arena, (const tf_global_args *)p); break;
+    case TF_STEP_GEMM: if (!TF_WANTS(TF_STEP_GEMM)) return -1;
+        gemm(arena, weights, (const tf_gemm_args *)p); break;
+    case TF_STEP_SOFTMAX: if (!TF_WANTS(TF_STEP_SOFTMAX)) return -1;
+        softmax(arena, (const tf_softmax_args *)p); break;
+    case TF_STEP_CHANNEL_NORM: if (!TF_WANTS(TF_STEP_CHANNEL_NORM)) return -1;
+        channel_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_INSTANCE_NORM: if (!TF_WANTS(TF_STEP_INSTANCE_NORM)) return -1;
+        instance_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_CHANNEL_REDUCE: if (!TF_WANTS(TF_STEP_CHANNEL_REDUCE)) return -1;
+        channel_reduce(arena, (const tf_global_args *)p); break;
+    case TF_STEP_ELTWISE: if (!TF_WANTS(TF_STEP_ELTWISE)) return -1;
+        eltwise(arena, weights, (const tf_eltwise_args *)p); break;
+    case TF_STEP_AFFINE: if (!TF_WANTS(TF_STEP_AFFINE)) return -1;
+        affine(arena, weights, (const tf_affine_args *)p); break;
+    case TF_STEP_LRN: if (!TF_WANTS(TF_STEP_LRN)) return -1; lrn(arena, (const tf_lrn_args *)p); break;
+    case TF_STEP_CONCAT: if (!TF_WANTS(TF_STEP_CONCAT)) return -1;
+        concat(arena, (const tf_concat_args *)p); break;
+    case TF_STEP_PAD: if (!TF_WANTS(TF_STEP_PAD)) return -1; pad(arena, (const tf_pad_args *)p); break;
+    case TF_STEP_RESIZE: if (!TF_WANTS(TF_STEP_RESIZE)) return -1;
+        resize(arena, indices, (const tf_resize_args *)p); break;
+    case TF_STEP_COPY: if (!TF_WANTS(TF_STEP_COPY)) return -1; copy(arena, (const tf_copy_args *)p); break;
+    case TF_STEP_SHUFFLE: if (!TF_WANTS(TF_STEP_SHUFFLE)) return -1;
+        shuffle(arena, (const tf_shuffle_args *)p); break;
+    case TF_STEP_MOVES: if (!TF_WANTS(TF_STEP_MOVES)) return -1;
+        moves(arena, (const tf_moves_args *)p); break;
+    case TF_STEP_DECONV: if (!TF_WANTS(TF_STEP_DECONV)) return -1;
+        deconv(arena, weights, (const tf_deconv_args *)p); break;
+    case TF_STEP_INTERP: if (!TF_WANTS(TF_STEP_INTERP)) return -1;
+        interp(arena, weights, indices, (const tf_interp_args *)p); break;
     /* issue 38 */
-    case TF_STEP_MATMUL: matmul(arena, (const tf_matmul_args *)p); break;
-    case TF_STEP_REDUCE: reduce(arena, (const tf_reduce_args *)p); break;
-    case TF_STEP_LINEAR: linear(arena, weights, (const tf_linear_args *)p); break;
+    case TF_STEP_MATMUL: if (!TF_WANTS(TF_STEP_MATMUL)) return -1;
+        matmul(arena, (const tf_matmul_args *)p); break;
+    case TF_STEP_REDUCE: if (!TF_WANTS(TF_STEP_REDUCE)) return -1;
+        reduce(arena, (const tf_reduce_args *)p); break;
+    case TF_STEP_LINEAR: if (!TF_WANTS(TF_STEP_LINEAR)) return -1;
+        linear(arena, weights, (const tf_linear_args *)p); break;
     case TF_STEP_INPUT: {
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;
@@ -2254,7 +2282,7 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
                           src, x->sn, x->sc, x->sh, x->sw);
     }
     default:
-        if (!run_int8(arena, weights, step->kind, p)) return -1;
+        if (!(TF_KINDS & TF_INT8_KINDS) || !run_int8(arena, weights, step->kind, p)) return -1;
     }
     return 0;
 }
