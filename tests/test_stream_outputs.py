@@ -135,3 +135,7 @@ def test_plan_command_streams_outputs(model_file, tmp_path, capsys):
     assert main(["plan", model_file, "--method", "reuse", "--stream-outputs"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--stream-outputs goes with --method parts" in err[0]
+    assert main(["fit", model_file, "--target", "cortex-m7", "--ram", "256KiB", "--flash", "1MiB", "--export",
+                 str(tmp_path / "fw"), "--stream-outputs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stream-outputs does not go with --target cortex-m7" in err[0]

@@ -357,6 +357,8 @@ def _fit_budget(o: FitOptions) -> int | None:
         return o.budget
     if not (o.ram and o.flash and o.export):
         raise OptionError(f"--target {o.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
+    if o.stream_outputs:
+        raise OptionError(f"--stream-outputs does not go with --target {o.target} (its program reads the outputs from the arena)")
     if o.budget is not None or o.with_params or o.min_fps:
         raise OptionError(f"with --target {o.target} the budget is what --ram leaves (the weights live in --flash): "
                           "leave out --budget, --with-params and --min-fps")

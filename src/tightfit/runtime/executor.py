@@ -142,7 +142,8 @@ class ArenaExecutor:
     def run(self, inputs, frame: int = 0) -> list[dict[str, np.ndarray]]:
         """One input per model (an array, anything numpy reads as one, or a RowSource; for a model
         of several inputs {input name: one of those}); returns per model its outputs as views into
-        the arena (valid until the next run)."""
+        the arena (a streamed output: the executor's own array its rows were stored into), valid
+        until the next run."""
         xs = [inputs] if _single(inputs) else list(inputs)
         copy = frame % len(self.frames)
         for p, part in zip(self.plan.partitions, self.frames[copy]):
