@@ -2,7 +2,7 @@
 acceptance 2), and MAFAT's experiment as a real process under a memory limit (acceptance 3).
 
     .venv/bin/python bench/export.py [--rounds 3] [--runs 3] [--only MODEL,...] [--skip-emx] [--skip-mafat]
-                                     [--mafat-budgets 64,32,16] [--mafat-plans DIR64,DIR32,DIR16]
+                                     [--mafat-budgets 64,32,16] [--mafat-plans DIR64,DIR32,DIR16] [--mafat-cc CC]
 
 Part 1, per plan (mobilenet_v2 and resnet18 reuse; mobilenet_v2 tiled and by parts aiming at 1/2
 and 1/8 of its reuse arena; tiny-yolov2 and yolov2-16 reuse and tiled aiming at 1/8 of theirs; the
@@ -25,10 +25,14 @@ C, Python and ORT are timed interleaved: every round times each of them `--runs`
 plan, and the median over all rounds is printed. One thread everywhere.
 
 Part 2, MAFAT Table 4.1 for real: yolov2-16 plans fitted by `tightfit fit yolov2-16 --budget B
---with-params` (B a little below 64, 32 and 16 MiB so that the program's code, libc and stack fit
-too), exported, built, run: the whole process's peak against the budget, and the binary run under
-`prlimit --data=BUDGET` and `prlimit --as=BUDGET` (exit status and outputs compared). Latency
-ratio against the yolov2-16 reuse plan exported the same way, beside MAFAT's.
+--with-params --stream-outputs` (B a little below 64, 32 and 16 MiB so that the program's code,
+libc and stack fit too; the output leaves by rows as the input arrives, so neither is ever whole
+in memory), exported, built with `--mafat-cc` (default musl-gcc where installed: a static musl
+program maps about 0.6 MiB less code than a static glibc one; else cc), run: the whole process's
+peak against the budget, and the binary run under `prlimit --data=BUDGET` and `prlimit
+--as=BUDGET` (exit status and outputs compared). With musl, each budget's program is also built
+with cc (glibc, static) and its peak printed beside. Latency ratio against the yolov2-16 reuse
+plan exported the same way, beside MAFAT's.
 """
 from __future__ import annotations
 
@@ -404,6 +408,9 @@ def print_part1(rows: list[Row], emxs: dict, ort_peaks: dict, peak_load: float) 
 def part2(args, work: Path) -> None:
     print()
     print("Part 2: MAFAT Table 4.1 as a real process (yolov2-16, 608x608; budgets count weights + the whole process)")
+    cc = mafat_compiler(args.mafat_cc)
+    print(f"C compiler: {cc} ({'musl' if 'musl' in Path(cc).name else 'the system C library'}, static where it links so), "
+          f"flags {' '.join(DEFAULT_CFLAGS)}")
     plan, graphs = tightfit.api.plan("yolov2-16")
     cases = [("unconstrained (reuse)", None, plan, graphs)]
     budgets = [int(b) for b in args.mafat_budgets.split(",")]
@@ -418,16 +425,19 @@ def part2(args, work: Path) -> None:
         report = Path(path).with_name("report.json")
         fits = json.loads(report.read_text()).get("fits", True) if report.exists() else True
         cases.append((f"{budget_mib} MiB" + ("" if fits else " (fit: none fits; closest)"), budget_mib, p, g))
-    results = []
+    results, glibc = [], {}
     for label, budget_mib, p, g in cases:
         if p is None:
             results.append((label, budget_mib, None))
             continue
         folder = work / f"mafat-{budget_mib or 'reuse'}"
         sources = export(p, g, folder, force=True)
-        chk = check_export(p, g, sources, folder, runs=1)
+        chk = check_export(p, g, sources, folder, runs=1, cc=cc)
         limited = {kind: prlimit_run(chk, p, g, sources, folder, kind, budget_mib) for kind in ("data", "as")} if budget_mib else {}
         results.append((label, budget_mib, (chk, limited, p, g, sources)))
+        if budget_mib and "musl" in Path(cc).name:  # the same program on the system's libc, for comparison
+            glibc[label] = check_export(p, g, export(p, g, work / f"mafat-{budget_mib}-cc", force=True),
+                                        work / f"mafat-{budget_mib}-cc", runs=1)
         print(f"  {label}: built and run", flush=True)
     # Latencies: every program timed in turn, --rounds rounds, input read whole first (-p).
     times: dict[str, list[float]] = {label: [] for label, _, res in results if res is not None}
@@ -462,6 +472,12 @@ def part2(args, work: Path) -> None:
     for label, budget_mib, res in results:
         if budget_mib is not None:
             print(f"  {label:<34} {verdict(mafat_checks(budget_mib, res))}")
+    for label, other in glibc.items():
+        budget_mib = next(b for l, b, _ in results if l == label)
+        print(f"{label}: the same plan built with cc (static, the system C library): peak {human(other.peak_rss)} "
+              f"(code {human(other.code_bytes)}), {'within' if other.peak_rss <= budget_mib * MiB else 'NOT within'} "
+              f"{budget_mib} MiB by {human(abs(budget_mib * MiB - other.peak_rss))}"
+              + ("" if other.ok else "  OUTPUTS DIFFER"))
     for label, budget_mib, res in results:
         if res is not None and budget_mib is not None and res[0].peak_rss > budget_mib * MiB:
             chk = res[0]
@@ -502,7 +518,8 @@ def fit_yolov2_16(budget_mib: int, work: Path) -> Path:
     fit_budget = budget_mib * MiB - FIT_MARGIN
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tightfit.cli", "fit", "yolov2-16", "--budget", str(fit_budget),
-                           "--with-params", "--best-effort", "--out", str(folder), "--force", "--json"], capture_output=True, text=True)
+                           "--with-params", "--stream-outputs", "--best-effort", "--out", str(folder), "--force", "--json"],
+                          capture_output=True, text=True)
     took = time.perf_counter() - t0
     if done.returncode != 0:
         print(f"  {budget_mib} MiB: fit to {human(fit_budget)} (with params) stopped after {took:.0f} s: "
@@ -510,6 +527,13 @@ def fit_yolov2_16(budget_mib: int, work: Path) -> Path:
     else:
         print(f"  {budget_mib} MiB: fitted to {human(fit_budget)} (with params) in {took:.0f} s", flush=True)
     return folder
+
+
+def mafat_compiler(given: str | None) -> str:
+    """The C compiler of part 2: the one given, else musl-gcc where installed (a static musl program
+    maps about 0.6 MiB less code than a static glibc one: MAFAT's 16 MiB counts the whole process),
+    else cc."""
+    return given or ("musl-gcc" if shutil.which("musl-gcc") else "cc")
 
 
 def prlimit_run(chk, plan, graphs, sources, folder: Path, kind: str, budget_mib: int) -> str:
@@ -548,6 +572,7 @@ def main() -> int:
                     help="the MiB budgets of part 2, comma-separated (default 64,32,16)")
     ap.add_argument("--mafat-plans", help="folders written by `tightfit fit yolov2-16 --budget B --with-params --out DIR`"
                     " for the --mafat-budgets, comma-separated (default: fit them here, minutes each)")
+    ap.add_argument("--mafat-cc", help="the C compiler of part 2 (default musl-gcc where installed, else cc)")
     ap.add_argument("--keep", help="build here instead of a temporary folder")
     args = ap.parse_args()
     set_torch_threads(1)  # one thread everywhere (the header says so)

@@ -248,3 +248,21 @@ def test_step_tables_refuse_what_32_bit_offsets_cannot_reach(counts):
     _check_index_range(INDEX_LIMIT - 1, INDEX_LIMIT - 1, INDEX_LIMIT - 1)
     with pytest.raises(ExportError, match="32 bits"):
         _check_index_range(*counts)
+
+
+def test_program_leaves_out_the_kernels_its_plan_does_not_run(tmp_path):
+    """The build passes the plan's step kinds (TF_KINDS, also in the Makefile): the kernels of the
+    other kinds are left out of the program's code, and its outputs are the same."""
+    plan, graphs = tightfit.api.plan("minakova5", method="parts", rows=2)
+    sources = export(plan, graphs, tmp_path / "out")
+    (kinds,) = sources.defines
+    mask = int(kinds.removeprefix("-DTF_KINDS=").removesuffix("ULL"), 16)
+    from tightfit.ops.abi import STEP
+
+    kinds_run = {k for k, v in STEP.items() if mask >> v & 1}
+    assert {"conv", "input"} <= kinds_run and not kinds_run & {"gemm", "softmax", "qconv", "matmul", "deconv"}, kinds_run
+    assert kinds in (tmp_path / "out" / "Makefile").read_text()
+    c = check(plan, graphs, sources, tmp_path / "out", cflags=PORTABLE)
+    assert c.ok
+    every = build(tmp_path / "out", sources.name, cflags=PORTABLE)  # no TF_KINDS: every kernel
+    assert c.built.text < every.text - 20_000, (c.built.text, every.text)  # -O2 portable: 38 KB less

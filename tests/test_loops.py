@@ -102,7 +102,7 @@ def _walked(args: list[Args], threads: int = 1) -> np.ndarray:
     arena = np.arange(4000, dtype=np.float32)
     table = library.StepTable(args)
     status = library.library().tf_run(arena.ctypes.data, arena.ctypes.data, arena.ctypes.data, table.address,
-                                      table.count, None, threads)
+                                      table.count, None, None, threads)
     assert status == 0
     return arena
 
@@ -131,4 +131,4 @@ def test_a_table_nested_deeper_than_the_library_walks_fails_the_run():
     arena = np.zeros(64, np.float32)
     table = library.StepTable(inner)
     assert library.library().tf_run(arena.ctypes.data, arena.ctypes.data, arena.ctypes.data, table.address,
-                                    table.count, None, 1) == -1
+                                    table.count, None, None, 1) == -1

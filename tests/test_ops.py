@@ -1135,7 +1135,7 @@ def _run_step(case: Case, region: Region, arena: _Arena, ins: list[int], out: in
     weights, indices = Pool(np.float32), Pool(np.int32)
     args = layer_args(Bind(graph, region, out_shape[0], 0, weights, indices), layer, xs, y)
     table, w, idx = library.StepTable([args]), weights.array(), indices.array()
-    library.library().tf_run(arena.data.ctypes.data, w.ctypes.data, idx.ctypes.data, table.address, 1, None, 1)
+    library.library().tf_run(arena.data.ctypes.data, w.ctypes.data, idx.ctypes.data, table.address, 1, None, None, 1)
 
 
 def _compute_region(case: Case, region: Region, whole: np.ndarray, fmt_in: str, fmt_out: str) -> None:

@@ -160,6 +160,6 @@ def test_shift_within_a_buffer_without_a_temporary(shift, dim):
     y = View(dst0 * strides[dim], dims, strides)
     expected = buf.take(range(src0, src0 + size), axis=dim).copy()
     table = library.StepTable([Args("copy", "tf_copy_args", (x, y))])
-    library.library().tf_run(buf.ctypes.data, buf.ctypes.data, buf.ctypes.data, table.address, 1, None, 1)
+    library.library().tf_run(buf.ctypes.data, buf.ctypes.data, buf.ctypes.data, table.address, 1, None, None, 1)
     assert np.array_equal(buf.take(range(dst0, dst0 + size), axis=dim), expected)
 

@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout-map", action="store_true", help="print the arena layout")
     p.add_argument("--inplace", action="store_true", help="lay layers' outputs over their own inputs' bytes where the "
                    "kernel's walk allows (in-place depthwise and int8 convolutions, elementwise ops) and the arena shrinks")
+    p.add_argument("--stream-outputs", action="store_true", help="--method parts: hand the model's outputs over by rows "
+                   "as they are computed (the arena never holds them whole; the caller takes the rows)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("csdf", help="the model as a cyclo-static dataflow graph (Minakova & Stefanov Alg. 1)")
@@ -177,6 +179,8 @@ def _fit_parser(sub) -> None:
                         "(default 1; its fps are reported at this count)")
     p.add_argument("--export", help="also export the chosen plan as a C program into this folder (see `tightfit export`)")
     p.add_argument("--force", action="store_true", help="replace existing non-empty --out and --export folders (whole, in one step)")
+    p.add_argument("--stream-outputs", action="store_true", help="plans by parts may hand the outputs over by rows as "
+                   "they are computed (the arena never holds them whole; the caller takes the rows)")
     p.add_argument("--target", default="host", choices=("host", "aarch64-linux", "cortex-m7", "cortex-m4"),
                    help="with --export: aarch64-linux, the program for a 64-bit Arm Linux board (its Makefile cross-compiles "
                         "it); or a microcontroller: the budget is then what --ram leaves after the stack and the "
@@ -346,7 +350,7 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
                        held=tuple(int(h) if h.isdigit() else h for h in args.hold.split(",") if h),
                        time_limit=args.time_limit if args.budget is not None else None, allow_code=args.allow_code,
                        reprofile=args.reprofile, out=args.out, layout_map=args.layout_map, inplace=args.inplace,
-                       say=_say(args))
+                       stream_outputs=args.stream_outputs, say=_say(args))
 
 
 def csdf_options(args: argparse.Namespace) -> CsdfOptions:
@@ -364,7 +368,7 @@ def fit_options(args: argparse.Namespace) -> FitOptions:
     return FitOptions(args.model, _size(args.budget), args.with_params, args.min_fps, args.objective, args.seed,
                       args.best_effort, args.thorough, args.time_limit, _input_shape(args), args.batch, args.allow_code,
                       args.out, args.export, args.force, args.target, args.ram, args.flash, args.threads, say=_say(args),
-                      inplace=args.inplace)
+                      inplace=args.inplace, stream_outputs=args.stream_outputs)
 
 
 def export_options(args: argparse.Namespace) -> ExportOptions:

@@ -45,7 +45,8 @@ class PlanOptions:
     (layers held whole) go with method "parts"; `tiling` ("0-7:5x5,8-15:2x2:reuse") with
     "tiling"; `unit_bytes` and `latency` with "vbs". `inplace`: the plan then lays layers' outputs
     over their own inputs' bytes where the kernels' walks allow (ops/walks.py) and that shrinks
-    the arena (plan/overlay.overlap_in_place). With `budget` (bytes of run memory) the
+    the arena (plan/overlay.overlap_in_place). `stream_outputs` (with "parts"): the outputs are
+    handed to the caller by rows as they are computed, never whole in the arena. With `budget` (bytes of run memory) the
     technique's search picks the fastest plan that fits, timed by `cost` (default this machine's
     profile, measured again with `reprofile`) within `time_limit` seconds of search. `out`: the
     plan file to write."""
@@ -70,6 +71,7 @@ class PlanOptions:
     out: str | None = None
     layout_map: bool = False
     inplace: bool = False
+    stream_outputs: bool = False
     cost: CostModel | None = field(default=None, compare=False)
     say: Callable[[str], None] = field(default=silent, compare=False)
 
@@ -112,7 +114,8 @@ class FitOptions:
     `input_shape`, `batch`, `allow_code`, the folders `out` and `export` (replaced whole only with
     `force`), a microcontroller `target` with its `ram` and `flash` as written, and `threads`: the
     threads the chosen plan's candidates are timed with and the chosen plan is verified and measured
-    with (tf_run's: a convolution's rows are shared, the outputs the same bits). What a caller
+    with (tf_run's: a convolution's rows are shared, the outputs the same bits); `stream_outputs`:
+    plans by parts may hand the outputs over by rows as they are computed (never whole in the arena). What a caller
     supplies: `cost` (default this machine's profile), `measure` (the peak in a fresh process),
     `timer` (a plan's fps per CNN; default measured), `sources` (the techniques asked for
     candidates), `progress`, `say`, and `search` (techniques.fit.SearchOptions: the genetic
@@ -139,6 +142,7 @@ class FitOptions:
     ram: str | None = None
     flash: str | None = None
     threads: int = 1
+    stream_outputs: bool = False
     cost: CostModel | None = field(default=None, compare=False)
     measure: bool = True
     timer: Callable[[Any, Sequence], Sequence[float]] | None = field(default=None, compare=False)

@@ -161,6 +161,8 @@ def _check_plan_options(o: PlanOptions) -> PlanOptions:
         raise OptionError("--tiling goes with --method tiling")
     if o.held and o.method != "parts":
         raise OptionError("--hold goes with --method parts")
+    if o.stream_outputs and o.method != "parts":
+        raise OptionError("--stream-outputs goes with --method parts (fit: its plans by parts)")
     return o
 
 
@@ -207,7 +209,9 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
     settings = {"parts": dict(phases=_phases_of(o.phases, model.graph), rows=o.rows, held=tuple(o.held)),
                 "tiling": dict(tiling=o.tiling), "vbs": {}}.get(o.method, {})
     config = Config(o.layout, "fp32", o.planner, o.order, {k: v for k, v in settings.items() if v})
+    streamed = {"stream_outputs": True} if o.stream_outputs else {}
     if o.budget is None:
+        config = replace(config, settings={**config.settings, **streamed})
         if o.method == "parts" and o.inplace:  # its overlay blocks kept only where they help
             config = replace(config, settings={**config.settings, "inplace": True})
         if o.method == "tiling" and not o.tiling:
@@ -219,6 +223,7 @@ def _drafted_or_searched(o: PlanOptions, model: PlannedModel) -> Plan:
         raise OptionError({"parts": "give --budget, --rows or --phases, not several (--hold goes with --rows or --phases)",
                            "tiling": "--method tiling needs --tiling FIRST-LAST:NxM,... or --budget SIZE (one of them)"
                            }[o.method])
+    config = replace(config, settings={**config.settings, **streamed})
     return plan_for_budget(o.method, model, o.budget, config, o.cost, o.time_limit, o.say,
                            dict(unit_bytes=o.unit_bytes, latency=o.latency) if o.method == "vbs" else {})
 
@@ -355,6 +360,8 @@ def _fit_budget(o: FitOptions) -> int | None:
         return o.budget
     if not (o.ram and o.flash and o.export):
         raise OptionError(f"--target {o.target} needs --ram, --flash and --export, e.g. --ram 512KiB --flash 2MiB --export fw")
+    if o.stream_outputs:
+        raise OptionError(f"--stream-outputs does not go with --target {o.target} (its program reads the outputs from the arena)")
     if o.budget is not None or o.with_params or o.min_fps:
         raise OptionError(f"with --target {o.target} the budget is what --ram leaves (the weights live in --flash): "
                           "leave out --budget, --with-params and --min-fps")

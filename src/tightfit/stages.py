@@ -273,7 +273,8 @@ def _fit_search(app: FitApp, o: FitOptions, constraints: Constraints, counted: i
     source_budget = 0 if o.budget is None else max(o.budget - counted, 0)
 
     def searched(predict, deadline) -> tuple[FitProblem, FitSearch]:
-        problem = FitProblem(app, predict.plan_seconds, counted, cost=predict, thorough=o.thorough)
+        problem = FitProblem(app, predict.plan_seconds, counted, cost=predict, thorough=o.thorough,
+                             stream_outputs=o.stream_outputs)
         options = replace(o.search or SearchOptions(), seed=o.seed, sources=o.sources, source_budget=source_budget,
                           progress=o.progress, deadline=deadline, say=o.say)
         return problem, search(problem, constraints, options)

@@ -88,7 +88,7 @@ def check(sources: Sources, directory: str | Path, inputs: Sequence[np.ndarray],
     outputs with `references` (every output of every CNN, in order), and measure the whole process;
     a run past `options.timeout_s` is an ExportError."""
     directory = Path(directory)
-    built = build(directory, sources.name, options.cc, options.cflags, options.sanitize)
+    built = build(directory, sources.name, options.cc, options.cflags, options.sanitize, defines=sources.defines)
     weights = directory / "weights.bin" if sources.weights_in_file else None
     ran = run(built.binary, inputs, [r.size for r in references], options.runs, weights, options.timeout_s)
     c = worst(compare(got.reshape(ref.shape), ref) for got, ref in zip(ran.outputs, references))

@@ -63,10 +63,12 @@ class Built:
 
 
 def build(directory: Path, name: str, cc: str | None = None, cflags: Sequence[str] | None = None,
-          sanitize: bool = False, timeout: float = 1800) -> Built:
-    """Compile the exported program in `directory` (warnings are errors); ExportError on failure."""
+          sanitize: bool = False, timeout: float = 1800, defines: Sequence[str] = ()) -> Built:
+    """Compile the exported program in `directory` (warnings are errors), with `defines` (-D flags:
+    codegen.Sources.defines) besides the flags; ExportError on failure."""
     directory = Path(directory)
-    flags = list(cflags if cflags is not None else DEFAULT_CFLAGS) + WARNINGS + (SANITIZE if sanitize else [])
+    flags = (list(cflags if cflags is not None else DEFAULT_CFLAGS) + list(defines) + WARNINGS
+             + (SANITIZE if sanitize else []))
     binary = directory / (name + ("-asan" if sanitize else ""))
     sources = ["main.c", f"{name}.c", "tf_kernels.c"]
     with tempfile.TemporaryDirectory(prefix="tightfit-cc-") as tmp:

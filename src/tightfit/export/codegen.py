@@ -21,7 +21,7 @@ from tightfit.kernels.step_args import (BINDERS, Acts, Args, Array, Code, Contex
                                        access_view, buffer_strides, step_args)
 from tightfit.graph.forms import file_shape, nhwc_input, nhwc_output
 from tightfit.graph.ir import Graph
-from tightfit.plan.lifetimes import output_accesses
+from tightfit.plan.lifetimes import output_accesses, streamed_outputs
 from tightfit.plan.schema import Plan, Step
 
 C_DIR = Path(__file__).with_name("c")
@@ -104,6 +104,10 @@ class Sources:
     weight_bytes: int
     arena_bytes: int
     steps: int
+    streams_outputs: bool = False  # outputs handed to sinks by rows (the host program writes them as they come)
+    # The -D flags the program is built with: its plan's step kinds (TF_KINDS, tf_kernels.c), so that
+    # the kernels of the others are left out of its code.
+    defines: tuple[str, ...] = ()
 
 
 def c_name(name: str) -> str:
@@ -148,7 +152,8 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
     ctxs = [Context(plan, graphs, c) for c in range(copies)]
     for c in ctxs[1:]:  # one pool of constants for every frame copy
         c.weights, c.indices = ctxs[0].weights, ctxs[0].indices
-    body, tables, counts = _step_tables(plan, graphs, ctxs)
+    body, tables, counts, mask = _step_tables(plan, graphs, ctxs)
+    kinds = f"-DTF_KINDS={mask:#x}ULL"
     weights_arr = ctxs[0].weights.array()
     _check_index_range(plan.arena_bytes // 4, weights_arr.size, ctxs[0].indices.array().size)
     in_file = weights == "file" or (weights == "auto" and weights_arr.size > C_WEIGHTS_LIMIT)
@@ -160,27 +165,28 @@ def generate(plan: Plan, graphs: Sequence[Graph], name: str = "model", weights: 
         **{f: (KERNELS_DIR / f).read_bytes() for f in KERNEL_FILES},
         "main.c": (C_DIR / "main.c").read_text().replace("MODEL_", upper + "_").replace("model_", name + "_")
                    .replace('"model.h"', f'"{name}.h"').encode(),
-        "Makefile": (C_DIR / "Makefile").read_text().replace("@NAME@", name).encode(),
+        "Makefile": (C_DIR / "Makefile").read_text().replace("@NAME@", name).replace("@KINDS@", kinds).encode(),
     }
     if in_file:
         files["weights.bin"] = weights_arr.astype("<f4").tobytes()
-    return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions))
+    return Sources(name, files, in_file, int(weights_arr.size) * 4, plan.arena_bytes, sum(len(p.steps) for p in plan.partitions),
+                   bool(streamed_outputs(plan)), (kinds,))
 
 
 INDEX_LIMIT = 2**31  # tf_int, the step tables' offsets, sizes and strides: int32_t
 
 
-def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str], dict]:
+def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -> tuple[list[str], list[str], dict, int]:
     """Each partition's step table (kernels/loops.py's rows: a {kind, args} row a step, a run of
     steps repeated over bands or tiles as one REPEAT row and its first iteration) and the argument
     structs they point to, each distinct struct once, so that the program's constants grow with
     the layers and the plan's period, not with every step. Also each table's row count, by
-    partition id and frame copy."""
+    partition id and frame copy, and the TF_KINDS bits of the step kinds the tables hold."""
     body: list[str] = []
     counts: dict[int, list[int]] = {}
     tables: list[str] = []
     shared: dict[tuple[str, str], str] = {}
-    copies = len(ctxs)
+    copies, mask = len(ctxs), 0
     for p in plan.partitions:
         g = graphs[p.model]
         lays = f"layers {p.layers[0]}-{p.layers[-1]}" if p.layers else "no layers"
@@ -191,6 +197,7 @@ def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -
             rows = []
             for i, a in enumerate(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps])):
                 e = emit_args(a)
+                mask |= 1 << Code("STEP", a.kind).value
                 name = shared.get((e.ctype, e.init))
                 if name is None:
                     name = shared[(e.ctype, e.init)] = f"{label}_s{i}"
@@ -199,7 +206,7 @@ def _step_tables(plan: Plan, graphs: Sequence[Graph], ctxs: Sequence[Context]) -
                 rows.append(f"    {{{e.kind}, &{name}}}")
             tables.append(f"static const tf_step {label}[] = {{\n" + (",\n".join(rows) or "    {0, NULL}") + "\n};")
             counts.setdefault(p.id, []).append(len(rows))
-    return body, tables, counts
+    return body, tables, counts, mask
 
 
 def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) -> None:
@@ -210,11 +217,14 @@ def _check_index_range(arena_floats: int, weight_floats: int, index_count: int) 
                               f"(at most {INDEX_LIMIT - 1})")
 
 
-def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View]]]:
+def _outputs(plan: Plan, graphs: Sequence[Graph], ctxs: list[Context]) -> list[list[tuple[int, str, View | None]]]:
     """Per frame copy: (model, tensor, view) of every model output, in model and output order; an
-    output the model file gives channels-last is read in that order (its view's dims permuted)."""
-    accesses = output_accesses(plan, graphs)
-    return [[(m, a.tensor, _file_order(graphs[m], a.tensor, ctx.view(m, a))) for m, a in accesses] for ctx in ctxs]
+    output the model file gives channels-last is read in that order (its view's dims permuted); a
+    streamed output (handed to a sink by rows, never whole in the arena) has no view (None)."""
+    accesses = {(m, a.tensor): a for m, a in output_accesses(plan, graphs)}
+    every = [(m, t) for m, g in enumerate(graphs) for t in g.outputs]
+    return [[(m, t, _file_order(graphs[m], t, ctx.view(m, accesses[(m, t)])) if (m, t) in accesses else None)
+             for m, t in every] for ctx in ctxs]
 
 
 def _file_order(g: Graph, tensor: str, v: View) -> View:
@@ -254,6 +264,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
     lines += [
         f"#define {upper}_INPUT_ELEMS {sum(prod((ref0.batch,) + g0.shape(t)[1:]) for t in g0.inputs)} /* CNN 0's, every input */",
         f"#define {upper}_MAX_INPUTS {max(len(g.inputs) for g in graphs)}",
+        f"#define {upper}_MAX_OUTPUTS {max(len(g.outputs) for g in graphs)}",
         f"#define {upper}_OUTPUT_ELEMS {prod((ref0.batch,) + g0.shape(g0.outputs[0])[1:])} /* CNN 0's first output */",
         f"#define {upper}_INPUT_N {n}", f"#define {upper}_INPUT_C {c}", f"#define {upper}_INPUT_H {h}", f"#define {upper}_INPUT_W {wd}",
         f"#define {upper}_INPUT_ITEM {_input_item(g0, g0.inputs[0])} /* CNN 0's first input: bytes a value "
@@ -273,6 +284,7 @@ def _header(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file:
         f"int {name}_run_cnn(void *arena, {w}int cnn, long frame, const tf_source *inputs, int threads);",
         "/* One partition: partitions of a pipeline may run in threads of their own, one frame apart. */",
         f"int {name}_run_partition(void *arena, {w}int partition, long frame, const tf_source *inputs, int threads);",
+        *_streaming_declarations(name, w),
         f"/* Elements [first, first + count) of output `k` of CNN `cnn` (in the model file's order: NCHW, or",
         " * NHWC for an output the file gives channels-last, as _OUTPUTk_ELEMS says) after frame `frame`, as",
         " * floats (an int8 output's integers); _read_int8: an int8 output's int8 values (output_item 1). */",
@@ -324,6 +336,24 @@ def _cnn_defines(g: Graph, ref, m: int, upper: str) -> list[str]:
         lines.append(f"#define {upper}_CNN{m}_OUTPUT{k}_ELEMS {prod(oshape)} /* {t}: {'x'.join(map(str, oshape))} "
                      f"{_layout(g, t)} */")
     return lines
+
+
+def _streaming_declarations(name: str, w: str) -> list[str]:
+    """The header's runs with output sinks, for a plan that streams outputs."""
+    return [
+        "/* The same with `outputs`: one sink per output of the CNN, in its output order, for a plan that streams",
+        f" * outputs ({name}_output_streamed: handed over by rows as they are computed, never whole in the arena;",
+        " * _read does not read those); NULL where it streams none (the _run functions above pass NULL: a run of",
+        " * a plan that streams outputs then stops with status -2). */",
+        f"int {name}_run_cnn_io(void *arena, {w}int cnn, long frame, const tf_source *inputs, const tf_sink *outputs,",
+        "                      int threads);",
+        f"int {name}_run_partition_io(void *arena, {w}int partition, long frame, const tf_source *inputs,",
+        "                            const tf_sink *outputs, int threads);",
+        f"/* 1 when output `k` of CNN `cnn` is streamed (to the sink of run_cnn_io), 0 when read from the arena;",
+        " * its shape (N, C, H, W). */",
+        f"int {name}_output_streamed(int cnn, int k);",
+        f"const long *{name}_output_shape_of(int cnn, int k);",
+    ]
 
 
 def _reads_c(graphs: Sequence[Graph], outputs: list, name: str, copies: int) -> list[str]:
@@ -427,7 +457,9 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"    {{{p.model}, {{{', '.join(map(str, counts[p.id]))}}}, {{{', '.join(f'p{p.id}' + (f'_f{c}' if copies > 1 else '') for c in range(copies))}}}}}"
         for p in plan.partitions)
     order = sorted(range(len(plan.partitions)), key=lambda i: plan.partitions[i].id)
-    outs = ",\n".join("    {" + ", ".join(view_c(v) for _, _, v in frame) + "}" for frame in outputs)
+    outs = ",\n".join("    {" + ", ".join("{0}" if v is None else view_c(v) for _, _, v in frame) + "}" for frame in outputs)
+    streamed = streamed_outputs(plan)
+    flags = ", ".join("1" if (m, t) in streamed else "0" for m, t, _ in outputs[0])
     first_out = [0]
     for m in range(len(graphs)):
         first_out.append(first_out[-1] + len(graphs[m].outputs))
@@ -438,23 +470,36 @@ def _model_c(plan: Plan, graphs: Sequence[Graph], name: str, upper: str, in_file
         f"static const tf_view model_outputs[{copies}][{len(outputs[0])}] = {{\n{outs}\n}};",
         f"static const int model_first_output[{len(first_out)}] = {{{', '.join(map(str, first_out))}}};",
         "",
-        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
+        f"int {name}_run_partition_io(void *arena, {w_param}int partition, long frame, const tf_source *inputs,",
+        "                            const tf_sink *outputs, int threads) {",
         f"    if (partition < 0 || partition >= {len(plan.partitions)}) return -1;",
         f"    const model_partition *p = &model_partitions[partition];",
-        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count[frame % {copies}], inputs, threads);",
+        f"    return tf_run((float *)arena, {w_use}, model_indices, p->steps[frame % {copies}], p->count[frame % {copies}], inputs,",
+        "                  outputs, threads);",
         "}", "",
-        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
+        f"int {name}_run_partition(void *arena, {w_param}int partition, long frame, const tf_source *inputs, int threads) {{",
+        f"    return {name}_run_partition_io(arena, {w_arg}partition, frame, inputs, NULL, threads);", "}", "",
+        f"int {name}_run_cnn_io(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, const tf_sink *outputs,",
+        "                      int threads) {",
         f"    for (int i = 0; i < {len(order)}; i++) {{",
         f"        const int k = model_order[i];",
         f"        if (model_partitions[k].model != cnn) continue;",
-        f"        const int status = {name}_run_partition(arena, {w_arg}k, frame, inputs, threads);",
+        f"        const int status = {name}_run_partition_io(arena, {w_arg}k, frame, inputs, outputs, threads);",
         f"        if (status) return status;",
         "    }",
         "    return 0;", "}", "",
+        f"int {name}_run_cnn(void *arena, {w_param}int cnn, long frame, const tf_source *inputs, int threads) {{",
+        f"    return {name}_run_cnn_io(arena, {w_arg}cnn, frame, inputs, NULL, threads);", "}", "",
         *_inputs_c(graphs, name, upper, w_param, w_arg),
         *_reads_c(graphs, outputs, name, copies),
         f"static const long model_output_elems[{max(len(outputs[0]), 1)}] = {{"
-        + ", ".join(str(v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3]) for _, _, v in outputs[0]) + "};",
+        + ", ".join(str(prod((plan.models[m].batch,) + graphs[m].shape(t)[1:])) for m, t, _ in outputs[0]) + "};",
+        f"static const int model_output_streams[{max(len(outputs[0]), 1)}] = {{{flags or '0'}}};",
+        f"int {name}_output_streamed(int cnn, int k) {{ return model_output_streams[model_first_output[cnn] + k]; }}",
+        f"static const long model_output_shapes[{max(len(outputs[0]), 1)}][4] = {{"
+        + ", ".join("{" + ", ".join(map(str, _dims4((plan.models[m].batch,) + graphs[m].shape(t)[1:]))) + "}"
+                    for m, t, _ in outputs[0]) + "};",
+        f"const long *{name}_output_shape_of(int cnn, int k) {{ return model_output_shapes[model_first_output[cnn] + k]; }}",
         f"int {name}_outputs(int cnn) {{ return model_first_output[cnn + 1] - model_first_output[cnn]; }}",
         f"long {name}_output_elems(int cnn, int k) {{ return model_output_elems[model_first_output[cnn] + k]; }}", "",
         f"void {name}_read_output(const void *arena, float *dst) {{",

@@ -78,6 +78,19 @@ class Tensor(ctypes.Structure):
                 ("item", ctypes.c_int), ("nhwc", ctypes.c_int)]
 
 
+class Sink(ctypes.Structure):
+    """tf_sink: where one streamed model output goes (its tf_output_fn and that function's ctx)."""
+
+    _fields_ = [("emit", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class Store(ctypes.Structure):
+    """tf_store: a whole contiguous (N, C, H, W) output of `item` bytes per element, filled by rows."""
+
+    _fields_ = [("y", ctypes.c_void_p), ("c", ctypes.c_long), ("h", ctypes.c_long), ("w", ctypes.c_long),
+                ("item", ctypes.c_int)]
+
+
 DTYPES = {name: np.dtype(cls) for name, cls in STRUCTS.items()}  # the same layouts as numpy records
 
 
@@ -190,7 +203,7 @@ def library() -> ctypes.CDLL:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+    lib.tf_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.tf_run.restype = ctypes.c_int
     lib.tf_simd.argtypes, lib.tf_simd.restype = [], ctypes.c_int
     lib.tf_threads.argtypes, lib.tf_threads.restype = [], ctypes.c_int
@@ -231,3 +244,8 @@ def code_digest() -> str:
 def tensor_input() -> int:
     """The address of tf_tensor_rows (a tf_input_fn reading a tf_tensor)."""
     return ctypes.cast(library().tf_tensor_rows, ctypes.c_void_p).value  # type: ignore[return-value]
+
+
+def tensor_store() -> int:
+    """The address of tf_tensor_store (a tf_output_fn writing into a tf_store)."""
+    return ctypes.cast(library().tf_tensor_store, ctypes.c_void_p).value  # type: ignore[return-value]

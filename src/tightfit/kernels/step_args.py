@@ -209,6 +209,10 @@ def step_args(ctx: Context, s: Step) -> Args:
         index = ctx.graphs[s.model].inputs.index(s.out.tensor)  # which of the model's sources fills it
         item = ctx.plan.buffers[s.out.buffer].itemsize  # an int8 input arrives as its int8 elements
         return Args("input", "tf_input_args", (y, r.n0, r.h0, r.w0, index, item), f"input: {where}")
+    if s.kind == "output":
+        index = ctx.graphs[s.model].outputs.index(s.out.tensor)  # which of the model's sinks takes it
+        item = ctx.plan.buffers[s.out.buffer].itemsize
+        return Args("output", "tf_output_args", (y, r.n0, r.h0, r.w0, index, item), f"output: {where}")
     if s.kind == "copy":
         x = ctx.view(s.model, s.inputs[0])
         if ctx.plan.buffers[s.out.buffer].itemsize == 1:  # an int8 tensor's region: bytes moved

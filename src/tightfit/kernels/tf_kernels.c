@@ -30,6 +30,16 @@
 
 #include "tf_kernels.h"
 
+/* The step kinds a build runs: bit k for TF_STEP_k (default every one). An exported program's build
+ * passes its plan's kinds (-DTF_KINDS=0x...ULL, its Makefile's KINDS): the kernels of the others are
+ * then never called, so the compiler leaves them out (a static glibc program of yolov2-16 maps 124
+ * KiB less code), and a step of a kind left out stops the run with -1. */
+#ifndef TF_KINDS
+#define TF_KINDS (~0ULL)
+#endif
+#define TF_WANTS(kind) ((TF_KINDS >> (kind)) & 1ULL)
+#define TF_INT8_KINDS (((1ULL << (TF_STEP_QMUL + 1)) - 1) & ~((1ULL << TF_STEP_QCONV) - 1))
+
 #ifndef TF_SIMD
 #if defined(__GNUC__) && (defined(__AVX512F__) || defined(__AVX2__) || defined(__ARM_NEON) || defined(__aarch64__))
 #define TF_SIMD 1
@@ -2315,34 +2325,53 @@ static int run_int8(float *arena, const float *weights, int kind, const void *p)
 
 /* --- the step loop ---------------------------------------------------------------------------- */
 
-/* One step; 0, or the input callback's status (-1: an unknown step kind). */
+/* One step; 0, or the input or output callback's status (-1: an unknown step kind, -2: an output
+ * step without a sink). */
 static int run_step(float *arena, const float *weights, const int32_t *indices, const tf_step *step,
-                    const tf_source *inputs) {
+                    const tf_source *inputs, const tf_sink *outputs) {
     const void *p = step->args;
     switch (step->kind) {
-    case TF_STEP_CONV: conv(arena, weights, (const tf_conv_args *)p); break;
-    case TF_STEP_POOL: pool(arena, (const tf_pool_args *)p); break;
-    case TF_STEP_GLOBAL: global_pool(arena, (const tf_global_args *)p); break;
-    case TF_STEP_GEMM: gemm(arena, weights, (const tf_gemm_args *)p); break;
-    case TF_STEP_SOFTMAX: softmax(arena, (const tf_softmax_args *)p); break;
-    case TF_STEP_CHANNEL_NORM: channel_norm(arena, weights, (const tf_norm_args *)p); break;
-    case TF_STEP_INSTANCE_NORM: instance_norm(arena, weights, (const tf_norm_args *)p); break;
-    case TF_STEP_CHANNEL_REDUCE: channel_reduce(arena, (const tf_global_args *)p); break;
-    case TF_STEP_ELTWISE: eltwise(arena, weights, (const tf_eltwise_args *)p); break;
-    case TF_STEP_AFFINE: affine(arena, weights, (const tf_affine_args *)p); break;
-    case TF_STEP_LRN: lrn(arena, (const tf_lrn_args *)p); break;
-    case TF_STEP_CONCAT: concat(arena, (const tf_concat_args *)p); break;
-    case TF_STEP_PAD: pad(arena, (const tf_pad_args *)p); break;
-    case TF_STEP_RESIZE: resize(arena, indices, (const tf_resize_args *)p); break;
-    case TF_STEP_COPY: copy(arena, (const tf_copy_args *)p); break;
-    case TF_STEP_SHUFFLE: shuffle(arena, (const tf_shuffle_args *)p); break;
-    case TF_STEP_MOVES: moves(arena, (const tf_moves_args *)p); break;
-    case TF_STEP_DECONV: deconv(arena, weights, (const tf_deconv_args *)p); break;
-    case TF_STEP_INTERP: interp(arena, weights, indices, (const tf_interp_args *)p); break;
+    case TF_STEP_CONV: if (!TF_WANTS(TF_STEP_CONV)) return -1;
+        conv(arena, weights, (const tf_conv_args *)p); break;
+    case TF_STEP_POOL: if (!TF_WANTS(TF_STEP_POOL)) return -1; pool(arena, (const tf_pool_args *)p); break;
+    case TF_STEP_GLOBAL: if (!TF_WANTS(TF_STEP_GLOBAL)) return -1;
+        global_pool(arena, (const tf_global_args *)p); break;
+    case TF_STEP_GEMM: if (!TF_WANTS(TF_STEP_GEMM)) return -1;
+        gemm(arena, weights, (const tf_gemm_args *)p); break;
+    case TF_STEP_SOFTMAX: if (!TF_WANTS(TF_STEP_SOFTMAX)) return -1;
+        softmax(arena, (const tf_softmax_args *)p); break;
+    case TF_STEP_CHANNEL_NORM: if (!TF_WANTS(TF_STEP_CHANNEL_NORM)) return -1;
+        channel_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_INSTANCE_NORM: if (!TF_WANTS(TF_STEP_INSTANCE_NORM)) return -1;
+        instance_norm(arena, weights, (const tf_norm_args *)p); break;
+    case TF_STEP_CHANNEL_REDUCE: if (!TF_WANTS(TF_STEP_CHANNEL_REDUCE)) return -1;
+        channel_reduce(arena, (const tf_global_args *)p); break;
+    case TF_STEP_ELTWISE: if (!TF_WANTS(TF_STEP_ELTWISE)) return -1;
+        eltwise(arena, weights, (const tf_eltwise_args *)p); break;
+    case TF_STEP_AFFINE: if (!TF_WANTS(TF_STEP_AFFINE)) return -1;
+        affine(arena, weights, (const tf_affine_args *)p); break;
+    case TF_STEP_LRN: if (!TF_WANTS(TF_STEP_LRN)) return -1; lrn(arena, (const tf_lrn_args *)p); break;
+    case TF_STEP_CONCAT: if (!TF_WANTS(TF_STEP_CONCAT)) return -1;
+        concat(arena, (const tf_concat_args *)p); break;
+    case TF_STEP_PAD: if (!TF_WANTS(TF_STEP_PAD)) return -1; pad(arena, (const tf_pad_args *)p); break;
+    case TF_STEP_RESIZE: if (!TF_WANTS(TF_STEP_RESIZE)) return -1;
+        resize(arena, indices, (const tf_resize_args *)p); break;
+    case TF_STEP_COPY: if (!TF_WANTS(TF_STEP_COPY)) return -1; copy(arena, (const tf_copy_args *)p); break;
+    case TF_STEP_SHUFFLE: if (!TF_WANTS(TF_STEP_SHUFFLE)) return -1;
+        shuffle(arena, (const tf_shuffle_args *)p); break;
+    case TF_STEP_MOVES: if (!TF_WANTS(TF_STEP_MOVES)) return -1;
+        moves(arena, (const tf_moves_args *)p); break;
+    case TF_STEP_DECONV: if (!TF_WANTS(TF_STEP_DECONV)) return -1;
+        deconv(arena, weights, (const tf_deconv_args *)p); break;
+    case TF_STEP_INTERP: if (!TF_WANTS(TF_STEP_INTERP)) return -1;
+        interp(arena, weights, indices, (const tf_interp_args *)p); break;
     /* issue 38 */
-    case TF_STEP_MATMUL: matmul(arena, (const tf_matmul_args *)p); break;
-    case TF_STEP_REDUCE: reduce(arena, (const tf_reduce_args *)p); break;
-    case TF_STEP_LINEAR: linear(arena, weights, (const tf_linear_args *)p); break;
+    case TF_STEP_MATMUL: if (!TF_WANTS(TF_STEP_MATMUL)) return -1;
+        matmul(arena, (const tf_matmul_args *)p); break;
+    case TF_STEP_REDUCE: if (!TF_WANTS(TF_STEP_REDUCE)) return -1;
+        reduce(arena, (const tf_reduce_args *)p); break;
+    case TF_STEP_LINEAR: if (!TF_WANTS(TF_STEP_LINEAR)) return -1;
+        linear(arena, weights, (const tf_linear_args *)p); break;
     case TF_STEP_INPUT: {
         const tf_input_args *a = (const tf_input_args *)p;
         const tf_view *y = &a->y;
@@ -2351,8 +2380,17 @@ static int run_step(float *arena, const float *weights, const int32_t *indices, 
         return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0, a->h0 + y->h, a->w0, a->w0 + y->w,
                      dst, y->sn, y->sc, y->sh, y->sw);
     }
+    case TF_STEP_OUTPUT: {
+        const tf_output_args *a = (const tf_output_args *)p;
+        const tf_view *x = &a->x;
+        if (!outputs) return -2;
+        const tf_sink *sink = &outputs[a->output];
+        const void *src = a->item == 1 ? (const void *)q8(arena, x->off) : (const void *)(arena + x->off);
+        return sink->emit(sink->ctx, a->n0, a->n0 + x->n, a->h0, a->h0 + x->h, a->w0, a->w0 + x->w,
+                          src, x->sn, x->sc, x->sh, x->sw);
+    }
     default:
-        if (!run_int8(arena, weights, step->kind, p)) return -1;
+        if (!(TF_KINDS & TF_INT8_KINDS) || !run_int8(arena, weights, step->kind, p)) return -1;
     }
     return 0;
 }
@@ -2481,7 +2519,7 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
  * runs every other step (the input callback is called from the caller's thread only). */
 typedef struct {
     float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
-    const tf_source *inputs;
+    const tf_source *inputs; const tf_sink *outputs;
     pthread_mutex_t mu; pthread_cond_t cv;
     long arrived, generation, expected;
     int threads, status, said; /* said: the status when the last meeting ended */
@@ -2522,7 +2560,7 @@ static void walk(team *t, int id) {
         if (after_shared && meet(t)) return;
         after_shared = 0;
         if (id == 0 && !failed) {
-            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs);
+            const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs, t->outputs);
             if (status) { /* said at the next meeting; the caller's thread runs nothing more */
                 pthread_mutex_lock(&t->mu);
                 t->status = status;
@@ -2548,12 +2586,12 @@ static void *worker(void *arg) {
 /* 1 when the steps ran on `threads` threads (their status in *status); 0 when no team could be
  * set up (the caller runs them on its own). */
 static int run_threads(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-                       const tf_source *inputs, int threads, int *status) {
+                       const tf_source *inputs, const tf_sink *outputs, int threads, int *status) {
     team t;
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.inputs = inputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.inputs = inputs, t.outputs = outputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
@@ -2581,7 +2619,7 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
 #endif
 
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           const tf_source *inputs, int threads) {
+           const tf_source *inputs, const tf_sink *outputs, int threads) {
 #if TF_THREADS
     if (threads > TF_MAX_THREADS) threads = TF_MAX_THREADS;
     cursor scan;
@@ -2589,7 +2627,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
     for (const tf_step *step; threads > 1 && (step = next_step(&scan)) != NULL;) {
         int status;
         if (shared_step(step, threads)) {
-            if (run_threads(arena, weights, indices, steps, count, inputs, threads, &status)) return status;
+            if (run_threads(arena, weights, indices, steps, count, inputs, outputs, threads, &status)) return status;
             break;
         }
     }
@@ -2598,7 +2636,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
     cursor c;
     cursor_at(&c, steps, count);
     for (const tf_step *step; (step = next_step(&c)) != NULL;) {
-        const int status = run_step(arena, weights, indices, step, inputs);
+        const int status = run_step(arena, weights, indices, step, inputs, outputs);
         if (status) return status;
     }
     return c.bad ? -1 : 0;
@@ -2648,6 +2686,21 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
             for (long w = w0; w < w1; w++) ((float *)(void *)out)[(w - w0) * sw] = ((const float *)(const void *)src)[w];
         else if (item == 1) for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];
         else for (long w = w0; w < w1; w++) memcpy(out + (size_t)((w - w0) * sw) * item, src + (size_t)w * item, item);
+    }
+    return 0;
+}
+
+int tf_tensor_store(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                    const void *src, long sn, long sc, long sh, long sw) {
+    const tf_store *t = (const tf_store *)ctx;
+    const size_t item = (size_t)t->item;
+    for (long n = n0; n < n1; n++)
+    for (long c = 0; c < t->c; c++)
+    for (long h = h0; h < h1; h++) {
+        char *dst = (char *)t->y + (size_t)(((n * t->c + c) * t->h + h) * t->w) * item;
+        const char *in = (const char *)src + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
+        if (sw == 1) memcpy(dst + (size_t)w0 * item, in, (size_t)(w1 - w0) * item);
+        else for (long w = w0; w < w1; w++) memcpy(dst + (size_t)w * item, in + (size_t)((w - w0) * sw) * item, item);
     }
     return 0;
 }

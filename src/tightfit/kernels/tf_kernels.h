@@ -43,7 +43,7 @@ enum { TF_STEP_CONV = 0, TF_STEP_POOL = 1, TF_STEP_GLOBAL = 2, TF_STEP_GEMM = 3,
        TF_STEP_CHANNEL_REDUCE = 19, TF_STEP_MATMUL = 20, TF_STEP_REDUCE = 21, TF_STEP_LINEAR = 22,
        TF_STEP_QCONV = 23, TF_STEP_QGEMM = 24, TF_STEP_QADD = 25, TF_STEP_QPOOL = 26, TF_STEP_QGLOBAL = 27,
        TF_STEP_QCONCAT = 28, TF_STEP_QUANTIZE = 29, TF_STEP_DEQUANTIZE = 30, TF_STEP_QCOPY = 31,
-       TF_STEP_QSOFTMAX = 32, TF_STEP_QMUL = 33, TF_STEP_REPEAT = 34 };
+       TF_STEP_QSOFTMAX = 32, TF_STEP_QMUL = 33, TF_STEP_REPEAT = 34, TF_STEP_OUTPUT = 35 };
 enum { TF_REDUCE_MEAN = 0, TF_REDUCE_SUM = 1, TF_REDUCE_MAX = 2, TF_REDUCE_L2 = 3 };
 enum { TF_ROUND_ONNXRUNTIME = 0, TF_ROUND_TFLITE = 1 };
 /* A logical (N, C, H, W) block of the arena: `off` is its first element (floats from the arena's
@@ -154,6 +154,9 @@ typedef struct { tf_int row, size, at, step; } tf_delta;
 /* TF_STEP_REPEAT: the `body` rows after this one run `count` times, iteration r with each
  * moving field (deltas, in body row order) at its first value + r * step. */
 typedef struct { tf_int body, count, deltas; const tf_delta *delta; } tf_repeat_args;
+/* Model output `output`'s region from (n0, h0, w0), of x's size, handed from x to that output's
+ * tf_sink; item: bytes per element (4 float32, 1 int8: x's offset counts such elements). */
+typedef struct { tf_view x; tf_int n0, h0, w0; int output, item; } tf_output_args;
 /* y[n][c] = a[n][c] b[n][c]: (h x w) matrices over the batch dims n, c of the views
  * (a: M x K, b: K x N, y: M x N; a batch dim of size 1 broadcast with stride 0). */
 typedef struct { tf_view a, b, y; const tf_acts *act; } tf_matmul_args;
@@ -170,8 +173,8 @@ typedef union { tf_conv_args conv; tf_pool_args pool; tf_global_args global; tf_
        tf_shuffle_args shuffle; tf_input_args input; tf_moves_args moves; tf_deconv_args deconv;
        tf_interp_args interp; tf_qconv_args qconv; tf_qgemm_args qgemm; tf_qadd_args qadd;
        tf_qpool_args qpool; tf_qglobal_args qglobal; tf_qconcat_args qconcat; tf_quant_args quant;
-       tf_qsoftmax_args qsoftmax; tf_repeat_args repeat; tf_matmul_args matmul; tf_linear_args linear;
-       tf_reduce_args reduce; } tf_any_args;
+       tf_qsoftmax_args qsoftmax; tf_repeat_args repeat; tf_output_args output; tf_matmul_args matmul;
+       tf_linear_args linear; tf_reduce_args reduce; } tf_any_args;
 /* END GENERATED */
 
 /* The model input arrives by parts: fill rows [h0, h1), columns [w0, w1) and samples [n0, n1) of
@@ -184,6 +187,23 @@ typedef int (*tf_input_fn)(void *ctx, long n0, long n1, long h0, long h1, long w
  * source per input of its model, in the model's input order (an input step names its index). */
 typedef struct { tf_input_fn fill; void *ctx; } tf_source;
 
+/* A model output leaves by parts (a plan that streams it, issue 39 point 8): rows [h0, h1), columns
+ * [w0, w1) and samples [n0, n1) of the (N, C, H, W) output, in the view `src` (its own origin) of the
+ * arena, handed over once each as it is computed (the arena never holds the output whole); float for a
+ * float32 output, int8_t for an int8 one. Returns 0, or a status that stops the run. */
+typedef int (*tf_output_fn)(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                            const void *src, long sn, long sc, long sh, long sw);
+
+/* Where one streamed model output goes: `emit` is given its regions, with `ctx`. A run takes one
+ * sink per output of its model, in the model's output order (an output step names its index). */
+typedef struct { tf_output_fn emit; void *ctx; } tf_sink;
+
+/* A whole output in memory, contiguous (N, C, H, W): tf_tensor_store is its tf_output_fn (ctx: a
+ * tf_store). */
+typedef struct { void *y; long c, h, w; int item; } tf_store;
+int tf_tensor_store(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                    const void *src, long sn, long sc, long sh, long sw);
+
 /* A whole input in memory, contiguous (N, C, H, W), or (N, H, W, C) where `nhwc` is 1 (the model
  * file's channels-last input, a .tflite's), of `item` bytes per element (4 float32, 1 int8):
  * tf_tensor_rows is its tf_input_fn (ctx: a tf_tensor). */
@@ -195,10 +215,11 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
  * steps) on `threads` threads (the caller's and threads - 1 more, made for the run; a
  * convolution's or pooling's output rows are shared among them, every other step runs on the
  * caller's thread, and the outputs are the same bits for any count); returns 0, or an input
- * source's non-zero status (-1: an unknown step kind). Built with -DTF_THREADS=0 (as for a microcontroller, which
+ * source's or output sink's non-zero status (-1: an unknown step kind, -2: an output step and no
+ * sinks: `outputs` may be NULL only for a table that streams no output). Built with -DTF_THREADS=0 (as for a microcontroller, which
  * has no pthreads), every step runs on the caller's thread. */
 int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_step *steps, long count,
-           const tf_source *inputs, int threads);
+           const tf_source *inputs, const tf_sink *outputs, int threads);
 /* The most threads tf_run uses (1: built without threads). */
 int tf_threads(void);
 /* Copies logical elements [first, first + count) of view v (N, C, H, W order) to dst. */

@@ -35,6 +35,8 @@ STEP_KINDS = STEP_KINDS + INT8_STEP_KINDS
 # --- end int8 ------------------------------------------------------------------------------------
 # A table row that is not a kernel: the rows after it repeated (kernels/loops.py, issue 39 point 8).
 STEP_KINDS = STEP_KINDS + ("repeat",)
+# A model output handed to the caller's sink by rows as it is computed (issue 39 point 8).
+STEP_KINDS = STEP_KINDS + ("output",)
 STEP = {k: i for i, k in enumerate(STEP_KINDS)}
 CONV_KINDS = ("dense", "depthwise", "grouped")
 POOL_KINDS = ("max", "avg")
@@ -183,6 +185,12 @@ STRUCTS |= {
     "tf_repeat_args": ([("body", I), ("count", I), ("deltas", I), ("delta", "const tf_delta *")],
                        "TF_STEP_REPEAT: the `body` rows after this one run `count` times, iteration r with each\n"
                        " * moving field (deltas, in body row order) at its first value + r * step."),
+}
+# --- streamed outputs (issue 39 point 8): a model output leaves by rows, never whole in the arena ---
+STRUCTS |= {
+    "tf_output_args": ([("x", VIEW), ("n0", I), ("h0", I), ("w0", I), ("output", N), ("item", N)],
+                       "Model output `output`'s region from (n0, h0, w0), of x's size, handed from x to that output's\n"
+                       " * tf_sink; item: bytes per element (4 float32, 1 int8: x's offset counts such elements)."),
 }
 # --- issue 38: attention blocks -----------------------------------------------------------------
 STRUCTS |= {

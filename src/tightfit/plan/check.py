@@ -276,6 +276,9 @@ def _check_steps(plan: Plan, graphs: Sequence[Graph]) -> None:
         if s.kind == "input":
             if s.out.tensor not in g.inputs or s.inputs:
                 raise PlanError(f"{where}: an input step must write the model input and read nothing")
+        elif s.kind == "output":
+            if s.out.tensor not in g.outputs or s.inputs != (s.out,) or len(g.shape(s.out.tensor)) != 4:
+                raise PlanError(f"{where}: an output step hands over a region of a 4-d model output it reads (inputs == (out,))")
         elif s.kind == "copy":
             if len(s.inputs) != 1 or s.inputs[0].tensor != s.out.tensor or s.inputs[0].region != s.out.region:
                 raise PlanError(f"{where}: a copy step moves one region of one tensor")
@@ -361,6 +364,7 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
     cells = _Cells(plan)
     ids: dict[tuple[int, str], int] = {}
     written: dict[int, np.ndarray] = {}
+    handed: dict[tuple[int, str], np.ndarray] = {}  # a streamed output: how often each element left
     for k, s in enumerate(plan.steps()):
         if s.kind == "compute":
             _check_own_overlap(plan, graphs, cells, k, s)
@@ -369,6 +373,11 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
             if not (cells.view(a) == _expected(tid, a.region)).all():
                 raise PlanError(f"step {k} ({_describe(graphs, s)}) reads {_fmt(a.region)} of {a.tensor!r} from buffer "
                                 f"{a.buffer} at {a.at}, but those cells do not hold it (overwritten or never written)")
+        if s.kind == "output":
+            shape = (plan.models[s.model].batch,) + spatial(graphs[s.model].shape(s.out.tensor))
+            r = s.out.region
+            handed.setdefault((s.model, s.out.tensor), np.zeros(shape, dtype=np.int32))[r.n0 : r.n1, r.h0 : r.h1, r.w0 : r.w1] += 1
+            continue
         tid = ids.setdefault((s.model, s.out.tensor), len(ids))
         cells.view(s.out)[...] = _expected(tid, s.out.region)
         shape = graphs[s.model].shape(s.out.tensor)
@@ -380,6 +389,9 @@ def _simulate(plan: Plan, graphs: Sequence[Graph]) -> None:
             tid = ids.get((m, t))
             if tid is None or not written[tid].all():
                 raise PlanError(f"plan does not compute all of {t!r} (model {m})")
+    for (m, t), count in handed.items():
+        if not (count == 1).all():
+            raise PlanError(f"output {t!r} (model {m}) is streamed, but not every element is handed over exactly once")
     for m, a in output_accesses(plan, graphs):
         if not (cells.view(a) == _expected(ids[(m, a.tensor)], a.region)).all():
             raise PlanError(f"output {a.tensor!r} is overwritten before the run ends")

@@ -55,16 +55,26 @@ def step_partitions(plan: Plan) -> list[int]:
     return [p.id for p in plan.partitions for _ in p.steps]
 
 
+def streamed_outputs(plan: Plan) -> set[tuple[int, str]]:
+    """(model, tensor) of the model outputs the plan hands to the caller by rows ('output' steps):
+    the arena never holds them whole, and they live only until their last rows are handed over."""
+    return {(s.model, s.out.tensor) for s in plan.steps() if s.kind == "output"}
+
+
 def output_accesses(plan: Plan, graphs: Sequence[Graph]) -> list[tuple[int, Access]]:
-    """(model, access of the whole tensor) for every model output: where the caller reads
-    results. An output written by several steps (row bands) must land in one buffer with one
-    index map, so that together the bands form the whole tensor there."""
+    """(model, access of the whole tensor) for every model output the caller reads from the arena
+    after the run (a streamed one is not: streamed_outputs). An output written by several steps
+    (row bands) must land in one buffer with one index map, so that together the bands form the
+    whole tensor there."""
     writes: dict[tuple[int, str], list[Access]] = {}
     for s in plan.steps():
         writes.setdefault((s.model, s.out.tensor), []).append(s.out)
+    streamed = streamed_outputs(plan)
     out = []
     for m, g in enumerate(graphs):
         for t in g.outputs:
+            if (m, t) in streamed:
+                continue
             if (m, t) not in writes:
                 raise PlanError(f"plan never writes output {t!r} of model {m}")
             accesses = writes[(m, t)]

@@ -45,7 +45,7 @@ FORMAT = "tightfit-plan"
 VERSION = 1
 LAYOUTS = ("nchw", "nhwc")
 BUFFER_KINDS = ("whole", "window", "tile", "samples")
-STEP_KINDS = ("compute", "input", "copy")
+STEP_KINDS = ("compute", "input", "copy", "output")
 
 
 class PlanError(TightfitError):
@@ -118,6 +118,10 @@ class Step:
     kind 'input': region `out.region` of the model input arrives from the source (a row-band
     source is asked for bands of whole-width rows, as many at a time as `scratch` holds twice).
     kind 'copy': inputs[0]'s region is copied to `out`.
+    kind 'output': region `out.region` of a model output, computed already, is handed to the caller
+    (a sink) from where `out` says; inputs == (out,): it reads what it hands over, writes nothing.
+    A plan that streams an output hands every element of it over exactly once, and never holds it
+    whole for the caller (plan/lifetimes.streamed_outputs).
     `scratch` is the bytes of kernel temporaries the step allocates besides the arena."""
 
     kind: str

@@ -299,17 +299,22 @@ class _Alone:
         self.tensor = None if x is None else kernels.Tensor(x.ctypes.data, *x.shape[1:4], x.itemsize)
         # an input step's source: x, whichever input the step names (one source per index up to it;
         # the step's fields end with that index and the bytes a value)
-        count = 1 + (int(args.fields[-2]) if args.kind == "input" else 0)
-        self.sources = None if x is None else (kernels.Source * count)(
+        # (an output step's sink likewise: x then takes the rows it hands over)
+        count = 1 + (int(args.fields[-2]) if args.kind in ("input", "output") else 0)
+        self.sources = None if x is None or args.kind == "output" else (kernels.Source * count)(
             *[kernels.Source(kernels.tensor_input(), ctypes.addressof(self.tensor))] * count)
+        self.store = None if x is None or args.kind != "output" else kernels.Store(x.ctypes.data, *x.shape[1:4], x.itemsize)
+        self.sinks = None if self.store is None else (kernels.Sink * count)(
+            *[kernels.Sink(kernels.tensor_store(), ctypes.addressof(self.store))] * count)
         self.tables: dict[int, kernels.StepTable] = {}
 
     def runs(self, k: int) -> Callable[[], None]:
         """A call of tf_run over k copies of the step."""
         table = self.tables.setdefault(k, kernels.StepTable([self.args] * k))
         run, sources = kernels.library().tf_run, None if self.sources is None else ctypes.addressof(self.sources)
+        sinks = None if self.sinks is None else ctypes.addressof(self.sinks)
         pointers = (self.arena.ctypes.data, self.weights.ctypes.data, self.indices.ctypes.data)
-        call = functools.partial(run, *pointers, table.address, table.count, sources, 1)
+        call = functools.partial(run, *pointers, table.address, table.count, sources, sinks, 1)
         call.keep = self  # type: ignore[attr-defined]  # the arena and tables the pointers point into
         return call
 
@@ -332,6 +337,10 @@ def _bind_alone(plan: Plan, graphs: Sequence[Graph], step: Step) -> _Alone:
         rng = np.random.default_rng(1)
         x = (rng.integers(-128, 128, shape, dtype=np.int8) if plan.buffers[step.out.buffer].itemsize == 1
              else rng.standard_normal(shape, dtype=np.float32))  # an int8 input's values, as it arrives
+    elif step.kind == "output":  # where its rows go: the whole output, outside the arena
+        g = graphs[step.model]
+        shape = _dims4((plan.models[step.model].batch,) + tuple(g.shape(step.out.tensor)[1:]))
+        x = np.zeros(shape, np.int8 if plan.buffers[step.out.buffer].itemsize == 1 else np.float32)
     return _Alone(args, at // 4, ctx.weights.array(), ctx.indices.array(), x)
 
 

@@ -20,9 +20,9 @@ from tightfit.errors import InputDataError
 from tightfit.kernels.step_args import Context, View, _aligned_empty, _dims4, step_args
 from tightfit.graph.ir import Graph
 from tightfit.ops.base import Region
-from tightfit.plan.lifetimes import output_accesses
+from tightfit.plan.lifetimes import output_accesses, streamed_outputs
 from tightfit.plan.schema import Buffer, Plan, Step
-from tightfit.kernels.library import INPUT_FN, Source, StepTable, Tensor, library, tensor_input
+from tightfit.kernels.library import INPUT_FN, Sink, Source, StepTable, Store, Tensor, library, tensor_input, tensor_store
 from tightfit.kernels.loops import table_rows
 from tightfit.runtime.reference import input_dtype
 
@@ -68,6 +68,7 @@ class _Partition:
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
     bands: dict
     input_dtypes: tuple[np.dtype, ...]  # each input's elements (int8 for an int8 graph input)
+    sinks: object = None  # a tf_sink per output of its model (ctypes array) where the plan streams outputs
 
 
 class ArenaExecutor:
@@ -89,25 +90,49 @@ class ArenaExecutor:
         ctxs = [Context(plan, self.graphs, c) for c in range(copies)]
         for c in ctxs[1:]:  # one pool of constants for every frame copy
             c.weights, c.indices = ctxs[0].weights, ctxs[0].indices
-        self.frames = [[self._bind(p, ctx) for p in plan.partitions] for ctx in ctxs]
+        # Streamed outputs land in arrays of their own (per frame copy), outside the arena, as a
+        # row-band input comes from outside it.
+        self._stored = [self._streamed_arrays() for _ in ctxs]
+        self.frames = [[self._bind(p, ctx, stored) for p in plan.partitions] for ctx, stored in zip(ctxs, self._stored)]
         self.weights, self.indices = ctxs[0].weights.array(), ctxs[0].indices.array()
-        self._outputs = [self._output_views(ctx) for ctx in ctxs]
+        self._outputs = [self._output_views(ctx, stored) for ctx, stored in zip(ctxs, self._stored)]
         self._rows_fn = INPUT_FN(self._fill_rows)  # kept: C holds its address during runs
         self._tensor_fn = tensor_input()
         self._pointers = (self.arena.ctypes.data, self.weights.ctypes.data, self.indices.ctypes.data)
 
     # --- binding --------------------------------------------------------------------------------
-    def _bind(self, p, ctx: Context) -> _Partition:
+    def _bind(self, p, ctx: Context, stored: dict) -> _Partition:
         graph, batch = self.graphs[p.model], self.plan.models[p.model].batch
         # The rows the exported program's table holds (repeated runs as loops): the same walk of tf_run.
         table = StepTable(table_rows([s.layer for s in p.steps], [step_args(ctx, s) for s in p.steps]))
         bands = {(s.out.tensor,) + _region_key(s.out.region): _rows_per_band(s, graph, self.plan.buffers[s.out.buffer].itemsize)
                  for s in p.steps if s.kind == "input"}
         return _Partition(table, tuple((t, (batch,) + tuple(graph.shape(t)[1:])) for t in graph.inputs), bands,
-                          tuple(input_dtype(graph, t) for t in graph.inputs))
+                          tuple(input_dtype(graph, t) for t in graph.inputs), self._sinks(p.model, stored))
 
-    def _output_views(self, ctx: Context) -> list[dict[str, np.ndarray]]:
+    def _streamed_arrays(self) -> dict[tuple[int, str], tuple[np.ndarray, Store]]:
+        """(model, tensor) -> the whole array a streamed output's rows are stored into, and its tf_store."""
+        out = {}
+        for m, t in sorted(streamed_outputs(self.plan)):
+            g = self.graphs[m]
+            shape = (self.plan.models[m].batch,) + tuple(g.shape(t)[1:])
+            y = np.zeros(shape, np.int8 if g.tensors[t].item_bytes(self.plan.dtype) == 1 else np.float32)
+            out[(m, t)] = (y, Store(y.ctypes.data, *_dims4(y.shape)[1:], y.itemsize))
+        return out
+
+    def _sinks(self, m: int, stored: dict):
+        """A tf_sink per output of model m (in its output order), or None where it streams none."""
+        outputs = self.graphs[m].outputs
+        if not any((m, t) in stored for t in outputs):
+            return None
+        fn = tensor_store()
+        return (Sink * len(outputs))(*[Sink(fn, ctypes.addressof(stored[(m, t)][1])) if (m, t) in stored else Sink(None, None)
+                                       for t in outputs])
+
+    def _output_views(self, ctx: Context, stored: dict) -> list[dict[str, np.ndarray]]:
         outs: list[dict[str, np.ndarray]] = [dict() for _ in self.graphs]
+        for (m, t), (y, _) in stored.items():
+            outs[m][t] = y
         for m, a in output_accesses(self.plan, self.graphs):
             shape = (a.region.n,) + tuple(self.graphs[m].shape(a.tensor)[1:])
             arena = typed(self.arena, self.plan.buffers[a.buffer].itemsize)
@@ -118,7 +143,8 @@ class ArenaExecutor:
     def run(self, inputs, frame: int = 0) -> list[dict[str, np.ndarray]]:
         """One input per model (an array, anything numpy reads as one, or a RowSource; for a model
         of several inputs {input name: one of those}); returns per model its outputs as views into
-        the arena (valid until the next run)."""
+        the arena (a streamed output: the executor's own array its rows were stored into), valid
+        until the next run."""
         xs = [inputs] if _single(inputs) else list(inputs)
         copy = frame % len(self.frames)
         for p, part in zip(self.plan.partitions, self.frames[copy]):
@@ -127,8 +153,10 @@ class ArenaExecutor:
 
     def run_partition(self, part: _Partition, x) -> None:
         """One call of tf_run over the partition's table, its input steps reading `x` (one source
-        per input of the model: each input's array, or its RowSource)."""
+        per input of the model: each input's array, or its RowSource), its output steps storing
+        into the streamed outputs' arrays."""
         arena, weights, indices = self._pointers
+        sinks = None if part.sinks is None else ctypes.addressof(part.sinks)
         xs = _by_input(x, part.input_shapes)
         if any(isinstance(v, RowSource) for v in xs):
             _INPUT.xs, _INPUT.bands, _INPUT.error = xs, part.bands, None
@@ -138,7 +166,7 @@ class ArenaExecutor:
                     xs[k] = RowSource.of(_input_array(v, part.input_shapes[k], part.input_dtypes[k]))
             sources = (Source * len(xs))(*[Source(ctypes.cast(self._rows_fn, ctypes.c_void_p).value, k) for k in range(len(xs))])
             status = self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count,
-                                     ctypes.addressof(sources), self.threads)
+                                     ctypes.addressof(sources), sinks, self.threads)
             if status:
                 raise _INPUT.error if _INPUT.error is not None else RuntimeError(f"the input callback returned {status}")
             return
@@ -146,7 +174,7 @@ class ArenaExecutor:
         tensors = [Tensor(d.ctypes.data, *_dims4(d.shape)[1:], d.itemsize) for d in data]
         sources = (Source * len(tensors))(*[Source(self._tensor_fn, ctypes.addressof(t)) for t in tensors])
         self.lib.tf_run(arena, weights, indices, part.table.address, part.table.count, ctypes.addressof(sources),
-                        self.threads)
+                        sinks, self.threads)
 
     def _fill_rows(self, index, n0, n1, h0, h1, w0, w1, dst, sn, sc, sh, sw) -> int:
         """tf_input_fn over input `index` (its ctx) of this thread's run: its rows into the arena at dst."""

@@ -75,7 +75,7 @@ def run_layer(layer, inputs, params, out) -> None:
     for t, a in arrays.items():
         arena[views[t].off : views[t].off + a.size] = a.reshape(-1)
     table, wts, idx = kernels.StepTable([args]), weights.array(), indices.array()
-    kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, 1)
+    kernels.library().tf_run(arena.ctypes.data, wts.ctypes.data, idx.ctypes.data, table.address, 1, None, None, 1)
     v = views[layer.output]
     y[...] = arena[v.off : v.off + y.size].reshape(y.shape)
 

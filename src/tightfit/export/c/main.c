@@ -5,7 +5,9 @@
  * in its own type (float32; int8 for an int8 input: model_input_item says the bytes a value); OUTPUT.bin gets every output
  * of every CNN likewise. The input is read by rows as the plan's steps ask for them, so it is never
  * whole in memory; the arena is this program's only large buffer (and the weights, when they come
- * from a file: by default weights.bin beside the program). With -p the input is read whole first
+ * from a file: by default weights.bin beside the program). An output the plan streams
+ * (model_output_streamed) is written into OUTPUT.bin by rows as the steps hand them over, so it is
+ * never whole in memory either; the others are read from the arena after the last run. With -p the input is read whole first
  * (timings then count no file reads). With -t, the steps run on THREADS threads (a convolution's
  * output rows shared among them; the outputs are the same bits). Prints the median seconds of a run, the process's peak
  * resident set (VmHWM) and the kernels' vector width (tf_simd: 0 for the portable path).
@@ -77,13 +79,43 @@ static int file_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, lon
     return 0;
 }
 
-/* The process's peak resident set (VmHWM, Linux), in KiB; -1 where unknown. */
+/* One streamed output's place in OUTPUT.bin: its first byte, shape (N, C, H, W) and bytes a value in
+ * the arena (4 float32, 1 int8: written as floats, as model_read gives them). */
+typedef struct { FILE *f; long base; const long *shape; int item; } file_sink;
+
+static int file_emit(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
+                     const void *src, long sn, long sc, long sh, long sw) {
+    const file_sink *s = (const file_sink *)ctx;
+    const long c_ = s->shape[1], h_ = s->shape[2], w_ = s->shape[3];
+    float chunk[256];
+    for (long n = n0; n < n1; n++)
+    for (long c = 0; c < c_; c++)
+    for (long h = h0; h < h1; h++) {
+        if (fseek(s->f, s->base + (((n * c_ + c) * h_ + h) * w_ + w0) * (long)sizeof(float), SEEK_SET)) return 1;
+        const long row = (n - n0) * sn + c * sc + (h - h0) * sh;
+        for (long w = w0; w < w1; w += 256) {
+            const long k = w1 - w < 256 ? w1 - w : 256;
+            for (long i = 0; i < k; i++) {
+                const long at = row + (w - w0 + i) * sw;
+                chunk[i] = s->item == 1 ? (float)((const int8_t *)src)[at] : ((const float *)src)[at];
+            }
+            if (fwrite(chunk, sizeof(float), (size_t)k, s->f) != (size_t)k) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The process's peak resident set (VmHWM, Linux), in KiB; -1 where unknown. Parsed with strtol:
+ * sscanf would link a static glibc's scanf and strtod machinery (72 KiB more resident code). */
 static long peak_rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     long kib = -1;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+        if (strncmp(line, "VmHWM:", 6) == 0) {
+            kib = strtol(line + 6, NULL, 10);
+            break;
+        }
     if (f) fclose(f);
     return kib;
 }
@@ -244,20 +276,21 @@ static int read_weights(const char *path, void *weights) {
 }
 #endif
 
-static int write_outputs(const char *path, const void *arena, long runs) {
-    FILE *out = fopen(path, "wb");
-    if (!out) {
-        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
-        return 2;
-    }
+/* The outputs not streamed, from the arena after the last run, each at its place in `out` (the
+ * streamed ones are there already); closes `out`. */
+static int write_outputs(FILE *out, const char *path, const void *arena, long runs) {
     float chunk[1024];
     int failed = 0;
+    long base = 0;
     for (int m = 0; m < MODEL_CNNS && !failed; m++)
-    for (int k = 0; k < model_outputs(m) && !failed; k++)
-    for (long i = 0, total = model_output_elems(m, k); i < total && !failed; i += 1024) {
-        const long count = total - i < 1024 ? total - i : 1024;
-        model_read(arena, m, k, runs - 1, i, count, chunk);
-        failed = fwrite(chunk, sizeof(float), (size_t)count, out) != (size_t)count;
+    for (int k = 0; k < model_outputs(m) && !failed; base += model_output_elems(m, k) * (long)sizeof(float), k++) {
+        if (model_output_streamed(m, k)) continue;
+        failed = fseek(out, base, SEEK_SET) != 0;
+        for (long i = 0, total = model_output_elems(m, k); i < total && !failed; i += 1024) {
+            const long count = total - i < 1024 ? total - i : 1024;
+            model_read(arena, m, k, runs - 1, i, count, chunk);
+            failed = fwrite(chunk, sizeof(float), (size_t)count, out) != (size_t)count;
+        }
     }
     if (fclose(out) || failed) {
         fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
@@ -276,8 +309,9 @@ static int write_outputs(const char *path, const void *arena, long runs) {
 #define IMAGE_WEIGHTS ((size_t)MODEL_WEIGHT_BYTES) /* const data in the program's image */
 #endif
 
-/* Every run, timed into seconds[]; 0, or 3 with the failing CNN said. */
-static int run_all(void *arena, const float *weights, FILE *in, const char *whole, const options *o, double *seconds) {
+/* Every run, timed into seconds[]; 0, or 3 with the failing CNN said. Streamed outputs go into `out`. */
+static int run_all(void *arena, const float *weights, FILE *in, FILE *out, const char *whole, const options *o,
+                   double *seconds) {
     const long runs = o->runs;
     const int threads = (int)o->threads;
     /* One source per input of each CNN: its rows read from where it lies in the file. */
@@ -298,16 +332,40 @@ static int run_all(void *arena, const float *weights, FILE *in, const char *whol
             base += shape[0] * shape[1] * shape[2] * shape[3] * (long)src[m][k].item;
         }
     }
+    /* One sink per output of each CNN: its rows written where it lies in OUTPUT.bin (as floats). */
+    file_sink dst[MODEL_CNNS][MODEL_MAX_OUTPUTS];
+    tf_sink sinks[MODEL_CNNS][MODEL_MAX_OUTPUTS];
+    base = 0;
+    for (int m = 0; m < MODEL_CNNS; m++)
+        for (int k = 0; k < model_outputs(m); k++) {
+            dst[m][k].f = out;
+            dst[m][k].base = base;
+            dst[m][k].shape = model_output_shape_of(m, k);
+            dst[m][k].item = model_output_item(m, k);
+            sinks[m][k].emit = file_emit;
+            sinks[m][k].ctx = &dst[m][k];
+            base += model_output_elems(m, k) * (long)sizeof(float);
+        }
     (void)weights;
     for (long r = 0; r < runs; r++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int m = 0; m < MODEL_CNNS; m++) {
-            const int status = whole ? model_run_tensor(arena, WEIGHTS m, r, whole + first[m], threads)
-                                     : model_run_cnn(arena, WEIGHTS m, r, sources[m], threads);
+            tf_tensor tensors[MODEL_MAX_INPUTS];
+            if (whole) { /* the input read whole first: a source over it per input */
+                const char *at = whole + first[m];
+                for (int k = 0; k < model_inputs(m); k++) {
+                    const long *s = model_input_shape_of(m, k);
+                    tensors[k] = (tf_tensor){at, s[1], s[2], s[3], model_input_item(m, k), model_input_nhwc(m, k)};
+                    sources[m][k] = (tf_source){tf_tensor_rows, &tensors[k]};
+                    at += s[0] * s[1] * s[2] * s[3] * model_input_item(m, k);
+                }
+            }
+            const int status = model_run_cnn_io(arena, WEIGHTS m, r, sources[m], sinks[m], threads);
             if (status) {
                 fprintf(stderr, "CNN %d stopped with status %d (%s)\n", m, status,
-                        whole ? "a kernel failed" : "reading its input rows failed, or a kernel");
+                        whole ? "a kernel failed, or writing its output rows" : "reading its input rows or writing its "
+                        "output rows failed, or a kernel");
                 return 3;
             }
         }
@@ -331,7 +389,7 @@ int main(int argc, char **argv) {
     void *arena = NULL, *weights = NULL;
     char *whole = NULL;
     double *seconds = NULL;
-    FILE *in = NULL;
+    FILE *in = NULL, *out = NULL;
     status = 4;
     if (!(arena = allocate("the arena", MODEL_ARENA_BYTES))) goto done;
 #ifdef MODEL_WEIGHTS_FILE
@@ -346,8 +404,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot read input %s: %s\n", o.input, strerror(errno));
         goto done;
     }
-    if ((status = run_all(arena, weights, in, whole, &o, seconds)) != 0) goto done;
-    if ((status = write_outputs(o.output, arena, o.runs)) != 0) goto done;
+    if (!(out = fopen(o.output, "wb"))) {
+        fprintf(stderr, "cannot write %s: %s\n", o.output, strerror(errno));
+        goto done;
+    }
+    if ((status = run_all(arena, weights, in, out, whole, &o, seconds)) != 0) goto done;
+    status = write_outputs(out, o.output, arena, o.runs);
+    out = NULL; /* closed */
+    if (status) goto done;
     qsort(seconds, (size_t)o.runs, sizeof(double), cmp);
     /* simd: the vector width the kernels were built with (0: the portable path), so a check
      * can tell which path it ran. */
@@ -355,6 +419,7 @@ int main(int argc, char **argv) {
            tf_simd());
 done:
     if (in) fclose(in);
+    if (out) fclose(out);
     free(whole);
     free(seconds);
     free(weights);

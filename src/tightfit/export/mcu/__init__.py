@@ -282,6 +282,9 @@ def write_project(folder: Path, sources, target: str, ram_bytes: int, flash_byte
     if sources.weights_in_file:
         raise ExportError(f"{target}: the weights were exported to a file; a microcontroller keeps them in flash "
                           "(export with --weights c or auto)")
+    if sources.streams_outputs:
+        raise ExportError(f"{target}: the plan streams its outputs by rows; the microcontroller program reads them "
+                          "from the arena (plan without --stream-outputs)")
     folder = Path(folder)
     for file_name, data in sources.files.items():
         if file_name not in _HOST_ONLY:

@@ -37,12 +37,14 @@ class FitProblem:
 
     def __init__(self, app: FitApp, cost_seconds: Callable[[Plan, Sequence[Graph]], float],
                  param_bytes: int = 0, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
-                 cost: Any = None, thorough: bool = False):
+                 cost: Any = None, thorough: bool = False, stream_outputs: bool = False):
         self.app = app
         self.cost_seconds = cost_seconds
         self.cost = cost
         self.param_bytes = param_bytes
-        self.spaces = cnn_spaces(app, max_groups, layout, dtype, thorough)
+        self.spaces = cnn_spaces(app, max_groups, layout, dtype, thorough, stream_outputs)
+        # the techniques' own settings every source is asked with (parts: outputs handed over by rows)
+        self.settings = {"stream_outputs": True} if stream_outputs else {}
         self.points: dict[tuple, FitPoint] = {}
         self.exact: set[tuple] = set()  # keys of the points the memory side evaluated
         self._memory: dict[tuple, int] = {}
@@ -141,7 +143,7 @@ class FitProblem:
         per_space: dict[int, list[Candidate]] = {}
         for i, (s, technique) in enumerate(jobs):
             fraction = technique.fit_share / sum(t.fit_share for _, t in jobs[i:])
-            problem = Problem(s.model, budget_bytes, predict, Config(s.layout, s.dtype, None),
+            problem = Problem(s.model, budget_bytes, predict, Config(s.layout, s.dtype, None, settings=self.settings),
                               share(self.deadline, fraction, reserve), self.say, brief=True, quick=s.quick)
             per_space.setdefault(s.index, []).extend(candidates(technique, problem))
         for s in self.spaces:

@@ -80,6 +80,7 @@ class CNNSpace:
     layout: str = "nhwc"
     dtype: str = "fp32"
     quick: bool = False  # searched quickly (QUICK_LAYERS)
+    stream_outputs: bool = False  # parts plans hand the outputs over by rows (PartsOptions.stream_outputs)
     _plans: dict = field(default_factory=dict)
     _memory: dict = field(default_factory=dict)
     planned_steps: int = 0
@@ -139,7 +140,8 @@ class CNNSpace:
             return self.candidates[key[1] - 1].build()
         if key[0] == "whole":
             return plan_reuse(self.model, SEARCH_PLANNER, key[1], self.layout, self.dtype)
-        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype, PartsOptions(align=key[3]))
+        return draft_parts(self.model, dict(key[1]), key[2], self.layout, self.dtype,
+                           PartsOptions(align=key[3], stream_outputs=self.stream_outputs))
 
 
 def _groups(g: Graph, layers: Sequence[int], max_groups: int) -> tuple[tuple[int, ...], ...]:
@@ -185,7 +187,7 @@ def _fixed_whole(g: Graph, partitions: Sequence[Sequence[int]]) -> tuple[set[int
 
 
 def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", dtype: str = "fp32",
-               thorough: bool = False) -> list[CNNSpace]:
+               thorough: bool = False, stream_outputs: bool = False) -> list[CNNSpace]:
     from tightfit.techniques.parts.phase_search import splittable_layers
 
     spaces = []
@@ -199,7 +201,8 @@ def cnn_spaces(app: FitApp, max_groups: int = MAX_GROUPS, layout: str = "nhwc", 
         layers = [l for l in splittable_layers(g) if l not in fixed]
         source_top = 0 if input_crosses else _log2_top(spatial(g.shape(g.inputs[0]))[0])
         spaces.append(CNNSpace(m, model, parts, pids, local, _groups(g, layers, max_groups), source_top,
-                               layout=layout, dtype=dtype, quick=not thorough and len(g.layers) >= QUICK_LAYERS))
+                               layout=layout, dtype=dtype, quick=not thorough and len(g.layers) >= QUICK_LAYERS,
+                               stream_outputs=stream_outputs))
     return spaces
 
 

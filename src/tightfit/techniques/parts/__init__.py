@@ -14,7 +14,7 @@ def draft(model: PlannedModel, config: Config) -> Plan:
     """The plan of `config.settings`: "phases" {layer id or name: phases} and "source" (the
     input's bands), or "rows" per phase everywhere, or neither (one row per phase everywhere, the
     paper's setting); "align", "held" (layers whose outputs stay whole), "inplace"
-    (PartsOptions.inplace). Placed by
+    (PartsOptions.inplace), "stream_outputs" (PartsOptions.stream_outputs). Placed by
     `config.planner` (None: unplaced, as a search drafts)."""
     from tightfit.techniques.parts.planner import PartsOptions, draft_parts, phases_for_rows, plan_parts
 
@@ -26,16 +26,19 @@ def draft(model: PlannedModel, config: Config) -> Plan:
         from tightfit.analysis.csdf import max_phases
 
         phases, source = max_phases(g), min(g.shape(t)[2] for t in g.inputs)  # phases every input has rows for
-    options = PartsOptions(align=config.get("align", False), held=config.get("held", ()), inplace=config.get("inplace", False))
+    options = PartsOptions(align=config.get("align", False), held=config.get("held", ()), inplace=config.get("inplace", False),
+                           stream_outputs=config.get("stream_outputs", False))
     if config.planner is None:
         return draft_parts(model, phases, source, config.layout, config.dtype, options)
     return plan_parts(model, phases, source, config.planner, config.layout, config.dtype, options)
 
 
-def config_of(setting, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None) -> Config:
+def config_of(setting, layout: str = "nhwc", dtype: str = "fp32", planner: str | None = None,
+              stream_outputs: bool = False) -> Config:
     """The Config that drafts a parts search's setting (phase_search.PartsSetting)."""
+    streamed = {"stream_outputs": True} if stream_outputs else {}
     return Config(layout, dtype, planner, settings=dict(phases=setting.phases_dict(), source=setting.source_phases,
-                                                        align=setting.align, held=setting.held))
+                                                        align=setting.align, held=setting.held, **streamed))
 
 
 def search(problem: Problem) -> Front | None:
@@ -48,11 +51,12 @@ def search(problem: Problem) -> Front | None:
     if problem.brief and (problem.budget_bytes is None or problem.quick):
         return None
     c = problem.config
-    found = search_parts(problem.model, problem.seconds, problem.budget_bytes, layout=c.layout, dtype=c.dtype,
+    stream = bool(c.get("stream_outputs", False))
+    found = search_parts(problem.model, problem.seconds, problem.budget_bytes, config=c,
                          deadline=problem.deadline, progress=problem.progress)
 
     def point(p: Point, exact: bool = False) -> Point:
-        return replace(p, config=config_of(p.config, c.layout, c.dtype), exact=exact)
+        return replace(p, config=config_of(p.config, c.layout, c.dtype, stream_outputs=stream), exact=exact)
 
     smallest = point(found.smallest, not found.timed_out)
     chosen = smallest if found.chosen == found.smallest else point(found.chosen)

@@ -56,7 +56,7 @@ from tightfit.techniques.deadline import Deadline, TimeUp, check
 from tightfit.plan.lifetimes import Lifetimes, buffer_tensors, lifetimes, live_at
 from tightfit.techniques.interface import PlannedModel
 from tightfit.plan.schema import Plan
-from tightfit.techniques.interface import Point, pareto, run_memory
+from tightfit.techniques.interface import Config, Point, pareto, run_memory
 
 Phases = tuple[tuple[int, int], ...]  # sorted (layer id, phases > 1)
 NEAR_PEAK = 0.9  # steps this close to the peak count as peaks too
@@ -142,16 +142,18 @@ def _buffers(p: Point) -> int:
 
 
 def search_parts(model: PlannedModel, seconds: Callable[[Plan], float], budget_bytes: int | None = None,
-                 max_seconds: float | None = None, layout: str = "nhwc", dtype: str = "fp32",
+                 max_seconds: float | None = None, config: Config = Config(),
                  deadline: Deadline | None = None, progress: Callable[[str], None] = lambda line: None) -> PartsSearch:
     """With `budget_bytes`: the fastest plan found whose peak fits it. Without: the smallest peak
     found whose predicted time is at most `max_seconds` (None: any time). `fits` says whether
     the constraint is met; if not, `chosen` is the smallest peak found. A graph with at most
     EXHAUSTIVE_LIMIT settings (phase counts 1, 2, 4, ... per layer and source) is searched
     exhaustively, so the answer is the optimum of that space. Past `deadline` (checked before each
-    new point) it stops and answers from the points found so far; `progress` gets a line per stage."""
+    new point) it stops and answers from the points found so far; `progress` gets a line per stage.
+    `config`: how plans are drafted (layout, dtype; its setting "stream_outputs": every plan hands
+    the model's outputs over by rows, PartsOptions.stream_outputs)."""
     g = model.graph
-    evaluate = _Evaluations(model, seconds, layout, dtype, deadline)
+    evaluate = _Evaluations(model, seconds, config.layout, config.dtype, deadline, bool(config.get("stream_outputs", False)))
     base = evaluate({}, 1)
     settings = ladder_settings(g)
     exhaustive = settings.count <= EXHAUSTIVE_LIMIT  # (read at each call: tests lower it)
@@ -196,8 +198,9 @@ class _Evaluations:
     holding whole the tensor where the stream peaks."""
 
     def __init__(self, model: PlannedModel, seconds: Callable[[Plan], float], layout: str, dtype: str,
-                 deadline: Deadline | None) -> None:
+                 deadline: Deadline | None, stream_outputs: bool = False) -> None:
         self.model, self.seconds, self.layout, self.dtype, self.deadline = model, seconds, layout, dtype, deadline
+        self.stream_outputs = stream_outputs
         self.seen: dict[tuple[Phases, int, tuple[int, ...]], Point] = {}
         # A third draft per evaluation: worth it where drafts are cheap (DenseNet's 248 splittable
         # layers plan slowly; its holds come from the greedy stage's moves only).
@@ -210,7 +213,8 @@ class _Evaluations:
     def _plan(self, phases: Mapping[int, int], source: int, align: bool, held: tuple[int, ...]) -> Plan:
         from tightfit.techniques.parts.planner import PartsOptions, draft_parts
 
-        return draft_parts(self.model, dict(phases), source, self.layout, self.dtype, PartsOptions(align, held))
+        return draft_parts(self.model, dict(phases), source, self.layout, self.dtype,
+                           PartsOptions(align, held, stream_outputs=self.stream_outputs))
 
     def _draft(self, phases: Phases, source: int, align: bool, held: tuple[int, ...]) -> tuple[int, Plan, Lifetimes]:
         plan = self._plan(dict(phases), source, align, held)

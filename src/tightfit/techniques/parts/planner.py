@@ -15,6 +15,7 @@ from typing import Collection, Mapping, Sequence
 
 from tightfit.analysis.csdf import CSDFGraph, firing_order, to_csdf
 from tightfit.graph.ir import Graph, itemsize, spatial
+from tightfit.graph.forms import nhwc_output
 from tightfit.techniques import windows as memo
 from tightfit.ops import get_op
 from tightfit.ops.base import Region
@@ -78,10 +79,11 @@ def _region(graph: Graph, tensor: str, rows: tuple[int, int], batch: int) -> Reg
     return Region(0, batch, rows[0], rows[1], 0, w)
 
 
-def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict]) -> list[dict[str, int]]:
+def _low_water(graph: Graph, firings: Sequence[_Firing], needs: Sequence[dict],
+               streamed: Collection[str] = ()) -> list[dict[str, int]]:
     """After each firing, per tensor, the lowest row any later firing still reads (graph outputs
-    are kept whole: the caller reads them at the end)."""
-    keep_all = set(graph.outputs)
+    are kept whole: the caller reads them at the end; a streamed one leaves as it is computed)."""
+    keep_all = set(graph.outputs) - set(streamed)
     lows: list[dict[str, int]] = [dict() for _ in firings]
     running: dict[str, int] = {t: 0 for t in keep_all}
     for i in range(len(firings) - 1, -1, -1):
@@ -101,13 +103,17 @@ class PartsOptions:
     (plan/overlay.py). `inplace`: a step's output may also take rows of its own input its kernel
     is done reading (plan/overlay.py within steps), and the overlays are kept only where they
     make the run memory smaller.
-    `slack_rows`: window rows traded for fewer compactions."""
+    `slack_rows`: window rows traded for fewer compactions. `stream_outputs`: the model's outputs
+    are handed to the caller by rows as they are computed ('output' steps), so that the arena holds
+    a window of each instead of the whole tensor (as a row-band input arrives by rows); a 4-D
+    output the model file gives channels-last (a .tflite's) is kept whole."""
 
     align: bool = False
     held: Collection[int | str] = ()
     overlay: bool = True
     slack_rows: int = 0
     inplace: bool = False
+    stream_outputs: bool = False
 
 
 def plan_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[int]], source_rows=None,
@@ -131,7 +137,10 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
     csdf = to_csdf(g, phases, source_rows)
     firings = _firings(csdf, held)
     needs = _needs(g, batch, firings)
-    lows = _low_water(g, firings, needs)
+    # an output the file gives channels-last stays whole: its sinks (the C program's OUTPUT.bin)
+    # take rows of the graph's NCHW form, and a band of NHWC rows is not a run of the file's bytes
+    streamed = [t for t in g.outputs if options.stream_outputs and len(g.shape(t)) == 4 and not nhwc_output(g, t)]
+    lows = _low_water(g, firings, needs, streamed)
     caps = _capacities(g, firings, needs, lows, options.slack_rows)
     windows: dict[str, _Window] = {}
     buffers: list[Buffer] = []
@@ -159,12 +168,16 @@ def draft_parts(model: PlannedModel, phases: Mapping[int | str, int | Sequence[i
             steps.append(Step("input", 0, -1, out))
         else:
             steps.append(_compute(g, f.layer, out, windows, batch, dtype, layout))
+            if tensor in streamed:
+                steps.append(Step("output", 0, -1, out, (out,)))
         win.produced = f.rows[1]
     knobs = {"method": "parts", "layout": layout, "slack_rows": options.slack_rows,
              "phases": {str(a.layer_id): a.phases for a in csdf.actors if a.kind == "layer" and a.phases > 1},
              "rows_per_phase": {str(a.layer_id): list(a.rows_per_phase) for a in csdf.actors
                                 if a.kind == "layer" and a.phases > 1},
              "source_rows": list(csdf.actors[0].rows_per_phase), "held": held}
+    if streamed:
+        knobs["stream_outputs"] = True
     plan = Plan((model.ref(),), dtype, tuple(buffers), (Partition(0, 0, tuple(range(len(g.layers))), tuple(steps)),), (), 0, knobs)
     if not (options.overlay or options.inplace):
         return plan
