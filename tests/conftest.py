@@ -63,8 +63,8 @@ def kernel_runs(monkeypatch):
         bound: dict[int, list[tuple[int, int]]] = {}
         bind, run_partition = executor.ArenaExecutor._bind, executor.ArenaExecutor.run_partition
 
-        def counting_bind(self, p, ctx):
-            part = bind(self, p, ctx)
+        def counting_bind(self, p, ctx, *stored):
+            part = bind(self, p, ctx, *stored)
             logged = []
             for s in p.steps:
                 if s.kind == "compute" and self.graphs[s.model] is graph:
