@@ -4,8 +4,9 @@ against the Python executor and against the exported C program.
 Target (issue 20, and issue 39 point 6 for the program the user ships): median <= 5% and max <= 15%
 per technique, tiling and parts included, for both.
 
-    python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--time-limit 20]
-                            [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...] [--model-timeout 900] [--cpu N]
+    python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--max-rounds 9]
+                            [--time-limit 20] [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...]
+                            [--model-timeout 900] [--cpu N] [--skip-c]
 
 Per model, in a process of its own, the plans (searched over a profile measured afresh there):
 - reuse: the layer-by-layer plan with buffer reuse;
@@ -17,7 +18,9 @@ Per model, in a process of its own, the plans (searched over a profile measured 
 Measured and predicted in rounds, each a fresh profile of every step the plans hold (a cost model
 in memory, measured from nothing: runtime/cost.py) and the plans' predictions from it, then one
 timing of every plan; the median over the rounds of each, of which there are at least --runs and as
-many as fit in --span seconds. A plan runs in a timing worker of its own (runtime/_timer.py, one
+many as fit in --span seconds, and more, up to --max-rounds, while a plan's rounds scatter so that
+their median is uncertain by more than NOISE (1%: a scaled median absolute deviation over the root
+of the count). A plan runs in a timing worker of its own (runtime/_timer.py, one
 torch thread; the run's thread CPU time, the clock the cost model times steps by at one thread, so
 that other processes holding the cores count in neither); in each round it runs back to back,
 twice or for 20 ms, and the median of the runs after the first is kept (a frame after a frame of
@@ -32,16 +35,25 @@ left to the scheduler, a round's timings moved 40% at random (mobilenet_v3_small
 2.9 or 4.1-4.3 ms, while its profile predicted 2.8-3.0 in every round); pinned, most models'
 rounds move 2-25% (40-50% in the host's worst minutes); the process that measured a step and the
 one that runs it share that core's caches, as one thread of an edge device does. The machine is
-shared: the load is printed, and rows taken while it exceeds the core count are marked.
+shared: per model the 1-minute load average is sampled once a round and its range printed; rows
+taken while it exceeded the core count are marked. An error, pred/meas - 1, is the median over the
+rounds of each round's own ratio (a round's profile and timings are closer in time, and in the
+host's load, than the medians of all rounds are), so it need not equal the ratio of the printed
+medians.
 
 The exported program (issue 39 point 6): every plan is exported (`tightfit.export.export`, weights in
-weights.bin) and built with the check's default flags (-O3 -march=native, static); in each round,
-after the executor's timings, each program runs on the same core, its input read whole first (-p):
-once, and 1 + k times (k as many runs as the executor's worker makes, at least 2); the difference of
-the two processes' CPU time (user + system, from the kernel's accounting of waited-for children),
-divided by k, is that round's time of a run (loading and the cold first run cancel; the executor's
-steps are timed by thread CPU time too). The median over the rounds is printed beside the executor's,
-with its own error per technique. The cost model profiles steps
+weights.bin) and built with the check's default flags (-O3 -march=native, static). In each round,
+each plan runs on the executor and at once as its program, on the same core (the two times of a plan
+taken within a second, in the same phase of the host's other work; the plans' order alternates
+between rounds), its input read whole first (-p), 1 + k runs back to back (k as many as the
+executor's worker makes, at least 2); the program says the median of its runs after the first, each
+the shorter of its wall and its CPU time less what the clocks read around nothing (main.c's
+cpu_seconds: the executor's clock, so that other processes holding the core count in neither). The
+median over the rounds is printed beside the executor's ("C ms"), with its own prediction ("Cpred
+ms": the same profile's, less the executor's Python and ctypes call around each partition, which
+the program does not make: analysis/predict.Predictor.plan_seconds(program=True)) and error per
+technique, and the program's time over the executor's per technique (the same kernels on the same tables: they differ
+only by how the process holds its memory and calls the library). The cost model profiles steps
 through the library's tf_run, as both run them, so one profile predicts both.
 """
 from __future__ import annotations
@@ -178,6 +190,7 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
         for t in timers:  # every worker loaded before any is timed (loading takes the cores)
             t.run(0)
         predicted: list[list[float]] = [[] for _ in plans]
+        predicted_c: list[list[float]] = [[] for _ in plans]  # the same profile's prediction of the program
         times: list[list[float]] = [[] for _ in plans]
         c_times: list[list[float]] = [[] for _ in plans]
         programs = programs or [""] * len(plans)
@@ -189,6 +202,7 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
             t0, profile = time.monotonic(), CostModel(None)
             for k, p in enumerate(plans):
                 predicted[k].append(profile.plan_seconds(p, [graph]))
+                predicted_c[k].append(profile.plan_seconds(p, [graph], program=True))
             profiling.append(time.monotonic() - t0)
             # Each plan on the executor, then at once as its program: the two times of a plan are
             # taken within a second of each other, in the same phase of the host's other work.
@@ -202,10 +216,21 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
             t.close()
     spread = lambda xs: max(xs) / min(xs) - 1  # noqa: E731
     return {"predicted": [statistics.median(p) for p in predicted], "measured": [statistics.median(t) for t in times],
+            "c_predicted": [statistics.median(p) for p in predicted_c],
+            "error": [_paired_error(p, t) for p, t in zip(predicted, times)],
+            "c_error_ratio": [_paired_error(p, c) if c else None for p, c in zip(predicted_c, c_times)],
             "c_measured": [statistics.median(t) if t else None for t in c_times],
             "c_error": [p if isinstance(p, str) else "" for p in programs],
             "rounds": r, "profile_seconds": statistics.median(profiling), "loads": loads,
+            "per_round": [{"pred": p, "pred_c": q, "py": t, "c": c} for p, q, t, c in zip(predicted, predicted_c, times, c_times)],
             "spread": [(spread(p), spread(t), spread(c) if c else None) for p, t, c in zip(predicted, times, c_times)]}
+
+
+def _paired_error(predicted: list[float], measured: list[float]) -> float:
+    """pred/meas - 1 as the median over the rounds of each round's own ratio: a round's profile and
+    timings are taken minutes closer to each other than the rounds' medians are, in the same phase
+    of the host's other work."""
+    return statistics.median(p / m for p, m in zip(predicted, measured)) - 1
 
 
 def _more_rounds(done: int, elapsed: float, args, series: list[list[float]]) -> bool:
@@ -254,9 +279,10 @@ def one_model(name: str, args) -> None:
     for k, (technique, label, plan) in enumerate(plans):
         print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()),
                           "predicted": m["predicted"][k], "measured": m["measured"][k], "rounds": m["rounds"],
+                          "error": m["error"][k], "c_predicted": m["c_predicted"][k], "c_error_ratio": m["c_error_ratio"][k],
                           "c_measured": m["c_measured"][k], "c_error": m["c_error"][k],
                           "profile_seconds": m["profile_seconds"], "spread": m["spread"][k], "loads": m["loads"],
-                          "loaded": max(m["loads"]) > cores()}),
+                          "loaded": max(m["loads"]) > cores(), "per_round": m["per_round"][k]}),
               flush=True)
 
 
@@ -299,7 +325,7 @@ def all_models(args, names) -> None:
     print(f"models: {', '.join(models)}; runs {args.runs}; search limit {args.time_limit:g} s; "
           f"measured over at least {args.span:g} s; fractions of the reuse run memory {args.fractions}; vbs on {args.vbs or 'none'}")
     print(f"{'model':<22} {'technique':<7} {'plan':<44} {'steps':>6} {'pred ms':>9} {'Py ms':>9} {'pred/Py-1':>10} "
-          f"{'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
+          f"{'Cpred ms':>9} {'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
     errors = {kind: {t: [] for t in TECHNIQUES} for kind in ("Python executor", "exported program")}
     relative: dict[str, list[float]] = {t: [] for t in TECHNIQUES}  # against the model's reuse plan
     c_over_py: dict[str, list[float]] = {t: [] for t in TECHNIQUES}
@@ -309,22 +335,22 @@ def all_models(args, names) -> None:
         rows = _model_rows(name, args, skipped)
         reuse_ratio = None
         for row in rows:
-            err = row["predicted"] / row["measured"] - 1
-            errors["Python executor"][row["technique"]].append(abs(err))
-            if row["technique"] == "reuse":
+            err, technique = row["error"], row["technique"]
+            errors["Python executor"][technique].append(abs(err))
+            if technique == "reuse":
                 reuse_ratio = 1 + err
             elif reuse_ratio is not None:
-                relative[row["technique"]].append(abs((1 + err) / reuse_ratio - 1))
+                relative[technique].append(abs((1 + err) / reuse_ratio - 1))
             c = row.get("c_measured")
             if c:
-                errors["exported program"][row["technique"]].append(abs(row["predicted"] / c - 1))
-                c_over_py[row["technique"]].append(c / row["measured"])
+                errors["exported program"][technique].append(abs(row["c_error_ratio"]))
+                c_over_py[technique].append(c / row["measured"])
             elif not args.skip_c:
-                no_program.append(f"{name} {row['technique']} {row['label']}: {row.get('c_error') or 'not timed'}")
-            c_text = (f"{c * 1e3:>9.2f} {(row['predicted'] / c - 1) * 100:>+8.1f}% {c / row['measured']:>6.3f}" if c
-                      else f"{'-':>9} {'-':>9} {'-':>6}")
+                no_program.append(f"{name} {technique} {row['label']}: {row.get('c_error') or 'not timed'}")
+            c_text = (f"{row['c_predicted'] * 1e3:>9.2f} {c * 1e3:>9.2f} {row['c_error_ratio'] * 100:>+8.1f}% "
+                      f"{c / row['measured']:>6.3f}" if c else f"{'-':>9} {'-':>9} {'-':>9} {'-':>6}")
             mark = " [loaded]" if row["loaded"] else ""
-            print(f"{name:<22} {row['technique']:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
+            print(f"{name:<22} {technique:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
                   f"{row['measured'] * 1e3:>9.2f} {err * 100:>+9.1f}% {c_text}{mark}", flush=True)
         if rows:
             print(f"{'':<22} ({time.monotonic() - t0:.0f} s; {_rounds_text(rows[0])}){load_mark(max(rows[0]['loads']))}",
