@@ -189,9 +189,9 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
     for size in output_sizes:
         outputs.append(data[at : at + size].copy())
         at += size
-    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?(?: cpu_seconds ([0-9.eE+-]+))?",
+    m = re.search(rb"median_seconds ([0-9.eE+-]+)(?: cpu_seconds ([0-9.eE+-]+))? peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?",
                   stdout)
-    if m is None or int(m.group(2)) < 0:
+    if m is None or int(m.group(3)) < 0:
         raise ExportError("the exported program did not report its peak memory (VmHWM needs Linux /proc)")
-    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024, int(m.group(3)) if m.group(3) else -1,
-               float(m.group(4)) if m.group(4) else math.nan)
+    return Ran(outputs, float(m.group(1)), int(m.group(3)) * 1024, int(m.group(4)) if m.group(4) else -1,
+               float(m.group(2)) if m.group(2) else math.nan)

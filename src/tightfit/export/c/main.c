@@ -383,8 +383,8 @@ int main(int argc, char **argv) {
     qsort(own + o.runs - warm, (size_t)warm, sizeof(double), cmp);
     /* simd: the vector width the kernels were built with (0: the portable path), so a check
      * can tell which path it ran. */
-    printf("runs %ld median_seconds %.9f peak_rss_kib %ld simd %d cpu_seconds %.9f\n", o.runs, seconds[o.runs / 2],
-           peak_rss_kib(), tf_simd(), own[o.runs - warm + warm / 2]);
+    printf("runs %ld median_seconds %.9f cpu_seconds %.9f peak_rss_kib %ld simd %d\n", o.runs, seconds[o.runs / 2],
+           own[o.runs - warm + warm / 2], peak_rss_kib(), tf_simd());
 done:
     if (in) fclose(in);
     free(whole);
