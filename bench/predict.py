@@ -4,8 +4,9 @@ against the Python executor and against the exported C program.
 Target (issue 20, and issue 39 point 6 for the program the user ships): median <= 5% and max <= 15%
 per technique, tiling and parts included, for both.
 
-    python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--time-limit 20]
-                            [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...] [--model-timeout 900] [--cpu N]
+    python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--max-rounds 9]
+                            [--time-limit 20] [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...]
+                            [--model-timeout 900] [--cpu N] [--skip-c]
 
 Per model, in a process of its own, the plans (searched over a profile measured afresh there):
 - reuse: the layer-by-layer plan with buffer reuse;
@@ -17,7 +18,9 @@ Per model, in a process of its own, the plans (searched over a profile measured 
 Measured and predicted in rounds, each a fresh profile of every step the plans hold (a cost model
 in memory, measured from nothing: runtime/cost.py) and the plans' predictions from it, then one
 timing of every plan; the median over the rounds of each, of which there are at least --runs and as
-many as fit in --span seconds. A plan runs in a timing worker of its own (runtime/_timer.py, one
+many as fit in --span seconds, and more, up to --max-rounds, while a plan's rounds scatter so that
+their median is uncertain by more than NOISE (1%: a scaled median absolute deviation over the root
+of the count). A plan runs in a timing worker of its own (runtime/_timer.py, one
 torch thread; the run's thread CPU time, the clock the cost model times steps by at one thread, so
 that other processes holding the cores count in neither); in each round it runs back to back,
 twice or for 20 ms, and the median of the runs after the first is kept (a frame after a frame of
@@ -32,24 +35,33 @@ left to the scheduler, a round's timings moved 40% at random (mobilenet_v3_small
 2.9 or 4.1-4.3 ms, while its profile predicted 2.8-3.0 in every round); pinned, most models'
 rounds move 2-25% (40-50% in the host's worst minutes); the process that measured a step and the
 one that runs it share that core's caches, as one thread of an edge device does. The machine is
-shared: the load is printed, and rows taken while it exceeds the core count are marked.
+shared: per model the 1-minute load average is sampled once a round and its range printed; rows
+taken while it exceeded the core count are marked. An error, pred/meas - 1, is the median over the
+rounds of each round's own ratio (a round's profile and timings are closer in time, and in the
+host's load, than the medians of all rounds are), so it need not equal the ratio of the printed
+medians.
 
 The exported program (issue 39 point 6): every plan is exported (`tightfit.export.export`, weights in
-weights.bin) and built with the check's default flags (-O3 -march=native, static); in each round,
-after the executor's timings, each program runs on the same core, its input read whole first (-p):
-once, and 1 + k times (k as many runs as the executor's worker makes, at least 2); the difference of
-the two processes' CPU time (user + system, from the kernel's accounting of waited-for children),
-divided by k, is that round's time of a run (loading and the cold first run cancel; the executor's
-steps are timed by thread CPU time too). The median over the rounds is printed beside the executor's,
-with its own error per technique. The cost model profiles steps
+weights.bin) and built with the check's default flags (-O3 -march=native, static). In each round,
+each plan runs on the executor and at once as its program, on the same core (the two times of a plan
+taken within a second, in the same phase of the host's other work; the plans' order alternates
+between rounds), its input read whole first (-p), 1 + k runs back to back (k as many as the
+executor's worker makes, at least 2); the program says the median of its runs after the first, each
+the shorter of its wall and its CPU time less what the clocks read around nothing (main.c's
+cpu_seconds: the executor's clock, so that other processes holding the core count in neither). The
+median over the rounds is printed beside the executor's ("C ms"), with its own prediction ("Cpred
+ms": the same profile's, less the executor's Python and ctypes call around each partition, which
+the program does not make: analysis/predict.Predictor.plan_seconds(program=True)) and error per
+technique, and the program's time over the executor's per technique (the same kernels on the same tables: they differ
+only by how the process holds its memory and calls the library). The cost model profiles steps
 through the library's tf_run, as both run them, so one profile predicts both.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -62,13 +74,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import add_write_docs, command_line, docs_section, header, is_loaded, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, command_line, cores, docs_section, header, load_mark, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
 MEDIAN_TARGET, MAX_TARGET = 0.05, 0.15
 ROUND_SECONDS = 0.02
 VBS_REQUEST = 4
+NOISE = 0.01  # a median over rounds that the rounds' scatter leaves uncertain by more is measured again
 
 
 def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool, cost) -> list[tuple[str, str, object]]:
@@ -154,28 +167,21 @@ def build_programs(plans: list, graph, work: Path) -> list[Program | str]:
 
 
 def time_program(program: Program, frames: int) -> float:
-    """CPU seconds of one run of the program: its process's CPU time (user + system, as the
-    executor's step clock counts) over 1 + k runs less over 1 run, divided by k (k = `frames`, at
-    least 2): loading, the weights' pages and the cold first run cancel, and other processes holding
-    the core count in neither."""
+    """Seconds of one run of the program: the median of its runs after the first, back to back in
+    one process (`frames` of them, at least 2), each the shorter of its wall and CPU time less
+    what the clocks read around nothing (main.c's cpu_seconds): the executor's runs are timed so,
+    and a run that lost the core to another process counts only what it ran."""
     from tightfit.export.build import run
 
-    k = max(2, frames)
-
-    def cpu(runs: int) -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        run(program.binary, program.inputs, program.sizes, runs, program.weights, preload=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-    return max(cpu(1 + k) - cpu(1), 0.0) / k
+    return run(program.binary, program.inputs, program.sizes, 1 + max(2, frames), program.weights, preload=True).cpu_seconds
 
 
-def measure(plans: list, graph, runs: int, span: float, first: list[float], programs: list | None = None) -> dict:
+def measure(plans: list, graph, args, first: list[float], programs: list | None = None) -> dict:
     """Per plan its median prediction and median time over the rounds (see the module's
     docstring), and its exported program's (`programs`: a Program per plan, or the reason it has
-    none); the rounds, the seconds a round's profile took, and per plan the spread of its
-    predictions and of its times (largest over smallest, less 1)."""
+    none); the rounds, the seconds a round's profile took, the 1-minute load averages sampled
+    (one a round), and per plan the spread of its predictions and of its times (largest over
+    smallest, less 1)."""
     from tightfit.runtime.cost import CostModel
     from tightfit.runtime.vbs_runs import PlanTimer
 
@@ -184,20 +190,24 @@ def measure(plans: list, graph, runs: int, span: float, first: list[float], prog
         for t in timers:  # every worker loaded before any is timed (loading takes the cores)
             t.run(0)
         predicted: list[list[float]] = [[] for _ in plans]
+        predicted_c: list[list[float]] = [[] for _ in plans]  # the same profile's prediction of the program
         times: list[list[float]] = [[] for _ in plans]
         c_times: list[list[float]] = [[] for _ in plans]
         programs = programs or [""] * len(plans)
         profiling: list[float] = []
+        loads: list[float] = []
         start, r = time.monotonic(), 0
-        while r < runs or time.monotonic() - start < span:
+        while _more_rounds(r, time.monotonic() - start, args, predicted + times + c_times):
+            loads.append(os.getloadavg()[0])
             t0, profile = time.monotonic(), CostModel(None)
             for k, p in enumerate(plans):
                 predicted[k].append(profile.plan_seconds(p, [graph]))
+                predicted_c[k].append(profile.plan_seconds(p, [graph], program=True))
             profiling.append(time.monotonic() - t0)
-            order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
-            for k in order:
+            # Each plan on the executor, then at once as its program: the two times of a plan are
+            # taken within a second of each other, in the same phase of the host's other work.
+            for k in range(len(plans)) if r % 2 == 0 else reversed(range(len(plans))):
                 times[k].append(statistics.median(timers[k].run(_frames(first[k]))[1:]))
-            for k in order:
                 if isinstance(programs[k], Program):
                     c_times[k].append(time_program(programs[k], _frames(first[k]) + 1))
             r += 1
@@ -206,10 +216,40 @@ def measure(plans: list, graph, runs: int, span: float, first: list[float], prog
             t.close()
     spread = lambda xs: max(xs) / min(xs) - 1  # noqa: E731
     return {"predicted": [statistics.median(p) for p in predicted], "measured": [statistics.median(t) for t in times],
+            "c_predicted": [statistics.median(p) for p in predicted_c],
+            "error": [_paired_error(p, t) for p, t in zip(predicted, times)],
+            "c_error_ratio": [_paired_error(p, c) if c else None for p, c in zip(predicted_c, c_times)],
             "c_measured": [statistics.median(t) if t else None for t in c_times],
             "c_error": [p if isinstance(p, str) else "" for p in programs],
-            "rounds": r, "profile_seconds": statistics.median(profiling),
-            "spread": [(spread(p), spread(t)) for p, t in zip(predicted, times)]}
+            "rounds": r, "profile_seconds": statistics.median(profiling), "loads": loads,
+            "per_round": [{"pred": p, "pred_c": q, "py": t, "c": c} for p, q, t, c in zip(predicted, predicted_c, times, c_times)],
+            "spread": [(spread(p), spread(t), spread(c) if c else None) for p, t, c in zip(predicted, times, c_times)]}
+
+
+def _paired_error(predicted: list[float], measured: list[float]) -> float:
+    """pred/meas - 1 as the median over the rounds of each round's own ratio: a round's profile and
+    timings are taken minutes closer to each other than the rounds' medians are, in the same phase
+    of the host's other work."""
+    return statistics.median(p / m for p, m in zip(predicted, measured)) - 1
+
+
+def _more_rounds(done: int, elapsed: float, args, series: list[list[float]]) -> bool:
+    """Whether to take another round: until --runs rounds and --span seconds; then, up to
+    --max-rounds, while some plan's predictions or times are noisy (the host's other work moved
+    them between rounds by more than their median can be trusted to NOISE)."""
+    if done < args.runs or elapsed < args.span:
+        return True
+    return done < args.max_rounds and any(_noisy(xs) for xs in series)
+
+
+def _noisy(xs: list[float]) -> bool:
+    """Whether the median of `xs` is uncertain by more than NOISE: the median absolute deviation
+    (scaled to a normal's standard deviation) over the root of the count, relative to the median."""
+    if len(xs) < 3:
+        return False
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    return 1.4826 * mad / math.sqrt(len(xs)) > NOISE * med
 
 
 def _frames(seconds: float) -> int:
@@ -235,12 +275,14 @@ def one_model(name: str, args) -> None:
     first = [cost.plan_seconds(p, [graph]) for _, _, p in plans]
     with tempfile.TemporaryDirectory(prefix="bench-predict-") as work:
         programs = build_programs([p for _, _, p in plans], graph, Path(work)) if not args.skip_c else None
-        m = measure([p for _, _, p in plans], graph, args.runs, args.span, first, programs)
+        m = measure([p for _, _, p in plans], graph, args, first, programs)
     for k, (technique, label, plan) in enumerate(plans):
         print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()),
                           "predicted": m["predicted"][k], "measured": m["measured"][k], "rounds": m["rounds"],
+                          "error": m["error"][k], "c_predicted": m["c_predicted"][k], "c_error_ratio": m["c_error_ratio"][k],
                           "c_measured": m["c_measured"][k], "c_error": m["c_error"][k],
-                          "profile_seconds": m["profile_seconds"], "spread": m["spread"][k], "loaded": is_loaded()}),
+                          "profile_seconds": m["profile_seconds"], "spread": m["spread"][k], "loads": m["loads"],
+                          "loaded": max(m["loads"]) > cores(), "per_round": m["per_round"][k]}),
               flush=True)
 
 
@@ -252,6 +294,8 @@ def main() -> None:
     ap.add_argument("--skip", default="")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--span", type=float, default=30.0)
+    ap.add_argument("--max-rounds", type=int, default=9,
+                    help="rounds taken at most while a plan's rounds scatter (see NOISE)")
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--fractions", default="0.5,0.125")
     ap.add_argument("--vbs", default="mobilenet_v1_025,squeezenet1_0")
@@ -281,35 +325,36 @@ def all_models(args, names) -> None:
     print(f"models: {', '.join(models)}; runs {args.runs}; search limit {args.time_limit:g} s; "
           f"measured over at least {args.span:g} s; fractions of the reuse run memory {args.fractions}; vbs on {args.vbs or 'none'}")
     print(f"{'model':<22} {'technique':<7} {'plan':<44} {'steps':>6} {'pred ms':>9} {'Py ms':>9} {'pred/Py-1':>10} "
-          f"{'C ms':>9} {'pred/C-1':>9}")
+          f"{'Cpred ms':>9} {'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
     errors = {kind: {t: [] for t in TECHNIQUES} for kind in ("Python executor", "exported program")}
     relative: dict[str, list[float]] = {t: [] for t in TECHNIQUES}  # against the model's reuse plan
+    c_over_py: dict[str, list[float]] = {t: [] for t in TECHNIQUES}
     skipped, no_program = [], []
     for name in models:
         t0 = time.monotonic()
         rows = _model_rows(name, args, skipped)
         reuse_ratio = None
         for row in rows:
-            err = row["predicted"] / row["measured"] - 1
-            errors["Python executor"][row["technique"]].append(abs(err))
-            if row["technique"] == "reuse":
+            err, technique = row["error"], row["technique"]
+            errors["Python executor"][technique].append(abs(err))
+            if technique == "reuse":
                 reuse_ratio = 1 + err
             elif reuse_ratio is not None:
-                relative[row["technique"]].append(abs((1 + err) / reuse_ratio - 1))
+                relative[technique].append(abs((1 + err) / reuse_ratio - 1))
             c = row.get("c_measured")
             if c:
-                errors["exported program"][row["technique"]].append(abs(row["predicted"] / c - 1))
+                errors["exported program"][technique].append(abs(row["c_error_ratio"]))
+                c_over_py[technique].append(c / row["measured"])
             elif not args.skip_c:
-                no_program.append(f"{name} {row['technique']} {row['label']}: {row.get('c_error') or 'not timed'}")
-            c_text = f"{c * 1e3:>9.2f} {(row['predicted'] / c - 1) * 100:>+8.1f}%" if c else f"{'-':>9} {'-':>9}"
+                no_program.append(f"{name} {technique} {row['label']}: {row.get('c_error') or 'not timed'}")
+            c_text = (f"{row['c_predicted'] * 1e3:>9.2f} {c * 1e3:>9.2f} {row['c_error_ratio'] * 100:>+8.1f}% "
+                      f"{c / row['measured']:>6.3f}" if c else f"{'-':>9} {'-':>9} {'-':>9} {'-':>6}")
             mark = " [loaded]" if row["loaded"] else ""
-            print(f"{name:<22} {row['technique']:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
+            print(f"{name:<22} {technique:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
                   f"{row['measured'] * 1e3:>9.2f} {err * 100:>+9.1f}% {c_text}{mark}", flush=True)
         if rows:
-            spread_pred, spread_meas = rows[0]["spread"]
-            print(f"{'':<22} ({time.monotonic() - t0:.0f} s; {rows[0]['rounds']} rounds, a profile in "
-                  f"{rows[0]['profile_seconds']:.1f} s each; layer by layer moved {spread_pred:.0%} predicted, "
-                  f"{spread_meas:.0%} measured){loaded()}", flush=True)
+            print(f"{'':<22} ({time.monotonic() - t0:.0f} s; {_rounds_text(rows[0])}){load_mark(max(rows[0]['loads']))}",
+                  flush=True)
     checks = []
     for kind, per in errors.items():
         if not any(per.values()):
@@ -322,6 +367,11 @@ def all_models(args, names) -> None:
             med, top = statistics.median(errs), max(errs)
             checks += [(med <= MEDIAN_TARGET, f"{kind}: {t} median {med:.1%}"), (top <= MAX_TARGET, f"{kind}: {t} max {top:.1%}")]
             print(f"  {t:<7} plans {len(errs):>3}  median {med * 100:5.1f}%  max {top * 100:5.1f}%")
+    ratios = {t: [r for r in per] for t, per in c_over_py.items() if per}
+    if ratios:
+        print("the exported program's time over the Python executor's (the same kernels on the same tables):")
+        for t, rs in ratios.items():
+            print(f"  {t:<7} plans {len(rs):>3}  median {statistics.median(rs):.3f}  range {min(rs):.3f}-{max(rs):.3f}")
     print("the Python executor's, each plan's pred/meas divided by its model's reuse plan's (what a choice between plans"
           " rests on; a load that slows every plan of a model alike cancels):")
     for t, errs in relative.items():
@@ -333,6 +383,16 @@ def all_models(args, names) -> None:
         print("no exported program timed: " + "; ".join(no_program))
         checks.append((False, f"{len(no_program)} plans without an exported program's time"))
     print("targets: " + verdict(checks) + loaded())
+
+
+def _rounds_text(row: dict) -> str:
+    """A model's rounds: how many, the profile's seconds, how far its layer-by-layer plan moved between
+    them, and the load they were taken at."""
+    spread_pred, spread_py, spread_c = row["spread"]
+    moved = f"{spread_pred:.0%} predicted, {spread_py:.0%} on the executor" + (f", {spread_c:.0%} as a program" if spread_c is not None else "")
+    loads = row["loads"]
+    return (f"{row['rounds']} rounds, a profile in {row['profile_seconds']:.1f} s each; layer by layer moved {moved}; "
+            f"load {min(loads):.1f}-{max(loads):.1f} on {cores()} cores")
 
 
 def _model_rows(name: str, args, skipped: list[str]) -> list[dict]:

@@ -87,6 +87,19 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     assert min(since) < predict.WARM_BYTES <= max(since)
 
 
+def test_the_program_is_predicted_without_the_executors_calls(small, monkeypatch):
+    """The exported program runs the same steps in the same tf_run calls, made from C: its
+    prediction is the executor's less, per partition, the executor's Python around it and its
+    ctypes call of tf_run."""
+    g, p = small
+    monkeypatch.setattr(cost, "_median_seconds", lambda run, samples=cost.SAMPLES, stir_bytes=cost.STIR_BYTES:
+                        2e-4 if stir_bytes else 1e-4)
+    cm = CostModel(None)
+    executor, program = cm.plan_seconds(p, [g]), cm.plan_seconds(p, [g], program=True)
+    calls = len(p.partitions) * (cm.partition_seconds + cm.native_call_seconds)
+    assert calls > 0 and program == pytest.approx(executor - calls)
+
+
 def _native_runs(cm: CostModel, plan, g) -> tuple[int, int]:
     """(steps on our own kernels, runs of consecutive such steps) of a plan, profiling it."""
     cm.plan_seconds(plan, [g])

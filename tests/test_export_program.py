@@ -20,6 +20,8 @@ def test_weights_file_program_is_clean_under_the_sanitizers(tmp_path):
     for preload in (False, True):
         ran = run(built.binary, [np.asarray(x)], [ref.size], 2, tmp_path / "c" / "weights.bin", preload=preload)
         assert abs(ran.outputs[0] - ref.ravel()).max() < 1e-4
+        # its runs' own time (the second run's: the shorter of wall and CPU time) is said and read
+        assert np.isfinite(ran.cpu_seconds) and ran.cpu_seconds >= 0.0
 
 
 # --- issue 37, point 2: every input error named, non-zero, no leak; `make` is the fast build --------
@@ -136,5 +138,6 @@ def test_a_memory_limit_below_the_need_is_said_with_the_need(tmp_path):
         got = _run(tmp_path / "c" / "big", "input.bin", "o.bin", cwd=tmp_path / "c", limit=(limit, 3 * 2**20))
         lines = got.stderr.strip().splitlines()
         assert got.returncode == 4 and len(lines) == 1, got.stderr
-        assert f"this program needs {arena + 8} bytes of data (arena {arena} + the rest)" in lines[0]
+        # the rest: two timings of the one run (its wall time and its own time), 8 bytes each
+        assert f"this program needs {arena + 16} bytes of data (arena {arena} + the rest)" in lines[0]
         assert f"{name} (ulimit -{'d' if name == 'RLIMIT_DATA' else 'v'}) is {3 * 2**20} bytes" in lines[0]

@@ -219,13 +219,17 @@ class Predictor:
         on the host (none on a host of our own)."""
         return self._constant("llc_decay")
 
-    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
-        """Predicted seconds of one run of the plan (one frame of every partition)."""
-        per_part = [self.steps_seconds(plan, graphs, p.steps) for p in plan.partitions]
+    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph], program: bool = False) -> float:
+        """Predicted seconds of one run of the plan (one frame of every partition) on the Python
+        executor, or with `program` as the exported program: the same steps in the same tf_run
+        calls, made from C, so without the executor's Python around each partition (its
+        `partition_seconds`) and its ctypes call of tf_run (`native_call_seconds`): 4-8 us a run
+        here, a tenth or more of minakova5's 40 us."""
+        per_part = [self.steps_seconds(plan, graphs, p.steps, program) for p in plan.partitions]
         together = {i for c in plan.concurrent for i in c}
         total = sum(t for i, t in enumerate(per_part) if i not in together)
         total += sum(max(per_part[i] for i in c) for c in plan.concurrent)
-        return total + len(plan.partitions) * self.partition_seconds
+        return total + (0.0 if program else len(plan.partitions) * self.partition_seconds)
 
     def _known(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> bool:
         p = self.profile
@@ -235,8 +239,9 @@ class Predictor:
         self.asked[key] = self.asked.get(key, 0) + 1
         return False
 
-    def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
-        """Predicted seconds of `steps` run in order, again and again (one run of a stream)."""
+    def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], program: bool = False) -> float:
+        """Predicted seconds of `steps` run in order, again and again (one run of a stream); with
+        `program`, called from C (no executor's calls, see `plan_seconds`)."""
         p = self.profile
         keys = [step_key(plan, graphs, s) for s in steps]
         known = [self._known(plan, graphs, s, k) for k, s in zip(keys, steps)]
@@ -252,7 +257,8 @@ class Predictor:
         fetch = sum(c * p.cold.get(k, rate) for k, c in zip(keys, cold))
         code = sum(chance * p.seconds.get(CODE_KEY + op, 0.0) for op, chance in filter(None, cold_code))
         # Every step runs on the kernel library; one not measured yet, too.
-        return sum(warm) + self._call_seconds([k in p.native or not ok for k, ok in zip(keys, known)]) + fetch + code
+        calls = 0.0 if program else self._call_seconds([k in p.native or not ok for k, ok in zip(keys, known)])
+        return sum(warm) + calls + fetch + code
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop

@@ -5,6 +5,7 @@ from /proc/self/status as it ends; a child's ru_maxrss would include the Python 
 forked from) beside weights + arena + code (`size` of the binary)."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -131,6 +132,9 @@ class Ran:
     median_seconds: float
     peak_rss: int  # bytes: the whole process's high-water mark
     simd: int = -1  # the kernels' vector width (tf_simd: 0 for the portable path; -1: not said)
+    # the median of the runs after the first, each the shorter of its wall and CPU time (main.c's
+    # cpu_seconds: what other processes held of the core left out); NaN where not said
+    cpu_seconds: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,9 @@ def run(binary: Path, inputs: Sequence[np.ndarray], output_sizes: Sequence[int],
     for size in output_sizes:
         outputs.append(data[at : at + size].copy())
         at += size
-    m = re.search(rb"median_seconds ([0-9.eE+-]+) peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?", stdout)
-    if m is None or int(m.group(2)) < 0:
+    m = re.search(rb"median_seconds ([0-9.eE+-]+)(?: cpu_seconds ([0-9.eE+-]+))? peak_rss_kib (-?[0-9]+)(?: simd ([0-9]+))?",
+                  stdout)
+    if m is None or int(m.group(3)) < 0:
         raise ExportError("the exported program did not report its peak memory (VmHWM needs Linux /proc)")
-    return Ran(outputs, float(m.group(1)), int(m.group(2)) * 1024, int(m.group(3)) if m.group(3) else -1)
+    return Ran(outputs, float(m.group(1)), int(m.group(3)) * 1024, int(m.group(4)) if m.group(4) else -1,
+               float(m.group(2)) if m.group(2) else math.nan)

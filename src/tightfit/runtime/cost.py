@@ -181,12 +181,13 @@ class CostModel:
         """A prediction over this model's own tables (measured first where they lack a key)."""
         return Predictor(Profile(self.id, self.seconds, self.hot_seconds, self.native, self.cold))
 
-    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph]) -> float:
-        """Predicted seconds of one run of the plan (one frame of every partition); step shapes
+    def plan_seconds(self, plan: Plan, graphs: Sequence[Graph], program: bool = False) -> float:
+        """Predicted seconds of one run of the plan (one frame of every partition) on the Python
+        executor, or with `program` as the exported program (Predictor.plan_seconds); step shapes
         the profile lacks are measured first."""
         for p in plan.partitions:
             self._measure_steps(plan, graphs, p.steps)
-        total = self._live().plan_seconds(plan, graphs)
+        total = self._live().plan_seconds(plan, graphs, program)
         self.save()
         return total
 
