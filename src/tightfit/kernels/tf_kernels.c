@@ -532,6 +532,27 @@ static float pool_divisor(const tf_pool_args *a, long oy, long ox) {
 }
 
 #if TF_SIMD
+/* The largest of the window's taps over 16 q channels, a NaN tap giving NaN (as the portable kernel's
+ * max): v > m ? v : m per tap, NaNs noted apart and put in at the end (one compare less per tap);
+ * q blocks at once, whose chains of compares overlap. */
+static inline __attribute__((always_inline)) void window_max(float *out, const float *base, long xs_h, long xs_w,
+        const window *t, int q, v16 lo, v16 hi) {
+    v16 acc[4];
+    i16 nan[4];
+    for (int b = 0; b < q; b++) { acc[b] = splat(-FLT_MAX); nan[b] = (i16){0}; }
+    for (long ky = t->ky0; ky < t->ky1; ky++)
+        for (long kx = t->kx0; kx < t->kx1; kx++)
+            for (int b = 0; b < q; b++) {
+                v16 v;
+                memcpy(&v, base + ky * xs_h + kx * xs_w + b * 16, 64);
+                const i16 take = v > acc[b];
+                nan[b] |= v != v;
+                acc[b] = (v16)(((i16)v & take) | ((i16)acc[b] & ~take));
+            }
+    for (int b = 0; b < q; b++)
+        store(out + b * 16, clamp16((v16)(((i16)splat(NAN) & nan[b]) | ((i16)acc[b] & ~nan[b])), lo, hi), 16);
+}
+
 /* Pooling of dilation 1 on channels-last views, 16 channels at a time, a clamp fused. */
 static int v_pool(float *arena, const tf_pool_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
@@ -547,7 +568,12 @@ static int v_pool(float *arena, const tf_pool_args *a) {
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         const float d = avg ? pool_divisor(a, oy, ox) : 1.0f;
         const v16 div = splat(d > 0.0f ? d : 1.0f); /* a window wholly in the padding: its sum, 0 */
-        for (long k0 = 0; k0 < y->c; k0 += 16) {
+        long k0 = 0;
+        if (!avg) {
+            for (; k0 + 64 <= y->c; k0 += 64) window_max(out + k0, base + k0, x->sh, x->sw, &t, 4, vlo, vhi);
+            for (; k0 + 16 <= y->c; k0 += 16) window_max(out + k0, base + k0, x->sh, x->sw, &t, 1, vlo, vhi);
+        }
+        for (; k0 < y->c; k0 += 16) {
             const long m = y->c - k0 < 16 ? y->c - k0 : 16;
             v16 acc = avg ? splat(0.0f) : none;
             for (long ky = t.ky0; ky < t.ky1; ky++)
