@@ -392,9 +392,13 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
         const v16 bias = load(a->b + (j + p) * 16, 16);
         for (int i = 0; i < r; i++) acc[p][i] = bias;
     }
-    for (long ky = t->y0; ky < t->y1; ky++)
-    for (long kx = t->x0; kx < t->x1; kx++)
-        dense_run(acc, xp, r, np, w0, rows, ky * a->xs_h + kx * a->xs_w, (ky * a->kw + kx) * cin, cin, xc);
+    if (a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1) { /* no tap loops */
+        dense_run(acc, xp, r, np, w0, rows, 0, 0, cin, xc);
+    } else {
+        for (long ky = t->y0; ky < t->y1; ky++)
+        for (long kx = t->x0; kx < t->x1; kx++)
+            dense_run(acc, xp, r, np, w0, rows, ky * a->xs_h + kx * a->xs_w, (ky * a->kw + kx) * cin, cin, xc);
+    }
     const v16 lo = splat(a->lo), hi = splat(a->hi);
     for (int p = 0; p < np; p++) {
         const long left = a->c - (j + p) * 16, m = left < 16 ? left : 16;
@@ -416,11 +420,18 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
 #define TF_PIXEL_BLOCKS(B, xc, yc) B(1, xc, yc) B(2, xc, yc) B(3, xc, yc)
 #endif
 
-/* Channels-last views take the blocks compiled for unit channel strides (up to TF_PANELS panels);
- * any other the strided ones (two panels). */
+/* Taps x input channels below which a block takes two panels, not TF_PANELS: its sums are too short
+ * to pay for twice the accumulators' set-up and stores (mobilenet_v2's 16 -> 96 1x1 on 112 x 112:
+ * 0.46 ms in blocks of two panels, 0.52 ms of four). 1x1 convolutions keep two panels too (no
+ * faster with four, measured: 320 -> 1280 on 7 x 7, 256 -> 128 on 28 x 28); a 7x7 stem on 3
+ * channels gains 10%. */
+#define TF_DEEP 128
+
+/* Channels-last views take the blocks compiled for unit channel strides (up to TF_PANELS panels
+ * where the sums are deep); any other the strided ones (two panels). */
 static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
     const int unit = a->xs_c == 1 && a->ys_c == 1;
-    const long most = unit ? TF_PANELS : 2;
+    const long most = unit && a->kh * a->kw > 1 && a->kh * a->kw * a->cin >= TF_DEEP ? TF_PANELS : 2;
     for (long j = j0; j < j1; j += most) {
         const int np = (int)(j1 - j < most ? j1 - j : most);
         if (unit) {
@@ -2440,9 +2451,25 @@ static int overlapping(const tf_view *x, const tf_view *y) {
     return xl < yh && yl < xh;
 }
 
+/* Multiply-adds (convolution) or taps read (pooling) of a step: below TF_SHARE_MIN, a few
+ * microseconds, a step runs on one thread (sharing it would cost as much as it saves: a meeting,
+ * and waking a thread that slept; efficientnet_b0's squeeze-excite convolutions on 1 x 1 pixels). */
+#ifndef TF_SHARE_MIN
+#define TF_SHARE_MIN 262144.0
+#endif
+static double step_work(const tf_step *step) {
+    if (step->kind == TF_STEP_POOL) {
+        const tf_pool_args *a = (const tf_pool_args *)step->args;
+        return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw;
+    }
+    const tf_conv_args *a = (const tf_conv_args *)step->args;
+    const long per_tap = a->kind == TF_CONV_DENSE ? a->x.c : a->kind == TF_CONV_DEPTHWISE ? 1 : a->x.c / a->groups;
+    return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw * per_tap;
+}
+
 static int shared_step(const tf_step *step, int threads) {
     int panels;
-    if (threads <= 1 || share_units(step, threads, &panels) <= 1) return 0;
+    if (threads <= 1 || share_units(step, threads, &panels) <= 1 || step_work(step) < TF_SHARE_MIN) return 0;
     if (step->kind == TF_STEP_CONV) return !overlapping(&((const tf_conv_args *)step->args)->x, &((const tf_conv_args *)step->args)->y);
     return !overlapping(&((const tf_pool_args *)step->args)->x, &((const tf_pool_args *)step->args)->y);
 }
