@@ -2497,50 +2497,18 @@ typedef struct {
 
 typedef struct { team *t; int id; } member;
 
-/* Polls of a meeting's generation before a waiting thread sleeps: the shares of a step end at about
- * the same time on every thread, and a poll sees the last one arrive within a microsecond where a
- * condition variable's wake-up takes tens of microseconds, once or twice per shared step (googlenet
- * shares some 70 steps a run). Bounded, so that on a machine busy with other work a waiting thread
- * soon gives its core back. 0: sleep at once. */
-#ifndef TF_SPINS
-#define TF_SPINS 4000
-#endif
-
-#if defined(__GNUC__) && TF_SPINS > 0
-#define TF_POLL 1
-static void relax(void) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-#else
-#define TF_POLL 0
-#endif
-
 /* All `expected` threads wait here; each gets the status as it was when the last one arrived (not
  * as it is when it wakes: the caller's thread may have gone on and failed a step since, and a
- * thread that stopped on that would leave the others waiting at the next meeting). The generation
- * changes under the mutex (a sleeping thread misses no wake-up); pollers read it atomically. */
+ * thread that stopped on that would leave the others waiting at the next meeting). */
 static int meet(team *t) {
     pthread_mutex_lock(&t->mu);
     const long gen = t->generation;
     if (++t->arrived >= t->expected) {
         t->arrived = 0;
         t->said = t->status;
-#if TF_POLL
-        __atomic_store_n(&t->generation, gen + 1, __ATOMIC_RELEASE);
-#else
         t->generation++;
-#endif
         pthread_cond_broadcast(&t->cv);
     } else {
-#if TF_POLL
-        pthread_mutex_unlock(&t->mu);
-        for (long i = 0; i < TF_SPINS && __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen; i++) relax();
-        pthread_mutex_lock(&t->mu);
-#endif
         while (gen == t->generation) pthread_cond_wait(&t->cv, &t->mu);
     }
     const int status = t->said;
