@@ -235,15 +235,26 @@ static void conv_grouped(float *arena, const float *wts, const tf_conv_args *a) 
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-/* Output pixels the dense convolution accumulates at once, each in two panels of 16 channels held in
- * registers: 6 fill 24 of AVX-512's 32 vector registers; AVX2 (16 of 8 floats) and NEON (32 of 4)
- * hold 3 without spilling. */
+/* Output pixels the dense convolution accumulates at once, each in up to TF_PANELS panels of 16
+ * channels held in registers: 6 x 4 fill 24 of AVX-512's 32 vector registers (4 more hold the
+ * panels' weights; the input value is a broadcast operand); AVX2 (16 of 8 floats) and NEON (32 of 4)
+ * hold 3 x 2 without spilling. */
 #ifndef TF_PIXELS
 #if defined(__AVX512F__)
 #define TF_PIXELS 6
 #else
 #define TF_PIXELS 3
 #endif
+#endif
+#ifndef TF_PANELS
+#if defined(__AVX512F__)
+#define TF_PANELS 4
+#else
+#define TF_PANELS 2
+#endif
+#endif
+#if (TF_PIXELS != 3 && TF_PIXELS != 6) || (TF_PANELS != 2 && TF_PANELS != 4)
+#error "TF_PIXELS must be 3 or 6 and TF_PANELS 2 or 4 (the dense blocks compiled)"
 #endif
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -358,8 +369,8 @@ static void v_depthwise(const vconv *a) {
 
 /* Dense: w is panels of 16 output channels, (ceil(c / 16), kh * kw * cin, 16), zero padded; b is
  * padded to the panels. r <= TF_PIXELS output pixels with the same taps (xp: each one's input pixel
- * at tap (0, 0), which may lie in the padding; yp: its output) times one or two panels are
- * accumulated in registers, one broadcast input value and two weight vectors per tap and channel. */
+ * at tap (0, 0), which may lie in the padding; yp: its output) times np <= TF_PANELS panels are
+ * accumulated in registers, one broadcast input value and np weight vectors per tap and channel. */
 static inline __attribute__((always_inline)) void store_c(float *p, v16 v, long m, long sc) {
     if (sc == 1) { store(p, v, m); return; }
     float lane[16];
@@ -367,62 +378,80 @@ static inline __attribute__((always_inline)) void store_c(float *p, v16 v, long 
     for (long k = 0; k < m; k++) p[k * sc] = lane[k];
 }
 
-static inline __attribute__((always_inline)) void dense_block(const vconv *a, const float **xp, float **yp, int r,
-        int two, int pointwise, long j, const taps *t, long xc, long yc) {
-    const long cin = a->cin, rows = a->kh * a->kw * cin;
-    const float *w0 = a->w + j * rows * 16, *w1 = w0 + rows * 16;
-    v16 acc0[TF_PIXELS], acc1[TF_PIXELS];
-    const v16 b0 = load(a->b + j * 16, 16), b1 = two ? load(a->b + j * 16 + 16, 16) : b0;
-    for (int i = 0; i < r; i++) { acc0[i] = b0; acc1[i] = b1; }
-    for (long ky = pointwise ? 0 : t->y0; ky < (pointwise ? 1 : t->y1); ky++)
-    for (long kx = pointwise ? 0 : t->x0; kx < (pointwise ? 1 : t->x1); kx++) {
-        const long off = ky * a->xs_h + kx * a->xs_w, row = (ky * a->kw + kx) * cin;
-        for (long k = 0; k < cin; k++) {
-            v16 u0, u1;
-            memcpy(&u0, w0 + (row + k) * 16, 64);
-            if (two) memcpy(&u1, w1 + (row + k) * 16, 64);
-            for (int i = 0; i < r; i++) {
-                const float xv = xp[i][off + k * xc];
-                acc0[i] += xv * u0;
-                if (two) acc1[i] += xv * u1;
-            }
+/* acc += the len inputs from off (stride xc) of each pixel times weight rows [row, row + len). */
+static inline __attribute__((always_inline)) void dense_run(v16 (*acc)[TF_PIXELS], const float **xp, int r, int np,
+        const float *w0, long rows, long off, long row, long len, long xc) {
+    for (long k = 0; k < len; k++) {
+        v16 u[TF_PANELS];
+        for (int p = 0; p < np; p++) memcpy(&u[p], w0 + p * rows * 16 + (row + k) * 16, 64);
+        for (int i = 0; i < r; i++) {
+            const float xv = xp[i][off + k * xc];
+            for (int p = 0; p < np; p++) acc[p][i] += xv * u[p];
         }
-    }
-    const v16 lo = splat(a->lo), hi = splat(a->hi);
-    const long left = a->c - j * 16, m0 = left < 16 ? left : 16, m1 = left - 16 < 16 ? left - 16 : 16;
-    for (int i = 0; i < r; i++) {
-        store_c(yp[i] + j * 16 * yc, clamp16(acc0[i], lo, hi), m0, yc);
-        if (two) store_c(yp[i] + (j * 16 + 16) * yc, clamp16(acc1[i], lo, hi), m1, yc);
     }
 }
 
-#define TF_BLOCK(n, xc, yc) \
-    case (n * 2) * 2: dense_block(a, xp, yp, n, 0, 0, j, t, xc, yc); break; \
-    case (n * 2 + 1) * 2: dense_block(a, xp, yp, n, 1, 0, j, t, xc, yc); break; \
-    case (n * 2) * 2 + 1: dense_block(a, xp, yp, n, 0, 1, j, t, xc, yc); break; \
-    case (n * 2 + 1) * 2 + 1: dense_block(a, xp, yp, n, 1, 1, j, t, xc, yc); break;
+/* The taps in order (ky, kx, channel), as the portable kernel sums them (so any block shape, and any
+ * split among threads, gives the same bits). */
+static inline __attribute__((always_inline)) void dense_block(const vconv *a, const float **xp, float **yp, int r,
+        int np, long j, const taps *t, long xc, long yc) {
+    const long cin = a->cin, rows = a->kh * a->kw * cin;
+    const float *w0 = a->w + j * rows * 16;
+    v16 acc[TF_PANELS][TF_PIXELS];
+    for (int p = 0; p < np; p++) {
+        const v16 bias = load(a->b + (j + p) * 16, 16);
+        for (int i = 0; i < r; i++) acc[p][i] = bias;
+    }
+    if (a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1) { /* no tap loops */
+        dense_run(acc, xp, r, np, w0, rows, 0, 0, cin, xc);
+    } else {
+        for (long ky = t->y0; ky < t->y1; ky++)
+        for (long kx = t->x0; kx < t->x1; kx++)
+            dense_run(acc, xp, r, np, w0, rows, ky * a->xs_h + kx * a->xs_w, (ky * a->kw + kx) * cin, cin, xc);
+    }
+    const v16 lo = splat(a->lo), hi = splat(a->hi);
+    for (int p = 0; p < np; p++) {
+        const long left = a->c - (j + p) * 16, m = left < 16 ? left : 16;
+        for (int i = 0; i < r; i++) store_c(yp[i] + (j + p) * 16 * yc, clamp16(acc[p][i], lo, hi), m, yc);
+    }
+}
 
-#if TF_PIXELS >= 6
-#define TF_BLOCKS(xc, yc) TF_BLOCK(1, xc, yc) TF_BLOCK(2, xc, yc) TF_BLOCK(3, xc, yc) \
-    TF_BLOCK(4, xc, yc) TF_BLOCK(5, xc, yc) TF_BLOCK(6, xc, yc)
+/* Each block shape compiled apart (constant loop bounds): r pixels times np panels. */
+#define TF_BLOCK(r, np, xc, yc) case (r) * 8 + (np): dense_block(a, xp, yp, r, np, j, t, xc, yc); break;
+#define TF_PANEL_BLOCKS2(r, xc, yc) TF_BLOCK(r, 1, xc, yc) TF_BLOCK(r, 2, xc, yc)
+#if TF_PANELS == 4
+#define TF_PANEL_BLOCKS(r, xc, yc) TF_PANEL_BLOCKS2(r, xc, yc) TF_BLOCK(r, 3, xc, yc) TF_BLOCK(r, 4, xc, yc)
 #else
-#define TF_BLOCKS(xc, yc) TF_BLOCK(1, xc, yc) TF_BLOCK(2, xc, yc) TF_BLOCK(3, xc, yc)
+#define TF_PANEL_BLOCKS(r, xc, yc) TF_PANEL_BLOCKS2(r, xc, yc)
+#endif
+#if TF_PIXELS == 6
+#define TF_PIXEL_BLOCKS(B, xc, yc) B(1, xc, yc) B(2, xc, yc) B(3, xc, yc) B(4, xc, yc) B(5, xc, yc) B(6, xc, yc)
+#else
+#define TF_PIXEL_BLOCKS(B, xc, yc) B(1, xc, yc) B(2, xc, yc) B(3, xc, yc)
 #endif
 
-/* Channels-last views take the blocks compiled for unit channel strides; any other the strided ones. */
+/* Taps x input channels below which a block takes two panels, not TF_PANELS: its sums are too short
+ * to pay for twice the accumulators' set-up and stores (mobilenet_v2's 16 -> 96 1x1 on 112 x 112:
+ * 0.46 ms in blocks of two panels, 0.52 ms of four). 1x1 convolutions keep two panels too (no
+ * faster with four, measured: 320 -> 1280 on 7 x 7, 256 -> 128 on 28 x 28); a 7x7 stem on 3
+ * channels gains 10%. */
+#define TF_DEEP 128
+
+/* Channels-last views take the blocks compiled for unit channel strides (up to TF_PANELS panels
+ * where the sums are deep); any other the strided ones (two panels). */
 static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
-    const int pointwise = a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1;
     const int unit = a->xs_c == 1 && a->ys_c == 1;
-    for (long j = j0; j < j1; j += 2) {
-        const int two = j + 1 < j1;
+    const long most = unit && a->kh * a->kw > 1 && a->kh * a->kw * a->cin >= TF_DEEP ? TF_PANELS : 2;
+    for (long j = j0; j < j1; j += most) {
+        const int np = (int)(j1 - j < most ? j1 - j : most);
         if (unit) {
-            switch ((r * 2 + two) * 2 + pointwise) { /* each block shape compiled apart: constant loop bounds */
-            TF_BLOCKS(1, 1)
+            switch (r * 8 + np) {
+            TF_PIXEL_BLOCKS(TF_PANEL_BLOCKS, 1, 1)
             default: break;
             }
         } else {
-            switch ((r * 2 + two) * 2 + pointwise) {
-            TF_BLOCKS(a->xs_c, a->ys_c)
+            switch (r * 8 + np) {
+            TF_PIXEL_BLOCKS(TF_PANEL_BLOCKS2, a->xs_c, a->ys_c)
             default: break;
             }
         }
@@ -440,7 +469,7 @@ static void v_dense(const vconv *a) {
     const float *xp[TF_PIXELS];
     float *yp[TF_PIXELS];
     const long panels = (a->c + 15) / 16, panel_bytes = a->kh * a->kw * a->cin * 16 * (long)sizeof(float);
-    const long fit = TF_PASS_BYTES / panel_bytes, chunk = fit < 2 ? 2 : fit - fit % 2;
+    const long fit = TF_PASS_BYTES / panel_bytes, chunk = fit < TF_PANELS ? TF_PANELS : fit - fit % TF_PANELS;
     for (long j0 = 0; j0 < panels; j0 += chunk) {
         const long j1 = j0 + chunk < panels ? j0 + chunk : panels;
         taps t0 = {0, 0, 0, 0, 0, 0};
@@ -524,6 +553,27 @@ static float pool_divisor(const tf_pool_args *a, long oy, long ox) {
 }
 
 #if TF_SIMD
+/* The largest of the window's taps over 16 q channels, a NaN tap giving NaN (as the portable kernel's
+ * max): v > m ? v : m per tap, NaNs noted apart and put in at the end (one compare less per tap);
+ * q blocks at once, whose chains of compares overlap. */
+static inline __attribute__((always_inline)) void window_max(float *out, const float *base, long xs_h, long xs_w,
+        const window *t, int q, v16 lo, v16 hi) {
+    v16 acc[4];
+    i16 nan[4];
+    for (int b = 0; b < q; b++) { acc[b] = splat(-FLT_MAX); nan[b] = (i16){0}; }
+    for (long ky = t->ky0; ky < t->ky1; ky++)
+        for (long kx = t->kx0; kx < t->kx1; kx++)
+            for (int b = 0; b < q; b++) {
+                v16 v;
+                memcpy(&v, base + ky * xs_h + kx * xs_w + b * 16, 64);
+                const i16 take = v > acc[b];
+                nan[b] |= v != v;
+                acc[b] = (v16)(((i16)v & take) | ((i16)acc[b] & ~take));
+            }
+    for (int b = 0; b < q; b++)
+        store(out + b * 16, clamp16((v16)(((i16)splat(NAN) & nan[b]) | ((i16)acc[b] & ~nan[b])), lo, hi), 16);
+}
+
 /* Pooling of dilation 1 on channels-last views, 16 channels at a time, a clamp fused. */
 static int v_pool(float *arena, const tf_pool_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
@@ -539,7 +589,12 @@ static int v_pool(float *arena, const tf_pool_args *a) {
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         const float d = avg ? pool_divisor(a, oy, ox) : 1.0f;
         const v16 div = splat(d > 0.0f ? d : 1.0f); /* a window wholly in the padding: its sum, 0 */
-        for (long k0 = 0; k0 < y->c; k0 += 16) {
+        long k0 = 0;
+        if (!avg) {
+            for (; k0 + 64 <= y->c; k0 += 64) window_max(out + k0, base + k0, x->sh, x->sw, &t, 4, vlo, vhi);
+            for (; k0 + 16 <= y->c; k0 += 16) window_max(out + k0, base + k0, x->sh, x->sw, &t, 1, vlo, vhi);
+        }
+        for (; k0 < y->c; k0 += 16) {
             const long m = y->c - k0 < 16 ? y->c - k0 : 16;
             v16 acc = avg ? splat(0.0f) : none;
             for (long ky = t.ky0; ky < t.ky1; ky++)
@@ -2493,23 +2548,69 @@ static void pool_rows(float *arena, const tf_pool_args *a, long r0, long r1) {
     pool(arena, &part);
 }
 
-/* The steps that threads share: convolutions and poolings of two output rows or more, by rows. */
-static long shared_rows(const tf_step *step) {
-    if (step->kind == TF_STEP_CONV) return ((const tf_conv_args *)step->args)->y.h;
+/* Output channels [16 p0, 16 p1) of a dense convolution (its weight panels p0 to p1): each element's
+ * arithmetic as in the whole step, so this split gives the same bits too. */
+static void conv_panels(float *arena, const float *wts, const tf_conv_args *a, long p0, long p1) {
+    tf_conv_args part = *a;
+    const long c0 = p0 * 16, c1 = p1 * 16 < a->y.c ? p1 * 16 : a->y.c;
+    part.y.off = (tf_int)(a->y.off + c0 * a->y.sc);
+    part.y.c = (tf_int)(c1 - c0);
+    part.w = (tf_int)(a->w + p0 * a->kh * a->kw * a->x.c * 16);
+    part.b = (tf_int)(a->b + c0);
+    conv(arena, wts, &part);
+}
+
+/* The fraction of the threads' time busy when `units` are shared among them (1: even shares). */
+static double balance(long units, int threads) {
+    return (double)units / (double)(threads * ((units + threads - 1) / threads));
+}
+
+/* How threads share a step: convolutions and poolings by output rows, a dense convolution by its
+ * panels of 16 output channels where those divide more evenly (7 rows on 2 threads leave one idle
+ * for a seventh of the step; 32 panels do not). The count of units (0 or 1: not shared), *panels
+ * set when they are panels. */
+static long share_units(const tf_step *step, int threads, int *panels) {
+    *panels = 0;
     if (step->kind == TF_STEP_POOL) return ((const tf_pool_args *)step->args)->y.h;
-    return 0;
+    if (step->kind != TF_STEP_CONV) return 0;
+    const tf_conv_args *a = (const tf_conv_args *)step->args;
+    const long rows = a->y.h, count = (a->y.c + 15) / 16;
+    if (a->kind == TF_CONV_DENSE && count >= threads && balance(count, threads) > balance(rows, threads)) {
+        *panels = 1;
+        return count;
+    }
+    return rows;
+}
+
+/* Multiply-adds (convolution) or taps read (pooling) of a step: below TF_SHARE_MIN, a few
+ * microseconds, a step runs on one thread (sharing it would cost as much as it saves: a meeting,
+ * and waking a thread that slept; efficientnet_b0's squeeze-excite convolutions on 1 x 1 pixels). */
+#ifndef TF_SHARE_MIN
+#define TF_SHARE_MIN 262144.0
+#endif
+static double step_work(const tf_step *step) {
+    if (step->kind == TF_STEP_POOL) {
+        const tf_pool_args *a = (const tf_pool_args *)step->args;
+        return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw;
+    }
+    const tf_conv_args *a = (const tf_conv_args *)step->args;
+    const long per_tap = a->kind == TF_CONV_DENSE ? a->x.c : a->kind == TF_CONV_DEPTHWISE ? 1 : a->x.c / a->groups;
+    return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw * per_tap;
 }
 
 static int shared_step(const tf_step *step, int threads) {
-    if (threads <= 1 || shared_rows(step) <= 1) return 0;
+    int panels;
+    if (threads <= 1 || share_units(step, threads, &panels) <= 1 || step_work(step) < TF_SHARE_MIN) return 0;
     if (step->kind == TF_STEP_CONV) return !overlapping(&((const tf_conv_args *)step->args)->x, &((const tf_conv_args *)step->args)->y);
     return !overlapping(&((const tf_pool_args *)step->args)->x, &((const tf_pool_args *)step->args)->y);
 }
 
 static void share_of(float *arena, const float *weights, const tf_step *step, int id, int threads) {
-    const long h = shared_rows(step), r0 = h * id / threads, r1 = h * (id + 1) / threads;
+    int panels;
+    const long units = share_units(step, threads, &panels), r0 = units * id / threads, r1 = units * (id + 1) / threads;
     if (r1 <= r0) return;
-    if (step->kind == TF_STEP_CONV) conv_rows(arena, weights, (const tf_conv_args *)step->args, r0, r1);
+    if (panels) conv_panels(arena, weights, (const tf_conv_args *)step->args, r0, r1);
+    else if (step->kind == TF_STEP_CONV) conv_rows(arena, weights, (const tf_conv_args *)step->args, r0, r1);
     else pool_rows(arena, (const tf_pool_args *)step->args, r0, r1);
 }
 
@@ -2661,6 +2762,13 @@ void tf_read_int8(const float *arena, const tf_view *v, long first, long count, 
     }
 }
 
+/* count items of `item` bytes, contiguous in src, to dst `stride` items apart (a channels-last view):
+ * inlined with a constant item, a copy of one word each rather than a memcpy call each (a 224 x 224
+ * image's input step took 0.3 ms, 1% of resnet18's run). */
+static inline void strided_items(char *dst, const char *src, long count, long stride, size_t item) {
+    for (long i = 0; i < count; i++) memcpy(dst + (size_t)(i * stride) * item, src + (size_t)i * item, item);
+}
+
 int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long w1,
                    void *dst, long sn, long sc, long sh, long sw) {
     const tf_tensor *t = (const tf_tensor *)ctx;
@@ -2682,10 +2790,8 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
         const char *src = (const char *)t->x + (size_t)(((n * t->c + c) * t->h + h) * t->w) * item;
         char *out = (char *)dst + (size_t)((n - n0) * sn + c * sc + (h - h0) * sh) * item;
         if (sw == 1) memcpy(out, src + (size_t)w0 * item, (size_t)(w1 - w0) * item);
-        else if (item == 4) /* channels-last floats: element stores (a memcpy call each took 5% of a model's run) */
-            for (long w = w0; w < w1; w++) ((float *)(void *)out)[(w - w0) * sw] = ((const float *)(const void *)src)[w];
-        else if (item == 1) for (long w = w0; w < w1; w++) out[(w - w0) * sw] = src[w];
-        else for (long w = w0; w < w1; w++) memcpy(out + (size_t)((w - w0) * sw) * item, src + (size_t)w * item, item);
+        else if (item == 4) strided_items(out, src + (size_t)w0 * 4, w1 - w0, sw, 4);
+        else strided_items(out, src + (size_t)w0 * item, w1 - w0, sw, item);
     }
     return 0;
 }

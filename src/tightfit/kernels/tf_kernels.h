@@ -213,8 +213,9 @@ int tf_tensor_rows(void *ctx, long n0, long n1, long h0, long h1, long w0, long 
 
 /* Runs the steps of a table of `count` rows (a TF_STEP_REPEAT row and its body stand for body * count
  * steps) on `threads` threads (the caller's and threads - 1 more, made for the run; a
- * convolution's or pooling's output rows are shared among them, every other step runs on the
- * caller's thread, and the outputs are the same bits for any count); returns 0, or an input
+ * convolution's or pooling's output rows are shared among them, a dense convolution's panels of 16
+ * output channels where those divide more evenly, every other step and any of little work runs on
+ * the caller's thread, and the outputs are the same bits for any count); returns 0, or an input
  * source's or output sink's non-zero status (-1: an unknown step kind, -2: an output step and no
  * sinks: `outputs` may be NULL only for a table that streams no output). Built with -DTF_THREADS=0 (as for a microcontroller, which
  * has no pthreads), every step runs on the caller's thread. */
