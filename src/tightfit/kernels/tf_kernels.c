@@ -2616,6 +2616,18 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
 
 #define TF_MAX_THREADS 64
 
+/* Polls of a meeting before a thread sleeps on it (about 20 us at 100 cycles a poll). */
+#ifndef TF_SPIN
+#define TF_SPIN 1000L
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#define TF_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define TF_PAUSE() __asm__ __volatile__("yield")
+#else
+#define TF_PAUSE() ((void)0)
+#endif
+
 /* Threads meet before each shared step and after the last of a run of them; the caller's thread
  * runs every other step (the input callback is called from the caller's thread only). */
 typedef struct {
@@ -2637,9 +2649,15 @@ static int meet(team *t) {
     if (++t->arrived >= t->expected) {
         t->arrived = 0;
         t->said = t->status;
-        t->generation++;
+        __atomic_store_n(&t->generation, gen + 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&t->cv);
     } else {
+        /* A while on the core before sleeping: a step's share ends within microseconds of the
+         * others', and waking a sleeping thread (an idle virtual CPU) can take longer than that. */
+        pthread_mutex_unlock(&t->mu);
+        for (long spin = 0; spin < TF_SPIN && __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen; spin++)
+            TF_PAUSE();
+        pthread_mutex_lock(&t->mu);
         while (gen == t->generation) pthread_cond_wait(&t->cv, &t->mu);
     }
     const int status = t->said;
