@@ -191,12 +191,13 @@ def docs_section(name: str, enabled: bool, command: str) -> Iterator[None]:
         yield
     finally:
         sys.stdout = tee.stream
-    head = f"Written by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} at commit {_commit()}:"
+    head = f"Written by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())} at commit {commit()}:"
     write_docs(name, head + "\n\n```text\n" + "".join(tee.parts).strip("\n") + "\n```")
     print(f"(written into {DOCS}, section bench:{name})")
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The short id of this checkout's HEAD (\"unknown\" outside git)."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=DOCS.parents[1], capture_output=True,
                              text=True, timeout=10)

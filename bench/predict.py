@@ -6,7 +6,14 @@ per technique, tiling and parts included, for both.
 
     python bench/predict.py [--models a,b,...] [--skip a,b] [--runs 5] [--span 30] [--max-rounds 9]
                             [--time-limit 20] [--fractions 0.5,0.125] [--vbs mobilenet_v1_025,...]
-                            [--model-timeout 900] [--cpu N] [--skip-c]
+                            [--model-timeout 900] [--cpu N] [--skip-c] [--save-rows FILE]
+    python bench/predict.py --from-rows FILE[,FILE...] [--models a,b,...] [--write-docs]
+
+The 24 models take hours on a shared 2-core machine, so they can be measured in chunks: each run
+with `--models a,b,c --save-rows chunks.jsonl` appends every model's rows (the run that measured
+them, its command, date and commit, with them) as it finishes; `--from-rows` then prints the one
+table and verdict over the saved rows without measuring anything (a model measured again: its last
+rows), and with `--write-docs` writes that into docs/benchmarks.md.
 
 Per model, in a process of its own, the plans (searched over a profile measured afresh there):
 - reuse: the layer-by-layer plan with buffer reuse;
@@ -74,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from benchlib import add_write_docs, command_line, cores, docs_section, header, load_mark, loaded, verdict  # noqa: E402
+from benchlib import add_write_docs, command_line, commit, cores, docs_section, header, load_mark, loaded, verdict  # noqa: E402
 from tightfit.techniques.interface import run_memory  # noqa: E402
 
 TECHNIQUES = ("reuse", "parts", "tiling", "vbs")
@@ -303,6 +310,10 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)),
                     help="the core that profiles, searches and runs the plans (-1: wherever the scheduler puts them)")
     ap.add_argument("--skip-c", action="store_true", help="time the Python executor only (no exported programs)")
+    ap.add_argument("--save-rows", default="", metavar="FILE",
+                    help="append each model's rows (JSON lines) to FILE, for a table over several runs (--from-rows)")
+    ap.add_argument("--from-rows", default="", metavar="FILE[,FILE...]",
+                    help="measure nothing: print the table and verdict over rows saved by --save-rows (with --write-docs, into the docs)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     add_write_docs(ap)
     args = ap.parse_args()
@@ -313,7 +324,10 @@ def main() -> None:
         return
     shown = command_line("predict.py")
     with docs_section("predict", args.write_docs, shown):
-        all_models(args, names)
+        if args.from_rows:
+            from_rows(args)
+        else:
+            all_models(args, names)
 
 
 def all_models(args, names) -> None:
@@ -324,65 +338,131 @@ def all_models(args, names) -> None:
     models = [m for m in (args.models.split(",") if args.models else names()) if m not in args.skip.split(",")]
     print(f"models: {', '.join(models)}; runs {args.runs}; search limit {args.time_limit:g} s; "
           f"measured over at least {args.span:g} s; fractions of the reuse run memory {args.fractions}; vbs on {args.vbs or 'none'}")
-    print(f"{'model':<22} {'technique':<7} {'plan':<44} {'steps':>6} {'pred ms':>9} {'Py ms':>9} {'pred/Py-1':>10} "
-          f"{'Cpred ms':>9} {'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
-    errors = {kind: {t: [] for t in TECHNIQUES} for kind in ("Python executor", "exported program")}
-    relative: dict[str, list[float]] = {t: [] for t in TECHNIQUES}  # against the model's reuse plan
-    c_over_py: dict[str, list[float]] = {t: [] for t in TECHNIQUES}
-    skipped, no_program = [], []
+    table = Table(args.skip_c)
     for name in models:
         t0 = time.monotonic()
-        rows = _model_rows(name, args, skipped)
+        skipped = len(table.skipped)
+        rows = _model_rows(name, args, table.skipped)
+        if args.save_rows:
+            _save_rows(args.save_rows, name, rows or [{"skipped": table.skipped[skipped:]}], time.monotonic() - t0)
+        table.model(name, rows, time.monotonic() - t0)
+    table.summary()
+
+
+def _save_rows(path: str, name: str, rows: list[dict], seconds: float) -> None:
+    """Append a model's rows (or why it has none) to `path`, each with the run that measured it:
+    appended model by model, so a run cut short keeps what it measured."""
+    run = f"{command_line('predict.py')} on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC at commit {commit()}"
+    with open(path, "a") as f:
+        f.writelines(json.dumps({"model": name, "seconds": seconds, "run": run, **row}) + "\n" for row in rows)
+
+
+def from_rows(args) -> None:
+    """The table and the verdict over rows saved by earlier runs (--save-rows), measuring nothing:
+    one model's rows are those of its last run in the files' order (a model measured again
+    replaces its earlier rows); --models / --skip select among them."""
+    by_model: dict[str, list[dict]] = {}
+    runs: dict[str, None] = {}
+    for path in args.from_rows.split(","):
+        previous = None
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            key = (row["model"], row.get("run"))
+            if key != previous:  # a model's rows are written together: a new block replaces older ones
+                by_model[row["model"]] = []
+                previous = key
+            by_model[row["model"]].append(row)
+            runs.setdefault(f"{path}: {row.get('run', 'run not recorded')}")
+    chosen = [m for m in (args.models.split(",") if args.models else by_model) if m not in args.skip.split(",")]
+    print(__doc__.splitlines()[0])
+    print("measured by earlier runs, their rows read back (--from-rows):\n" + "\n".join(f"  {r}" for r in runs))
+    print(f"models: {', '.join(m for m in chosen if m in by_model)}")
+    table = Table(skip_c=False)
+    for name in chosen:
+        if name not in by_model:
+            table.skipped.append(f"{name} (no rows)")
+            continue
+        rows = [r for r in by_model[name] if "skipped" not in r]
+        table.skipped += [why for r in by_model[name] for why in r.get("skipped", [])]
+        table.model(name, rows, by_model[name][0].get("seconds"))
+    table.summary(final_load=False)
+
+
+class Table:
+    """The per-plan lines, printed model by model, and what the summary needs of them: per
+    technique the errors against the executor and the program, the errors relative to the model's
+    reuse plan, the program's time over the executor's, the plans without a program's time."""
+
+    def __init__(self, skip_c: bool):
+        self.skip_c = skip_c
+        self.errors: dict[str, dict[str, list[float]]] = {kind: {t: [] for t in TECHNIQUES}
+                                                          for kind in ("Python executor", "exported program")}
+        self.relative: dict[str, list[float]] = {t: [] for t in TECHNIQUES}  # against the model's reuse plan
+        self.c_over_py: dict[str, list[float]] = {t: [] for t in TECHNIQUES}
+        self.skipped: list[str] = []
+        self.no_program: list[str] = []
+        print(f"{'model':<22} {'technique':<7} {'plan':<44} {'steps':>6} {'pred ms':>9} {'Py ms':>9} {'pred/Py-1':>10} "
+              f"{'Cpred ms':>9} {'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
+
+    def model(self, name: str, rows: list[dict], seconds: float | None) -> None:
+        """Print one model's rows and its rounds' line; take its errors."""
         reuse_ratio = None
         for row in rows:
             err, technique = row["error"], row["technique"]
-            errors["Python executor"][technique].append(abs(err))
+            self.errors["Python executor"][technique].append(abs(err))
             if technique == "reuse":
                 reuse_ratio = 1 + err
             elif reuse_ratio is not None:
-                relative[technique].append(abs((1 + err) / reuse_ratio - 1))
+                self.relative[technique].append(abs((1 + err) / reuse_ratio - 1))
             c = row.get("c_measured")
             if c:
-                errors["exported program"][technique].append(abs(row["c_error_ratio"]))
-                c_over_py[technique].append(c / row["measured"])
-            elif not args.skip_c:
-                no_program.append(f"{name} {technique} {row['label']}: {row.get('c_error') or 'not timed'}")
+                self.errors["exported program"][technique].append(abs(row["c_error_ratio"]))
+                self.c_over_py[technique].append(c / row["measured"])
+            elif not self.skip_c:
+                self.no_program.append(f"{name} {technique} {row['label']}: {row.get('c_error') or 'not timed'}")
             c_text = (f"{row['c_predicted'] * 1e3:>9.2f} {c * 1e3:>9.2f} {row['c_error_ratio'] * 100:>+8.1f}% "
                       f"{c / row['measured']:>6.3f}" if c else f"{'-':>9} {'-':>9} {'-':>9} {'-':>6}")
             mark = " [loaded]" if row["loaded"] else ""
             print(f"{name:<22} {technique:<7} {row['label']:<44} {row['steps']:>6} {row['predicted'] * 1e3:>9.2f} "
                   f"{row['measured'] * 1e3:>9.2f} {err * 100:>+9.1f}% {c_text}{mark}", flush=True)
         if rows:
-            print(f"{'':<22} ({time.monotonic() - t0:.0f} s; {_rounds_text(rows[0])}){load_mark(max(rows[0]['loads']))}",
-                  flush=True)
-    checks = []
-    for kind, per in errors.items():
-        if not any(per.values()):
-            continue
-        print(f"\n|pred/meas - 1| per technique, measured on the {kind} (target: median <= {MEDIAN_TARGET:.0%}, "
-              f"max <= {MAX_TARGET:.0%})")
-        for t, errs in per.items():
-            if not errs:
+            took = "?" if seconds is None else f"{seconds:.0f}"
+            print(f"{'':<22} ({took} s; {_rounds_text(rows[0])}){load_mark(max(rows[0]['loads']))}", flush=True)
+
+    def summary(self, final_load: bool = True) -> None:
+        """The errors per technique against both, the program over the executor, the errors
+        relative to the reuse plans, what was skipped, and the verdict."""
+        checks = []
+        for kind, per in self.errors.items():
+            if not any(per.values()):
                 continue
-            med, top = statistics.median(errs), max(errs)
-            checks += [(med <= MEDIAN_TARGET, f"{kind}: {t} median {med:.1%}"), (top <= MAX_TARGET, f"{kind}: {t} max {top:.1%}")]
-            print(f"  {t:<7} plans {len(errs):>3}  median {med * 100:5.1f}%  max {top * 100:5.1f}%")
-    ratios = {t: [r for r in per] for t, per in c_over_py.items() if per}
-    if ratios:
-        print("the exported program's time over the Python executor's (the same kernels on the same tables):")
-        for t, rs in ratios.items():
-            print(f"  {t:<7} plans {len(rs):>3}  median {statistics.median(rs):.3f}  range {min(rs):.3f}-{max(rs):.3f}")
-    print("the Python executor's, each plan's pred/meas divided by its model's reuse plan's (what a choice between plans"
-          " rests on; a load that slows every plan of a model alike cancels):")
-    for t, errs in relative.items():
-        if errs:
-            print(f"  {t:<7} plans {len(errs):>3}  median {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
-    if skipped:
-        print("skipped: " + ", ".join(skipped))
-    if no_program:
-        print("no exported program timed: " + "; ".join(no_program))
-        checks.append((False, f"{len(no_program)} plans without an exported program's time"))
-    print("targets: " + verdict(checks) + loaded())
+            print(f"\n|pred/meas - 1| per technique, measured on the {kind} (target: median <= {MEDIAN_TARGET:.0%}, "
+                  f"max <= {MAX_TARGET:.0%})")
+            for t, errs in per.items():
+                if not errs:
+                    continue
+                med, top = statistics.median(errs), max(errs)
+                checks += [(med <= MEDIAN_TARGET, f"{kind}: {t} median {med:.1%}"),
+                           (top <= MAX_TARGET, f"{kind}: {t} max {top:.1%}")]
+                print(f"  {t:<7} plans {len(errs):>3}  median {med * 100:5.1f}%  max {top * 100:5.1f}%")
+        if any(self.c_over_py.values()):
+            print("the exported program's time over the Python executor's (the same kernels on the same tables):")
+            for t, rs in self.c_over_py.items():
+                if rs:
+                    print(f"  {t:<7} plans {len(rs):>3}  median {statistics.median(rs):.3f}  range {min(rs):.3f}-{max(rs):.3f}")
+        print("the Python executor's, each plan's pred/meas divided by its model's reuse plan's (what a choice between plans"
+              " rests on; a load that slows every plan of a model alike cancels):")
+        for t, errs in self.relative.items():
+            if errs:
+                print(f"  {t:<7} plans {len(errs):>3}  median {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
+        if self.skipped:
+            print("skipped: " + ", ".join(self.skipped))
+        if self.no_program:
+            print("no exported program timed: " + "; ".join(self.no_program))
+            checks.append((False, f"{len(self.no_program)} plans without an exported program's time"))
+        print("targets: " + verdict(checks) + (loaded() if final_load else ""))
 
 
 def _rounds_text(row: dict) -> str:

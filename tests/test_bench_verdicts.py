@@ -139,3 +139,44 @@ def test_the_ram_verdict_needs_the_256k_link_and_equal_outputs():
     assert b.ram_verdict(ok) == "yes"
     assert "256 KiB" in b.ram_verdict(b.mcu_bench.McuRow("m", "p", 1, {256 * k: None, 512 * k: 300_000}, 1, 1, True))
     assert "outputs differ" in b.ram_verdict(b.mcu_bench.McuRow("m", "p", 1, {256 * k: 44_160, 512 * k: 1}, 1, None, False))
+
+
+def _predict_row(technique: str, error: float, c_error: float | None) -> dict:
+    """One plan's row as bench/predict.py's child prints it."""
+    return {"technique": technique, "label": "layer by layer" if technique == "reuse" else "1/8", "steps": 30,
+            "predicted": 0.01 * (1 + error), "measured": 0.01, "rounds": 3, "error": error,
+            "c_predicted": 0.01 * (1 + (c_error or 0)), "c_error_ratio": c_error,
+            "c_measured": None if c_error is None else 0.01, "c_error": "" if c_error is not None else "no export",
+            "profile_seconds": 1.0, "spread": [0.01, 0.02, 0.03], "loads": [1.0, 1.5], "loaded": False}
+
+
+def test_predict_tables_rows_saved_by_several_runs_the_last_run_of_a_model_counting(tmp_path, capsys):
+    """--from-rows: the verdict over chunks' rows; a model measured again counts by its later rows,
+    a model a run skipped is named, and the errors are recomputed from the rows (not read off text)."""
+    pytest.importorskip("torch")  # bench/predict.py imports it
+    import argparse
+    import json
+
+    import predict as bench_predict
+
+    def save(path, model, rows):
+        with open(path, "a") as f:
+            f.writelines(json.dumps({"model": model, "run": f"run of {path.name}", **r}) + "\n" for r in rows)
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    save(first, "m1", [_predict_row("reuse", 0.30, 0.30), _predict_row("parts", 0.02, 0.01)])  # off: measured again below
+    save(first, "m2", [_predict_row("reuse", -0.01, 0.0), _predict_row("tiling", 0.04, 0.03)])
+    save(second, "m1", [_predict_row("reuse", 0.02, 0.01), _predict_row("parts", 0.03, 0.02)])
+    save(second, "m3", [{"skipped": ["m3 (past 900 s)"]}])
+    args = argparse.Namespace(from_rows=f"{first},{second}", models="", skip="")
+    bench_predict.from_rows(args)
+    out = capsys.readouterr().out
+    assert "run of a.jsonl" in out and "run of b.jsonl" in out
+    assert "+30.0%" not in out and out.count("\nm1 ") == 2 and out.count("\nm2 ") == 2
+    assert "skipped: m3 (past 900 s)" in out
+    assert "reuse   plans   2  median   1.5%  max   2.0%" in out  # the executor: m1's later 2%, m2's 1%
+    assert out.rstrip().endswith("targets: yes")
+    save(second, "m2", [_predict_row("reuse", 0.0, None)])  # no program timed: the verdict says so
+    bench_predict.from_rows(args)
+    out = capsys.readouterr().out
+    assert "no exported program timed: m2 reuse layer by layer: no export" in out and "targets: NO (" in out
