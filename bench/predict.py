@@ -61,7 +61,10 @@ ms": the same profile's, less the executor's Python and ctypes call around each 
 the program does not make: analysis/predict.Predictor.plan_seconds(program=True)) and error per
 technique, and the program's time over the executor's per technique (the same kernels on the same tables: they differ
 only by how the process holds its memory and calls the library). The cost model profiles steps
-through the library's tf_run, as both run them, so one profile predicts both.
+through the library's tf_run, as both run them, so one profile predicts both. Where the program's
+prediction is off by more than 5%, the summary prints it by its terms (analysis/predict.Terms:
+the steps' own times, what the cache model fetches from memory, the ops' code fetched again)
+beside the measured time: whether the miss is in the steps' times or in what the cache adds.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ MEDIAN_TARGET, MAX_TARGET = 0.05, 0.15
 ROUND_SECONDS = 0.02
 VBS_REQUEST = 4
 NOISE = 0.01  # a median over rounds that the rounds' scatter leaves uncertain by more is measured again
+TERMS = ("steps", "fetch", "code")  # the program's prediction by its terms (it makes no executor's calls)
 
 
 def model_plans(name: str, fractions: list[float], time_limit: float, vbs: bool, cost) -> list[tuple[str, str, object]]:
@@ -198,6 +202,7 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
             t.run(0)
         predicted: list[list[float]] = [[] for _ in plans]
         predicted_c: list[list[float]] = [[] for _ in plans]  # the same profile's prediction of the program
+        terms: list[list] = [[] for _ in plans]  # and that prediction by its terms (analysis/predict.Terms)
         times: list[list[float]] = [[] for _ in plans]
         c_times: list[list[float]] = [[] for _ in plans]
         programs = programs or [""] * len(plans)
@@ -210,6 +215,7 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
             for k, p in enumerate(plans):
                 predicted[k].append(profile.plan_seconds(p, [graph]))
                 predicted_c[k].append(profile.plan_seconds(p, [graph], program=True))
+                terms[k].append(profile.plan_terms(p, [graph], program=True))
             profiling.append(time.monotonic() - t0)
             # Each plan on the executor, then at once as its program: the two times of a plan are
             # taken within a second of each other, in the same phase of the host's other work.
@@ -224,6 +230,7 @@ def measure(plans: list, graph, args, first: list[float], programs: list | None 
     spread = lambda xs: max(xs) / min(xs) - 1  # noqa: E731
     return {"predicted": [statistics.median(p) for p in predicted], "measured": [statistics.median(t) for t in times],
             "c_predicted": [statistics.median(p) for p in predicted_c],
+            "c_terms": [{f: statistics.median(getattr(t, f) for t in ts) for f in TERMS} for ts in terms],
             "error": [_paired_error(p, t) for p, t in zip(predicted, times)],
             "c_error_ratio": [_paired_error(p, c) if c else None for p, c in zip(predicted_c, c_times)],
             "c_measured": [statistics.median(t) if t else None for t in c_times],
@@ -287,7 +294,7 @@ def one_model(name: str, args) -> None:
         print(json.dumps({"technique": technique, "label": label, "steps": len(plan.steps()),
                           "predicted": m["predicted"][k], "measured": m["measured"][k], "rounds": m["rounds"],
                           "error": m["error"][k], "c_predicted": m["c_predicted"][k], "c_error_ratio": m["c_error_ratio"][k],
-                          "c_measured": m["c_measured"][k], "c_error": m["c_error"][k],
+                          "c_measured": m["c_measured"][k], "c_error": m["c_error"][k], "c_terms": m["c_terms"][k],
                           "profile_seconds": m["profile_seconds"], "spread": m["spread"][k], "loads": m["loads"],
                           "loaded": max(m["loads"]) > cores(), "per_round": m["per_round"][k]}),
               flush=True)
@@ -403,6 +410,7 @@ class Table:
         self.c_over_py: dict[str, list[float]] = {t: [] for t in TECHNIQUES}
         self.skipped: list[str] = []
         self.no_program: list[str] = []
+        self.missed: list[str] = []  # the program's predictions off by more than the median target, by their terms
         print(f"{'model':<22} {'technique':<7} {'plan':<44} {'steps':>6} {'pred ms':>9} {'Py ms':>9} {'pred/Py-1':>10} "
               f"{'Cpred ms':>9} {'C ms':>9} {'pred/C-1':>9} {'C/Py':>6}")
 
@@ -422,6 +430,8 @@ class Table:
                 self.c_over_py[technique].append(c / row["measured"])
             elif not self.skip_c:
                 self.no_program.append(f"{name} {technique} {row['label']}: {row.get('c_error') or 'not timed'}")
+            if c and abs(row["c_error_ratio"]) > MEDIAN_TARGET and row.get("c_terms"):
+                self.missed.append(_terms_text(name, row))
             c_text = (f"{row['c_predicted'] * 1e3:>9.2f} {c * 1e3:>9.2f} {row['c_error_ratio'] * 100:>+8.1f}% "
                       f"{c / row['measured']:>6.3f}" if c else f"{'-':>9} {'-':>9} {'-':>9} {'-':>6}")
             mark = " [loaded]" if row["loaded"] else ""
@@ -457,12 +467,25 @@ class Table:
         for t, errs in self.relative.items():
             if errs:
                 print(f"  {t:<7} plans {len(errs):>3}  median {statistics.median(errs) * 100:5.1f}%  max {max(errs) * 100:5.1f}%")
+        if self.missed:
+            print("the program's predictions off by more than 5%, by their terms (medians over the rounds, ms: the steps'"
+                  " own times, the cache's fetches from memory, the ops' code fetched again; against the time measured):")
+            print("\n".join(self.missed))
         if self.skipped:
             print("skipped: " + ", ".join(self.skipped))
         if self.no_program:
             print("no exported program timed: " + "; ".join(self.no_program))
             checks.append((False, f"{len(self.no_program)} plans without an exported program's time"))
         print("targets: " + verdict(checks) + (loaded() if final_load else ""))
+
+
+def _terms_text(name: str, row: dict) -> str:
+    """One plan's program prediction by its terms beside its measured time, and how far the steps'
+    own times alone were from it: whether the miss is in the steps or in what the cache adds."""
+    t, c = row["c_terms"], row["c_measured"]
+    return (f"  {name} {row['technique']} {row['label']} ({row['steps']} steps): steps {t['steps'] * 1e3:.2f} + fetch "
+            f"{t['fetch'] * 1e3:.2f} + code {t['code'] * 1e3:.2f} = {row['c_predicted'] * 1e3:.2f} against {c * 1e3:.2f} "
+            f"({row['c_error_ratio'] * 100:+.1f}%); the steps alone {t['steps'] / c - 1:+.1%}")
 
 
 def _rounds_text(row: dict) -> str:

@@ -176,6 +176,12 @@ def test_predict_tables_rows_saved_by_several_runs_the_last_run_of_a_model_count
     assert "skipped: m3 (past 900 s)" in out
     assert "reuse   plans   2  median   1.5%  max   2.0%" in out  # the executor: m1's later 2%, m2's 1%
     assert out.rstrip().endswith("targets: yes")
+    assert "by their terms" not in out  # no program prediction off by more than 5%
+    missed = dict(_predict_row("tiling", 0.08, 0.10), c_terms={"steps": 0.0095, "fetch": 0.001, "code": 0.0005})
+    save(second, "m2", [_predict_row("reuse", -0.01, 0.0), missed])
+    bench_predict.from_rows(args)
+    out = capsys.readouterr().out
+    assert "m2 tiling 1/8 (30 steps): steps 9.50 + fetch 1.00 + code 0.50 = 11.00 against 10.00 (+10.0%); the steps alone -5.0%" in out
     save(second, "m2", [_predict_row("reuse", 0.0, None)])  # no program timed: the verdict says so
     bench_predict.from_rows(args)
     out = capsys.readouterr().out

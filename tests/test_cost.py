@@ -82,6 +82,11 @@ def test_plan_time_is_its_steps_plus_the_loop(small, monkeypatch):
     calls = (len(steps) - native) * cm.loop_seconds + runs * cm.native_call_seconds
     fetch = sum(c * cm.cold.get(k, cm.cold_byte_seconds) for k, c in zip(keys, cold))
     assert total == pytest.approx(sum(warm) + calls + fetch + code_seconds + cm.partition_seconds)
+    # By its terms (what bench/predict.py prints for a plan it missed): the same figures, apart.
+    terms = cm.plan_terms(p, [g])
+    assert (terms.steps, terms.fetch, terms.code) == pytest.approx((sum(warm), fetch, code_seconds))
+    assert terms.calls == pytest.approx(calls + cm.partition_seconds) and terms.total == pytest.approx(total)
+    assert cm.plan_terms(p, [g], program=True).calls == 0.0
     assert native == len(steps) and runs == 1  # every step runs inside one tf_run call
     # Middle bands of a layer repeat within L2's reach of each other; a layer's first band does not.
     assert min(since) < predict.WARM_BYTES <= max(since)

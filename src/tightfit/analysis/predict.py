@@ -162,6 +162,23 @@ class KernelRates:
         return self.loop + rate * work
 
 
+@dataclass(frozen=True)
+class Terms:
+    """A prediction by its terms, in seconds: the steps' own times (between hot and stirred), the
+    fetch from memory of what the cache lost (`cold_fetches`), the ops' code fetched again, and the
+    executor's calls (its loop, its ctypes calls of tf_run and its Python per partition; none for
+    the exported program)."""
+
+    steps: float
+    fetch: float
+    code: float
+    calls: float
+
+    @property
+    def total(self) -> float:
+        return self.steps + self.calls + self.fetch + self.code  # steps_seconds' order of old: the same bits
+
+
 class Predictor:
     """`plan_seconds(plan, graphs)` and its parts, over one profile. A key the profile lacks is
     noted in `missing` (key -> (plan, graphs, step) to measure it by; a constant -> None) with
@@ -231,6 +248,17 @@ class Predictor:
         total += sum(max(per_part[i] for i in c) for c in plan.concurrent)
         return total + (0.0 if program else len(plan.partitions) * self.partition_seconds)
 
+    def plan_terms(self, plan: Plan, graphs: Sequence[Graph], program: bool = False) -> "Terms":
+        """`plan_seconds` by its terms (`Terms`, adding up to it but for rounding): where a
+        prediction that misses went wrong."""
+        per_part = [self.steps_terms(plan, graphs, p.steps, program) for p in plan.partitions]
+        together = {i for c in plan.concurrent for i in c}
+        parts = [t for i, t in enumerate(per_part) if i not in together]
+        parts += [max((per_part[i] for i in c), key=lambda t: t.total) for c in plan.concurrent]
+        calls = 0.0 if program else len(plan.partitions) * self.partition_seconds
+        return Terms(*(sum(getattr(t, f) for t in parts) for f in ("steps", "fetch", "code")),
+                     sum(t.calls for t in parts) + calls)
+
     def _known(self, plan: Plan, graphs: Sequence[Graph], step: Step, key: str) -> bool:
         p = self.profile
         if key in p.seconds and key in p.hot:
@@ -242,6 +270,10 @@ class Predictor:
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], program: bool = False) -> float:
         """Predicted seconds of `steps` run in order, again and again (one run of a stream); with
         `program`, called from C (no executor's calls, see `plan_seconds`)."""
+        return self.steps_terms(plan, graphs, steps, program).total
+
+    def steps_terms(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step], program: bool = False) -> "Terms":
+        """`steps_seconds` by its terms."""
         p = self.profile
         keys = [step_key(plan, graphs, s) for s in steps]
         known = [self._known(plan, graphs, s, k) for k, s in zip(keys, steps)]
@@ -258,7 +290,7 @@ class Predictor:
         code = sum(chance * p.seconds.get(CODE_KEY + op, 0.0) for op, chance in filter(None, cold_code))
         # Every step runs on the kernel library; one not measured yet, too.
         calls = 0.0 if program else self._call_seconds([k in p.native or not ok for k, ok in zip(keys, known)])
-        return sum(warm) + calls + fetch + code
+        return Terms(sum(warm), fetch, code, calls)
 
     def _call_seconds(self, native: Sequence[bool]) -> float:
         """The executor's calls of the steps (`native`: which run on our own kernels): a loop

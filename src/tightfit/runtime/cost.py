@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from tightfit.analysis.predict import (ARENA_CHUNK, CACHE_BYTES, CODE_KEY, CODE_PROBE_BYTES, CODE_PROBE_SHRINK,
-                                      COLD_PROBE_BYTES, Predictor, Profile, _footprint, _op_kind, step_key)
+                                      COLD_PROBE_BYTES, Predictor, Profile, Terms, _footprint, _op_kind, step_key)
 from tightfit.cache import JournaledTable, is_seconds
 from tightfit.graph.ir import Graph
 from tightfit.plan.schema import Plan, Step
@@ -190,6 +190,15 @@ class CostModel:
         total = self._live().plan_seconds(plan, graphs, program)
         self.save()
         return total
+
+    def plan_terms(self, plan: Plan, graphs: Sequence[Graph], program: bool = False) -> Terms:
+        """`plan_seconds` by its terms (analysis/predict.Terms); step shapes the profile lacks are
+        measured first."""
+        for p in plan.partitions:
+            self._measure_steps(plan, graphs, p.steps)
+        terms = self._live().plan_terms(plan, graphs, program)
+        self.save()
+        return terms
 
     def steps_seconds(self, plan: Plan, graphs: Sequence[Graph], steps: Sequence[Step]) -> float:
         """Predicted seconds of `steps` run in order, again and again (one run of a stream)."""
