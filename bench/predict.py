@@ -326,6 +326,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cpu != -1 and args.cpu not in os.sched_getaffinity(0):
         ap.error(f"--cpu {args.cpu}: not one of this process's cores {sorted(os.sched_getaffinity(0))} (or -1)")
+    missing = [f for f in args.from_rows.split(",") if args.from_rows and not Path(f).is_file()]
+    if missing:
+        ap.error(f"--from-rows: no such file: {', '.join(missing)}")
     if args.one:
         one_model(args.one, args)
         return
