@@ -463,30 +463,60 @@ static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, co
  * block of pixels: 3x3 512->512 on 7x7, 9.4 MB, nine times). */
 #define TF_PASS_BYTES (256 * 1024)
 
-/* Output pixels in order, TF_PIXELS at a time while their taps are the same (interior pixels), in
- * passes over a few panels of output channels each. */
+/* Pixels waiting for a block: up to TF_PIXELS with the same taps (r of them; none: a free slot). */
+typedef struct { taps t; int r; const float *xp[TF_PIXELS]; float *yp[TF_PIXELS]; } pending;
+
+/* Slots of pending pixels: the interior's, the left and right edges', and one for a corner, so that
+ * the few pixels of each padded edge wait for the edge pixels of the next rows and go in full blocks
+ * too, not one at a time (28 x 28 with padding 1: 4 blocks of 6, one of 2 and two of 1 a row). */
+#define TF_SLOTS 4
+
+static int same_taps(const taps *s, const taps *t) {
+    return s->x0 == t->x0 && s->x1 == t->x1 && s->y0 == t->y0 && s->y1 == t->y1;
+}
+
+static void run_pending(const vconv *a, pending *s, long j0, long j1) {
+    if (s->r) dense_pixels(a, s->xp, s->yp, s->r, &s->t, j0, j1);
+    s->r = 0;
+}
+
+/* The pending slot for pixels of taps t: the one waiting with the same taps, else a free one, else
+ * the next in turn, its pixels run first. */
+static pending *slot_for(const vconv *a, pending *slot, int *turn, const taps *t, long j0, long j1) {
+    pending *idle = 0;
+    for (int i = 0; i < TF_SLOTS; i++) {
+        if (slot[i].r && same_taps(&slot[i].t, t)) return &slot[i];
+        if (!slot[i].r && !idle) idle = &slot[i];
+    }
+    if (!idle) {
+        idle = &slot[*turn];
+        *turn = (*turn + 1) % TF_SLOTS;
+        run_pending(a, idle, j0, j1);
+    }
+    idle->t = *t;
+    return idle;
+}
+
+/* Output pixels in order, in blocks of TF_PIXELS pixels of the same taps (every pixel's sums are the
+ * same whichever block it goes in), in passes over a few panels of output channels each. */
 static void v_dense(const vconv *a) {
-    const float *xp[TF_PIXELS];
-    float *yp[TF_PIXELS];
     const long panels = (a->c + 15) / 16, panel_bytes = a->kh * a->kw * a->cin * 16 * (long)sizeof(float);
     const long fit = TF_PASS_BYTES / panel_bytes, chunk = fit < TF_PANELS ? TF_PANELS : fit - fit % TF_PANELS;
     for (long j0 = 0; j0 < panels; j0 += chunk) {
         const long j1 = j0 + chunk < panels ? j0 + chunk : panels;
-        taps t0 = {0, 0, 0, 0, 0, 0};
-        int r = 0;
+        pending slot[TF_SLOTS];
+        int turn = 0;
+        for (int i = 0; i < TF_SLOTS; i++) slot[i].r = 0;
         for (long n = 0; n < a->n; n++)
         for (long oy = 0; oy < a->oh; oy++)
         for (long ox = 0; ox < a->ow; ox++) {
             const taps t = taps_of(a, oy, ox);
-            if (r && (r == TF_PIXELS || t.x0 != t0.x0 || t.x1 != t0.x1 || t.y0 != t0.y0 || t.y1 != t0.y1)) {
-                dense_pixels(a, xp, yp, r, &t0, j0, j1);
-                r = 0;
-            }
-            t0 = t;
-            xp[r] = input_pixel(a, n, t.iy, t.ix);
-            yp[r++] = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+            pending *s = slot_for(a, slot, &turn, &t, j0, j1);
+            s->xp[s->r] = input_pixel(a, n, t.iy, t.ix);
+            s->yp[s->r++] = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
+            if (s->r == TF_PIXELS) run_pending(a, s, j0, j1);
         }
-        if (r) dense_pixels(a, xp, yp, r, &t0, j0, j1);
+        for (int i = 0; i < TF_SLOTS; i++) run_pending(a, &slot[i], j0, j1);
     }
 }
 
