@@ -604,6 +604,72 @@ static inline __attribute__((always_inline)) void window_max(float *out, const f
         store(out + b * 16, clamp16((v16)(((i16)splat(NAN) & nan[b]) | ((i16)acc[b] & ~nan[b])), lo, hi), 16);
 }
 
+/* Input column x's largest over rows [0, rows) from p (row stride xs_h), q blocks of 16 channels,
+ * NaNs noted apart in nan as window_max notes them; no such column: the lowest float. */
+typedef struct { v16 m[4]; i16 nan[4]; } column;
+
+static inline __attribute__((always_inline)) column column_max(const float *p, long x, long iw, long xs_w, long xs_h,
+        long rows, int q) {
+    column c;
+    for (int b = 0; b < q; b++) { c.m[b] = splat(-FLT_MAX); c.nan[b] = (i16){0}; }
+    if (x < 0 || x >= iw) return c;
+    for (long ky = 0; ky < rows; ky++)
+        for (int b = 0; b < q; b++) {
+            v16 v;
+            memcpy(&v, p + x * xs_w + ky * xs_h + b * 16, 64);
+            const i16 take = v > c.m[b];
+            c.nan[b] |= v != v;
+            c.m[b] = (v16)(((i16)v & take) | ((i16)c.m[b] & ~take));
+        }
+    return c;
+}
+
+/* The largest of three columns' maxima, a NaN in any giving NaN, clamped, stored to q blocks. */
+static inline __attribute__((always_inline)) void store_max3(float *out, const column *c0, const column *c1,
+        const column *c2, int q, v16 lo, v16 hi) {
+    for (int b = 0; b < q; b++) {
+        v16 m = c0->m[b];
+        i16 take = c1->m[b] > m;
+        m = (v16)(((i16)c1->m[b] & take) | ((i16)m & ~take));
+        take = c2->m[b] > m;
+        m = (v16)(((i16)c2->m[b] & take) | ((i16)m & ~take));
+        const i16 nan = c0->nan[b] | c1->nan[b] | c2->nan[b];
+        store(out + b * 16, clamp16((v16)(((i16)splat(NAN) & nan) | ((i16)m & ~nan)), lo, hi), 16);
+    }
+}
+
+/* A 3-wide max pool of stride 1 or 2 along output row oy, channels [k0, k0 + 16 q): each input
+ * column's maximum over the window's rows is taken once and kept for the pixels that share it
+ * (stride 1: three, stride 2: two), not taken again per pixel. A pixel's maximum is its columns'
+ * in column order (the same value as window_max's, row by row, but for the sign of equal zeros). */
+static inline __attribute__((always_inline)) void max3_row(float *arena, const tf_pool_args *a, long n, long oy,
+        long k0, int q, v16 lo, v16 hi) {
+    const tf_view *x = &a->x, *y = &a->y;
+    const window t = window_at(x, oy * a->sh - a->pt, -a->pl, a->kh, 3, 1, 1);
+    const float *p = arena + x->off + n * x->sn + (t.iy + t.ky0) * x->sh + k0;
+    const long rows = t.ky1 - t.ky0, s = a->sw, iw = x->w, xs_w = x->sw, xs_h = x->sh;
+    float *out = arena + y->off + n * y->sn + oy * y->sh + k0;
+    long ix = -a->pl;
+    column c0 = column_max(p, ix, iw, xs_w, xs_h, rows, q), c1 = column_max(p, ix + 1, iw, xs_w, xs_h, rows, q);
+    for (long ox = 0; ox < y->w; ox++, ix += s) {
+        const column c2 = column_max(p, ix + 2, iw, xs_w, xs_h, rows, q);
+        store_max3(out + ox * y->sw, &c0, &c1, &c2, q, lo, hi);
+        if (s == 1) { c0 = c1; c1 = c2; }
+        else { c0 = c2; c1 = column_max(p, ix + 3, iw, xs_w, xs_h, rows, q); }
+    }
+}
+
+/* Every output row of a 3-wide max pool of stride 1 or 2, channels [0, 16 * floor(c / 16)). */
+static void max3_rows(float *arena, const tf_pool_args *a, v16 lo, v16 hi) {
+    const tf_view *y = &a->y;
+    for (long n = 0; n < y->n; n++)
+    for (long oy = 0; oy < y->h; oy++) {
+        long k0 = 0;
+        for (; k0 + 64 <= y->c; k0 += 64) max3_row(arena, a, n, oy, k0, 4, lo, hi);
+        for (; k0 + 16 <= y->c; k0 += 16) max3_row(arena, a, n, oy, k0, 1, lo, hi);
+    }
+}
+
 /* Pooling of dilation 1 on channels-last views, 16 channels at a time, a clamp fused. */
 static int v_pool(float *arena, const tf_pool_args *a) {
     const tf_view *x = &a->x, *y = &a->y;
@@ -611,6 +677,9 @@ static int v_pool(float *arena, const tf_pool_args *a) {
     if (!unit_channels(x, y) || a->dh != 1 || a->dw != 1 || !one_clamp(a->act, &lo, &hi)) return 0;
     const int avg = a->kind == TF_POOL_AVG;
     const v16 vlo = splat(lo), vhi = splat(hi), none = splat(-FLT_MAX);
+    const int rowwise = !avg && a->kw == 3 && (a->sw == 1 || a->sw == 2);
+    if (rowwise) max3_rows(arena, a, vlo, vhi);
+    if (rowwise && y->c % 16 == 0) return 1;
     for (long n = 0; n < y->n; n++)
     for (long oy = 0; oy < y->h; oy++)
     for (long ox = 0; ox < y->w; ox++) {
@@ -619,7 +688,7 @@ static int v_pool(float *arena, const tf_pool_args *a) {
         float *out = arena + y->off + n * y->sn + oy * y->sh + ox * y->sw;
         const float d = avg ? pool_divisor(a, oy, ox) : 1.0f;
         const v16 div = splat(d > 0.0f ? d : 1.0f); /* a window wholly in the padding: its sum, 0 */
-        long k0 = 0;
+        long k0 = rowwise ? y->c / 16 * 16 : 0;
         if (!avg) {
             for (; k0 + 64 <= y->c; k0 += 64) window_max(out + k0, base + k0, x->sh, x->sw, &t, 4, vlo, vhi);
             for (; k0 + 16 <= y->c; k0 += 16) window_max(out + k0, base + k0, x->sh, x->sw, &t, 1, vlo, vhi);
