@@ -137,6 +137,26 @@ def test_conv_transpose(name, tmp_path):
     check_model(sandwich([node, relu], inits), tmp_path)
 
 
+# --- Max pools 3 wide on many channels -------------------------------------------------------------
+
+MAX3 = {  # (channels, rows x columns, stride, pads, ceil_mode): the kernels' row-wise 3-wide max pool
+    "s1_pad1_64_and_16": (80, (9, 11), 1, 1, 0),
+    "s1_tail_channels": (19, (6, 7), 1, 1, 0),
+    "s2_ceil": (32, (8, 9), 2, 0, 1),
+    "s2_pad1_ceil": (48, (7, 10), 2, 1, 1),
+    "s1_no_pad": (16, (5, 5), 1, 0, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAX3))
+def test_max_pool_three_wide(name, tmp_path):
+    """The pool's pixels share input columns' maxima along a row (16 and 64 channels at a time):
+    whole, by parts and tiled, equal to onnxruntime's, padding and ceil_mode's overhang included."""
+    c, (h, w), s, p, ceil = MAX3[name]
+    node = helper.make_node("MaxPool", ["a"], ["b"], kernel_shape=[3, 3], strides=[s, s], pads=[p] * 4, ceil_mode=ceil)
+    check_model(sandwich([node], {}, x_shape=(1, 3, h, w), mid=c), tmp_path)
+
+
 # --- Slice, Split, Concat -------------------------------------------------------------------------
 
 def _slice(starts, ends, axes, steps=None):
