@@ -12,12 +12,18 @@ every round times every variant `--runs` times; the median over all rounds is pr
 checked first: every thread count gives the same bits as one thread (C and executor), and one
 thread matches onnxruntime within the export check's tolerance. The machine's load average is
 printed before and after: on a shared machine, threads compete with other work, and the figures
-say so rather than hide it.
+say so rather than hide it. So is the round trip of a cache line between the first two cores
+(two threads passing a counter back and forth), before and after: on a virtual machine the host
+may run its two cores in one core complex (about 50 ns on the EPYC measured) or in two (about 330
+ns), and a shared step's data moves between the threads' caches ten times slower in the second
+placement, which changes over time: 2-thread figures are comparable only at the same placement.
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,6 +92,53 @@ def _check(model: str, outs: dict, threads: list[int]) -> None:
     print(f"  {model}: outputs checked (same bits at every thread count; onnxruntime within tolerance)", flush=True)
 
 
+ROUND_TRIP_C = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <time.h>
+static volatile long flag;
+enum { N = 2000 };
+static void pin(int cpu) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
+static void *other(void *arg) {
+    (void)arg; pin(1);
+    for (long i = 0; i < N; i++) { while (__atomic_load_n(&flag, __ATOMIC_ACQUIRE) != 2 * i + 1) {} __atomic_store_n(&flag, 2 * i + 2, __ATOMIC_RELEASE); }
+    return NULL;
+}
+int main(void) {
+    pthread_t t; struct timespec a, b;
+    pthread_create(&t, NULL, other, NULL); pin(0);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < N; i++) { __atomic_store_n(&flag, 2 * i + 1, __ATOMIC_RELEASE); while (__atomic_load_n(&flag, __ATOMIC_ACQUIRE) != 2 * i + 2) {} }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    pthread_join(t, NULL);
+    printf("%.0f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / N);
+    return 0;
+}
+"""
+
+
+def round_trip(work: Path) -> str:
+    """The round trip of a cache line between cores 0 and 1 (ns, the median of 5), or why not measured."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return "not measured (no C compiler)"
+    src, exe = work / "round_trip.c", work / "round_trip"
+    src.write_text(ROUND_TRIP_C)
+    built = subprocess.run([cc, "-O2", "-pthread", "-o", str(exe), str(src)], capture_output=True, text=True)
+    if built.returncode != 0:
+        return "not measured (did not build)"
+    times = []
+    for _ in range(5):
+        try:
+            done = subprocess.run([str(exe)], capture_output=True, text=True, timeout=10)
+            times.append(float(done.stdout))
+        except (subprocess.TimeoutExpired, ValueError):
+            return "not measured (the two cores were busy)"
+    return f"{statistics.median(times):.0f} ns"
+
+
 def _timed(fn, k: int) -> list[float]:
     times = []
     for _ in range(k):
@@ -106,6 +159,7 @@ def main() -> int:
     header("threads: the exported program and the executor beside onnxruntime (issue 39 point 7)")
     peak = load_average()
     with tempfile.TemporaryDirectory(prefix="tightfit-threads-") as tmp:
+        print(f"core-to-core round trip at start: {round_trip(Path(tmp))} (about 50: one core complex; 300 or more: two)")
         variants = {m: prepare(m, threads, Path(tmp)) for m in args.models.split(",")}
         times: dict = {(m, v): [] for m, vs in variants.items() for v in vs}
         for _ in range(args.rounds):
@@ -113,6 +167,7 @@ def main() -> int:
                 for v, fn in vs.items():
                     times[(m, v)] += fn(args.runs)
                     peak = max(peak, load_average())
+        print(f"core-to-core round trip at end: {round_trip(Path(tmp))}")
     print(f"\nmedian fps over {args.rounds} interleaved rounds of {args.runs} runs (C: the program's own median per "
           f"round){load_mark(peak)}")
     print("model | variant | fps | vs ORT at the same threads | vs itself at 1 thread")

@@ -5,6 +5,8 @@ run (no thread left waiting); a build without threads (-DTF_THREADS=0, a microco
 the same steps on one thread."""
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
 import subprocess
 import threading
@@ -16,13 +18,18 @@ import tightfit
 from tightfit.api import plan_inputs
 from tightfit.export import export
 from tightfit.export.build import build, run
+from tightfit.graph.ir import Graph, Layer, Tensor
+from tightfit.graph.ir import Graph, Layer, Tensor
 from tightfit.kernels import library
-from tightfit.ops import op_names
+from tightfit.ops import abi, op_names
 from tightfit.reference import run_reference
+from tightfit.runtime import executor
 from tightfit.runtime.executor import ArenaExecutor, RowSource
+from tightfit.techniques.interface import PlannedModel
+from tightfit.techniques.reuse.planner import plan_reuse
 from tightfit.tolerance import compare
 
-from test_export_aarch64 import _draw, case_graph
+from test_export_aarch64 import _draw, _one_input_fits, case_graph
 
 STRESS_RUNS = 60  # the race this catches hung the old code within 300 runs under load
 PLANS = [("mobilenet_v1_025", {"method": "reuse"}), ("mobilenet_v1_025", {"method": "parts", "rows": 2}),
@@ -150,3 +157,79 @@ def test_fit_threads_parses_and_a_fit_on_two_threads_verifies(tmp_path, capsys, 
     assert '"threads": 2' in report and "fps (2 threads)" in text
     assert made and set(made) == {2}  # verify, the choice's timings and the fps: every run on two threads
     assert main(["fit", "minakova5", "--budget", "5kB", "--threads", "0"]) == 2
+
+
+# --- every kind of step that threads share, split finely ----------------------------------------
+
+# op -> the step kind (ops/abi.py's STEP) its kernel runs, for the ops whose steps threads share
+SHARED_OPS = {"conv": "conv", "maxpool": "pool", "avgpool": "pool", "add": "eltwise", "mul": "eltwise",
+              "eltwise": "eltwise", "batchnorm": "affine", "gemm": "gemm", "transpose": "copy"}
+
+
+@pytest.fixture(scope="module")
+def fine_library(tmp_path_factory):
+    """The library built to share every step it can split, however small (-DTF_SHARE_MIN=0: the drawn
+    cases are a few hundred multiply-adds), with tf_split_of, which says how a step would be split."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    path = tmp_path_factory.mktemp("fine") / "tf_kernels_fine.so"
+    subprocess.run([compiler, *library.FLAGS, "-DTF_SHARE_MIN=0", "-DTF_TEST_HOOKS", "-o", str(path),
+                    str(library.SOURCES[0]), "-lm"], check=True, capture_output=True)
+    lib = library._declare(ctypes.CDLL(str(path)))
+    lib.tf_split_of.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.tf_split_of.restype = ctypes.c_int
+    return lib
+
+
+def _split_kinds(ex: ArenaExecutor, lib, threads: int) -> set[str]:
+    """The kinds of the executor's steps (input steps aside: they need their sources) that `threads`
+    threads would share."""
+    kinds = {v: k for k, v in abi.STEP.items()}
+    table = ex.frames[0][0].table
+    rows = table.arrays["tf_step"]
+    return {kinds[int(rows["kind"][i])] for i in range(table.count)
+            if kinds[int(rows["kind"][i])] != "input" and lib.tf_split_of(table.address + i * rows.dtype.itemsize, None, threads)}
+
+
+def _same_bits_split_finely(g: Graph, x: np.ndarray, lib, kind: str, what: str) -> bool:
+    """Whether a `kind` step of g is split; asserts that g gives the same bits on 2, 3 and 5 threads
+    as on one."""
+    one = run_reference(g, x)[g.outputs[0]]
+    for threads in (2, 3, 5):
+        many = run_reference(g, x, threads=threads)[g.outputs[0]]
+        assert np.array_equal(one, many, equal_nan=True), f"{what} at {threads} threads"
+    ex = ArenaExecutor(plan_reuse(PlannedModel(g, g.name, int(x.shape[0])), planner="improve", layout="nhwc"), [g])
+    return kind in _split_kinds(ex, lib, 2)
+
+
+@pytest.fixture
+def split_finely(fine_library, monkeypatch):
+    """The executor on the fine library (its input steps' tf_tensor_rows too, so that they are shared)."""
+    monkeypatch.setattr(executor, "library", lambda: fine_library)
+    monkeypatch.setattr(executor, "tensor_input", lambda: ctypes.cast(fine_library.tf_tensor_rows, ctypes.c_void_p).value)
+    return fine_library
+
+
+@pytest.mark.parametrize("op_name", sorted(SHARED_OPS))
+def test_every_shared_kind_gives_the_same_bits_split_finely(op_name, split_finely):
+    """Drawn cases of each op whose kernel threads share, on 2, 3 and 5 threads with every step shared
+    however small (rows, pixels of partial rows, panels, outputs, the input's rows): the same bits as
+    one thread; and the drawn cases do split that op's steps."""
+    cases = [c for c in _draw(op_name, 100) if _one_input_fits(c)][:40]
+    split = 0
+    for i, case in enumerate(cases):
+        g, x = case_graph(case, f"{op_name}_{i}")
+        what = f"{op_name} attrs {dict(case.layer.attrs)} in {case.in_shapes}"
+        split += _same_bits_split_finely(g, x, split_finely, SHARED_OPS[op_name], what)
+    assert split >= 3, f"only {split} of {len(cases)} drawn {op_name} cases had a step split: the test would not see a bad split"
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 7, 5), (2, 16, 4, 9), (1, 5, 2, 1)])
+def test_a_concatenation_over_channels_gives_the_same_bits_split_finely(shape, split_finely):
+    """The drawn concatenations mostly join along H or W (block moves, on one thread): this one along C."""
+    layer = Layer(0, "cat", "concat", ("X", "X"), "Y", {"act": (), "axis": 1, "sizes": (shape[1], shape[1])})
+    out = (shape[0], 2 * shape[1], *shape[2:])
+    g = Graph("cat", (layer,), {"X": Tensor("X", shape), "Y": Tensor("Y", out)}, ("X",), ("Y",), {})
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert _same_bits_split_finely(g, x, split_finely, "concat", f"concat of {shape}")

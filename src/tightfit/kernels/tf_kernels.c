@@ -2765,96 +2765,329 @@ static const tf_step *next_step(cursor *c) {
 }
 
 #if TF_THREADS
-/* Output rows [r0, r1) of a convolution: the same arithmetic per output element as the whole step
- * (each element's taps are summed in the same order), so any split gives the same bits. The input
- * view stays; its first row moves with pt (pt < 0: rows of the view above the share). */
-static void conv_rows(float *arena, const float *wts, const tf_conv_args *a, long r0, long r1) {
+/* --- a step shared among threads ---------------------------------------------------------------- */
+
+/* Every part below computes each of its output elements with the same arithmetic as the whole step
+ * (the same operands, taps or products summed in the same order), so any split among any number of
+ * threads gives the same bits (tests/test_threads.py). A part is the kernel itself on a smaller
+ * view: no kernel knows it runs on a part. */
+
+static tf_view view_rows(tf_view v, long r0, long r1) {
+    v.off = (tf_int)(v.off + r0 * v.sh);
+    v.h = (tf_int)(r1 - r0);
+    return v;
+}
+
+static tf_view view_channels(tf_view v, long c0, long c1) {
+    v.off = (tf_int)(v.off + c0 * v.sc);
+    v.c = (tf_int)(c1 - c0);
+    return v;
+}
+
+static tf_view view_cols(tf_view v, long c0, long c1) {
+    v.off = (tf_int)(v.off + c0 * v.sw);
+    v.w = (tf_int)(c1 - c0);
+    return v;
+}
+
+static int same_view(const tf_view *a, const tf_view *b) {
+    return a->off == b->off && a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->sn == b->sn
+           && a->sc == b->sc && a->sh == b->sh && a->sw == b->sw;
+}
+
+/* Output rows [r0, r1) and columns [c0, c1) of a convolution. The input view stays; its first row
+ * and column move with pt and pl (negative: rows or columns of the view above or left of the part). */
+static void conv_cells(float *arena, const float *wts, const tf_conv_args *a, long r0, long r1, long c0, long c1) {
     tf_conv_args part = *a;
-    part.y.off = (tf_int)(a->y.off + r0 * a->y.sh);
-    part.y.h = (tf_int)(r1 - r0);
+    part.y = view_cols(view_rows(a->y, r0, r1), c0, c1);
     part.pt = (tf_int)(a->pt - r0 * a->sh);
+    part.pl = (tf_int)(a->pl - c0 * a->sw);
     conv(arena, wts, &part);
 }
 
-/* Output rows [r0, r1) of a pooling, likewise (oy0: the first row's place, for averages' divisors). */
-static void pool_rows(float *arena, const tf_pool_args *a, long r0, long r1) {
+/* Likewise for a pooling (oy0, ox0: the part's first output row and column, for averages' divisors). */
+static void pool_cells(float *arena, const tf_pool_args *a, long r0, long r1, long c0, long c1) {
     tf_pool_args part = *a;
-    part.y.off = (tf_int)(a->y.off + r0 * a->y.sh);
-    part.y.h = (tf_int)(r1 - r0);
+    part.y = view_cols(view_rows(a->y, r0, r1), c0, c1);
     part.pt = (tf_int)(a->pt - r0 * a->sh);
+    part.pl = (tf_int)(a->pl - c0 * a->sw);
     part.oy0 = (tf_int)(a->oy0 + r0);
+    part.ox0 = (tf_int)(a->ox0 + c0);
     pool(arena, &part);
 }
 
-/* Output channels [16 p0, 16 p1) of a dense convolution (its weight panels p0 to p1): each element's
- * arithmetic as in the whole step, so this split gives the same bits too. */
+/* Output channels [16 p0, 16 p1) of a dense convolution (its weight panels p0 to p1). */
 static void conv_panels(float *arena, const float *wts, const tf_conv_args *a, long p0, long p1) {
     tf_conv_args part = *a;
     const long c0 = p0 * 16, c1 = p1 * 16 < a->y.c ? p1 * 16 : a->y.c;
-    part.y.off = (tf_int)(a->y.off + c0 * a->y.sc);
-    part.y.c = (tf_int)(c1 - c0);
+    part.y = view_channels(a->y, c0, c1);
     part.w = (tf_int)(a->w + p0 * a->kh * a->kw * a->x.c * 16);
     part.b = (tf_int)(a->b + c0);
     conv(arena, wts, &part);
 }
+
+/* Output rows [r0, r1) of an elementwise step: each operand not broadcast along H takes the same
+ * rows (a constant's from h0 + r0). */
+static void eltwise_rows(float *arena, const float *wts, const tf_eltwise_args *a, long r0, long r1) {
+    tf_operand op[TF_MAX_OPERANDS];
+    tf_eltwise_args part = *a;
+    for (int i = 0; i < a->count; i++) {
+        op[i] = a->op[i];
+        if (op[i].is_const && op[i].h != 1) op[i].h0 = (tf_int)(op[i].h0 + r0);
+        else if (!op[i].is_const && op[i].v.h != 1) op[i].v = view_rows(op[i].v, r0, r1);
+    }
+    part.y = view_rows(a->y, r0, r1);
+    part.op = op;
+    eltwise(arena, wts, &part);
+}
+
+static void affine_rows(float *arena, const float *wts, const tf_affine_args *a, long r0, long r1) {
+    tf_affine_args part = *a;
+    part.x = view_rows(a->x, r0, r1);
+    part.y = view_rows(a->y, r0, r1);
+    affine(arena, wts, &part);
+}
+
+#define TF_SHARED_VIEWS 64 /* a concatenation of more inputs runs on one thread */
+
+static void concat_rows(float *arena, const tf_concat_args *a, long r0, long r1) {
+    tf_view x[TF_SHARED_VIEWS];
+    tf_concat_args part = *a;
+    for (int i = 0; i < a->count; i++) x[i] = view_rows(a->x[i], r0, r1);
+    part.y = view_rows(a->y, r0, r1);
+    part.x = x;
+    concat(arena, &part);
+}
+
+static void copy_rows(float *arena, const tf_copy_args *a, long r0, long r1) {
+    tf_copy_args part = *a;
+    part.x = view_rows(a->x, r0, r1);
+    part.y = view_rows(a->y, r0, r1);
+    copy(arena, &part);
+}
+
+/* Outputs [c0, c1) of a gemm whose outputs are channels (y is N x C x 1 x 1): their rows of W. */
+static void gemm_outputs(float *arena, const float *wts, const tf_gemm_args *a, long c0, long c1) {
+    tf_gemm_args part = *a;
+    part.y = view_channels(a->y, c0, c1);
+    part.w = (tf_int)(a->w + c0 * a->in_features);
+    if (a->b >= 0) part.b = (tf_int)(a->b + c0);
+    gemm(arena, wts, &part);
+}
+
+/* Rows [r0, r1) of an input step whose source is the library's own tf_tensor_rows (a copy from
+ * memory, safe on any thread: any other source's callback is called from the caller's thread only). */
+static int input_rows(float *arena, const tf_input_args *a, const tf_source *inputs, long r0, long r1) {
+    const tf_view *y = &a->y;
+    const tf_source *src = &inputs[a->input];
+    const long off = y->off + r0 * y->sh;
+    void *dst = a->item == 1 ? (void *)q8(arena, off) : (void *)(arena + off);
+    return src->fill(src->ctx, a->n0, a->n0 + y->n, a->h0 + r0, a->h0 + r1, a->w0, a->w0 + y->w, dst, y->sn, y->sc,
+                     y->sh, y->sw);
+}
+
+/* How a step is shared: by output rows, by output pixels (rows x columns in order: few rows, as
+ * 7 x 7), by panels of 16 output channels (a dense convolution), or by outputs (a gemm's).
+ * Rows and pixels leave each thread the same part of the image step after step (a stride-2 step's
+ * output rows [0, h/2) read its input rows [0, h)), so its data stays in that thread's cache: a cache
+ * line that moves between cores costs about as much as a few hundred multiply-adds, and on the
+ * 2-core EPYC measured, ten times that when the host runs its two cores on different core complexes
+ * (a round trip of 330 ns, not 50: the 2-thread times are bimodal by process placement). A global
+ * pool is not shared for that reason: its channels' split would have each thread read every row of
+ * them, half of which the other thread wrote (efficientnet_b0's squeeze-excite pools: measured
+ * slower shared). */
+enum { TF_SPLIT_NONE, TF_SPLIT_ROWS, TF_SPLIT_PIXELS, TF_SPLIT_PANELS, TF_SPLIT_OUTPUTS };
+typedef struct { long units; int by; double work; } split;
 
 /* The fraction of the threads' time busy when `units` are shared among them (1: even shares). */
 static double balance(long units, int threads) {
     return (double)units / (double)(threads * ((units + threads - 1) / threads));
 }
 
-/* How threads share a step: convolutions and poolings by output rows, a dense convolution by its
- * panels of 16 output channels where those divide more evenly (7 rows on 2 threads leave one idle
- * for a seventh of the step; 32 panels do not). The count of units (0 or 1: not shared), *panels
- * set when they are panels. */
-static long share_units(const tf_step *step, int threads, int *panels) {
-    *panels = 0;
-    if (step->kind == TF_STEP_POOL) return ((const tf_pool_args *)step->args)->y.h;
-    if (step->kind != TF_STEP_CONV) return 0;
-    const tf_conv_args *a = (const tf_conv_args *)step->args;
-    const long rows = a->y.h, count = (a->y.c + 15) / 16;
-    if (a->kind == TF_CONV_DENSE && count >= threads && balance(count, threads) > balance(rows, threads)) {
-        *panels = 1;
-        return count;
-    }
-    return rows;
+/* Rows where they share evenly enough, else pixels (7 rows on 2 threads leave one idle for a
+ * seventh of the step; 49 pixels do not). */
+static split rows_or_pixels(const tf_view *y, double work, int threads) {
+    split s = {y->h, TF_SPLIT_ROWS, work};
+    if (balance(y->h, threads) < 0.95 && balance((long)y->h * y->w, threads) > balance(y->h, threads))
+        s.units = (long)y->h * y->w, s.by = TF_SPLIT_PIXELS;
+    return s;
 }
 
-/* Multiply-adds (convolution) or taps read (pooling) of a step: below TF_SHARE_MIN, a few
- * microseconds, a step runs on one thread (sharing it would cost as much as it saves: a meeting,
- * and waking a thread that slept; efficientnet_b0's squeeze-excite convolutions on 1 x 1 pixels). */
-#ifndef TF_SHARE_MIN
-#define TF_SHARE_MIN 262144.0
-#endif
-static double step_work(const tf_step *step) {
-    if (step->kind == TF_STEP_POOL) {
-        const tf_pool_args *a = (const tf_pool_args *)step->args;
-        return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw;
-    }
-    const tf_conv_args *a = (const tf_conv_args *)step->args;
+static double elements(const tf_view *v) { return (double)v->n * v->c * v->h * v->w; }
+
+/* Work in multiply-adds; a value moved or combined counts as TF_ELEMENT_WORK of them (measured: an
+ * elementwise step's element takes about as long as four of a dense convolution's multiply-adds),
+ * and so does each weight a convolution reads (a squeeze-excite convolution on 1 x 1 pixels reads
+ * each once). */
+#define TF_ELEMENT_WORK 4.0
+static split conv_split(const tf_conv_args *a, int threads) {
     const long per_tap = a->kind == TF_CONV_DENSE ? a->x.c : a->kind == TF_CONV_DEPTHWISE ? 1 : a->x.c / a->groups;
-    return (double)a->y.n * a->y.c * a->y.h * a->y.w * a->kh * a->kw * per_tap;
+    const double taps = (double)a->kh * a->kw * per_tap;
+    const double work = elements(&a->y) * taps + TF_ELEMENT_WORK * taps * a->y.c;
+    split s = rows_or_pixels(&a->y, work, threads);
+    const long panels = (a->y.c + 15) / 16;
+    if (overlapping(&a->x, &a->y)) s.by = TF_SPLIT_NONE; /* in place: its rows' order makes it safe */
+    else if (a->kind == TF_CONV_DENSE && panels >= threads && balance(panels, threads) > balance(s.units, threads))
+        s.units = panels, s.by = TF_SPLIT_PANELS;
+    return s;
 }
 
-static int shared_step(const tf_step *step, int threads) {
-    int panels;
-    if (threads <= 1 || share_units(step, threads, &panels) <= 1 || step_work(step) < TF_SHARE_MIN) return 0;
-    if (step->kind == TF_STEP_CONV) return !overlapping(&((const tf_conv_args *)step->args)->x, &((const tf_conv_args *)step->args)->y);
-    return !overlapping(&((const tf_pool_args *)step->args)->x, &((const tf_pool_args *)step->args)->y);
+/* Whether an elementwise step is shared: each view operand is y itself or apart from it (an element
+ * is then read before it is written, whichever thread writes it), and no view is broadcast over the
+ * pixels. A product by a per-channel scale (squeeze-excite) follows a global pool, which runs on the
+ * caller's thread and leaves the scaled tensor in that thread's cache: shared, each thread's rows
+ * moved back to it line by line, and efficientnet_b0 ran slower (measured: 5% at 2 threads).
+ * Constants are weights, read by both threads alike. */
+static int shared_eltwise(const tf_eltwise_args *a) {
+    if (a->count > TF_MAX_OPERANDS) return 0;
+    for (int i = 0; i < a->count; i++) {
+        const tf_operand *o = &a->op[i];
+        if (o->is_const) continue;
+        if ((long)o->v.h * o->v.w != (long)a->y.h * a->y.w) return 0;
+        if (!same_view(&o->v, &a->y) && overlapping(&o->v, &a->y)) return 0;
+    }
+    return 1;
 }
 
-static void share_of(float *arena, const float *weights, const tf_step *step, int id, int threads) {
-    int panels;
-    const long units = share_units(step, threads, &panels), r0 = units * id / threads, r1 = units * (id + 1) / threads;
-    if (r1 <= r0) return;
-    if (panels) conv_panels(arena, weights, (const tf_conv_args *)step->args, r0, r1);
-    else if (step->kind == TF_STEP_CONV) conv_rows(arena, weights, (const tf_conv_args *)step->args, r0, r1);
-    else pool_rows(arena, (const tf_pool_args *)step->args, r0, r1);
+static split concat_split(const tf_concat_args *a) {
+    split s = {a->y.h, TF_SPLIT_ROWS, TF_ELEMENT_WORK * elements(&a->y)};
+    if (a->count > TF_SHARED_VIEWS) s.by = TF_SPLIT_NONE;
+    for (int i = 0; i < a->count && s.by; i++)
+        if (overlapping(&a->x[i], &a->y)) s.by = TF_SPLIT_NONE;
+    return s;
+}
+
+/* The split a step would take (by TF_SPLIT_NONE: none). */
+static split split_kind(const tf_step *step, const tf_source *inputs, int threads) {
+    const split none = {0, TF_SPLIT_NONE, 0.0};
+    const void *p = step->args;
+    switch (step->kind) {
+    case TF_STEP_CONV: return conv_split((const tf_conv_args *)p, threads);
+    case TF_STEP_POOL: {
+        const tf_pool_args *a = (const tf_pool_args *)p;
+        split s = rows_or_pixels(&a->y, elements(&a->y) * a->kh * a->kw, threads);
+        if (overlapping(&a->x, &a->y)) s.by = TF_SPLIT_NONE;
+        return s;
+    }
+    case TF_STEP_ELTWISE: {
+        const tf_eltwise_args *a = (const tf_eltwise_args *)p;
+        const split s = {a->y.h, shared_eltwise(a) ? TF_SPLIT_ROWS : TF_SPLIT_NONE, TF_ELEMENT_WORK * a->count * elements(&a->y)};
+        return s;
+    }
+    case TF_STEP_AFFINE: {
+        const tf_affine_args *a = (const tf_affine_args *)p;
+        const int apart = same_view(&a->x, &a->y) || !overlapping(&a->x, &a->y);
+        const split s = {a->y.h, apart ? TF_SPLIT_ROWS : TF_SPLIT_NONE, TF_ELEMENT_WORK * elements(&a->y)};
+        return s;
+    }
+    case TF_STEP_CONCAT: return concat_split((const tf_concat_args *)p);
+    case TF_STEP_COPY: {
+        const tf_copy_args *a = (const tf_copy_args *)p;
+        const int apart = same_shape(&a->x, &a->y) && !overlapping(&a->x, &a->y);
+        const split s = {a->y.h, apart ? TF_SPLIT_ROWS : TF_SPLIT_NONE, TF_ELEMENT_WORK * elements(&a->y)};
+        return s;
+    }
+    case TF_STEP_GEMM: {
+        const tf_gemm_args *a = (const tf_gemm_args *)p;
+        const int by = a->y.h == 1 && a->y.w == 1 && !overlapping(&a->x, &a->y) ? TF_SPLIT_OUTPUTS : TF_SPLIT_NONE;
+        const split s = {a->y.c, by, TF_ELEMENT_WORK * a->in_features * elements(&a->y)};
+        return s;
+    }
+    case TF_STEP_INPUT: {
+        const tf_input_args *a = (const tf_input_args *)p;
+        const split s = {a->y.h, inputs[a->input].fill == tf_tensor_rows ? TF_SPLIT_ROWS : TF_SPLIT_NONE,
+                         TF_ELEMENT_WORK * elements(&a->y)};
+        return s;
+    }
+    default: return none;
+    }
+}
+
+/* Work below TF_SHARE_MIN multiply-adds (a microsecond or two) runs on one thread: sharing it would
+ * cost a meeting of the threads for less than it saves. */
+#ifndef TF_SHARE_MIN
+#define TF_SHARE_MIN 65536.0
+#endif
+
+/* How step is shared among `threads` (by TF_SPLIT_NONE: it runs on the caller's thread). A build
+ * without a step's kind (TF_KINDS) never shares it: it fails on the caller's thread. */
+static split split_of(const tf_step *step, const tf_source *inputs, int threads) {
+    split s = {0, TF_SPLIT_NONE, 0.0};
+    if (threads <= 1 || step->kind < 0 || step->kind >= 64 || !TF_WANTS(step->kind)) return s;
+    s = split_kind(step, inputs, threads);
+    if (s.units < 2 || s.work < TF_SHARE_MIN) s.by = TF_SPLIT_NONE;
+    return s;
+}
+
+#ifdef TF_TEST_HOOKS
+/* Tests only (built with -DTF_TEST_HOOKS): how a step would be shared (TF_SPLIT_*, 0: not at all),
+ * so that a test of the split parts can check that it splits them. */
+int tf_split_of(const tf_step *step, const tf_source *inputs, int threads);
+int tf_split_of(const tf_step *step, const tf_source *inputs, int threads) {
+    return split_of(step, inputs, threads).by;
+}
+#endif
+
+/* Pixels [p0, p1) of an output w pixels wide, in row order: at most three blocks of rows and columns. */
+static void conv_or_pool_cells(float *arena, const float *wts, const tf_step *step, long r0, long r1, long c0, long c1) {
+    if (r1 <= r0 || c1 <= c0) return;
+    if (step->kind == TF_STEP_CONV) {
+        if (TF_WANTS(TF_STEP_CONV)) conv_cells(arena, wts, (const tf_conv_args *)step->args, r0, r1, c0, c1);
+    } else if (TF_WANTS(TF_STEP_POOL)) {
+        pool_cells(arena, (const tf_pool_args *)step->args, r0, r1, c0, c1);
+    }
+}
+
+static void pixels(float *arena, const float *wts, const tf_step *step, long p0, long p1) {
+    const tf_view *y = step->kind == TF_STEP_CONV ? &((const tf_conv_args *)step->args)->y : &((const tf_pool_args *)step->args)->y;
+    const long w = y->w, first = p0 / w, last = p1 / w; /* rows holding p0 and p1 */
+    if (first == last) {
+        conv_or_pool_cells(arena, wts, step, first, first + 1, p0 % w, p1 % w);
+        return;
+    }
+    conv_or_pool_cells(arena, wts, step, first, first + 1, p0 % w, w);
+    conv_or_pool_cells(arena, wts, step, first + 1, last, 0, w);
+    conv_or_pool_cells(arena, wts, step, last, last + 1, 0, p1 % w);
+}
+
+/* Units [u0, u1) of a shared step; 0, or the input callback's status. Each kernel is called under its
+ * kind's TF_WANTS, as run_step calls it, so that a build leaves out the kernels of kinds it lacks. */
+static int run_units(float *arena, const float *wts, const tf_step *step, const tf_source *inputs, int by, long u0, long u1) {
+    const void *p = step->args;
+    switch (step->kind) {
+    case TF_STEP_CONV: {
+        const tf_conv_args *a = (const tf_conv_args *)p;
+        if (!TF_WANTS(TF_STEP_CONV)) return -1;
+        if (by == TF_SPLIT_PANELS) conv_panels(arena, wts, a, u0, u1);
+        else if (by == TF_SPLIT_PIXELS) pixels(arena, wts, step, u0, u1);
+        else conv_cells(arena, wts, a, u0, u1, 0, a->y.w);
+        return 0;
+    }
+    case TF_STEP_POOL:
+        if (!TF_WANTS(TF_STEP_POOL)) return -1;
+        if (by == TF_SPLIT_PIXELS) pixels(arena, wts, step, u0, u1);
+        else pool_cells(arena, (const tf_pool_args *)p, u0, u1, 0, ((const tf_pool_args *)p)->y.w);
+        return 0;
+    case TF_STEP_ELTWISE: if (TF_WANTS(TF_STEP_ELTWISE)) eltwise_rows(arena, wts, (const tf_eltwise_args *)p, u0, u1); return 0;
+    case TF_STEP_AFFINE: if (TF_WANTS(TF_STEP_AFFINE)) affine_rows(arena, wts, (const tf_affine_args *)p, u0, u1); return 0;
+    case TF_STEP_CONCAT: if (TF_WANTS(TF_STEP_CONCAT)) concat_rows(arena, (const tf_concat_args *)p, u0, u1); return 0;
+    case TF_STEP_COPY: if (TF_WANTS(TF_STEP_COPY)) copy_rows(arena, (const tf_copy_args *)p, u0, u1); return 0;
+    case TF_STEP_GEMM: if (TF_WANTS(TF_STEP_GEMM)) gemm_outputs(arena, wts, (const tf_gemm_args *)p, u0, u1); return 0;
+    case TF_STEP_INPUT: return input_rows(arena, (const tf_input_args *)p, inputs, u0, u1);
+    default: return -1;
+    }
+}
+
+/* Thread id's share of a shared step: units [units id / threads, units (id + 1) / threads). */
+static int share_of(float *arena, const float *weights, const tf_step *step, const tf_source *inputs, split s, int id,
+                    int threads) {
+    const long u0 = s.units * id / threads, u1 = s.units * (id + 1) / threads;
+    return u1 > u0 ? run_units(arena, weights, step, inputs, s.by, u0, u1) : 0;
 }
 
 #define TF_MAX_THREADS 64
 
-/* Polls of a meeting before a thread sleeps on it (about 20 us at 100 cycles a poll). */
+/* Polls of a meeting before a thread sleeps on it (about 25 us at 25 ns a pause on the EPYC measured). */
 #ifndef TF_SPIN
 #define TF_SPIN 1000L
 #endif
@@ -2867,70 +3100,84 @@ static void share_of(float *arena, const float *weights, const tf_step *step, in
 #endif
 
 /* Threads meet before each shared step and after the last of a run of them; the caller's thread
- * runs every other step (the input callback is called from the caller's thread only). */
+ * runs every other step (an input callback other than tf_tensor_rows is called from the caller's
+ * thread only). A meeting is a counter and a generation, polled; the mutex and condition variable
+ * are only for a thread that waited longer than TF_SPIN polls (`sleepers` of them). */
 typedef struct {
     float *arena; const float *weights; const int32_t *indices; const tf_step *steps; long count;
     const tf_source *inputs; const tf_sink *outputs;
     pthread_mutex_t mu; pthread_cond_t cv;
-    long arrived, generation, expected;
-    int threads, status, said; /* said: the status when the last meeting ended */
+    long arrived, generation, expected, sleepers; /* atomics */
+    int threads, status, said; /* said: the status when the last meeting ended (atomics) */
 } team;
 
 typedef struct { team *t; int id; } member;
 
-/* All `expected` threads wait here; each gets the status as it was when the last one arrived (not
- * as it is when it wakes: the caller's thread may have gone on and failed a step since, and a
- * thread that stopped on that would leave the others waiting at the next meeting). */
-static int meet(team *t) {
-    pthread_mutex_lock(&t->mu);
-    const long gen = t->generation;
-    if (++t->arrived >= t->expected) {
-        t->arrived = 0;
-        t->said = t->status;
-        __atomic_store_n(&t->generation, gen + 1, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&t->cv);
-    } else {
-        /* A while on the core before sleeping: a step's share ends within microseconds of the
-         * others', and waking a sleeping thread (an idle virtual CPU) can take longer than that. */
-        pthread_mutex_unlock(&t->mu);
-        for (long spin = 0; spin < TF_SPIN && __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen; spin++)
-            TF_PAUSE();
-        pthread_mutex_lock(&t->mu);
-        while (gen == t->generation) pthread_cond_wait(&t->cv, &t->mu);
-    }
-    const int status = t->said;
-    pthread_mutex_unlock(&t->mu);
-    return status;
+/* A failure said at the next meeting (the first one said stays). */
+static void fail(team *t, int status) {
+    int none = 0;
+    __atomic_compare_exchange_n(&t->status, &none, status, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+/* A thread that polled long enough sleeps until the generation moves on. Counted among the sleepers
+ * before it looks at the generation again (the last arrival moves the generation before it counts
+ * them), so either it sees the new generation or the last arrival sees it and wakes it. */
+static void sleep_on(team *t, long gen) {
+    pthread_mutex_lock(&t->mu);
+    __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&t->generation, __ATOMIC_SEQ_CST) == gen) pthread_cond_wait(&t->cv, &t->mu);
+    __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* All `expected` threads wait here; each gets the status as it was when the last one arrived (not
+ * as it is when it wakes: another thread may have gone on and failed a step since, and a thread
+ * that stopped on that would leave the others waiting at the next meeting). */
+static int meet(team *t) {
+    const long gen = __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE); /* moves only once all have come */
+    if (__atomic_add_fetch(&t->arrived, 1, __ATOMIC_ACQ_REL) >= __atomic_load_n(&t->expected, __ATOMIC_ACQUIRE)) {
+        const int said = __atomic_load_n(&t->status, __ATOMIC_ACQUIRE);
+        __atomic_store_n(&t->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->said, said, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->generation, gen + 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&t->sleepers, __ATOMIC_SEQ_CST)) {
+            pthread_mutex_lock(&t->mu);
+            pthread_cond_broadcast(&t->cv);
+            pthread_mutex_unlock(&t->mu);
+        }
+        return said;
+    }
+    /* A while on the core before sleeping: a step's share ends within microseconds of the others',
+     * and waking a sleeping thread (an idle virtual CPU) can take longer than that. */
+    for (long spin = 0; spin < TF_SPIN && __atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen; spin++)
+        TF_PAUSE();
+    if (__atomic_load_n(&t->generation, __ATOMIC_ACQUIRE) == gen) sleep_on(t, gen);
+    return __atomic_load_n(&t->said, __ATOMIC_ACQUIRE);
+}
+
+/* Every thread walks every step: a shared one after a meeting, its share; any other the caller's
+ * thread alone, after a meeting that ends the shared ones before it. */
 static void walk(team *t, int id) {
-    int after_shared = 0, failed = 0;
+    int after_shared = 0;
     cursor c;
     cursor_at(&c, t->steps, t->count);
     for (const tf_step *step; (step = next_step(&c)) != NULL;) {
-        if (shared_step(step, t->threads)) {
+        const split s = split_of(step, t->inputs, t->threads);
+        if (s.by != TF_SPLIT_NONE) {
             if (meet(t)) return;
-            share_of(t->arena, t->weights, step, id, t->threads);
+            const int status = share_of(t->arena, t->weights, step, t->inputs, s, id, t->threads);
+            if (status) fail(t, status); /* said at the next meeting, or after the last step */
             after_shared = 1;
             continue;
         }
         if (after_shared && meet(t)) return;
         after_shared = 0;
-        if (id == 0 && !failed) {
+        if (id == 0 && !__atomic_load_n(&t->status, __ATOMIC_ACQUIRE)) {
             const int status = run_step(t->arena, t->weights, t->indices, step, t->inputs, t->outputs);
-            if (status) { /* said at the next meeting; the caller's thread runs nothing more */
-                pthread_mutex_lock(&t->mu);
-                t->status = status;
-                pthread_mutex_unlock(&t->mu);
-                failed = 1;
-            }
+            if (status) fail(t, status); /* the caller's thread runs nothing more */
         }
     }
-    if (id == 0 && c.bad && !failed) { /* every thread stopped at the same row: no one is left waiting */
-        pthread_mutex_lock(&t->mu);
-        t->status = -1;
-        pthread_mutex_unlock(&t->mu);
-    }
+    if (id == 0 && c.bad) fail(t, -1); /* every thread stopped at the same row: no one is left waiting */
 }
 
 static void *worker(void *arg) {
@@ -2948,7 +3195,8 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
     pthread_t made[TF_MAX_THREADS];
     member members[TF_MAX_THREADS];
     t.arena = arena, t.weights = weights, t.indices = indices, t.steps = steps, t.count = count;
-    t.inputs = inputs, t.outputs = outputs, t.arrived = 0, t.generation = 0, t.status = 0, t.said = 0;
+    t.inputs = inputs, t.outputs = outputs, t.arrived = 0, t.generation = 0, t.sleepers = 0, t.status = 0, t.said = 0;
+    t.threads = threads;
     t.expected = (long)TF_MAX_THREADS + 1; /* no meeting ends before the count is known */
     if (pthread_mutex_init(&t.mu, NULL)) return 0;
     if (pthread_cond_init(&t.cv, NULL)) {
@@ -2961,10 +3209,9 @@ static int run_threads(float *arena, const float *weights, const int32_t *indice
         members[n].id = n;
         if (pthread_create(&made[n], NULL, worker, &members[n])) break; /* fewer threads: still right */
     }
-    pthread_mutex_lock(&t.mu);
-    t.threads = n;
-    t.expected = n;
-    pthread_mutex_unlock(&t.mu);
+    /* Before the first meeting ends, no thread reads `threads`; every thread reads it after. */
+    __atomic_store_n(&t.threads, n, __ATOMIC_RELAXED);
+    __atomic_store_n(&t.expected, (long)n, __ATOMIC_RELEASE);
     meet(&t);
     walk(&t, 0);
     for (int k = 1; k < n; k++) pthread_join(made[k], NULL);
@@ -2983,7 +3230,7 @@ int tf_run(float *arena, const float *weights, const int32_t *indices, const tf_
     cursor_at(&scan, steps, count);
     for (const tf_step *step; threads > 1 && (step = next_step(&scan)) != NULL;) {
         int status;
-        if (shared_step(step, threads)) {
+        if (split_of(step, inputs, threads).by != TF_SPLIT_NONE) {
             if (run_threads(arena, weights, indices, steps, count, inputs, outputs, threads, &status)) return status;
             break;
         }
