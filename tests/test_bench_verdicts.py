@@ -186,3 +186,42 @@ def test_predict_tables_rows_saved_by_several_runs_the_last_run_of_a_model_count
     bench_predict.from_rows(args)
     out = capsys.readouterr().out
     assert "no exported program timed: m2 reuse layer by layer: no export" in out and "targets: NO (" in out
+
+
+def _bench_export():
+    import export as bench_export  # bench/export.py (tightfit's export and onnxruntime)
+    return bench_export
+
+
+def _split_rows(arena: int, c_ratio: float, py_ratio: float, method: str = "parts"):
+    """bench/export.py's reuse row (8 MiB arena, 10 ms) and a split row at `arena`, its times the ratios."""
+    from types import SimpleNamespace
+
+    bench_export = _bench_export()
+    plan = SimpleNamespace(partitions=[])
+    reuse = bench_export.Row("m reuse", "m", plan, [], arena=8 << 20, c_times=[0.010], py_times=[0.010])
+    split = bench_export.Row(f"m {method} 1/8", "m", plan, [], arena=arena, c_times=[0.010 * c_ratio],
+                             py_times=[0.010 * py_ratio], method=method, frac=8)
+    return split, reuse
+
+
+def test_the_split_verdict_needs_one_eighth_and_both_ratios():
+    """bench/export.py (issue 39 point 7): a plan by parts at 1/8 of the reuse arena within 1.15x the
+    reuse plan's time, the program's and the executor's; a tiled one within 1.5x."""
+    say = lambda *a, **k: benchlib.verdict(_bench_export().split_checks(*_split_rows(*a, **k)))  # noqa: E731
+    assert say(1 << 20, 1.10, 1.14) == "yes"
+    assert say((1 << 20) + 1, 1.0, 1.0).startswith("NO (arena")
+    assert "the program 1.20x" in say(1 << 20, 1.20, 1.0) and "executor" not in say(1 << 20, 1.20, 1.0)
+    assert "the executor 1.16x" in say(1 << 20, 1.0, 1.16)
+    assert say(1 << 20, 1.45, 1.49, method="tiling") == "yes"
+    assert "the program 1.60x" in say(1 << 20, 1.60, 1.0, method="tiling")
+
+
+def test_the_split_table_returns_the_plans_that_missed_on_time(capsys):
+    bench_export = _bench_export()
+    split, reuse = _split_rows(1 << 20, 1.30, 1.0)
+    small = bench_export.Row("m tiling 1/8", "m", split.plan, [], arena=1 << 20, c_times=[0.012], py_times=[0.012],
+                             method="tiling", frac=8)
+    missed = bench_export.print_split_goals([reuse, split, small], 0.0)
+    assert [r.label for r, _ in missed] == ["m parts 1/8"] and missed[0][1] is reuse
+    assert "NO (the program 1.30x" in capsys.readouterr().out
