@@ -404,12 +404,6 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
     }
     if (a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1) { /* no tap loops */
         dense_run(acc, xp, r, np, w0, rows, 0, 0, cin, xc);
-    } else if (xc == 1 && cin < 16 && a->xs_w == cin) {
-        /* Few channels (a stem's 3), pixels adjacent: a kernel row's taps are one run of inputs and of
-         * weight rows (7x7 on 3 channels: 3% faster; on 64 channels 3x3 runs were slower, measured). */
-        const long x0 = t->x0, len = (t->x1 - x0) * cin;
-        for (long ky = t->y0; ky < t->y1; ky++)
-            dense_run(acc, xp, r, np, w0, rows, ky * a->xs_h + x0 * cin, (ky * a->kw + x0) * cin, len, 1);
     } else {
         for (long ky = t->y0; ky < t->y1; ky++)
         for (long kx = t->x0; kx < t->x1; kx++)
