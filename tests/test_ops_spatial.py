@@ -157,6 +157,25 @@ def test_max_pool_three_wide(name, tmp_path):
     check_model(sandwich([node], {}, x_shape=(1, 3, h, w), mid=c), tmp_path)
 
 
+# --- Stems: deep kernels on few channels ----------------------------------------------------------
+
+STEMS = {  # (input channels, output channels, kernel, stride, pad): the kernels' blocks for few channels
+    "7x7_s2_3_to_40": (3, 40, 7, 2, 3),
+    "5x5_s1_6_to_20": (6, 20, 5, 1, 2),
+    "7x7_s2_3_to_64_no_pad": (3, 64, 7, 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEMS))
+def test_stem_convolutions(name, tmp_path):
+    """A kernel row's taps over few channels summed as one run: whole, by parts and tiled, equal to
+    onnxruntime's, padded edges included."""
+    cin, cout, k, s, p = STEMS[name]
+    node = helper.make_node("Conv", ["a", "w", "bias"], ["b"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+    inits = {"w": _randn(cout, cin, k, k), "bias": _randn(cout)}
+    check_model(sandwich([node], inits, x_shape=(1, 3, 23, 19), mid=cin), tmp_path)
+
+
 # --- Slice, Split, Concat -------------------------------------------------------------------------
 
 def _slice(starts, ends, axes, steps=None):

@@ -520,7 +520,7 @@ static inline __attribute__((always_inline)) void dense_run(v16 (*acc)[TF_PIXELS
 /* The taps in order (ky, kx, channel), as the portable kernel sums them (so any block shape, and any
  * split among threads, gives the same bits). */
 static inline __attribute__((always_inline)) void dense_block(const vconv *a, const float **xp, float **yp, int r,
-        int np, long j, const taps *t, long xc, long yc) {
+        int np, long j, const taps *t, long xc, long yc, int row_runs) {
     const long cin = a->cin, rows = a->kh * a->kw * cin;
     const float *w0 = a->w + j * rows * 16;
     v16 acc[TF_PANELS][TF_PIXELS];
@@ -530,9 +530,7 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
     }
     if (a->kh == 1 && a->kw == 1 && t->y0 == 0 && t->y1 == 1 && t->x0 == 0 && t->x1 == 1) { /* no tap loops */
         dense_run(acc, xp, r, np, w0, rows, 0, 0, cin, xc);
-    } else if (xc == 1 && cin < 16 && a->xs_w == cin) {
-        /* Few channels (a stem's 3), pixels adjacent: a kernel row's taps are one run of inputs and of
-         * weight rows (7x7 on 3 channels: 3% faster; on 64 channels 3x3 runs were slower, measured). */
+    } else if (row_runs) { /* channels-last, pixels adjacent: a kernel row's taps are one run */
         const long x0 = t->x0, len = (t->x1 - x0) * cin;
         for (long ky = t->y0; ky < t->y1; ky++)
             dense_run(acc, xp, r, np, w0, rows, ky * a->xs_h + x0 * cin, (ky * a->kw + x0) * cin, len, 1);
@@ -549,7 +547,7 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
 }
 
 /* Each block shape compiled apart (constant loop bounds): r pixels times np panels. */
-#define TF_BLOCK(r, np, xc, yc) case (r) * 8 + (np): dense_block(a, xp, yp, r, np, j, t, xc, yc); break;
+#define TF_BLOCK(r, np, xc, yc) case (r) * 8 + (np): dense_block(a, xp, yp, r, np, j, t, xc, yc, row_runs); break;
 #define TF_PANEL_BLOCKS2(r, xc, yc) TF_BLOCK(r, 1, xc, yc) TF_BLOCK(r, 2, xc, yc)
 #if TF_PANELS == 4
 #define TF_PANEL_BLOCKS(r, xc, yc) TF_PANEL_BLOCKS2(r, xc, yc) TF_BLOCK(r, 3, xc, yc) TF_BLOCK(r, 4, xc, yc)
@@ -571,8 +569,26 @@ static inline __attribute__((always_inline)) void dense_block(const vconv *a, co
 
 /* Channels-last views take the blocks compiled for unit channel strides (up to TF_PANELS panels
  * where the sums are deep); any other the strided ones (two panels). */
+/* A stem's few input channels (channels-last, pixels adjacent) take blocks of their own, which sum a
+ * kernel row's taps as one run (7x7 on 3 channels: 3% faster). In the blocks every other
+ * convolution takes, the same branch made 1x1 convolutions 5% slower (code generation, measured). */
+static void dense_few(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
+    const int row_runs = 1;
+    for (long j = j0; j < j1; j += TF_PANELS) {
+        const int np = (int)(j1 - j < TF_PANELS ? j1 - j : TF_PANELS);
+        switch (r * 8 + np) {
+        TF_PIXEL_BLOCKS(TF_PANEL_BLOCKS, 1, 1)
+        default: break;
+        }
+    }
+}
+
 static void dense_pixels(const vconv *a, const float **xp, float **yp, int r, const taps *t, long j0, long j1) {
-    const int unit = a->xs_c == 1 && a->ys_c == 1;
+    const int unit = a->xs_c == 1 && a->ys_c == 1, row_runs = 0;
+    if (unit && a->cin < 16 && a->xs_w == a->cin && a->kh * a->kw * a->cin >= TF_DEEP) {
+        dense_few(a, xp, yp, r, t, j0, j1);
+        return;
+    }
     const long most = unit && a->kh * a->kw > 1 && a->kh * a->kw * a->cin >= TF_DEEP ? TF_PANELS : 2;
     for (long j = j0; j < j1; j += most) {
         const int np = (int)(j1 - j < most ? j1 - j : most);
