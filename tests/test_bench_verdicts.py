@@ -182,6 +182,11 @@ def test_predict_tables_rows_saved_by_several_runs_the_last_run_of_a_model_count
     bench_predict.from_rows(args)
     out = capsys.readouterr().out
     assert "m2 tiling 1/8 (30 steps): steps 9.50 + fetch 1.00 + code 0.50 = 11.00 against 10.00 (+10.0%); the steps alone -5.0%" in out
+    old = tmp_path / "old.jsonl"  # rows saved before runs were recorded with them (no "run", "seconds", "c_terms")
+    old.write_text("".join(json.dumps({"model": "m4", **_predict_row(t, 0.01, 0.01)}) + "\n" for t in ("reuse", "parts")))
+    bench_predict.from_rows(argparse.Namespace(from_rows=f"{old}", models="", skip=""))
+    out = capsys.readouterr().out
+    assert f"{old}: run not recorded" in out and out.count("\nm4 ") == 2 and "(? s; 3 rounds" in out
     save(second, "m2", [_predict_row("reuse", 0.0, None)])  # no program timed: the verdict says so
     bench_predict.from_rows(args)
     out = capsys.readouterr().out
