@@ -116,6 +116,8 @@ static void acts_pixel(float *p, long c, long stride, const tf_acts *a) {
         case TF_ACT_RELU: for (long k = 0; k < c; k++) p[k] = p[k] > 0.0f ? p[k] : 0.0f; return;
         case TF_ACT_SIGMOID: for (long k = 0; k < c; k++) p[k] = 1.0f / (1.0f + exp_fast(-p[k])); return;
         case TF_ACT_SILU: for (long k = 0; k < c; k++) p[k] = p[k] / (1.0f + exp_fast(-p[k])); return;
+        /* a select, not act1's branch: the branch's cost followed the data (mispredicted on random values) */
+        case TF_ACT_LEAKYRELU: { const float s = a->a[0]; for (long k = 0; k < c; k++) p[k] = p[k] >= 0.0f ? p[k] : s * p[k]; return; }
         default: break;
         }
     }
