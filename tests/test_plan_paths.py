@@ -68,3 +68,10 @@ def test_a_changed_model_is_one_line(model_dir, monkeypatch, capsys):
     assert main(["run", "plan.json"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "model file of the plan not found" in lines[0], lines
+
+
+def test_a_plan_written_without_the_json_suffix_runs_as_a_plan(model_dir, monkeypatch, capsys):
+    """`plan --out p` writes the plan to the file p: `run p` reads it as a plan, not as a model."""
+    monkeypatch.chdir(model_dir / "work")
+    ok(["plan", "../models/m5.onnx", "--out", "p"], capsys)
+    assert "verify vs reference executor: OK" in ok(["run", "p", "--verify"], capsys)

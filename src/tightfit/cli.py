@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from tightfit import __version__, atomic, children
 from tightfit.errors import OptionError, TightfitError, VerificationFailed
-from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions
+from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions, is_plan_file
 from tightfit.units import parse_size
 
 
@@ -359,7 +359,7 @@ def csdf_options(args: argparse.Namespace) -> CsdfOptions:
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-    shape = None if args.model.endswith(".json") else _input_shape(args)  # a plan names its models' shapes
+    shape = None if is_plan_file(args.model) else _input_shape(args)  # a plan names its models' shapes
     return RunOptions(args.model, shape, args.verify, args.measure, args.enforce, args.limit, args.input, args.output,
                       args.allow_code, args.threads)
 

@@ -18,6 +18,17 @@ if TYPE_CHECKING:
     from tightfit.techniques.interface import Technique
 
 
+def is_plan_file(path: str) -> bool:
+    """A plan names a .json file, or a file of JSON by another name (`plan --out p` writes one)."""
+    if path.endswith(".json"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).lstrip().startswith(b"{")  # ONNX and .tflite files are binary
+    except OSError:
+        return False
+
+
 def silent(line: str) -> None:
     """The progress reporter of a command nobody watches."""
 

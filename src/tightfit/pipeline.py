@@ -25,7 +25,7 @@ from tightfit.frontend.app import is_app_file, load_app
 from tightfit.frontend.load import load
 from tightfit.graph.forms import file_output, file_outputs
 from tightfit.graph.ir import DTYPE_BYTES, Graph
-from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions
+from tightfit.options import CsdfOptions, ExportOptions, FitOptions, InspectOptions, PlanOptions, RunOptions, is_plan_file
 from tightfit.plan.check import check_plan
 from tightfit.plan.overlay import overlap_in_place
 from tightfit.plan.schema import Plan
@@ -254,7 +254,7 @@ def plan(o: PlanOptions) -> Result:
 def run(o: RunOptions) -> Result:
     """`tightfit run`: a plan file (run_plan) or a model: load -> run on the reference executor
     -> write the outputs -> verify against onnxruntime -> measure in a fresh process -> report."""
-    if o.model.endswith(".json"):
+    if is_plan_file(o.model):
         return run_plan(o)
     if o.enforce:
         raise OptionError("--enforce runs a plan: give a plan.json made by `tightfit plan`")
