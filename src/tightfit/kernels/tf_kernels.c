@@ -490,21 +490,16 @@ static void dw_tail(const vconv *a, long n, long oy, long k0) {
 /* w is (kh * kw) x c: the taps of every channel, one row per tap. Row by row (3x3 and 5x5 windows
  * compiled apart), then the row's activation while it is in L1. */
 static void v_depthwise(const vconv *a) {
-    float *yp[1];
     for (long n = 0; n < a->n; n++)
     for (long oy = 0; oy < a->oh; oy++) {
         if (a->kw == 3) dw_row(a, n, oy, 3);
         else if (a->kw == 5) dw_row(a, n, oy, 5);
         else dw_row(a, n, oy, a->kw);
         if (a->c % 16) dw_tail(a, n, oy, a->c - a->c % 16);
-        for (long ox = 0; a->act && ox < a->ow; ox++) {  /* the row just written, in L1 */
-            yp[0] = a->y + n * a->ys_n + oy * a->ys_h + ox * a->ys_w;
-            if (a->ys_w == a->c) {  /* whole pixels: the row is one run */
-                v_act_run(yp[0], a->ow * a->c, a->act);
-                break;
-            }
-            act_pixels(yp, 1, 0, a->c, 1, a->act);
-        }
+        if (!a->act) continue;
+        float *row = a->y + n * a->ys_n + oy * a->ys_h;  /* just written, in L1 */
+        if (a->ys_w == a->c) v_act_run(row, a->ow * a->c, a->act);  /* whole pixels: one run */
+        else for (long ox = 0; ox < a->ow; ox++) v_act_run(row + ox * a->ys_w, a->c, a->act);
     }
 }
 
@@ -3059,7 +3054,7 @@ int tf_split_of(const tf_step *step, const tf_source *inputs, int threads) {
 }
 #endif
 
-/* Pixels [p0, p1) of an output w pixels wide, in row order: at most three blocks of rows and columns. */
+/* Output rows [r0, r1) and columns [c0, c1) of a convolution or a pooling step. */
 static void conv_or_pool_cells(float *arena, const float *wts, const tf_step *step, long r0, long r1, long c0, long c1) {
     if (r1 <= r0 || c1 <= c0) return;
     if (step->kind == TF_STEP_CONV) {
@@ -3069,6 +3064,8 @@ static void conv_or_pool_cells(float *arena, const float *wts, const tf_step *st
     }
 }
 
+/* Pixels [p0, p1) of a convolution's or pooling's output, in row order: at most three blocks of rows
+ * and columns. */
 static void pixels(float *arena, const float *wts, const tf_step *step, long p0, long p1) {
     const tf_view *y = step->kind == TF_STEP_CONV ? &((const tf_conv_args *)step->args)->y : &((const tf_pool_args *)step->args)->y;
     const long w = y->w, first = p0 / w, last = p1 / w; /* rows holding p0 and p1 */
